@@ -1,0 +1,21 @@
+#!/bin/sh
+# Installs what building and testing hearth needs on Debian 12 (the one list of packages;
+# the README's commands and .ci/run both come through here).
+set -eu
+PKGS="build-essential autoconf automake libtool pkg-config \
+libuv1-dev libmsgpack-dev libnuma-dev libsystemd-dev libcmocka-dev \
+systemd valgrind python3"
+SUDO=""
+if [ "$(id -u)" != 0 ]; then
+	command -v sudo >/dev/null 2>&1 || { echo "deps.sh: not root and no sudo: install $PKGS yourself" >&2; exit 1; }
+	SUDO=sudo
+fi
+missing=""
+for p in $PKGS; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+	echo "deps.sh: installing:$missing"
+	$SUDO apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
