@@ -42,9 +42,19 @@ void hearth_error_prefix(struct hearth_error *err, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(head, sizeof head, fmt, ap);
 	va_end(ap);
-	char whole[HEARTH_ERROR_MSG_MAX];
-	snprintf(whole, sizeof whole, "%s: %s", head, err->msg);
-	memcpy(err->msg, whole, sizeof whole);
+	/* "head: old message", cut at the buffer's end rather than dropping the old words. */
+	size_t cap = sizeof err->msg - 1;
+	size_t hl = strlen(head);
+	if (hl > cap - 2)
+		hl = cap - 2;
+	size_t ml = strnlen(err->msg, sizeof err->msg);
+	if (ml > cap - hl - 2)
+		ml = cap - hl - 2;
+	memmove(err->msg + hl + 2, err->msg, ml);
+	memcpy(err->msg, head, hl);
+	err->msg[hl] = ':';
+	err->msg[hl + 1] = ' ';
+	err->msg[hl + 2 + ml] = '\0';
 }
 
 void hearth_error_clear(struct hearth_error *err)

@@ -1,0 +1,39 @@
+/* The boundary between the scheduler and a model implementation: sequences that own KV
+ * state, and one batched forward step over spans of many sequences, so every running
+ * sequence shares one pass over the weights. The reference model and the int4 model both
+ * sit behind it. */
+#ifndef HEARTH_DAEMON_ENGINE_H
+#define HEARTH_DAEMON_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "protocol/error.h"
+
+struct engine_seq; /* per-sequence state of the implementation (its KV blocks) */
+
+struct engine_span {
+	struct engine_seq *seq;
+	const int32_t *tokens;  /* appended at the sequence's current length */
+	uint32_t n;
+	float *logits;          /* NULL, or n_vocab floats: the logits after the last token */
+};
+
+struct engine {
+	void *impl;
+	uint32_t n_vocab;
+	uint32_t max_context;   /* tokens one sequence may hold */
+	uint64_t kv_tokens;     /* tokens the whole KV budget holds */
+	/* Opens a sequence for a prompt and reserves KV for n_reserve tokens in all.
+	 * *n_cached is how many leading prompt tokens are already computed (a shared prefix).
+	 * HEARTH_EKVFULL when the budget cannot hold it now. */
+	int (*seq_open)(void *impl, const int32_t *prompt, uint32_t n_prompt, uint32_t n_reserve,
+			struct engine_seq **out, uint32_t *n_cached, struct hearth_error *err);
+	void (*seq_close)(void *impl, struct engine_seq *seq);
+	int (*forward)(void *impl, const struct engine_span *spans, size_t n_spans,
+		       struct hearth_error *err);
+	/* KV blocks in use and in all, for stats. */
+	void (*kv_usage)(void *impl, uint64_t *used, uint64_t *total);
+};
+
+#endif

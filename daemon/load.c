@@ -1,0 +1,516 @@
+/* Plan, map, repack, release. The reference model (daemon/model.c) reads and validates the
+ * file's structure; this file turns its tensor views into the int4 layout inside the arena,
+ * 16 rows at a time, and then lets the file go so the settled process holds only the arena. */
+#include "daemon/load.h"
+
+#include <malloc.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "daemon/gguf.h"
+#include "daemon/model.h"
+#include "daemon/tokenizer.h"
+#include "kernels/dispatch.h"
+#include "kernels/pool.h"
+
+#define LOAD_ROWS Q4_ROWS          /* rows dequantized and packed per step */
+
+void load_opts_default(struct load_opts *o)
+{
+	memset(o, 0, sizeof *o);
+	o->max_context = 4096;
+	o->kv_budget = 256ull << 20;
+	o->kv_type = QTYPE_F16;
+	o->max_seqs = 16;
+	o->step_tokens = 256;
+	o->arena = (struct arena_config)ARENA_CONFIG_DEFAULT;
+	o->act = Q4_ACT_A16;
+}
+
+/* How a source tensor enters the layout: carried-over codes where the layout holds them
+ * exactly (or, for Q4_K, with only its scales rounded to fp16), else quantized afresh. */
+static void load_choose(enum qtype src, size_t cols, uint32_t *group, bool *asym, bool *carry)
+{
+	*carry = false;
+	*asym = true;
+	switch (src) {
+	case QTYPE_Q4_0:
+		*group = 32;
+		*asym = false;
+		*carry = true;
+		return;
+	case QTYPE_Q4_1:
+	case QTYPE_Q4_K:
+		*group = 32;
+		*carry = true;
+		return;
+	default:
+		*group = cols % 128 == 0 ? 128 : 32;
+		return;
+	}
+}
+
+/* What one matrix will need, before the arena exists. */
+struct load_mat {
+	const struct gguf_tensor *t;
+	struct q4_matrix *dst;
+	const char *region;
+	uint32_t group;
+	bool asym, carry;
+};
+
+struct load_ctx {
+	const struct load_opts *o;
+	const struct model *ref;
+	struct model_q4 *m;
+	struct load_mat *mats;
+	size_t n_mats, cap_mats;
+	uint64_t total_bytes, done_bytes;
+	float *rows;                    /* LOAD_ROWS x widest row: the only big transient */
+	size_t rows_cap;
+};
+
+static int load_add_mat(struct load_ctx *c, const struct gguf_tensor *t, struct q4_matrix *dst,
+			const char *region, struct hearth_error *err)
+{
+	if (c->n_mats == c->cap_mats) {
+		size_t cap = c->cap_mats ? c->cap_mats * 2 : 64;
+		struct load_mat *n = realloc(c->mats, cap * sizeof *n);
+		if (!n)
+			return hearth_error_set(err, HEARTH_ENOMEM, "loader: out of memory");
+		c->mats = n;
+		c->cap_mats = cap;
+	}
+	struct load_mat *lm = &c->mats[c->n_mats++];
+	lm->t = t;
+	lm->dst = dst;
+	lm->region = region;
+	load_choose(t->type, t->ne[0], &lm->group, &lm->asym, &lm->carry);
+	if (t->ne[0] % lm->group)
+		return hearth_error_set(err, HEARTH_EUNSUPPORTED,
+					"tensor '%.*s': rows of %llu are not a multiple of 32, which the int4 layout needs",
+					(int)t->name.len, t->name.ptr, (unsigned long long)t->ne[0]);
+	int rc = q4_matrix_plan(dst, t->ne[1] * t->ne[2] * t->ne[3], t->ne[0], lm->group, lm->asym);
+	if (rc < 0)
+		return hearth_error_set(err, HEARTH_ERANGE, "tensor '%.*s': cannot plan its int4 layout",
+					(int)t->name.len, t->name.ptr);
+	c->total_bytes += t->size;
+	if (t->ne[0] > c->rows_cap)
+		c->rows_cap = t->ne[0];
+	return 0;
+}
+
+static size_t align64(size_t n)
+{
+	return (n + 63) & ~(size_t)63;
+}
+
+static size_t vec_bytes(const struct gguf_tensor *t)
+{
+	return t ? align64((size_t)t->n_elems * sizeof(float)) : 0;
+}
+
+/* A small f32 vector (norm weight, bias) copied into the arena's norms region. */
+static int load_vec(struct load_ctx *c, const struct gguf_tensor *t, const float **out,
+		    struct hearth_error *err)
+{
+	*out = NULL;
+	if (!t)
+		return 0;
+	void *p;
+	int rc = arena_alloc(&c->m->arena, ARENA_REGION_NORMS, vec_bytes(t), 64, &p, err);
+	if (rc < 0)
+		return rc;
+	quant_dequant_row(t->type, t->data, p, (size_t)t->n_elems);
+	*out = p;
+	return 0;
+}
+
+static int load_repack(struct load_ctx *c, struct load_mat *lm, struct hearth_error *err)
+{
+	struct q4_matrix *q = lm->dst;
+	int rc = arena_alloc(&c->m->arena, lm->region, q4_matrix_bytes(q), Q4_ALIGN, (void **)&q->data, err);
+	if (rc < 0)
+		return rc;
+	const struct gguf_tensor *t = lm->t;
+	size_t row_bytes;
+	qtype_row_bytes(t->type, t->ne[0], &row_bytes);
+	const uint8_t *src = t->data;
+	for (size_t r0 = 0; r0 < q->rows; r0 += LOAD_ROWS) {
+		size_t n = q->rows - r0 < LOAD_ROWS ? q->rows - r0 : LOAD_ROWS;
+		const uint8_t *s = src + r0 * row_bytes;
+		if (lm->carry) {
+			if (t->type == QTYPE_Q4_0)
+				rc = q4_pack_rows_q4_0(q, s, r0, n);
+			else if (t->type == QTYPE_Q4_1)
+				rc = q4_pack_rows_q4_1(q, s, r0, n);
+			else
+				rc = q4_pack_rows_q4_k(q, s, r0, n);
+			if (rc < 0)
+				return hearth_error_set(err, HEARTH_EINVAL, "tensor '%.*s': carry-over failed",
+							(int)t->name.len, t->name.ptr);
+			continue;
+		}
+		for (size_t i = 0; i < n; i++)
+			quant_dequant_row(t->type, s + i * row_bytes, c->rows + i * q->cols, q->cols);
+		q4_pack_rows_f32(q, c->rows, q->cols, r0, n);
+	}
+	/* The source pages are done with: give them back now rather than at munmap, so the
+	 * page cache does not hold the whole file at the end of a load. */
+	long pg = sysconf(_SC_PAGESIZE);
+	uintptr_t a = ((uintptr_t)t->data + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
+	uintptr_t b = ((uintptr_t)t->data + t->size) & ~((uintptr_t)pg - 1);
+	if (b > a)
+		madvise((void *)a, b - a, MADV_DONTNEED);
+
+	struct model_q4 *m = c->m;
+	if (m->notes && m->n_notes < c->n_mats) {
+		struct mq4_tensor_note *nt = &m->notes[m->n_notes++];
+		snprintf(nt->name, sizeof nt->name, "%.*s", (int)t->name.len, t->name.ptr);
+		nt->src = t->type;
+		nt->group = lm->group;
+		nt->carried = lm->carry;
+		nt->asym = lm->asym;
+	}
+	c->done_bytes += t->size;
+	if (c->o->progress)
+		c->o->progress(c->o->progress_ctx, "repacking", m->notes[m->n_notes - 1].name,
+			       c->done_bytes, c->total_bytes);
+	return 0;
+}
+
+static struct mq4_rope *load_rope_slot(struct model_q4 *m, float base, float scale, uint32_t n_rot)
+{
+	for (uint32_t i = 0; i < m->n_ropes; i++)
+		if (m->ropes[i].base == base && m->ropes[i].scale == scale && m->ropes[i].n_rot == n_rot)
+			return &m->ropes[i];
+	if (m->n_ropes == sizeof m->ropes / sizeof m->ropes[0])
+		return NULL;
+	struct mq4_rope *r = &m->ropes[m->n_ropes++];
+	r->base = base;
+	r->scale = scale;
+	r->n_rot = n_rot;
+	return r;
+}
+
+static int load_plan(struct load_ctx *c, struct arena_plan *plan, struct kv_config *kvc,
+		     struct hearth_error *err)
+{
+	const struct model *ref = c->ref;
+	struct model_q4 *m = c->m;
+	const struct load_opts *o = c->o;
+	size_t w_bytes = 0, eh_bytes = 0, norm_bytes = 0, rope_bytes = 0;
+	int rc;
+	for (uint32_t l = 0; l < m->n_layer; l++) {
+		const struct model_layer *R = &ref->layers[l];
+		struct mq4_layer *L = &m->layers[l];
+		const struct gguf_tensor *ts[7] = { R->wq, R->wk, R->wv, R->wo, R->ffn_gate, R->ffn_up, R->ffn_down };
+		struct q4_matrix *ds[7] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down };
+		for (int i = 0; i < 7; i++) {
+			if ((rc = load_add_mat(c, ts[i], ds[i], ARENA_REGION_WEIGHTS, err)) < 0)
+				return rc;
+			w_bytes += align64(q4_matrix_bytes(ds[i]));
+		}
+		const struct gguf_tensor *vs[8] = { R->attn_norm, R->ffn_norm, R->q_norm, R->k_norm,
+						    R->bq, R->bk, R->bv, R->bo };
+		for (int i = 0; i < 8; i++)
+			norm_bytes += vec_bytes(vs[i]);
+		if (R->bo)
+			return hearth_error_set(err, HEARTH_EUNSUPPORTED, "layer %u: an output bias is not supported", l);
+		L->n_head = R->n_head;
+		L->n_head_kv = R->n_head_kv;
+		L->head_dim = R->head_dim;
+		L->head_dim_v = R->head_dim_v;
+		L->n_ff = R->n_ff;
+		L->n_rot = R->n_rot;
+		L->window = R->window;
+		L->attn_scale = R->attn_scale;
+		if (L->head_dim % 16 || L->head_dim_v % 16)
+			return hearth_error_set(err, HEARTH_EUNSUPPORTED,
+						"layer %u: head size %u is not a multiple of 16, which the attention kernels need",
+						l, L->head_dim);
+		struct mq4_rope *r = load_rope_slot(m, R->rope_base, R->rope_scale, R->n_rot);
+		if (!r)
+			return hearth_error_set(err, HEARTH_EUNSUPPORTED, "more than 8 distinct RoPE settings");
+		L->rope = r;
+	}
+	if ((rc = load_add_mat(c, ref->tok_embd, &m->embd, ARENA_REGION_EMBED_HEAD, err)) < 0)
+		return rc;
+	eh_bytes += align64(q4_matrix_bytes(&m->embd));
+	if (!ref->hp.tied_output) {
+		if ((rc = load_add_mat(c, ref->output, &m->output, ARENA_REGION_EMBED_HEAD, err)) < 0)
+			return rc;
+		eh_bytes += align64(q4_matrix_bytes(&m->output));
+	}
+	norm_bytes += vec_bytes(ref->output_norm);
+	for (uint32_t i = 0; i < m->n_ropes; i++)
+		rope_bytes += 2 * align64((size_t)o->max_context * (m->ropes[i].n_rot / 2) * sizeof(float));
+
+	/* KV: one shape per layer. */
+	struct kv_layer_shape *shapes = calloc(m->n_layer, sizeof *shapes);
+	if (!shapes)
+		return hearth_error_set(err, HEARTH_ENOMEM, "loader: out of memory");
+	for (uint32_t l = 0; l < m->n_layer; l++)
+		shapes[l] = (struct kv_layer_shape){ m->layers[l].n_head_kv, m->layers[l].head_dim,
+						     m->layers[l].head_dim_v };
+	*kvc = (struct kv_config){
+		.budget_bytes = o->kv_budget,
+		.block_tokens = 16,
+		.elem_type = o->kv_type,
+		.n_layer = m->n_layer,
+		.layer_shapes = shapes,
+		.max_seqs = o->max_seqs,
+		.max_context = o->max_context,
+	};
+	struct kv_geometry geo;
+	rc = kv_plan(kvc, &geo, err);
+	if (rc < 0)
+		return rc;
+
+	/* Scratch for one step: activations, attention state, logits rows. */
+	size_t T = o->step_tokens, E = m->hp.n_embd;
+	size_t nq = 0, nk = 0, nv = 0, na = 0, ff = 0, widest = E, max_rep = 1, max_hd = 16;
+	for (uint32_t l = 0; l < m->n_layer; l++) {
+		const struct mq4_layer *L = &m->layers[l];
+		size_t q = (size_t)L->n_head * L->head_dim, k = (size_t)L->n_head_kv * L->head_dim;
+		size_t v = (size_t)L->n_head_kv * L->head_dim_v, a = (size_t)L->n_head * L->head_dim_v;
+		nq = q > nq ? q : nq;
+		nk = k > nk ? k : nk;
+		nv = v > nv ? v : nv;
+		na = a > na ? a : na;
+		ff = L->n_ff > ff ? L->n_ff : ff;
+		size_t rep = L->n_head / L->n_head_kv;
+		max_rep = rep > max_rep ? rep : max_rep;
+		max_hd = L->head_dim_v > max_hd ? L->head_dim_v : max_hd;
+	}
+	widest = ff > widest ? ff : widest;
+	widest = na > widest ? na : widest;
+	/* Group 32 has the most scales, so its size bounds group 128's too. */
+	size_t acts = q4_acts_bytes(o->act, T, widest, 32);
+	if (!acts)
+		return hearth_error_set(err, HEARTH_ERANGE, "scratch for %zu tokens overflows", T);
+	m->acts_bytes = align64(acts);
+	m->attn_state_stride = align64((2 * max_rep + max_rep * max_hd) * sizeof(float)) / sizeof(float);
+	size_t n_threads_max = 256;
+	size_t scratch = 0;
+	scratch += 2 * align64(T * E * sizeof(float));                     /* x, xb */
+	scratch += align64(T * nq * sizeof(float)) + align64(T * nk * sizeof(float)) +
+		   align64(T * nv * sizeof(float)) + align64(T * na * sizeof(float));
+	scratch += 2 * align64(T * ff * sizeof(float));                    /* hb, hb2 */
+	scratch += align64((size_t)o->max_seqs * m->hp.n_vocab * sizeof(float)); /* logits */
+	scratch += 2 * m->acts_bytes;
+	scratch += n_threads_max * m->attn_state_stride * sizeof(float);
+	m->bytes_weights = w_bytes;
+	m->bytes_embed_head = eh_bytes;
+	m->bytes_norms = norm_bytes;
+	m->bytes_rope = rope_bytes;
+	m->bytes_scratch = scratch;
+
+	arena_plan_init(plan);
+	if ((rc = arena_plan_add(plan, ARENA_REGION_WEIGHTS, w_bytes, Q4_ALIGN, err)) < 0 ||
+	    (rc = arena_plan_add(plan, ARENA_REGION_EMBED_HEAD, eh_bytes, Q4_ALIGN, err)) < 0 ||
+	    (rc = arena_plan_add(plan, ARENA_REGION_NORMS, norm_bytes, 64, err)) < 0 ||
+	    (rc = arena_plan_add(plan, ARENA_REGION_ROPE, rope_bytes, 64, err)) < 0 ||
+	    (rc = arena_plan_add(plan, ARENA_REGION_KV, geo.pool_bytes, 4096, err)) < 0 ||
+	    (rc = arena_plan_add(plan, ARENA_REGION_SCRATCH, scratch, 64, err)) < 0)
+		return rc;
+	return 0;
+}
+
+static int load_scratch(struct load_ctx *c, struct hearth_error *err)
+{
+	struct model_q4 *m = c->m;
+	size_t T = m->step_tokens, E = m->hp.n_embd;
+	size_t nq = 0, nk = 0, nv = 0, na = 0, ff = 0;
+	for (uint32_t l = 0; l < m->n_layer; l++) {
+		const struct mq4_layer *L = &m->layers[l];
+		size_t q = (size_t)L->n_head * L->head_dim, k = (size_t)L->n_head_kv * L->head_dim;
+		size_t v = (size_t)L->n_head_kv * L->head_dim_v, a = (size_t)L->n_head * L->head_dim_v;
+		nq = q > nq ? q : nq;
+		nk = k > nk ? k : nk;
+		nv = v > nv ? v : nv;
+		na = a > na ? a : na;
+		ff = L->n_ff > ff ? L->n_ff : ff;
+	}
+	struct {
+		void **p;
+		size_t bytes;
+	} parts[] = {
+		{ (void **)&m->x, T * E * sizeof(float) },
+		{ (void **)&m->xb, T * E * sizeof(float) },
+		{ (void **)&m->q, T * nq * sizeof(float) },
+		{ (void **)&m->k, T * nk * sizeof(float) },
+		{ (void **)&m->v, T * nv * sizeof(float) },
+		{ (void **)&m->att, T * na * sizeof(float) },
+		{ (void **)&m->hb, T * ff * sizeof(float) },
+		{ (void **)&m->hb2, T * ff * sizeof(float) },
+		{ (void **)&m->logits, (size_t)m->max_seqs * m->hp.n_vocab * sizeof(float) },
+		{ &m->acts_mem, 2 * m->acts_bytes },
+		{ (void **)&m->attn_state, 256 * m->attn_state_stride * sizeof(float) },
+	};
+	for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+		int rc = arena_alloc(&m->arena, ARENA_REGION_SCRATCH, align64(parts[i].bytes), 64,
+				     parts[i].p, err);
+		if (rc < 0)
+			return rc;
+	}
+	struct arena_region *r = arena_region_find(&m->arena, ARENA_REGION_SCRATCH);
+	return arena_prefault(&m->arena, r->base, r->size, err);
+}
+
+static int load_threads(struct model_q4 *m, const struct load_opts *o, struct hearth_error *err)
+{
+	int cpus[256];
+	size_t n = 0;
+	int rc = arena_node_cpus(m->arena.numa_node >= 0 ? m->arena.numa_node : 0, cpus, 256, &n, err);
+	if (rc < 0)
+		return rc;
+	if (o->n_threads && o->n_threads < n)
+		n = o->n_threads;
+	if (n == 0)
+		n = 1;
+	m->n_threads = n;
+	rc = pool_create(&m->pool, n, cpus, 0, POOL_PIN_CALLER);
+	if (rc < 0)
+		return hearth_error_errno(err, HEARTH_EIO, -rc, "cannot start %zu compute threads", n);
+	return 0;
+}
+
+static uint64_t load_count_params(const struct model *ref)
+{
+	uint64_t n = 0;
+	for (uint64_t i = 0; i < ref->file->n_tensors; i++)
+		n += ref->file->tensors[i].n_elems;
+	return n;
+}
+
+int load_q4(struct model_q4 **out, struct tok **tok_out, const char *path,
+	    const struct load_opts *o, struct hearth_error *err)
+{
+	*out = NULL;
+	*tok_out = NULL;
+	struct gguf_file *f = NULL;
+	struct model *ref = NULL;
+	struct tok *tok = NULL;
+	struct model_q4 *m = NULL;
+	struct load_ctx c = { .o = o };
+	struct arena_plan plan;
+	struct kv_config kvc = { 0 };
+	int rc;
+
+	if (o->kv_type != QTYPE_F16 && o->kv_type != QTYPE_BF16)
+		return hearth_error_set(err, HEARTH_EINVAL, "kv_type must be f16 or bf16 for the int4 engine");
+	if (o->progress)
+		o->progress(o->progress_ctx, "mapping", path, 0, 1);
+	if ((rc = gguf_open(&f, path, err)) < 0)
+		return rc;
+	struct model_opts mo = { .max_ctx = o->max_context };
+	if ((rc = model_load(&ref, f, &mo, err)) < 0)
+		goto fail;
+	if (ref->hp.n_ctx_train && o->max_context > ref->hp.n_ctx_train) {
+		rc = hearth_error_set(err, HEARTH_EINVAL,
+				      "%s: max_context %u is above the %u tokens the model was trained for",
+				      path, o->max_context, ref->hp.n_ctx_train);
+		goto fail;
+	}
+	if ((rc = tok_load(&tok, f, err)) < 0)
+		goto fail;
+	m = calloc(1, sizeof *m);
+	if (!m) {
+		rc = hearth_error_set(err, HEARTH_ENOMEM, "loader: out of memory");
+		goto fail;
+	}
+	m->hp = ref->hp;
+	m->n_layer = ref->hp.n_layer;
+	m->max_context = o->max_context;
+	m->max_seqs = o->max_seqs;
+	m->step_tokens = o->step_tokens;
+	m->act = o->act;
+	m->kern = kern_active();
+	snprintf(m->arch_name, sizeof m->arch_name, "%s", model_arch_name(ref->hp.arch));
+	struct gguf_str gname;
+	if (gguf_get_str(f, "general.name", &gname, NULL) == 0)
+		snprintf(m->name, sizeof m->name, "%.*s", (int)gname.len, gname.ptr);
+	m->n_params = load_count_params(ref);
+	m->layers = calloc(m->n_layer, sizeof *m->layers);
+	m->notes = calloc((size_t)m->n_layer * 7 + 2, sizeof *m->notes);
+	if (!m->layers || !m->notes) {
+		rc = hearth_error_set(err, HEARTH_ENOMEM, "loader: out of memory");
+		goto fail;
+	}
+	c.ref = ref;
+	c.m = m;
+	if ((rc = load_plan(&c, &plan, &kvc, err)) < 0)
+		goto fail;
+	if ((rc = arena_create(&m->arena, &plan, &o->arena, err)) < 0)
+		goto fail;
+	c.rows = malloc(LOAD_ROWS * c.rows_cap * sizeof(float));
+	if (!c.rows) {
+		rc = hearth_error_set(err, HEARTH_ENOMEM, "loader: out of memory for the repack scratch");
+		goto fail;
+	}
+	for (size_t i = 0; i < c.n_mats; i++)
+		if ((rc = load_repack(&c, &c.mats[i], err)) < 0)
+			goto fail;
+	free(c.rows);
+	c.rows = NULL;
+	for (uint32_t l = 0; l < m->n_layer; l++) {
+		const struct model_layer *R = &ref->layers[l];
+		struct mq4_layer *L = &m->layers[l];
+		if ((rc = load_vec(&c, R->attn_norm, &L->attn_norm, err)) < 0 ||
+		    (rc = load_vec(&c, R->ffn_norm, &L->ffn_norm, err)) < 0 ||
+		    (rc = load_vec(&c, R->q_norm, &L->q_norm, err)) < 0 ||
+		    (rc = load_vec(&c, R->k_norm, &L->k_norm, err)) < 0 ||
+		    (rc = load_vec(&c, R->bq, &L->bq, err)) < 0 ||
+		    (rc = load_vec(&c, R->bk, &L->bk, err)) < 0 ||
+		    (rc = load_vec(&c, R->bv, &L->bv, err)) < 0)
+			goto fail;
+	}
+	if ((rc = load_vec(&c, ref->output_norm, &m->output_norm, err)) < 0)
+		goto fail;
+	for (uint32_t i = 0; i < m->n_ropes; i++) {
+		struct mq4_rope *r = &m->ropes[i];
+		size_t n = align64((size_t)o->max_context * (r->n_rot / 2) * sizeof(float));
+		if ((rc = arena_alloc(&m->arena, ARENA_REGION_ROPE, n, 64, (void **)&r->cos, err)) < 0 ||
+		    (rc = arena_alloc(&m->arena, ARENA_REGION_ROPE, n, 64, (void **)&r->sin, err)) < 0)
+			goto fail;
+		vec_rope_table(r->cos, r->sin, o->max_context, r->n_rot, r->base, r->scale, ref->rope_freqs);
+	}
+	if ((rc = kv_create(&m->kv, &kvc, &m->arena, err)) < 0)
+		goto fail;
+	free((void *)kvc.layer_shapes);
+	kvc.layer_shapes = NULL;
+	if ((rc = load_scratch(&c, err)) < 0 || (rc = model_q4_prepare(m, err)) < 0 ||
+	    (rc = load_threads(m, o, err)) < 0)
+		goto fail;
+	snprintf(m->quant_name, sizeof m->quant_name, "q4");
+	{
+		bool g32 = false, g128 = false;
+		for (uint32_t i = 0; i < m->n_notes; i++) {
+			g32 |= m->notes[i].group == 32;
+			g128 |= m->notes[i].group == 128;
+		}
+		snprintf(m->quant_name, sizeof m->quant_name, "%s", g32 && g128 ? "q4_mixed" : g32 ? "q4_g32" : "q4_g128");
+	}
+	/* Release: the model no longer needs the file. */
+	model_free(ref);
+	ref = NULL;
+	gguf_close(f);
+	f = NULL;
+	free(c.mats);
+	malloc_trim(0);
+	*out = m;
+	*tok_out = tok;
+	return 0;
+fail:
+	free(c.rows);
+	free(c.mats);
+	free((void *)kvc.layer_shapes);
+	model_q4_free(m);
+	tok_free(tok);
+	model_free(ref);
+	gguf_close(f);
+	return rc;
+}

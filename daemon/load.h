@@ -1,0 +1,39 @@
+/* The loader: from a GGUF file to the resident int4 model. It plans the arena before it maps
+ * anything (packed weights, norms, RoPE tables sized by max_context, the KV pool, scratch),
+ * repacks each matrix a row block at a time through a small scratch (no step expands a whole
+ * matrix), then unmaps the file, drops its page cache and trims the heap. */
+#ifndef HEARTH_DAEMON_LOAD_H
+#define HEARTH_DAEMON_LOAD_H
+
+#include <stdint.h>
+
+#include "daemon/arena.h"
+#include "daemon/model_q4.h"
+#include "kernels/q4.h"
+#include "protocol/error.h"
+
+struct tok;
+
+struct load_opts {
+	uint32_t max_context;          /* sizes RoPE and per-sequence KV; <= the trained length */
+	uint64_t kv_budget;            /* bytes for the whole KV pool */
+	enum qtype kv_type;            /* QTYPE_F16 or QTYPE_BF16 */
+	uint32_t max_seqs;             /* sequences running at once */
+	uint32_t step_tokens;          /* tokens in one batched step */
+	struct arena_config arena;
+	enum q4_act_kind act;          /* Q4_ACT_A16 (W4A16) or Q4_ACT_A8 (W4A8) */
+	size_t n_threads;              /* 0: every CPU of the arena's NUMA node */
+	/* Called between tensors; phase is "repacking" etc., what names the tensor. */
+	void (*progress)(void *ctx, const char *phase, const char *what, uint64_t done,
+			 uint64_t total);
+	void *progress_ctx;
+};
+
+void load_opts_default(struct load_opts *o);
+
+/* Loads path into a resident model and its tokenizer. Errors name the file and what was
+ * wrong; nothing is left allocated on failure. */
+int load_q4(struct model_q4 **out, struct tok **tok_out, const char *path,
+	    const struct load_opts *o, struct hearth_error *err);
+
+#endif

@@ -1,0 +1,451 @@
+/* One batched step of the int4 model on the thread pool: every op is split across the pinned
+ * threads (matmuls by row blocks, the rest by tokens or by token x KV head) with a barrier
+ * between ops, inside a single pool_run, so a step costs no syscall and no allocation. The
+ * batch mixes sequences: each row carries its sequence and position, attention reads each
+ * row's own paged KV. */
+#include "daemon/model_q4.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct engine_seq {
+	struct kv_seq *kv;
+	uint32_t n_past;           /* positions whose K/V are in the cache */
+	int32_t *tokens;           /* ids of those positions (max_context) */
+	bool used;
+};
+
+/* Activations of one input, prepared once per distinct weight group among the matrices
+ * that read it (a file that mixes carried-over g32 and requantized g128 tensors). */
+struct step_acts {
+	struct q4_acts g32, g128;
+	bool have32, have128;
+};
+
+struct step {
+	struct model_q4 *m;
+	const struct engine_span *spans;
+	size_t n_spans;
+	uint32_t T;                /* rows (tokens) in the step */
+	uint32_t L;                /* rows whose logits are wanted */
+	uint8_t *acts_mem32, *acts_mem128;
+};
+
+/* ---- the pieces of a step, each run by every thread on its share ---- */
+
+static void split(size_t n, size_t t, size_t nt, size_t *b, size_t *e)
+{
+	pool_split(n, 1, t, nt, b, e);
+}
+
+static void acts_setup(struct step *st, struct step_acts *a, size_t n_tok, size_t cols,
+		       bool need32, bool need128)
+{
+	struct model_q4 *m = st->m;
+	a->have32 = need32;
+	a->have128 = need128;
+	if (need32)
+		q4_acts_init(&a->g32, m->act, n_tok, cols, 32, st->acts_mem32);
+	if (need128)
+		q4_acts_init(&a->g128, m->act, n_tok, cols, 128, st->acts_mem128);
+}
+
+static void acts_fill(struct step *st, struct step_acts *a, const float *x, size_t ldx,
+		      size_t n_tok, size_t t, size_t nt)
+{
+	size_t b, e;
+	split(n_tok, t, nt, &b, &e);
+	if (b >= e)
+		return;
+	if (a->have32)
+		st->m->kern->acts_prepare(&a->g32, x, ldx, b, e);
+	if (a->have128)
+		st->m->kern->acts_prepare(&a->g128, x, ldx, b, e);
+}
+
+static const struct q4_acts *acts_for(const struct step_acts *a, const struct q4_matrix *w)
+{
+	return w->group == 32 ? &a->g32 : &a->g128;
+}
+
+static void matmul(struct step *st, const struct q4_matrix *w, const struct step_acts *a,
+		   float *y, size_t t, size_t nt)
+{
+	size_t b, e;
+	pool_split(w->rows, Q4_ROWS, t, nt, &b, &e);
+	if (b < e)
+		st->m->kern->matmul(w, acts_for(a, w), y, w->rows, b, e);
+}
+
+static bool any_group(const struct q4_matrix *const *ws, size_t n, size_t group)
+{
+	for (size_t i = 0; i < n; i++)
+		if (ws[i]->group == group)
+			return true;
+	return false;
+}
+
+static void store_kv_row(void *dst, const float *src, size_t n, enum qtype type)
+{
+	uint16_t *d = dst;
+	if (type == QTYPE_BF16) {
+		for (size_t i = 0; i < n; i++)
+			d[i] = quant_f32_to_bf16(src[i]);
+	} else {
+		for (size_t i = 0; i < n; i++)
+			d[i] = quant_f32_to_fp16(src[i]);
+	}
+}
+
+/* Bias, per-head q/k norm, RoPE at the row's position, then K and V into the row's
+ * sequence's cache. */
+static void step_qkv_post(struct step *st, const struct mq4_layer *L, uint32_t l, size_t t,
+			  size_t nt)
+{
+	struct model_q4 *m = st->m;
+	const struct kern_table *k = m->kern;
+	size_t nq = (size_t)L->n_head * L->head_dim, nk = (size_t)L->n_head_kv * L->head_dim;
+	size_t nv = (size_t)L->n_head_kv * L->head_dim_v;
+	size_t b, e;
+	split(st->T, t, nt, &b, &e);
+	for (size_t i = b; i < e; i++) {
+		float *q = m->q + i * nq, *kk = m->k + i * nk, *v = m->v + i * nv;
+		if (L->bq)
+			for (size_t j = 0; j < nq; j++)
+				q[j] += L->bq[j];
+		if (L->bk)
+			for (size_t j = 0; j < nk; j++)
+				kk[j] += L->bk[j];
+		if (L->bv)
+			for (size_t j = 0; j < nv; j++)
+				v[j] += L->bv[j];
+		if (L->q_norm)
+			for (uint32_t h = 0; h < L->n_head; h++)
+				k->rmsnorm(q + (size_t)h * L->head_dim, q + (size_t)h * L->head_dim,
+					   L->q_norm, L->head_dim, m->hp.norm_eps);
+		if (L->k_norm)
+			for (uint32_t h = 0; h < L->n_head_kv; h++)
+				k->rmsnorm(kk + (size_t)h * L->head_dim, kk + (size_t)h * L->head_dim,
+					   L->k_norm, L->head_dim, m->hp.norm_eps);
+		uint32_t pos = m->step_pos[i];
+		const struct mq4_rope *r = L->rope;
+		const float *cs = r->cos + (size_t)pos * (r->n_rot / 2);
+		const float *sn = r->sin + (size_t)pos * (r->n_rot / 2);
+		enum vec_rope_style style = m->hp.rope_style == OPS_ROPE_NEOX ? VEC_ROPE_NEOX : VEC_ROPE_NORM;
+		k->rope(q, L->n_head, L->head_dim, L->n_rot, style, cs, sn);
+		k->rope(kk, L->n_head_kv, L->head_dim, L->n_rot, style, cs, sn);
+		struct engine_seq *s = m->step_seq[i];
+		store_kv_row(kv_seq_k(&m->kv, s->kv, l, pos), kk, nk, m->kv.elem_type);
+		store_kv_row(kv_seq_v(&m->kv, s->kv, l, pos), v, nv, m->kv.elem_type);
+	}
+}
+
+/* Attention for (row, kv head) pairs: the n_rep query heads sharing a KV head read each of
+ * its K/V rows once, block by block of the row's sequence. */
+static void step_attention(struct step *st, const struct mq4_layer *L, uint32_t l, size_t t,
+			   size_t nt)
+{
+	struct model_q4 *m = st->m;
+	const struct kv_cache *kv = &m->kv;
+	size_t n_rep = L->n_head / L->n_head_kv;
+	size_t hd = L->head_dim, hdv = L->head_dim_v;
+	size_t nq = (size_t)L->n_head * hd;
+	size_t k_row = (size_t)L->n_head_kv * hd * kv->geo.elem_bytes;
+	size_t v_row = (size_t)L->n_head_kv * hdv * kv->geo.elem_bytes;
+	enum vec_kv_type type = kv->elem_type == QTYPE_BF16 ? VEC_KV_BF16 : VEC_KV_F16;
+	float *mx = m->attn_state + t * m->attn_state_stride;
+	float *sm = mx + n_rep;
+	float *acc = sm + n_rep;
+	size_t b, e;
+	split((size_t)st->T * L->n_head_kv, t, nt, &b, &e);
+	for (size_t pr = b; pr < e; pr++) {
+		size_t i = pr / L->n_head_kv, h = pr % L->n_head_kv;
+		const struct engine_seq *s = m->step_seq[i];
+		uint32_t pos = m->step_pos[i];
+		uint32_t first = 0;
+		if (L->window && pos + 1 > L->window)
+			first = pos + 1 - L->window;
+		const float *q = m->q + i * nq + h * n_rep * hd;
+		vec_attn_init(mx, sm, acc, n_rep, hdv);
+		uint32_t bt = kv->block_tokens;
+		for (uint32_t p = first; p <= pos;) {
+			uint32_t blk = s->kv->blocks[p / bt];
+			uint32_t slot = p % bt;
+			uint32_t n = bt - slot;
+			if (p + n > pos + 1)
+				n = pos + 1 - p;
+			const uint8_t *kb = (const uint8_t *)kv_block_k(kv, blk, l) + slot * k_row +
+					    h * hd * kv->geo.elem_bytes;
+			const uint8_t *vb = (const uint8_t *)kv_block_v(kv, blk, l) + slot * v_row +
+					    h * hdv * kv->geo.elem_bytes;
+			m->kern->attn(q, n_rep, hd, type, kb, k_row, vb, v_row, n, L->attn_scale, mx, sm, acc);
+			p += n;
+		}
+		vec_attn_finish(m->att + i * (size_t)L->n_head * hdv + h * n_rep * hdv, sm, acc, n_rep, hdv);
+	}
+}
+
+static void step_rmsnorm(struct step *st, const float *w, size_t t, size_t nt)
+{
+	struct model_q4 *m = st->m;
+	size_t E = m->hp.n_embd, b, e;
+	split(st->T, t, nt, &b, &e);
+	for (size_t i = b; i < e; i++)
+		m->kern->rmsnorm(m->xb + i * E, m->x + i * E, w, E, m->hp.norm_eps);
+}
+
+static void step_residual(struct step *st, size_t t, size_t nt)
+{
+	struct model_q4 *m = st->m;
+	size_t E = m->hp.n_embd, b, e;
+	split(st->T, t, nt, &b, &e);
+	for (size_t i = b * E; i < e * E; i++)
+		m->x[i] += m->xb[i];
+}
+
+static void step_run(void *arg, size_t t, size_t nt)
+{
+	struct step *st = arg;
+	struct model_q4 *m = st->m;
+	struct pool *p = m->pool;
+	size_t E = m->hp.n_embd, T = st->T, b, e;
+	struct step_acts a;
+
+	split(T, t, nt, &b, &e);
+	for (size_t i = b; i < e; i++)
+		q4_unpack_rows(&m->embd, (size_t)m->step_tokens_buf[i], 1, m->x + i * E, E);
+	pool_barrier(p);
+
+	for (uint32_t l = 0; l < m->n_layer; l++) {
+		const struct mq4_layer *L = &m->layers[l];
+		size_t na = (size_t)L->n_head * L->head_dim_v;
+
+		step_rmsnorm(st, L->attn_norm, t, nt);
+		const struct q4_matrix *qkv[3] = { &L->wq, &L->wk, &L->wv };
+		acts_setup(st, &a, T, E, any_group(qkv, 3, 32), any_group(qkv, 3, 128));
+		pool_barrier(p);
+		acts_fill(st, &a, m->xb, E, T, t, nt);
+		pool_barrier(p);
+		matmul(st, &L->wq, &a, m->q, t, nt);
+		matmul(st, &L->wk, &a, m->k, t, nt);
+		matmul(st, &L->wv, &a, m->v, t, nt);
+		pool_barrier(p);
+		step_qkv_post(st, L, l, t, nt);
+		pool_barrier(p);
+		step_attention(st, L, l, t, nt);
+		pool_barrier(p);
+		const struct q4_matrix *o[1] = { &L->wo };
+		acts_setup(st, &a, T, na, any_group(o, 1, 32), any_group(o, 1, 128));
+		acts_fill(st, &a, m->att, na, T, t, nt);
+		pool_barrier(p);
+		matmul(st, &L->wo, &a, m->xb, t, nt);
+		pool_barrier(p);
+		step_residual(st, t, nt);
+		pool_barrier(p);
+		step_rmsnorm(st, L->ffn_norm, t, nt);
+		pool_barrier(p);
+		const struct q4_matrix *gu[2] = { &L->gate, &L->up };
+		acts_setup(st, &a, T, E, any_group(gu, 2, 32), any_group(gu, 2, 128));
+		acts_fill(st, &a, m->xb, E, T, t, nt);
+		pool_barrier(p);
+		matmul(st, &L->gate, &a, m->hb, t, nt);
+		matmul(st, &L->up, &a, m->hb2, t, nt);
+		pool_barrier(p);
+		split(T, t, nt, &b, &e);
+		for (size_t i = b; i < e; i++)
+			m->kern->silu_mul(m->hb + i * L->n_ff, m->hb2 + i * L->n_ff, L->n_ff);
+		const struct q4_matrix *d[1] = { &L->down };
+		acts_setup(st, &a, T, L->n_ff, any_group(d, 1, 32), any_group(d, 1, 128));
+		pool_barrier(p);
+		acts_fill(st, &a, m->hb, L->n_ff, T, t, nt);
+		pool_barrier(p);
+		matmul(st, &L->down, &a, m->xb, t, nt);
+		pool_barrier(p);
+		step_residual(st, t, nt);
+		pool_barrier(p);
+	}
+
+	/* The head only for the rows whose logits someone wants. */
+	split(st->L, t, nt, &b, &e);
+	for (size_t j = b; j < e; j++)
+		m->kern->rmsnorm(m->xb + j * E, m->x + (size_t)m->logit_rows[j] * E, m->output_norm, E,
+				 m->hp.norm_eps);
+	const struct q4_matrix *head = m->output.data ? &m->output : &m->embd;
+	const struct q4_matrix *hs[1] = { head };
+	acts_setup(st, &a, st->L, E, any_group(hs, 1, 32), any_group(hs, 1, 128));
+	pool_barrier(p);
+	acts_fill(st, &a, m->xb, E, st->L, t, nt);
+	pool_barrier(p);
+	matmul(st, head, &a, m->logits, t, nt);
+}
+
+int model_q4_forward(struct model_q4 *m, const struct engine_span *spans, size_t n_spans,
+		     struct hearth_error *err)
+{
+	uint32_t T = 0, L = 0;
+	for (size_t i = 0; i < n_spans; i++) {
+		const struct engine_span *sp = &spans[i];
+		struct engine_seq *s = sp->seq;
+		if (T + sp->n > m->step_tokens)
+			return hearth_error_set(err, HEARTH_ERANGE, "a step of more than %u tokens",
+						m->step_tokens);
+		if (s->n_past + sp->n > s->kv->n_tokens)
+			return hearth_error_set(err, HEARTH_EKVFULL,
+						"sequence would hold %u positions; %u are reserved",
+						s->n_past + sp->n, s->kv->n_tokens);
+		for (uint32_t j = 0; j < sp->n; j++) {
+			int32_t tok = sp->tokens[j];
+			if (tok < 0 || (uint32_t)tok >= m->hp.n_vocab)
+				return hearth_error_set(err, HEARTH_EINVAL,
+							"token %d is outside the vocabulary (%u)", tok,
+							m->hp.n_vocab);
+			m->step_tokens_buf[T] = tok;
+			m->step_pos[T] = s->n_past + j;
+			m->step_seq[T] = s;
+			T++;
+		}
+		if (sp->logits)
+			m->logit_rows[L++] = T - 1;
+	}
+	if (T == 0)
+		return 0;
+	struct step st = {
+		.m = m, .spans = spans, .n_spans = n_spans, .T = T, .L = L,
+		.acts_mem32 = m->acts_mem,
+		.acts_mem128 = (uint8_t *)m->acts_mem + m->acts_bytes,
+	};
+	pool_run(m->pool, step_run, &st);
+
+	/* Positions now hold K/V: advance, remember ids, and publish full blocks so later
+	 * prompts that start the same way share them. */
+	uint32_t lrow = 0;
+	for (size_t i = 0; i < n_spans; i++) {
+		const struct engine_span *sp = &spans[i];
+		struct engine_seq *s = sp->seq;
+		memcpy(s->tokens + s->n_past, sp->tokens, (size_t)sp->n * sizeof(int32_t));
+		s->n_past += sp->n;
+		if (sp->logits)
+			memcpy(sp->logits, m->logits + (size_t)lrow++ * m->hp.n_vocab,
+			       (size_t)m->hp.n_vocab * sizeof(float));
+		uint32_t bt = m->kv.block_tokens;
+		while ((s->kv->n_committed + 1) * bt <= s->n_past) {
+			uint32_t bi = s->kv->n_committed;
+			int rc = kv_seq_commit_block(&m->kv, s->kv, bi, s->tokens + (size_t)bi * bt, err);
+			if (rc < 0)
+				return rc;
+		}
+	}
+	return 0;
+}
+
+int model_q4_prepare(struct model_q4 *m, struct hearth_error *err)
+{
+	m->seqs = calloc(m->max_seqs, sizeof *m->seqs);
+	m->step_seq = calloc(m->step_tokens, sizeof *m->step_seq);
+	m->step_tokens_buf = calloc(m->step_tokens, sizeof *m->step_tokens_buf);
+	m->step_pos = calloc(m->step_tokens, sizeof *m->step_pos);
+	m->logit_rows = calloc(m->step_tokens, sizeof *m->logit_rows);
+	if (!m->seqs || !m->step_seq || !m->step_tokens_buf || !m->step_pos || !m->logit_rows)
+		return hearth_error_set(err, HEARTH_ENOMEM, "model: out of memory for step bookkeeping");
+	for (uint32_t i = 0; i < m->max_seqs; i++) {
+		m->seqs[i].tokens = malloc((size_t)m->max_context * sizeof(int32_t));
+		if (!m->seqs[i].tokens)
+			return hearth_error_set(err, HEARTH_ENOMEM, "model: out of memory for sequence slots");
+	}
+	return 0;
+}
+
+/* ---- the engine interface ---- */
+
+static int mq4_seq_open(void *impl, const int32_t *prompt, uint32_t n_prompt, uint32_t n_reserve,
+			struct engine_seq **out, uint32_t *n_cached, struct hearth_error *err)
+{
+	struct model_q4 *m = impl;
+	struct kv_seq *ks;
+	*out = NULL;
+	*n_cached = 0;
+	int rc = kv_seq_new(&m->kv, &ks, err);
+	if (rc < 0)
+		return rc == HEARTH_EBUSY ? hearth_error_set(err, HEARTH_EKVFULL, "%s", err->msg) : rc;
+	int matched = kv_seq_match_prefix(&m->kv, ks, prompt, n_prompt, err);
+	if (matched < 0) {
+		kv_seq_free(&m->kv, ks);
+		return matched;
+	}
+	rc = kv_seq_reserve(&m->kv, ks, n_reserve, err);
+	if (rc < 0) {
+		kv_seq_free(&m->kv, ks);
+		return rc;
+	}
+	struct engine_seq *s = &m->seqs[ks->id];
+	s->kv = ks;
+	s->used = true;
+	s->n_past = (uint32_t)matched;
+	memcpy(s->tokens, prompt, (size_t)matched * sizeof(int32_t));
+	*n_cached = (uint32_t)matched;
+	*out = s;
+	return 0;
+}
+
+static void mq4_seq_close(void *impl, struct engine_seq *s)
+{
+	struct model_q4 *m = impl;
+	if (!s || !s->used)
+		return;
+	kv_seq_free(&m->kv, s->kv);
+	s->kv = NULL;
+	s->used = false;
+	s->n_past = 0;
+}
+
+static int mq4_forward(void *impl, const struct engine_span *spans, size_t n_spans,
+		       struct hearth_error *err)
+{
+	return model_q4_forward(impl, spans, n_spans, err);
+}
+
+static void mq4_kv_usage(void *impl, uint64_t *used, uint64_t *total)
+{
+	struct model_q4 *m = impl;
+	struct kv_stats st;
+	kv_stats(&m->kv, &st);
+	*used = (uint64_t)st.blocks_used * st.block_bytes;
+	*total = (uint64_t)st.blocks_total * st.block_bytes;
+}
+
+void model_q4_engine(struct model_q4 *m, struct engine *out)
+{
+	struct kv_stats st;
+	kv_stats(&m->kv, &st);
+	*out = (struct engine){
+		.impl = m,
+		.n_vocab = m->hp.n_vocab,
+		.max_context = m->max_context,
+		.kv_tokens = st.tokens_capacity,
+		.seq_open = mq4_seq_open,
+		.seq_close = mq4_seq_close,
+		.forward = mq4_forward,
+		.kv_usage = mq4_kv_usage,
+	};
+}
+
+void model_q4_free(struct model_q4 *m)
+{
+	if (!m)
+		return;
+	pool_destroy(m->pool);
+	kv_destroy(&m->kv);
+	arena_destroy(&m->arena);
+	if (m->seqs)
+		for (uint32_t i = 0; i < m->max_seqs; i++)
+			free(m->seqs[i].tokens);
+	free(m->seqs);
+	free(m->step_seq);
+	free(m->step_tokens_buf);
+	free(m->step_pos);
+	free(m->logit_rows);
+	free(m->layers);
+	free(m->notes);
+	free(m);
+}

@@ -1,0 +1,515 @@
+/* The continuous-batching scheduler on the real reference engine and a fixture model:
+ * batched generations must equal each request run alone (computed independently with
+ * model_forward and argmax), and cancel, KV exhaustion, a full ring, a vanished client,
+ * stop strings and client fairness must behave as sched.h promises. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "daemon/engine_ref.h"
+#include "daemon/gguf.h"
+#include "daemon/model.h"
+#include "daemon/sched.h"
+#include "daemon/tokenizer.h"
+
+#define MAX_GEN 64
+
+struct fixture {
+	struct gguf_file *f;
+	struct model *m;
+	struct tok *tok;
+	uint32_t n_vocab;
+};
+
+/* What the emit callback saw for one client, per request id (ids are small). */
+struct sink {
+	_Atomic int refuse;             /* > 0: the ring is "full" */
+	int32_t tokens[16][MAX_GEN];
+	uint32_t n[16];
+	char text[16][1024];
+	size_t text_len[16];
+	_Atomic uint32_t emitted;
+};
+
+static int g_efd = -1;
+
+static void notify(void *ctx)
+{
+	(void)ctx;
+	uint64_t one = 1;
+	ssize_t r = write(g_efd, &one, sizeof one);
+	(void)r;
+}
+
+static bool sink_emit(void *p, const struct sched_token *t)
+{
+	struct sink *s = p;
+	if (atomic_load(&s->refuse) > 0)
+		return false;
+	uint64_t id = t->req_id;
+	if (id < 16 && s->n[id] < MAX_GEN)
+		s->tokens[id][s->n[id]++] = t->token;
+	if (id < 16 && s->text_len[id] + t->text_len < sizeof s->text[id]) {
+		memcpy(s->text[id] + s->text_len[id], t->text, t->text_len);
+		s->text_len[id] += t->text_len;
+	}
+	atomic_fetch_add(&s->emitted, 1);
+	return true;
+}
+
+static const char *shared_path(const char *rel, char *buf, size_t cap)
+{
+	const char *sh = getenv("HEARTH_SHARED");
+	if (!sh) {
+		fprintf(stderr, "HEARTH_SHARED is not set: run through make check\n");
+		exit(1);
+	}
+	snprintf(buf, cap, "%s/%s", sh, rel);
+	return buf;
+}
+
+static int setup(void **state)
+{
+	struct fixture *fx = calloc(1, sizeof *fx);
+	char path[4096];
+	struct hearth_error e;
+	if (gguf_open(&fx->f, shared_path("fixtures/fx-qwen3.gguf", path, sizeof path), &e) < 0 ||
+	    model_load(&fx->m, fx->f, &(struct model_opts){ .max_ctx = 256 }, &e) < 0 ||
+	    tok_load(&fx->tok, fx->f, &e) < 0) {
+		fprintf(stderr, "fixture: %s\n", e.msg);
+		return -1;
+	}
+	fx->n_vocab = fx->m->hp.n_vocab;
+	g_efd = eventfd(0, EFD_CLOEXEC);
+	*state = fx;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	struct fixture *fx = *state;
+	tok_free(fx->tok);
+	model_free(fx->m);
+	gguf_close(fx->f);
+	close(g_efd);
+	free(fx);
+	return 0;
+}
+
+/* The independent truth: the model alone, greedy, one sequence. */
+static uint32_t solo_greedy(const struct fixture *fx, const int32_t *prompt, uint32_t n,
+			    uint32_t max_tokens, int32_t *out)
+{
+	struct model_ctx *c;
+	struct hearth_error e;
+	float *logits = malloc(fx->n_vocab * sizeof *logits);
+	assert_int_equal(model_ctx_new(&c, fx->m, 256, &e), 0);
+	assert_int_equal(model_forward(fx->m, c, prompt, n, MODEL_LOGITS_LAST, logits, &e), 0);
+	uint32_t k = 0;
+	for (;;) {
+		int32_t best = 0;
+		for (uint32_t i = 1; i < fx->n_vocab; i++)
+			if (logits[i] > logits[best])
+				best = (int32_t)i;
+		out[k++] = best;
+		if (k == max_tokens)
+			break; /* the scheduler runs these with ignore_eos */
+		assert_int_equal(model_forward(fx->m, c, &best, 1, MODEL_LOGITS_LAST, logits, &e), 0);
+	}
+	model_ctx_free(c);
+	free(logits);
+	return k;
+}
+
+struct harness {
+	struct engine eng;
+	struct engine_ref *er;
+	struct sched *s;
+};
+
+static void harness_start(struct harness *h, const struct fixture *fx, uint64_t kv_tokens,
+			  const struct sched_params *p)
+{
+	struct hearth_error e;
+	uint64_t budget = kv_tokens * engine_ref_kv_bytes_per_token(fx->m);
+	assert_int_equal(engine_ref_new(&h->er, fx->m, 256, budget, &h->eng, &e), 0);
+	struct sched_params dp;
+	if (!p) {
+		sched_params_default(&dp);
+		p = &dp;
+	}
+	assert_int_equal(sched_start(&h->s, p, &h->eng, fx->tok, notify, NULL, &e), 0);
+}
+
+static void harness_stop(struct harness *h)
+{
+	sched_stop(h->s);
+	struct sched_msg *m;
+	while ((m = sched_take(h->s))) {
+		free(m->req.prompt);
+		free(m);
+	}
+	sched_destroy(h->s);
+	engine_ref_free(h->er);
+}
+
+/* Waits for the next message handed back (10 s at most). */
+static struct sched_msg *take(struct harness *h)
+{
+	for (int i = 0; i < 1000; i++) {
+		struct sched_msg *m = sched_take(h->s);
+		if (m)
+			return m;
+		struct pollfd pfd = { .fd = g_efd, .events = POLLIN };
+		if (poll(&pfd, 1, 10) > 0) {
+			uint64_t v;
+			ssize_t r = read(g_efd, &v, sizeof v);
+			(void)r;
+		}
+	}
+	fail_msg("the scheduler handed nothing back within 10 s");
+	return NULL;
+}
+
+static struct sched_msg *submit(struct harness *h, struct sched_client *c, uint64_t id,
+				const int32_t *prompt, uint32_t n, uint32_t max_tokens, float temp,
+				uint64_t seed)
+{
+	struct sched_msg *m = calloc(1, sizeof *m);
+	m->type = SCHED_MSG_SUBMIT;
+	m->client = c;
+	m->req.id = id;
+	m->req.prompt = malloc(n * sizeof(int32_t));
+	memcpy(m->req.prompt, prompt, n * sizeof(int32_t));
+	m->req.n_prompt = n;
+	m->req.max_tokens = max_tokens;
+	sampler_params_default(&m->req.sampling);
+	m->req.sampling.temperature = temp;
+	m->req.seed = seed;
+	m->req.ignore_eos = true;
+	assert_true(sched_post(h->s, m));
+	return m;
+}
+
+static void make_prompt(uint32_t seed, int32_t *p, uint32_t n, uint32_t n_vocab)
+{
+	uint64_t x = 0x9e3779b97f4a7c15ull * (seed + 1);
+	for (uint32_t i = 0; i < n; i++) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		p[i] = (int32_t)(x % n_vocab);
+	}
+}
+
+static void test_sched_batched_greedy_equals_each_request_alone(void **state)
+{
+	struct fixture *fx = *state;
+	struct harness h;
+	struct sched_params p;
+	sched_params_default(&p);
+	p.step_tokens = 24;             /* small steps: prompts are split into chunks */
+	p.prefill_chunk = 7;
+	harness_start(&h, fx, 4096, &p);
+	struct sink sink = { 0 };
+	struct sched_client c = { .sink = &sink, .emit = sink_emit };
+	enum { N = 6 };
+	int32_t prompts[N][48];
+	uint32_t lens[N] = { 3, 17, 40, 1, 9, 26 };
+	for (int i = 0; i < N; i++) {
+		make_prompt((uint32_t)i, prompts[i], lens[i], fx->n_vocab);
+		submit(&h, &c, (uint64_t)i, prompts[i], lens[i], 12, 0.0f, 1);
+	}
+	for (int i = 0; i < N; i++) {
+		struct sched_msg *m = take(&h);
+		assert_int_equal(m->result.finish, SCHED_FINISH_LENGTH);
+		assert_int_equal(m->result.n_generated, 12);
+		free(m->req.prompt);
+		free(m);
+	}
+	for (int i = 0; i < N; i++) {
+		int32_t want[MAX_GEN];
+		uint32_t n = solo_greedy(fx, prompts[i], lens[i], 12, want);
+		assert_int_equal(sink.n[i], n);
+		assert_memory_equal(sink.tokens[i], want, n * sizeof(int32_t));
+	}
+	harness_stop(&h);
+}
+
+static void test_sched_seeded_sampling_is_independent_of_batching(void **state)
+{
+	struct fixture *fx = *state;
+	int32_t prompts[4][20];
+	for (int i = 0; i < 4; i++)
+		make_prompt(100u + (uint32_t)i, prompts[i], 20, fx->n_vocab);
+	struct sink alone = { 0 }, together = { 0 };
+	struct harness h;
+	harness_start(&h, fx, 4096, NULL);
+	struct sched_client ca = { .sink = &alone, .emit = sink_emit };
+	for (int i = 0; i < 4; i++) {
+		submit(&h, &ca, (uint64_t)i, prompts[i], 20, 10, 0.9f, 1000u + (uint64_t)i);
+		struct sched_msg *m = take(&h);
+		free(m->req.prompt);
+		free(m);
+	}
+	struct sched_client ct = { .sink = &together, .emit = sink_emit };
+	for (int i = 0; i < 4; i++)
+		submit(&h, &ct, (uint64_t)i, prompts[i], 20, 10, 0.9f, 1000u + (uint64_t)i);
+	for (int i = 0; i < 4; i++) {
+		struct sched_msg *m = take(&h);
+		free(m->req.prompt);
+		free(m);
+	}
+	for (int i = 0; i < 4; i++) {
+		assert_int_equal(alone.n[i], 10);
+		assert_memory_equal(alone.tokens[i], together.tokens[i], 10 * sizeof(int32_t));
+	}
+	harness_stop(&h);
+}
+
+static void test_sched_cancel_ends_a_running_request(void **state)
+{
+	struct fixture *fx = *state;
+	struct harness h;
+	harness_start(&h, fx, 4096, NULL);
+	struct sink sink = { 0 };
+	struct sched_client c = { .sink = &sink, .emit = sink_emit };
+	int32_t prompt[8];
+	make_prompt(7, prompt, 8, fx->n_vocab);
+	submit(&h, &c, 1, prompt, 8, 200, 0.0f, 1);
+	while (atomic_load(&sink.emitted) < 3)
+		usleep(1000);
+	struct sched_msg *cm = calloc(1, sizeof *cm);
+	cm->type = SCHED_MSG_CANCEL;
+	cm->client = &c;
+	cm->req_id = 1;
+	assert_true(sched_post(h.s, cm));
+	bool saw_cancel_ack = false, saw_done = false;
+	for (int i = 0; i < 2; i++) {
+		struct sched_msg *m = take(&h);
+		if (m->type == SCHED_MSG_CANCEL) {
+			saw_cancel_ack = true;
+		} else {
+			assert_int_equal(m->result.finish, SCHED_FINISH_CANCELED);
+			assert_true(m->result.n_generated < 200);
+			saw_done = true;
+			free(m->req.prompt);
+		}
+		free(m);
+	}
+	assert_true(saw_cancel_ack && saw_done);
+	uint64_t used, total;
+	h.eng.kv_usage(h.eng.impl, &used, &total);
+	assert_int_equal(used, 0);
+	harness_stop(&h);
+}
+
+static void test_sched_reports_kv_full_and_queues_within_budget(void **state)
+{
+	struct fixture *fx = *state;
+	struct harness h;
+	struct sched_params p;
+	sched_params_default(&p);
+	p.kv_wait_ns = 200ull * 1000000ull;
+	harness_start(&h, fx, 64, &p);  /* the whole budget: 64 tokens */
+	struct sink sink = { 0 };
+	struct sched_client c = { .sink = &sink, .emit = sink_emit };
+	int32_t prompt[40];
+	make_prompt(3, prompt, 40, fx->n_vocab);
+
+	/* Needs 40 + 40 = 80 > 64: refused at once, naming both numbers. */
+	submit(&h, &c, 1, prompt, 40, 40, 0.0f, 1);
+	struct sched_msg *m = take(&h);
+	assert_int_equal(m->result.finish, SCHED_FINISH_ERROR);
+	assert_int_equal(m->result.err.code, HEARTH_EKVFULL);
+	assert_non_null(strstr(m->result.err.msg, "80"));
+	assert_non_null(strstr(m->result.err.msg, "64"));
+	free(m->req.prompt);
+	free(m);
+
+	/* Two that need 40 each: the second waits for the first, then runs. */
+	submit(&h, &c, 2, prompt, 30, 10, 0.0f, 1);
+	submit(&h, &c, 3, prompt, 30, 10, 0.0f, 1);
+	for (int i = 0; i < 2; i++) {
+		m = take(&h);
+		assert_int_equal(m->result.finish, SCHED_FINISH_LENGTH);
+		free(m->req.prompt);
+		free(m);
+	}
+	assert_int_equal(sink.n[2], 10);
+	assert_int_equal(sink.n[3], 10);
+	assert_memory_equal(sink.tokens[2], sink.tokens[3], 10 * sizeof(int32_t));
+	harness_stop(&h);
+}
+
+static void test_sched_full_ring_stalls_only_its_own_sequence(void **state)
+{
+	struct fixture *fx = *state;
+	struct harness h;
+	harness_start(&h, fx, 4096, NULL);
+	struct sink slow = { 0 }, fast = { 0 };
+	atomic_store(&slow.refuse, 1);
+	struct sched_client cs = { .sink = &slow, .emit = sink_emit };
+	struct sched_client cf = { .sink = &fast, .emit = sink_emit };
+	int32_t prompt[10];
+	make_prompt(11, prompt, 10, fx->n_vocab);
+	submit(&h, &cs, 1, prompt, 10, 8, 0.0f, 1);
+	submit(&h, &cf, 2, prompt, 10, 8, 0.0f, 1);
+	struct sched_msg *m = take(&h);
+	assert_ptr_equal(m->client, &cf);       /* the fast client finishes while slow is stuck */
+	assert_int_equal(m->result.finish, SCHED_FINISH_LENGTH);
+	free(m->req.prompt);
+	free(m);
+	assert_int_equal(slow.n[1], 0);
+	atomic_store(&slow.refuse, 0);
+	m = take(&h);
+	assert_ptr_equal(m->client, &cs);
+	assert_int_equal(m->result.finish, SCHED_FINISH_LENGTH);
+	free(m->req.prompt);
+	free(m);
+	assert_int_equal(slow.n[1], 8);
+	assert_memory_equal(slow.tokens[1], fast.tokens[2], 8 * sizeof(int32_t));
+	harness_stop(&h);
+}
+
+static void test_sched_client_gone_returns_its_kv_at_once(void **state)
+{
+	struct fixture *fx = *state;
+	struct harness h;
+	harness_start(&h, fx, 4096, NULL);
+	struct sink sink = { 0 };
+	atomic_store(&sink.refuse, 1);         /* stuck mid-stream, holding KV */
+	struct sched_client c = { .sink = &sink, .emit = sink_emit };
+	int32_t prompt[30];
+	make_prompt(5, prompt, 30, fx->n_vocab);
+	submit(&h, &c, 1, prompt, 30, 100, 0.0f, 1);
+	submit(&h, &c, 2, prompt, 30, 100, 0.0f, 1);
+	uint64_t used = 0, total;
+	for (int i = 0; i < 500 && used == 0; i++) {
+		usleep(2000);
+		h.eng.kv_usage(h.eng.impl, &used, &total);
+	}
+	assert_true(used > 0);
+	struct sched_msg *g = calloc(1, sizeof *g);
+	g->type = SCHED_MSG_CLIENT_GONE;
+	g->client = &c;
+	assert_true(sched_post(h.s, g));
+	int n_req = 0;
+	for (;;) {
+		struct sched_msg *m = take(&h);
+		if (m->type == SCHED_MSG_CLIENT_GONE) {
+			free(m);
+			break;
+		}
+		assert_int_equal(m->result.finish, SCHED_FINISH_CANCELED);
+		n_req++;
+		free(m->req.prompt);
+		free(m);
+	}
+	assert_int_equal(n_req, 2);            /* every request came back before the gone ack */
+	h.eng.kv_usage(h.eng.impl, &used, &total);
+	assert_int_equal(used, 0);
+	harness_stop(&h);
+}
+
+static void test_sched_stop_string_ends_and_is_withheld(void **state)
+{
+	struct fixture *fx = *state;
+	int32_t prompt[12], want[MAX_GEN];
+	char piece[256], before[1024];
+	size_t pl = 0, bl = 0;
+	/* Find a prompt whose 5th generated token has text that does not occur earlier in the
+	 * output: its text is then an unambiguous stop string. */
+	bool found = false;
+	for (uint32_t seed = 21; seed < 121 && !found; seed++) {
+		make_prompt(seed, prompt, 12, fx->n_vocab);
+		solo_greedy(fx, prompt, 12, 20, want);
+		pl = tok_piece(fx->tok, want[4], false, piece, sizeof piece);
+		bl = 0;
+		for (int i = 0; i < 4; i++)
+			bl += tok_piece(fx->tok, want[i], false, before + bl, sizeof before - bl);
+		found = pl > 0 && pl <= SCHED_MAX_STOP_LEN && !memmem(before, bl, piece, pl);
+	}
+	assert_true(found);
+	struct harness h;
+	harness_start(&h, fx, 4096, NULL);
+	struct sink sink = { 0 };
+	struct sched_client c = { .sink = &sink, .emit = sink_emit };
+	struct sched_msg *sm = calloc(1, sizeof *sm);
+	sm->type = SCHED_MSG_SUBMIT;
+	sm->client = &c;
+	sm->req.id = 1;
+	sm->req.prompt = malloc(sizeof prompt);
+	memcpy(sm->req.prompt, prompt, sizeof prompt);
+	sm->req.n_prompt = 12;
+	sm->req.max_tokens = 20;
+	sampler_params_default(&sm->req.sampling);
+	sm->req.sampling.temperature = 0;
+	sm->req.ignore_eos = true;
+	memcpy(sm->req.stop_strings[0], piece, pl < SCHED_MAX_STOP_LEN ? pl : SCHED_MAX_STOP_LEN);
+	sm->req.n_stop_strings = 1;
+	assert_true(sched_post(h.s, sm));
+	struct sched_msg *m = take(&h);
+	assert_int_equal(m->result.finish, SCHED_FINISH_STOP);
+	assert_int_equal(m->result.n_generated, 5);
+	/* The text released is exactly what came before the stop string. */
+	assert_int_equal(sink.text_len[1], bl);
+	assert_memory_equal(sink.text[1], before, bl);
+	free(m->req.prompt);
+	free(m);
+	harness_stop(&h);
+}
+
+static void test_sched_admits_clients_round_robin(void **state)
+{
+	struct fixture *fx = *state;
+	struct harness h;
+	struct sched_params p;
+	sched_params_default(&p);
+	p.max_seqs = 1;                 /* one at a time: admission order is completion order */
+	harness_start(&h, fx, 4096, &p);
+	struct sink sa = { 0 }, sb = { 0 };
+	struct sched_client a = { .sink = &sa, .emit = sink_emit };
+	struct sched_client b = { .sink = &sb, .emit = sink_emit };
+	int32_t prompt[4];
+	make_prompt(1, prompt, 4, fx->n_vocab);
+	for (uint64_t i = 0; i < 3; i++)
+		submit(&h, &a, i, prompt, 4, 2, 0.0f, 1);
+	submit(&h, &b, 9, prompt, 4, 2, 0.0f, 1);
+	struct sched_client *order[4];
+	for (int i = 0; i < 4; i++) {
+		struct sched_msg *m = take(&h);
+		order[i] = m->client;
+		free(m->req.prompt);
+		free(m);
+	}
+	/* A's first request may already run when B arrives; B must not wait behind all of A. */
+	assert_true(order[1] == &b || order[2] == &b);
+	harness_stop(&h);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_sched_batched_greedy_equals_each_request_alone),
+		cmocka_unit_test(test_sched_seeded_sampling_is_independent_of_batching),
+		cmocka_unit_test(test_sched_cancel_ends_a_running_request),
+		cmocka_unit_test(test_sched_reports_kv_full_and_queues_within_budget),
+		cmocka_unit_test(test_sched_full_ring_stalls_only_its_own_sequence),
+		cmocka_unit_test(test_sched_client_gone_returns_its_kv_at_once),
+		cmocka_unit_test(test_sched_stop_string_ends_and_is_withheld),
+		cmocka_unit_test(test_sched_admits_clients_round_robin),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
