@@ -32,8 +32,11 @@ struct engine {
 	void (*seq_close)(void *impl, struct engine_seq *seq);
 	int (*forward)(void *impl, const struct engine_span *spans, size_t n_spans,
 		       struct hearth_error *err);
-	/* KV blocks in use and in all, for stats. */
+	/* KV bytes in use and in all, for stats. */
 	void (*kv_usage)(void *impl, uint64_t *used, uint64_t *total);
+	/* Optional: called once on the compute thread before its first step (the int4
+	 * engine pins it to the first CPU of the pool, as thread 0 of every step). */
+	void (*thread_init)(void *impl);
 };
 
 #endif

@@ -82,8 +82,9 @@ static int ref_forward(void *impl, const struct engine_span *spans, size_t n_spa
 static void ref_kv_usage(void *impl, uint64_t *used, uint64_t *total)
 {
 	struct engine_ref *e = impl;
-	*used = e->kv_reserved;
-	*total = e->kv_tokens;
+	uint64_t per_token = engine_ref_kv_bytes_per_token(e->m);
+	*used = e->kv_reserved * per_token;
+	*total = e->kv_tokens * per_token;
 }
 
 int engine_ref_new(struct engine_ref **out, const struct model *m, uint32_t max_context,

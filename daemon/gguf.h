@@ -48,7 +48,8 @@ struct gguf_kv {
 	struct gguf_str str;  /* type == STRING */
 	/* type == ARRAY: element type and count; numeric elements start at arr_data
 	 * (unaligned, little-endian); string elements are in arr_strs (an index the reader
-	 * builds). Nested arrays are rejected. */
+	 * builds). Nested arrays are bounds-checked and exposed raw: arr_type is GGUF_VT_ARRAY,
+	 * arr_data points at the first nested array and there is no string index. */
 	enum gguf_vtype arr_type;
 	uint64_t arr_n;
 	const uint8_t *arr_data;

@@ -372,7 +372,10 @@ static int load_threads(struct model_q4 *m, const struct load_opts *o, struct he
 	if (n == 0)
 		n = 1;
 	m->n_threads = n;
-	rc = pool_create(&m->pool, n, cpus, 0, POOL_PIN_CALLER);
+	memcpy(m->cpus, cpus, n * sizeof *cpus);
+	/* The caller is not pinned here: the loader thread goes away, and the compute thread
+	 * that steps the model pins itself to cpus[0] (engine thread_init). */
+	rc = pool_create(&m->pool, n, cpus, 0, 0);
 	if (rc < 0)
 		return hearth_error_errno(err, HEARTH_EIO, -rc, "cannot start %zu compute threads", n);
 	return 0;

@@ -6,6 +6,8 @@
 #include "daemon/model_q4.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -414,6 +416,16 @@ static void mq4_kv_usage(void *impl, uint64_t *used, uint64_t *total)
 	*total = (uint64_t)st.blocks_total * st.block_bytes;
 }
 
+static void mq4_thread_init(void *impl)
+{
+	struct model_q4 *m = impl;
+	cpu_set_t set;
+	CPU_ZERO(&set);
+	CPU_SET(m->cpus[0], &set);
+	/* Best effort: under a restrictive CPUAffinity= the thread simply stays unpinned. */
+	pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+}
+
 void model_q4_engine(struct model_q4 *m, struct engine *out)
 {
 	struct kv_stats st;
@@ -427,6 +439,7 @@ void model_q4_engine(struct model_q4 *m, struct engine *out)
 		.seq_close = mq4_seq_close,
 		.forward = mq4_forward,
 		.kv_usage = mq4_kv_usage,
+		.thread_init = mq4_thread_init,
 	};
 }
 

@@ -63,6 +63,7 @@ struct model_q4 {
 	const struct kern_table *kern;
 	struct pool *pool;
 	size_t n_threads;
+	int cpus[256];             /* the pool's CPUs; cpus[0] is the stepping thread's */
 
 	/* scratch for one step of step_tokens tokens (in the arena's scratch region) */
 	float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *logits;

@@ -760,10 +760,13 @@ static void sched_step(struct sched *s, size_t n_spans)
 
 static void sched_update_stats(struct sched *s, uint64_t now)
 {
-	uint32_t running = 0;
-	for (uint32_t i = 0; i < s->p.max_seqs; i++)
+	uint32_t running = 0, parked = 0;
+	for (uint32_t i = 0; i < s->p.max_seqs; i++) {
 		running += s->seqs[i].msg != NULL;
+		parked += s->seqs[i].msg && s->seqs[i].has_event;
+	}
 	atomic_store_explicit(&s->stats.running, running, memory_order_relaxed);
+	atomic_store_explicit(&s->stats.parked, parked, memory_order_relaxed);
 	atomic_store_explicit(&s->stats.waiting, s->n_waiting, memory_order_relaxed);
 	uint64_t used = 0, total = 0;
 	if (s->eng.kv_usage)
@@ -801,6 +804,8 @@ static void sched_wait(struct sched *s, int timeout_ms)
 static void *sched_main(void *arg)
 {
 	struct sched *s = arg;
+	if (s->eng.thread_init)
+		s->eng.thread_init(s->eng.impl);
 	s->tps_window_start = now_ns();
 	while (!atomic_load_explicit(&s->quit, memory_order_acquire)) {
 		uint64_t now = now_ns();

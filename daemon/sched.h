@@ -132,7 +132,8 @@ struct sched_stats {
 	_Atomic uint64_t tokens_prefilled;
 	_Atomic uint32_t running;
 	_Atomic uint32_t waiting;
-	_Atomic uint64_t kv_used, kv_total;
+	_Atomic uint32_t parked;        /* running but waiting for room in a client's ring */
+	_Atomic uint64_t kv_used, kv_total; /* bytes */
 	_Atomic uint64_t busy_ns;       /* time spent in forward steps */
 	_Atomic uint32_t decode_tps_x100; /* decode tokens/s over the last second, x100 */
 };

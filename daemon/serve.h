@@ -69,7 +69,9 @@ struct server {
 	bool handles_open;
 
 	struct hearth_config cfg;
-	char config_path[4096];
+	const char *config_path;   /* NULL: no file */
+	const char *const *sets;
+	size_t n_sets;
 	struct log *log;
 	struct policy policy;
 

@@ -234,8 +234,10 @@ static void server_on_signal(uv_signal_t *h, int signum)
 	if (signum == SIGHUP) {
 		struct hearth_error e;
 		systemd_notify_reloading("reloading the configuration", &e);
-		struct hearth_config fresh = srv->cfg;
-		int rc = srv->config_path[0] ? config_load_file(&fresh, srv->config_path, &e) : 0;
+		/* Rebuilt from scratch as at start-up (defaults, file, flags), so a key removed
+		 * from the file goes back to its default and flags still win. */
+		struct hearth_config fresh;
+		int rc = config_build(&fresh, srv->config_path, srv->sets, srv->n_sets, &e);
 		if (rc < 0) {
 			log_error(srv->log, "reload refused, configuration unchanged: %s", e.msg);
 		} else {
@@ -285,8 +287,11 @@ static void server_on_tick(uv_timer_t *t)
 	if (srv->watchdog_usec) {
 		uint64_t now = serve_now_ns() / 1000;
 		uint64_t steps = atomic_load(&st->steps);
-		if (systemd_progress_check(&srv->progress, steps, running + waiting > 0, now,
-					   srv->watchdog_usec / 2))
+		/* Sequences parked on a client's full ring are not the compute thread's work:
+		 * a slow reader must not look like a hang. */
+		uint32_t parked = atomic_load(&st->parked);
+		bool pending = waiting + running > parked;
+		if (systemd_progress_check(&srv->progress, steps, pending, now, srv->watchdog_usec / 2))
 			systemd_watchdog_ping(&e);
 		else
 			log_error(srv->log, "the compute thread has made no step for %llu ms with work pending; withholding the watchdog ping",
@@ -326,14 +331,17 @@ void server_model_failed(struct server *s, const struct hearth_error *e)
 /* ---- life cycle ---- */
 
 int server_new(struct server **out, const struct hearth_config *cfg, const char *config_path,
-	       struct log *lg, int listen_fd, struct hearth_error *err)
+	       const char *const *sets, size_t n_sets, struct log *lg, int listen_fd,
+	       struct hearth_error *err)
 {
 	*out = NULL;
 	struct server *srv = calloc(1, sizeof *srv);
 	if (!srv)
 		return hearth_error_set(err, HEARTH_ENOMEM, "server: out of memory");
 	srv->cfg = *cfg;
-	snprintf(srv->config_path, sizeof srv->config_path, "%s", config_path ? config_path : "");
+	srv->config_path = config_path;
+	srv->sets = sets;
+	srv->n_sets = n_sets;
 	srv->log = lg;
 	srv->start_ns = serve_now_ns();
 	pthread_mutex_init(&srv->mu, NULL);

@@ -26,9 +26,13 @@ struct server_model {
 	const struct sched_params *sched; /* NULL: sched_params_default */
 };
 
-/* listen_fd: a listening AF_UNIX socket (systemd's), or -1 to create cfg->socket. */
+/* listen_fd: a listening AF_UNIX socket (systemd's), or -1 to create cfg->socket.
+ * config_path and sets (the command line's key=value settings) are kept so SIGHUP can
+ * rebuild the configuration the same way start-up did; both are borrowed for the server's
+ * life. */
 int server_new(struct server **out, const struct hearth_config *cfg, const char *config_path,
-	       struct log *lg, int listen_fd, struct hearth_error *err);
+	       const char *const *sets, size_t n_sets, struct log *lg, int listen_fd,
+	       struct hearth_error *err);
 
 /* Any thread (the loader): progress while loading, then exactly one of ready / failed. */
 void server_progress(struct server *s, const char *phase, uint64_t done, uint64_t total);

@@ -833,7 +833,10 @@ static bool session_emit(void *sink, const struct sched_token *t)
 		size_t need = 2 * (ring_token_size(&rt) + 16 + (size_t)t->n_vocab * 4 + 32);
 		if (r->tx.cap - ring_tx_used(r) < need)
 			return false;
-		if (ring_push_logits(r, t->req_id, t->index, t->logits, t->n_vocab, NULL) < 0)
+		int lrc = ring_push_logits(r, t->req_id, t->index, t->logits, t->n_vocab, NULL);
+		if (lrc == HEARTH_EBUSY)
+			return false;
+		if (lrc < 0)
 			goto broken;
 	}
 	int rc = ring_push_token(r, &rt, NULL);

@@ -1,0 +1,888 @@
+/* The `hearth` command: talks to hearthd through libhearth's public API only (this file
+ * includes nothing but hearth.h), so it doubles as the library's first real user.
+ * Exit codes: 0 ok, 1 an error (its message on stderr), 2 a usage error. */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client/hearth.h"
+
+#define EXIT_USAGE 2
+#ifndef PACKAGE_VERSION
+#define PACKAGE_VERSION "unknown"
+#endif
+
+struct cli {
+	const char *socket;
+	int timeout_ms;
+	int verbose;
+	bool json;
+};
+
+static volatile sig_atomic_t interrupted;
+
+static void on_sigint(int sig)
+{
+	(void)sig;
+	interrupted = 1;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: hearth [--socket PATH] [--timeout SECONDS] [-v] COMMAND [ARGS]\n"
+		"       hearth --help | --version\n"
+		"\n"
+		"  generate [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
+		"           [--repeat-penalty R] [--repeat-last-n N] [--seed S] [--stop STR]...\n"
+		"           [--json] PROMPT|-      stream the continuation of PROMPT (- reads stdin)\n"
+		"  tokenize [--no-bos] [--special] [--json] TEXT|-\n"
+		"                                   print the token ids of TEXT\n"
+		"  detokenize [--json] ID...|-      print the text of token ids\n"
+		"  stats [--json]                   the daemon's load and memory\n"
+		"  ledger [--json]                  where the daemon's memory went\n"
+		"  ping [-c N]                      round trip to the daemon, in microseconds\n"
+		"\n"
+		"The socket is --socket, else $%s, else %s.\n"
+		"--timeout gives up when hearthd is silent that long (default %d s; 0 = never).\n"
+		"-v prints loading progress and, for generate, a timing summary on stderr.\n"
+		"Exit status: 0 ok, 1 an error, 2 a usage error.\n",
+		HEARTH_SOCKET_ENV, HEARTH_SOCKET_DEFAULT, HEARTH_TIMEOUT_DEFAULT_MS / 1000);
+}
+
+static int fail(const struct hearth_err *e)
+{
+	fprintf(stderr, "hearth: %s\n", e->msg[0] ? e->msg : hearth_strerror(e->code));
+	return 1;
+}
+
+static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static int usage_error(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	fputs("hearth: ", stderr);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputs("\n(hearth --help for usage)\n", stderr);
+	return EXIT_USAGE;
+}
+
+/* ---- parsing numbers strictly ---- */
+
+static bool parse_u64(const char *s, uint64_t max, uint64_t *out)
+{
+	char *end;
+	if (!s || !*s || *s == '-')
+		return false;
+	errno = 0;
+	unsigned long long v = strtoull(s, &end, 10);
+	if (errno || *end || v > max)
+		return false;
+	*out = v;
+	return true;
+}
+
+static bool parse_double(const char *s, double *out)
+{
+	char *end;
+	if (!s || !*s)
+		return false;
+	errno = 0;
+	double v = strtod(s, &end);
+	if (errno || *end)
+		return false;
+	*out = v;
+	return true;
+}
+
+/* ---- output helpers ---- */
+
+static void human_bytes(char *buf, size_t cap, uint64_t b)
+{
+	static const char *const unit[] = { "B", "KiB", "MiB", "GiB", "TiB" };
+	double v = (double)b;
+	int u = 0;
+	while (v >= 1024 && u < 4) {
+		v /= 1024;
+		u++;
+	}
+	if (u == 0)
+		snprintf(buf, cap, "%" PRIu64 " B", b);
+	else
+		snprintf(buf, cap, "%.2f %s", v, unit[u]);
+}
+
+static void human_duration(char *buf, size_t cap, uint64_t ms)
+{
+	uint64_t s = ms / 1000;
+	if (s >= 86400)
+		snprintf(buf, cap, "%" PRIu64 "d %02" PRIu64 "h %02" PRIu64 "m", s / 86400,
+			 s / 3600 % 24, s / 60 % 60);
+	else if (s >= 3600)
+		snprintf(buf, cap, "%" PRIu64 "h %02" PRIu64 "m %02" PRIu64 "s", s / 3600,
+			 s / 60 % 60, s % 60);
+	else if (s >= 60)
+		snprintf(buf, cap, "%" PRIu64 "m %02" PRIu64 "s", s / 60, s % 60);
+	else
+		snprintf(buf, cap, "%.1fs", (double)ms / 1000);
+}
+
+/* Length of the valid UTF-8 sequence at s (n bytes left), 0 if none starts there. */
+static size_t utf8_seq(const unsigned char *s, size_t n)
+{
+	unsigned char c = s[0];
+	size_t k;
+	uint32_t cp, min;
+	if (c < 0x80)
+		return 1;
+	if ((c & 0xe0) == 0xc0) { k = 1; cp = c & 0x1f; min = 0x80; }
+	else if ((c & 0xf0) == 0xe0) { k = 2; cp = c & 0x0f; min = 0x800; }
+	else if ((c & 0xf8) == 0xf0) { k = 3; cp = c & 0x07; min = 0x10000; }
+	else return 0;
+	if (n <= k)
+		return 0;
+	for (size_t j = 1; j <= k; j++) {
+		if ((s[j] & 0xc0) != 0x80)
+			return 0;
+		cp = cp << 6 | (s[j] & 0x3f);
+	}
+	if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+		return 0;
+	return k + 1;
+}
+
+/* A JSON string of raw bytes; bytes that are not UTF-8 become U+FFFD. */
+static void json_string(FILE *f, const char *text, size_t len)
+{
+	const unsigned char *s = (const unsigned char *)text;
+	fputc('"', f);
+	for (size_t i = 0; i < len;) {
+		size_t k = utf8_seq(s + i, len - i);
+		if (k == 0) {
+			fputs("\\ufffd", f);
+			i++;
+			continue;
+		}
+		unsigned char c = s[i];
+		if (k > 1)
+			fwrite(s + i, 1, k, f);
+		else if (c == '"')
+			fputs("\\\"", f);
+		else if (c == '\\')
+			fputs("\\\\", f);
+		else if (c == '\n')
+			fputs("\\n", f);
+		else if (c == '\t')
+			fputs("\\t", f);
+		else if (c == '\r')
+			fputs("\\r", f);
+		else if (c < 0x20 || c == 0x7f)
+			fprintf(f, "\\u%04x", c);
+		else
+			fputc(c, f);
+		i += k;
+	}
+	fputc('"', f);
+}
+
+static char *read_stdin(size_t *len, struct hearth_err *e)
+{
+	size_t cap = 1 << 16, n = 0;
+	char *buf = malloc(cap + 1);
+	if (!buf) {
+		e->code = HEARTH_ENOMEM;
+		snprintf(e->msg, sizeof e->msg, "out of memory reading stdin");
+		return NULL;
+	}
+	for (;;) {
+		if (n == cap) {
+			char *nb = cap > SIZE_MAX / 4 ? NULL : realloc(buf, cap * 2 + 1);
+			if (!nb) {
+				free(buf);
+				e->code = HEARTH_ENOMEM;
+				snprintf(e->msg, sizeof e->msg, "out of memory reading stdin");
+				return NULL;
+			}
+			buf = nb;
+			cap *= 2;
+		}
+		size_t got = fread(buf + n, 1, cap - n, stdin);
+		n += got;
+		if (got == 0) {
+			if (ferror(stdin)) {
+				free(buf);
+				e->code = HEARTH_EIO;
+				snprintf(e->msg, sizeof e->msg, "reading stdin: %s", strerror(errno));
+				return NULL;
+			}
+			break;
+		}
+	}
+	buf[n] = '\0';
+	*len = n;
+	return buf;
+}
+
+/* ---- connecting ---- */
+
+static void on_loading(void *user, const char *phase, uint64_t done, uint64_t total)
+{
+	const struct cli *c = user;
+	if (!c->verbose)
+		return;
+	if (total)
+		fprintf(stderr, "hearth: hearthd is loading its model: %s %" PRIu64 "/%" PRIu64
+			" (%.0f%%)\n", phase, done, total, 100.0 * (double)done / (double)total);
+	else
+		fprintf(stderr, "hearth: hearthd is loading its model: %s\n", phase);
+}
+
+static int cli_connect(struct cli *c, bool hello, struct hearth **h, struct hearth_err *e)
+{
+	struct hearth_connect_opts o = {
+		.socket_path = c->socket,
+		.client_name = "hearth-cli",
+		.timeout_ms = c->timeout_ms,
+		.no_hello = !hello,
+		.on_loading = on_loading,
+		.user = c,
+	};
+	return hearth_connect_with(h, &o, e);
+}
+
+/* ---- options shared by every command ---- */
+
+enum {
+	OPT_SOCKET = 1000, OPT_TIMEOUT, OPT_JSON, OPT_TEMP, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P,
+	OPT_REPEAT_PENALTY, OPT_REPEAT_LAST_N, OPT_SEED, OPT_STOP, OPT_NO_BOS, OPT_SPECIAL,
+};
+
+#define COMMON_OPTIONS \
+	{ "socket", required_argument, NULL, OPT_SOCKET }, \
+	{ "timeout", required_argument, NULL, OPT_TIMEOUT }, \
+	{ "verbose", no_argument, NULL, 'v' }, \
+	{ "help", no_argument, NULL, 'h' }, \
+	{ "version", no_argument, NULL, 'V' }
+
+/* Handles an option every command takes; 1 if it was one, 0 if not, EXIT_USAGE+? if bad. */
+static int common_option(struct cli *c, int opt, const char *arg, int *rc)
+{
+	*rc = 0;
+	switch (opt) {
+	case OPT_SOCKET:
+		c->socket = arg;
+		return 1;
+	case OPT_TIMEOUT: {
+		double s;
+		if (!parse_double(arg, &s) || s < 0 || s > 86400 * 7) {
+			*rc = usage_error("--timeout wants seconds (0 = wait forever), not \"%s\"", arg);
+			return 1;
+		}
+		c->timeout_ms = s == 0 ? -1 : (int)(s * 1000 + 0.5);
+		if (c->timeout_ms == 0)
+			c->timeout_ms = 1;
+		return 1;
+	}
+	case 'v':
+		c->verbose++;
+		return 1;
+	case 'h':
+		usage(stdout);
+		*rc = -1;
+		return 1;
+	case 'V':
+		printf("hearth %s\n", PACKAGE_VERSION);
+		*rc = -1;
+		return 1;
+	case '?':
+		*rc = usage_error("unknown option or missing argument");
+		return 1;
+	}
+	return 0;
+}
+
+/* ---- generate ---- */
+
+struct gen_out {
+	bool json;
+	char *text;               /* the whole generation, for the final JSON line */
+	size_t len;
+	size_t cap;
+};
+
+static int gen_print(struct gen_out *o, const struct hearth_token *t)
+{
+	if (o->json) {
+		if (o->len + t->text_len + 1 > o->cap) {
+			size_t cap = (o->cap ? o->cap * 2 : 4096) + t->text_len;
+			char *nt = realloc(o->text, cap);
+			if (!nt)
+				return -1;
+			o->text = nt;
+			o->cap = cap;
+		}
+		memcpy(o->text + o->len, t->text, t->text_len);
+		o->len += t->text_len;
+		printf("{\"index\":%u,\"token\":%u,\"text\":", t->index, t->token);
+		json_string(stdout, t->text, t->text_len);
+		if (t->has_logprob)
+			printf(",\"logprob\":%.6g", t->logprob);
+		fputs("}\n", stdout);
+	} else {
+		fwrite(t->text, 1, t->text_len, stdout);
+	}
+	fflush(stdout);
+	return 0;
+}
+
+static int cmd_generate(struct cli *c, int argc, char **argv)
+{
+	static const struct option opts[] = {
+		COMMON_OPTIONS,
+		{ "max-tokens", required_argument, NULL, 'n' },
+		{ "temp", required_argument, NULL, OPT_TEMP },
+		{ "temperature", required_argument, NULL, OPT_TEMP },
+		{ "top-k", required_argument, NULL, OPT_TOP_K },
+		{ "top-p", required_argument, NULL, OPT_TOP_P },
+		{ "min-p", required_argument, NULL, OPT_MIN_P },
+		{ "repeat-penalty", required_argument, NULL, OPT_REPEAT_PENALTY },
+		{ "repeat-last-n", required_argument, NULL, OPT_REPEAT_LAST_N },
+		{ "seed", required_argument, NULL, OPT_SEED },
+		{ "stop", required_argument, NULL, OPT_STOP },
+		{ "json", no_argument, NULL, OPT_JSON },
+		{ 0 },
+	};
+	struct hearth_gen_params p = hearth_gen_params_default();
+	const char *stop[16];
+	size_t n_stop = 0;
+	int opt, rc;
+	uint64_t u;
+	double d;
+	while ((opt = getopt_long(argc, argv, "+n:vhV", opts, NULL)) != -1) {
+		if (common_option(c, opt, optarg, &rc)) {
+			if (rc)
+				return rc < 0 ? 0 : rc;
+			continue;
+		}
+		switch (opt) {
+		case 'n':
+			if (!parse_u64(optarg, 1u << 20, &u))
+				return usage_error("-n wants a token count up to 1048576, not \"%s\"", optarg);
+			p.max_tokens = (uint32_t)u;
+			break;
+		case OPT_TEMP:
+			if (!parse_double(optarg, &d) || d < 0 || d > 100)
+				return usage_error("--temp wants a number in [0, 100], not \"%s\"", optarg);
+			p.temperature = d;
+			break;
+		case OPT_TOP_K:
+			if (!parse_u64(optarg, 1u << 20, &u))
+				return usage_error("--top-k wants a count (0 = off), not \"%s\"", optarg);
+			p.top_k = (uint32_t)u;
+			break;
+		case OPT_TOP_P:
+			if (!parse_double(optarg, &d) || d <= 0 || d > 1)
+				return usage_error("--top-p wants a number in (0, 1], not \"%s\"", optarg);
+			p.top_p = d;
+			break;
+		case OPT_MIN_P:
+			if (!parse_double(optarg, &d) || d < 0 || d > 1)
+				return usage_error("--min-p wants a number in [0, 1], not \"%s\"", optarg);
+			p.min_p = d;
+			break;
+		case OPT_REPEAT_PENALTY:
+			if (!parse_double(optarg, &d) || d <= 0 || d > 100)
+				return usage_error("--repeat-penalty wants a number in (0, 100], not \"%s\"",
+						   optarg);
+			p.repeat_penalty = d;
+			break;
+		case OPT_REPEAT_LAST_N:
+			if (!parse_u64(optarg, 1u << 20, &u))
+				return usage_error("--repeat-last-n wants a count, not \"%s\"", optarg);
+			p.repeat_last_n = (uint32_t)u;
+			break;
+		case OPT_SEED:
+			if (!parse_u64(optarg, UINT64_MAX, &u))
+				return usage_error("--seed wants an unsigned integer, not \"%s\"", optarg);
+			p.has_seed = true;
+			p.seed = u;
+			break;
+		case OPT_STOP:
+			if (n_stop == sizeof stop / sizeof stop[0])
+				return usage_error("at most %zu --stop strings", sizeof stop / sizeof stop[0]);
+			if (!*optarg)
+				return usage_error("--stop wants a non-empty string");
+			stop[n_stop++] = optarg;
+			break;
+		case OPT_JSON:
+			c->json = true;
+			break;
+		default:
+			return usage_error("unknown option for generate");
+		}
+	}
+	if (argc - optind != 1)
+		return usage_error("generate wants exactly one PROMPT argument (quote it; - reads "
+				   "stdin)");
+	p.stop = stop;
+	p.n_stop = n_stop;
+
+	struct hearth_err e = { 0 };
+	char *stdin_text = NULL;
+	struct hearth_prompt prompt = { .text = argv[optind], .len = strlen(argv[optind]) };
+	if (strcmp(argv[optind], "-") == 0) {
+		stdin_text = read_stdin(&prompt.len, &e);
+		if (!stdin_text)
+			return fail(&e);
+		prompt.text = stdin_text;
+	}
+	struct hearth *h;
+	if (cli_connect(c, true, &h, &e) < 0) {
+		free(stdin_text);
+		return fail(&e);
+	}
+	/* The first ^C cancels (the daemon stops computing); a second one kills. */
+	struct sigaction sa = { .sa_handler = on_sigint, .sa_flags = SA_RESETHAND };
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+
+	struct hearth_gen *g;
+	rc = hearth_gen_start(h, &prompt, &p, &g, &e);
+	free(stdin_text);
+	if (rc < 0) {
+		hearth_close(h);
+		return fail(&e);
+	}
+	/* Short slices so ^C is noticed during a long prefill; the idle timeout is counted
+	 * here across slices. */
+	struct gen_out out = { .json = c->json };
+	bool canceled = false;
+	int idle_ms = 0;
+	int idle_max = c->timeout_ms == 0 ? HEARTH_TIMEOUT_DEFAULT_MS : c->timeout_ms;
+	int status = 0;
+	for (;;) {
+		const struct hearth_token *t;
+		if (interrupted && !canceled) {
+			canceled = true;
+			hearth_cancel(g, NULL);
+		}
+		rc = hearth_gen_next(g, &t, 200, &e);
+		if (rc == 1) {
+			idle_ms = 0;
+			if (gen_print(&out, t) < 0) {
+				snprintf(e.msg, sizeof e.msg, "out of memory");
+				status = 1;
+				break;
+			}
+			continue;
+		}
+		if (rc == HEARTH_ETIMEDOUT) {
+			idle_ms += 200;
+			if (idle_max > 0 && idle_ms >= idle_max) {
+				snprintf(e.msg, sizeof e.msg, "no token from hearthd for %d ms: giving up "
+					 "(--timeout)", idle_max);
+				status = 1;
+				break;
+			}
+			continue;
+		}
+		if (rc < 0)
+			status = 1;
+		break;
+	}
+	struct hearth_result res;
+	struct hearth_err fe;
+	int frc = hearth_gen_finish(g, &res, &fe);
+	hearth_close(h);
+	if (status) {
+		if (!c->json)
+			fputc('\n', stdout);
+		free(out.text);
+		return fail(&e);
+	}
+	if (frc < 0) {
+		free(out.text);
+		return fail(&fe);
+	}
+	if (c->json) {
+		printf("{\"finish\":\"%s\",\"n_prompt\":%u,\"n_gen\":%u,\"queue_ms\":%.3f,"
+		       "\"prefill_ms\":%.3f,\"decode_ms\":%.3f,\"prefill_tps\":%.2f,"
+		       "\"decode_tps\":%.2f,\"text\":", hearth_finish_name(res.finish), res.n_prompt,
+		       res.n_gen, res.queue_ms, res.prefill_ms, res.decode_ms, res.prefill_tps,
+		       res.decode_tps);
+		json_string(stdout, out.text ? out.text : "", out.len);
+		fputs("}\n", stdout);
+	} else {
+		fputc('\n', stdout);
+	}
+	fflush(stdout);
+	free(out.text);
+	if (c->verbose)
+		fprintf(stderr, "hearth: %s; prompt %u tokens in %.1f ms (%.1f tok/s), generated %u "
+			"tokens in %.1f ms (%.1f tok/s), queued %.1f ms\n",
+			hearth_finish_name(res.finish), res.n_prompt, res.prefill_ms, res.prefill_tps,
+			res.n_gen, res.decode_ms, res.decode_tps, res.queue_ms);
+	if (canceled) {
+		fprintf(stderr, "hearth: canceled\n");
+		return 1;
+	}
+	return 0;
+}
+
+/* ---- tokenize / detokenize ---- */
+
+static int cmd_tokenize(struct cli *c, int argc, char **argv)
+{
+	static const struct option opts[] = {
+		COMMON_OPTIONS,
+		{ "no-bos", no_argument, NULL, OPT_NO_BOS },
+		{ "special", no_argument, NULL, OPT_SPECIAL },
+		{ "json", no_argument, NULL, OPT_JSON },
+		{ 0 },
+	};
+	unsigned flags = 0;
+	int opt, rc;
+	while ((opt = getopt_long(argc, argv, "+vhV", opts, NULL)) != -1) {
+		if (common_option(c, opt, optarg, &rc)) {
+			if (rc)
+				return rc < 0 ? 0 : rc;
+			continue;
+		}
+		if (opt == OPT_NO_BOS)
+			flags |= HEARTH_TOKENIZE_NO_BOS;
+		else if (opt == OPT_SPECIAL)
+			flags |= HEARTH_TOKENIZE_SPECIAL;
+		else if (opt == OPT_JSON)
+			c->json = true;
+	}
+	if (argc - optind != 1)
+		return usage_error("tokenize wants exactly one TEXT argument (- reads stdin)");
+	struct hearth_err e = { 0 };
+	const char *text = argv[optind];
+	size_t len = strlen(text);
+	char *owned = NULL;
+	if (strcmp(text, "-") == 0) {
+		owned = read_stdin(&len, &e);
+		if (!owned)
+			return fail(&e);
+		text = owned;
+	}
+	struct hearth *h;
+	if (cli_connect(c, true, &h, &e) < 0) {
+		free(owned);
+		return fail(&e);
+	}
+	uint32_t *ids;
+	size_t n;
+	rc = hearth_tokenize(h, text, len, flags, &ids, &n, &e);
+	hearth_close(h);
+	free(owned);
+	if (rc < 0)
+		return fail(&e);
+	if (c->json)
+		fputc('[', stdout);
+	for (size_t i = 0; i < n; i++)
+		printf(i ? (c->json ? ",%u" : " %u") : "%u", ids[i]);
+	puts(c->json ? "]" : "");
+	hearth_free(ids);
+	return 0;
+}
+
+static int cmd_detokenize(struct cli *c, int argc, char **argv)
+{
+	static const struct option opts[] = {
+		COMMON_OPTIONS,
+		{ "json", no_argument, NULL, OPT_JSON },
+		{ 0 },
+	};
+	int opt, rc;
+	while ((opt = getopt_long(argc, argv, "+vhV", opts, NULL)) != -1) {
+		if (common_option(c, opt, optarg, &rc)) {
+			if (rc)
+				return rc < 0 ? 0 : rc;
+			continue;
+		}
+		if (opt == OPT_JSON)
+			c->json = true;
+	}
+	if (optind >= argc)
+		return usage_error("detokenize wants token ids (or - to read them from stdin)");
+	struct hearth_err e = { 0 };
+	char *owned = NULL;
+	size_t n = 0, cap = 0;
+	uint32_t *ids = NULL;
+	/* Ids come as arguments, or whitespace-separated on stdin. */
+	char **words = argv + optind;
+	int n_words = argc - optind;
+	char *saveptr = NULL, *tok = NULL;
+	if (n_words == 1 && strcmp(words[0], "-") == 0) {
+		size_t len;
+		owned = read_stdin(&len, &e);
+		if (!owned)
+			return fail(&e);
+		tok = strtok_r(owned, " \t\r\n,[]", &saveptr);
+	}
+	for (int i = 0;; i++) {
+		const char *w;
+		if (owned) {
+			if (i > 0)
+				tok = strtok_r(NULL, " \t\r\n,[]", &saveptr);
+			if (!tok)
+				break;
+			w = tok;
+		} else {
+			if (i >= n_words)
+				break;
+			w = words[i];
+		}
+		uint64_t v;
+		if (!parse_u64(w, 0x7fffffff, &v)) {
+			free(owned);
+			free(ids);
+			return usage_error("\"%s\" is not a token id", w);
+		}
+		if (n == cap) {
+			cap = cap ? cap * 2 : 64;
+			uint32_t *ni = realloc(ids, cap * sizeof *ids);
+			if (!ni) {
+				free(owned);
+				free(ids);
+				fprintf(stderr, "hearth: out of memory\n");
+				return 1;
+			}
+			ids = ni;
+		}
+		ids[n++] = (uint32_t)v;
+	}
+	free(owned);
+	struct hearth *h;
+	if (cli_connect(c, true, &h, &e) < 0) {
+		free(ids);
+		return fail(&e);
+	}
+	char *text;
+	size_t len;
+	rc = hearth_detokenize(h, ids, n, &text, &len, &e);
+	hearth_close(h);
+	free(ids);
+	if (rc < 0)
+		return fail(&e);
+	if (c->json) {
+		fputs("{\"text\":", stdout);
+		json_string(stdout, text, len);
+		fputs("}\n", stdout);
+	} else {
+		fwrite(text, 1, len, stdout);
+		fputc('\n', stdout);
+	}
+	hearth_free(text);
+	return 0;
+}
+
+/* ---- stats / ledger / ping ---- */
+
+static int parse_json_only(struct cli *c, int argc, char **argv, const char *what)
+{
+	static const struct option opts[] = {
+		COMMON_OPTIONS,
+		{ "json", no_argument, NULL, OPT_JSON },
+		{ 0 },
+	};
+	int opt, rc;
+	while ((opt = getopt_long(argc, argv, "+vhV", opts, NULL)) != -1) {
+		if (common_option(c, opt, optarg, &rc)) {
+			if (rc)
+				return rc < 0 ? -1 : rc;
+			continue;
+		}
+		if (opt == OPT_JSON)
+			c->json = true;
+	}
+	if (optind != argc)
+		return usage_error("%s takes no arguments", what);
+	return 0;
+}
+
+static int cmd_stats(struct cli *c, int argc, char **argv)
+{
+	int rc = parse_json_only(c, argc, argv, "stats");
+	if (rc)
+		return rc < 0 ? 0 : rc;
+	struct hearth_err e = { 0 };
+	struct hearth *h;
+	if (cli_connect(c, true, &h, &e) < 0)
+		return fail(&e);
+	struct hearth_stats s;
+	struct hearth_model m;
+	hearth_model_info(h, &m, NULL);
+	rc = hearth_stats(h, &s, &e);
+	hearth_close(h);
+	if (rc < 0)
+		return fail(&e);
+	if (c->json) {
+		printf("{\"uptime_ms\":%" PRIu64 ",\"clients\":%u,\"running\":%u,\"queued\":%u,"
+		       "\"prompt_tokens\":%" PRIu64 ",\"gen_tokens\":%" PRIu64 ",\"kv_used\":%" PRIu64
+		       ",\"kv_total\":%" PRIu64 ",\"rss\":%" PRIu64 ",\"model\":{\"name\":",
+		       s.uptime_ms, s.clients, s.running, s.queued, s.prompt_tokens, s.gen_tokens,
+		       s.kv_used, s.kv_total, s.rss);
+		json_string(stdout, m.name, strlen(m.name));
+		fputs(",\"arch\":", stdout);
+		json_string(stdout, m.arch, strlen(m.arch));
+		fputs(",\"quant\":", stdout);
+		json_string(stdout, m.quant, strlen(m.quant));
+		printf(",\"n_params\":%" PRIu64 ",\"n_ctx\":%u,\"n_vocab\":%u},\"daemon\":",
+		       m.n_params, m.n_ctx, m.n_vocab);
+		json_string(stdout, m.daemon_version, strlen(m.daemon_version));
+		fputs("}\n", stdout);
+		return 0;
+	}
+	char up[64], kvu[32], kvt[32], rss[32];
+	human_duration(up, sizeof up, s.uptime_ms);
+	human_bytes(kvu, sizeof kvu, s.kv_used);
+	human_bytes(kvt, sizeof kvt, s.kv_total);
+	human_bytes(rss, sizeof rss, s.rss);
+	printf("%-16s %s (%s, %s, %.2fB parameters)\n", "model", m.name[0] ? m.name : "?",
+	       m.arch, m.quant, (double)m.n_params / 1e9);
+	printf("%-16s %u tokens\n", "context", m.n_ctx);
+	printf("%-16s hearthd %s\n", "daemon", m.daemon_version);
+	printf("%-16s %s\n", "uptime", up);
+	printf("%-16s %u\n", "clients", s.clients);
+	printf("%-16s %u\n", "running", s.running);
+	printf("%-16s %u\n", "queued", s.queued);
+	printf("%-16s %" PRIu64 "\n", "prompt tokens", s.prompt_tokens);
+	printf("%-16s %" PRIu64 "\n", "generated tokens", s.gen_tokens);
+	printf("%-16s %s / %s (%.1f%%)\n", "kv cache", kvu, kvt,
+	       s.kv_total ? 100.0 * (double)s.kv_used / (double)s.kv_total : 0.0);
+	printf("%-16s %s\n", "rss", rss);
+	return 0;
+}
+
+static int cmd_ledger(struct cli *c, int argc, char **argv)
+{
+	int rc = parse_json_only(c, argc, argv, "ledger");
+	if (rc)
+		return rc < 0 ? 0 : rc;
+	struct hearth_err e = { 0 };
+	struct hearth *h;
+	if (cli_connect(c, true, &h, &e) < 0)
+		return fail(&e);
+	struct hearth_ledger *l = malloc(sizeof *l);
+	if (!l) {
+		hearth_close(h);
+		fprintf(stderr, "hearth: out of memory\n");
+		return 1;
+	}
+	rc = hearth_ledger(h, l, &e);
+	hearth_close(h);
+	if (rc < 0) {
+		free(l);
+		return fail(&e);
+	}
+	if (c->json) {
+		fputs("{\"entries\":[", stdout);
+		for (size_t i = 0; i < l->n_entries; i++) {
+			fputs(i ? ",{\"name\":" : "{\"name\":", stdout);
+			json_string(stdout, l->entries[i].name, strlen(l->entries[i].name));
+			printf(",\"bytes\":%" PRIu64 "}", l->entries[i].bytes);
+		}
+		printf("],\"total\":%" PRIu64 ",\"peak\":%" PRIu64 "}\n", l->total, l->peak);
+		free(l);
+		return 0;
+	}
+	char hb[32];
+	printf("%-24s %14s  %10s\n", "owner", "bytes", "size");
+	for (size_t i = 0; i < l->n_entries; i++) {
+		human_bytes(hb, sizeof hb, l->entries[i].bytes);
+		printf("%-24s %14" PRIu64 "  %10s\n", l->entries[i].name, l->entries[i].bytes, hb);
+	}
+	human_bytes(hb, sizeof hb, l->total);
+	printf("%-24s %14" PRIu64 "  %10s\n", "total", l->total, hb);
+	human_bytes(hb, sizeof hb, l->peak);
+	printf("%-24s %14" PRIu64 "  %10s\n", "peak", l->peak, hb);
+	free(l);
+	return 0;
+}
+
+static int cmd_ping(struct cli *c, int argc, char **argv)
+{
+	static const struct option opts[] = {
+		COMMON_OPTIONS,
+		{ "count", required_argument, NULL, 'c' },
+		{ 0 },
+	};
+	uint64_t count = 1;
+	int opt, rc;
+	while ((opt = getopt_long(argc, argv, "+c:vhV", opts, NULL)) != -1) {
+		if (common_option(c, opt, optarg, &rc)) {
+			if (rc)
+				return rc < 0 ? 0 : rc;
+			continue;
+		}
+		if (opt == 'c' && (!parse_u64(optarg, 1000000, &count) || count == 0))
+			return usage_error("-c wants a count in 1..1000000, not \"%s\"", optarg);
+	}
+	if (optind != argc)
+		return usage_error("ping takes no arguments");
+	struct hearth_err e = { 0 };
+	struct hearth *h;
+	/* No hello: a ping answers while the model is still loading. */
+	if (cli_connect(c, false, &h, &e) < 0)
+		return fail(&e);
+	for (uint64_t i = 0; i < count; i++) {
+		uint64_t us;
+		if (hearth_ping(h, &us, &e) < 0) {
+			hearth_close(h);
+			return fail(&e);
+		}
+		printf("pong: %" PRIu64 " µs\n", us);
+		fflush(stdout);
+	}
+	hearth_close(h);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct cli c = { .timeout_ms = 0 };
+	static const struct option opts[] = { COMMON_OPTIONS, { 0 } };
+	int opt, rc;
+	while ((opt = getopt_long(argc, argv, "+vhV", opts, NULL)) != -1) {
+		if (common_option(&c, opt, optarg, &rc) && rc)
+			return rc < 0 ? 0 : rc;
+	}
+	if (optind >= argc) {
+		usage(stderr);
+		return EXIT_USAGE;
+	}
+	const char *cmd = argv[optind];
+	int sub_argc = argc - optind;
+	char **sub_argv = argv + optind;
+	optind = 0; /* glibc: start over on the command's own arguments */
+	if (strcmp(cmd, "generate") == 0)
+		return cmd_generate(&c, sub_argc, sub_argv);
+	if (strcmp(cmd, "tokenize") == 0)
+		return cmd_tokenize(&c, sub_argc, sub_argv);
+	if (strcmp(cmd, "detokenize") == 0)
+		return cmd_detokenize(&c, sub_argc, sub_argv);
+	if (strcmp(cmd, "stats") == 0)
+		return cmd_stats(&c, sub_argc, sub_argv);
+	if (strcmp(cmd, "ledger") == 0)
+		return cmd_ledger(&c, sub_argc, sub_argv);
+	if (strcmp(cmd, "ping") == 0)
+		return cmd_ping(&c, sub_argc, sub_argv);
+	if (strcmp(cmd, "help") == 0) {
+		usage(stdout);
+		return 0;
+	}
+	return usage_error("unknown command \"%s\"", cmd);
+}

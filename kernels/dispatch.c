@@ -1,0 +1,87 @@
+/* The per-ISA kernel tables and the start-up choice between them. cpuid is read once
+ * per call to kern_table_for (cheap, and only at start-up or in tests). */
+#include "kernels/dispatch.h"
+
+#include <errno.h>
+#include <string.h>
+
+#include "kernels/cpu.h"
+
+static const struct kern_table table_ref = {
+	.isa = KERN_REF, .name = "ref",
+	.acts_prepare = q4_acts_prepare_ref, .matmul = q4_matmul_ref,
+	.q8_matmul = q8_matmul_ref,
+	.rmsnorm = vec_rmsnorm_ref, .rope = vec_rope_ref, .silu_mul = vec_silu_mul_ref,
+	.attn = vec_attn_ref,
+};
+
+static const struct kern_table table_avx2 = {
+	.isa = KERN_AVX2, .name = "avx2",
+	.acts_prepare = q4_acts_prepare_avx2, .matmul = q4_matmul_avx2,
+	.q8_matmul = q8_matmul_avx2,
+	.rmsnorm = vec_rmsnorm_avx2, .rope = vec_rope_avx2, .silu_mul = vec_silu_mul_avx2,
+	.attn = vec_attn_avx2,
+};
+
+static const struct kern_table table_avx512 = {
+	.isa = KERN_AVX512, .name = "avx512",
+	.acts_prepare = q4_acts_prepare_avx512, .matmul = q4_matmul_avx512,
+	.q8_matmul = q8_matmul_avx512,
+	.rmsnorm = vec_rmsnorm_avx512, .rope = vec_rope_avx512, .silu_mul = vec_silu_mul_avx512,
+	.attn = vec_attn_avx512,
+};
+
+static const struct kern_table *active;
+
+const struct kern_table *kern_table_for(enum kern_isa isa)
+{
+	struct cpu_features f;
+
+	cpu_detect(&f);
+	switch (isa) {
+	case KERN_REF:
+		return &table_ref;
+	case KERN_AVX2:
+		return cpu_has_avx2_set(&f) ? &table_avx2 : NULL;
+	case KERN_AVX512:
+		return cpu_has_avx512_set(&f) ? &table_avx512 : NULL;
+	}
+	return NULL;
+}
+
+const struct kern_table *kern_best(void)
+{
+	const struct kern_table *t = kern_table_for(KERN_AVX512);
+
+	if (t == NULL)
+		t = kern_table_for(KERN_AVX2);
+	return t ? t : &table_ref;
+}
+
+int kern_select(const char *name)
+{
+	static const struct { const char *name; enum kern_isa isa; } names[] = {
+		{ "ref", KERN_REF }, { "avx2", KERN_AVX2 }, { "avx512", KERN_AVX512 },
+	};
+
+	if (name == NULL || name[0] == '\0' || strcmp(name, "auto") == 0) {
+		active = kern_best();
+		return 0;
+	}
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+		if (strcmp(name, names[i].name) != 0)
+			continue;
+		const struct kern_table *t = kern_table_for(names[i].isa);
+
+		if (t == NULL)
+			return -ENOTSUP;
+		active = t;
+		return 0;
+	}
+	return -EINVAL;
+}
+
+const struct kern_table *kern_active(void)
+{
+	return active ? active : kern_best();
+}

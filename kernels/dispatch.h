@@ -1,0 +1,41 @@
+/* One table of kernel entry points per ISA (scalar reference, AVX2, AVX-512), chosen
+ * once at start-up from cpuid or forced by name for tests and A/B runs. The chosen
+ * table is the one piece of global state kernels/ keeps; it is written only by
+ * kern_select, before any compute thread starts. */
+#ifndef HEARTH_KERNELS_DISPATCH_H
+#define HEARTH_KERNELS_DISPATCH_H
+
+#include "kernels/q4.h"
+#include "kernels/q8.h"
+#include "kernels/vec.h"
+
+enum kern_isa { KERN_REF = 0, KERN_AVX2 = 1, KERN_AVX512 = 2 };
+
+struct kern_table {
+	enum kern_isa isa;
+	const char *name;               /* "ref", "avx2", "avx512": what stats report */
+	q4_acts_fn acts_prepare;
+	q4_matmul_fn matmul;
+	q8_matmul_fn q8_matmul;         /* int8 embedding/head matrices */
+	vec_rmsnorm_fn rmsnorm;
+	vec_rope_fn rope;
+	vec_silu_mul_fn silu_mul;
+	vec_attn_fn attn;
+};
+
+/* The table for isa, or NULL when this CPU cannot run it. Tests and A/B runs use this
+ * to call every variant side by side without touching the selection. */
+const struct kern_table *kern_table_for(enum kern_isa isa);
+
+/* The best table this CPU can run. */
+const struct kern_table *kern_best(void);
+
+/* Selects the table the daemon uses: name NULL, "" or "auto" picks kern_best();
+ * "ref", "avx2", "avx512" force one. Returns 0, -EINVAL for an unknown name, -ENOTSUP
+ * when the CPU lacks the forced ISA. Call once at start-up, before threads run. */
+int kern_select(const char *name);
+
+/* The selected table (kern_best() when kern_select was never called). */
+const struct kern_table *kern_active(void);
+
+#endif

@@ -1,0 +1,345 @@
+/* The q4 layout itself: geometry, packing from f32 and carry-over from Q4_0/Q4_1/Q4_K
+ * rows, unpacking, and carving activation buffers. Scalar and not on the hot path: the
+ * loader calls it a few rows at a time, so its working set stays in cache. */
+#include "kernels/q4.h"
+
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+
+static size_t align64(size_t n)
+{
+	return (n + 63) & ~(size_t)63;
+}
+
+int q4_matrix_plan(struct q4_matrix *m, size_t rows, size_t cols, size_t group, bool asym)
+{
+	size_t codes, total;
+
+	memset(m, 0, sizeof(*m));
+	if (rows == 0 || cols == 0 || (group != 32 && group != 128) || cols % group != 0)
+		return -EINVAL;
+	m->rows = rows;
+	m->cols = cols;
+	m->group = group;
+	m->asym = asym;
+	m->n_groups = cols / group;
+	m->n_row_blocks = (rows + Q4_ROWS - 1) / Q4_ROWS;
+	/* 16 fp16 per group for d, as many again for m; cols/2 code bytes per row. */
+	if (__builtin_mul_overflow(m->n_groups, (size_t)(asym ? 64 : 32), &m->scale_bytes) ||
+	    m->scale_bytes > SIZE_MAX - 64)
+		return -ERANGE;
+	m->scale_bytes = align64(m->scale_bytes);
+	if (__builtin_mul_overflow(cols, (size_t)(Q4_ROWS / 2), &codes) ||
+	    __builtin_add_overflow(codes, m->scale_bytes, &m->block_bytes) ||
+	    __builtin_mul_overflow(m->block_bytes, m->n_row_blocks, &total))
+		return -ERANGE;
+	return 0;
+}
+
+size_t q4_matrix_bytes(const struct q4_matrix *m)
+{
+	return m->block_bytes * m->n_row_blocks;
+}
+
+double q4_matrix_bpw(const struct q4_matrix *m)
+{
+	return (double)m->block_bytes * 8.0 / ((double)Q4_ROWS * (double)m->cols);
+}
+
+static uint8_t *block_of(const struct q4_matrix *m, size_t row)
+{
+	return m->data + (row / Q4_ROWS) * m->block_bytes;
+}
+
+static qfp16 *d_slot(const struct q4_matrix *m, size_t row, size_t g)
+{
+	return (qfp16 *)block_of(m, row) + g * Q4_ROWS + row % Q4_ROWS;
+}
+
+static qfp16 *m_slot(const struct q4_matrix *m, size_t row, size_t g)
+{
+	return (qfp16 *)block_of(m, row) + (m->n_groups + g) * Q4_ROWS + row % Q4_ROWS;
+}
+
+/* The 4 bytes row `row` owns in the chunk holding column col (col a multiple of 8). */
+static uint8_t *code_slot(const struct q4_matrix *m, size_t row, size_t col)
+{
+	return block_of(m, row) + m->scale_bytes + (col / Q4_CHUNK_COLS) * Q4_CHUNK_BYTES +
+	       (row % Q4_ROWS) * 4;
+}
+
+/* Writes n codes (values 0..15) of one row, starting at column col0 (a multiple of 8). */
+static void put_codes(struct q4_matrix *m, size_t row, size_t col0, const uint8_t *q, size_t n)
+{
+	for (size_t c = 0; c < n; c += Q4_CHUNK_COLS) {
+		uint8_t *dst = code_slot(m, row, col0 + c);
+
+		for (int j = 0; j < 4; j++)
+			dst[j] = (uint8_t)(q[c + j] | (q[c + 4 + j] << 4));
+	}
+}
+
+unsigned q4_code(const struct q4_matrix *m, size_t row, size_t col)
+{
+	const uint8_t *b = code_slot(m, row, col & ~(size_t)7);
+	unsigned j = col & 7;
+
+	return j < 4 ? b[j] & 15u : b[j - 4] >> 4;
+}
+
+float q4_scale_d(const struct q4_matrix *m, size_t row, size_t g)
+{
+	return quant_fp16_to_f32(*d_slot(m, row, g));
+}
+
+float q4_scale_m(const struct q4_matrix *m, size_t row, size_t g)
+{
+	if (!m->asym)
+		return -8.0f * q4_scale_d(m, row, g);
+	return quant_fp16_to_f32(*m_slot(m, row, g));
+}
+
+/* Pad rows of the last block must read as zero weights; done by whoever packs the last row. */
+static void zero_pad_rows(struct q4_matrix *m, size_t row0, size_t n_rows)
+{
+	if (row0 + n_rows != m->rows)
+		return;
+	for (size_t r = m->rows; r < m->n_row_blocks * Q4_ROWS; r++) {
+		for (size_t g = 0; g < m->n_groups; g++) {
+			*d_slot(m, r, g) = 0;
+			if (m->asym)
+				*m_slot(m, r, g) = 0;
+		}
+		for (size_t c = 0; c < m->cols; c += Q4_CHUNK_COLS)
+			memset(code_slot(m, r, c), 0, 4);
+	}
+}
+
+static void quantize_group_asym(const float *x, size_t n, uint8_t *q, qfp16 *dh, qfp16 *mh)
+{
+	float lo = x[0], hi = x[0];
+
+	for (size_t i = 1; i < n; i++) {
+		lo = fminf(lo, x[i]);
+		hi = fmaxf(hi, x[i]);
+	}
+	*dh = quant_f32_to_fp16((hi - lo) / 15.0f);
+	*mh = quant_f32_to_fp16(lo);
+	/* Codes are chosen against the scales as stored, so rounding of d and m is seen. */
+	float d = quant_fp16_to_f32(*dh), mn = quant_fp16_to_f32(*mh);
+	float id = d != 0.0f ? 1.0f / d : 0.0f;
+
+	for (size_t i = 0; i < n; i++) {
+		float v = nearbyintf((x[i] - mn) * id);
+		q[i] = (uint8_t)(v < 0.0f ? 0 : v > 15.0f ? 15 : v);
+	}
+}
+
+/* llama.cpp's quantize_row_q4_0_ref rule, so sym packing of f32 matches Q4_0 files. */
+static void quantize_group_sym(const float *x, size_t n, uint8_t *q, qfp16 *dh)
+{
+	float amax = 0.0f, max = 0.0f;
+
+	for (size_t i = 0; i < n; i++) {
+		if (fabsf(x[i]) > amax) {
+			amax = fabsf(x[i]);
+			max = x[i];
+		}
+	}
+	float d = max / -8.0f;
+	float id = d != 0.0f ? 1.0f / d : 0.0f;
+
+	*dh = quant_f32_to_fp16(d);
+	for (size_t i = 0; i < n; i++) {
+		int v = (int)(x[i] * id + 8.5f);
+		q[i] = (uint8_t)(v > 15 ? 15 : v < 0 ? 0 : v);
+	}
+}
+
+void q4_pack_rows_f32(struct q4_matrix *m, const float *src, size_t ld, size_t row0, size_t n_rows)
+{
+	uint8_t q[256];
+
+	for (size_t i = 0; i < n_rows; i++) {
+		const float *x = src + i * ld;
+		size_t row = row0 + i;
+
+		for (size_t g = 0; g < m->n_groups; g++) {
+			const float *xg = x + g * m->group;
+
+			if (m->asym)
+				quantize_group_asym(xg, m->group, q, d_slot(m, row, g), m_slot(m, row, g));
+			else
+				quantize_group_sym(xg, m->group, q, d_slot(m, row, g));
+			put_codes(m, row, g * m->group, q, m->group);
+		}
+	}
+	zero_pad_rows(m, row0, n_rows);
+}
+
+int q4_pack_rows_q4_0(struct q4_matrix *m, const void *src, size_t row0, size_t n_rows)
+{
+	const struct block_q4_0 *b = src;
+	uint8_t q[QK4_0];
+
+	if (m->group != QK4_0 || m->asym)
+		return -EINVAL;
+	for (size_t i = 0; i < n_rows; i++) {
+		size_t row = row0 + i;
+
+		for (size_t g = 0; g < m->n_groups; g++, b++) {
+			for (int j = 0; j < QK4_0 / 2; j++) {
+				q[j] = b->qs[j] & 15;
+				q[j + QK4_0 / 2] = b->qs[j] >> 4;
+			}
+			*d_slot(m, row, g) = b->d;
+			put_codes(m, row, g * QK4_0, q, QK4_0);
+		}
+	}
+	zero_pad_rows(m, row0, n_rows);
+	return 0;
+}
+
+int q4_pack_rows_q4_1(struct q4_matrix *m, const void *src, size_t row0, size_t n_rows)
+{
+	const struct block_q4_1 *b = src;
+	uint8_t q[QK4_1];
+
+	if (m->group != QK4_1 || !m->asym)
+		return -EINVAL;
+	for (size_t i = 0; i < n_rows; i++) {
+		size_t row = row0 + i;
+
+		for (size_t g = 0; g < m->n_groups; g++, b++) {
+			for (int j = 0; j < QK4_1 / 2; j++) {
+				q[j] = b->qs[j] & 15;
+				q[j + QK4_1 / 2] = b->qs[j] >> 4;
+			}
+			*d_slot(m, row, g) = b->d;
+			*m_slot(m, row, g) = b->m;
+			put_codes(m, row, g * QK4_1, q, QK4_1);
+		}
+	}
+	zero_pad_rows(m, row0, n_rows);
+	return 0;
+}
+
+/* Q4_K's 6-bit sub-block scale and min, unpacked as ggml's get_scale_min_k4 does. */
+static void q4_k_scale_min(int j, const uint8_t *s, uint8_t *sc, uint8_t *mn)
+{
+	if (j < 4) {
+		*sc = s[j] & 63;
+		*mn = s[j + 4] & 63;
+	} else {
+		*sc = (uint8_t)((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4));
+		*mn = (uint8_t)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+	}
+}
+
+int q4_pack_rows_q4_k(struct q4_matrix *m, const void *src, size_t row0, size_t n_rows)
+{
+	const struct block_q4_K *b = src;
+	uint8_t q[QK_K];
+
+	if (m->group != 32 || !m->asym || m->cols % QK_K != 0)
+		return -EINVAL;
+	for (size_t i = 0; i < n_rows; i++) {
+		size_t row = row0 + i;
+
+		for (size_t sb = 0; sb < m->cols / QK_K; sb++, b++) {
+			float d = quant_fp16_to_f32(b->d), dmin = quant_fp16_to_f32(b->dmin);
+
+			/* 64 values per 32 bytes: low nibbles are sub-block 2j, high 2j+1. */
+			for (int j = 0; j < 4; j++) {
+				for (int l = 0; l < 32; l++) {
+					q[64 * j + l] = b->qs[32 * j + l] & 15;
+					q[64 * j + 32 + l] = b->qs[32 * j + l] >> 4;
+				}
+			}
+			for (int j = 0; j < 8; j++) {
+				uint8_t sc, mn;
+				size_t g = sb * 8 + (size_t)j;
+
+				q4_k_scale_min(j, b->scales, &sc, &mn);
+				*d_slot(m, row, g) = quant_f32_to_fp16(d * (float)sc);
+				*m_slot(m, row, g) = quant_f32_to_fp16(-(dmin * (float)mn));
+			}
+			put_codes(m, row, sb * QK_K, q, QK_K);
+		}
+	}
+	zero_pad_rows(m, row0, n_rows);
+	return 0;
+}
+
+void q4_unpack_rows(const struct q4_matrix *m, size_t row0, size_t n_rows, float *dst, size_t ld)
+{
+	for (size_t i = 0; i < n_rows; i++) {
+		size_t row = row0 + i;
+
+		for (size_t g = 0; g < m->n_groups; g++) {
+			float d = q4_scale_d(m, row, g), mn = q4_scale_m(m, row, g);
+
+			/* Sym as (q - 8) * d, llama.cpp's own expression: equal to d*q + m, and
+			 * it also keeps the sign of zero llama.cpp gives (-0 when d < 0). */
+			for (size_t k = g * m->group; k < (g + 1) * m->group; k++)
+				dst[i * ld + k] = m->asym ? d * (float)q4_code(m, row, k) + mn
+							  : ((float)q4_code(m, row, k) - 8.0f) * d;
+		}
+	}
+}
+
+/* Activation buffer regions, each 64-byte aligned: codes, then scale (A8), then sum. */
+static int acts_layout(enum q4_act_kind kind, size_t n_tok, size_t cols, size_t group,
+		       size_t *codes, size_t *scales, size_t *total)
+{
+	size_t elem = kind == Q4_ACT_A16 ? 2 : 1, n, ng;
+
+	if ((kind != Q4_ACT_A16 && kind != Q4_ACT_A8) || n_tok == 0 || cols == 0 ||
+	    (group != 32 && group != 128) || cols % group != 0)
+		return -EINVAL;
+	if (__builtin_mul_overflow(n_tok, cols, &n) || __builtin_mul_overflow(n, elem, codes) ||
+	    __builtin_mul_overflow(n_tok, cols / group, &ng) ||
+	    __builtin_mul_overflow(ng, sizeof(float), scales) || *codes > SIZE_MAX / 2 ||
+	    *scales > SIZE_MAX / 8)
+		return -ERANGE;
+	*codes = align64(*codes);
+	*scales = align64(*scales);
+	*total = *codes + *scales * (kind == Q4_ACT_A8 ? 2 : 1);
+	return 0;
+}
+
+size_t q4_acts_bytes(enum q4_act_kind kind, size_t n_tok, size_t cols, size_t group)
+{
+	size_t codes, scales, total;
+
+	if (acts_layout(kind, n_tok, cols, group, &codes, &scales, &total) != 0)
+		return 0;
+	return total;
+}
+
+int q4_acts_init(struct q4_acts *a, enum q4_act_kind kind, size_t n_tok, size_t cols, size_t group,
+		 void *mem)
+{
+	size_t codes, scales, total;
+	int rc = acts_layout(kind, n_tok, cols, group, &codes, &scales, &total);
+
+	memset(a, 0, sizeof(*a));
+	if (rc != 0)
+		return rc;
+	if (mem == NULL || ((uintptr_t)mem & 63) != 0)
+		return -EINVAL;
+	a->kind = kind;
+	a->n_tok = n_tok;
+	a->cols = cols;
+	a->group = group;
+	a->n_groups = cols / group;
+	a->codes = mem;
+	if (kind == Q4_ACT_A8) {
+		a->scale = (float *)((char *)mem + codes);
+		a->sum = (float *)((char *)mem + codes + scales);
+	} else {
+		a->sum = (float *)((char *)mem + codes);
+	}
+	return 0;
+}

@@ -1,0 +1,127 @@
+/* hearth's one repacked int4 weight layout (doc/kernels.md draws it): 16-row blocks,
+ * per-group fp16 scale d and offset m (w = d*q + m, q in 0..15), codes interleaved so one
+ * 64-byte load feeds 16 output rows. Packing (from f32, Q4_0, Q4_1, Q4_K rows), unpacking,
+ * and the activation formats that the W4A16 / W4A8 kernels (kernels/dispatch.h) read. */
+#ifndef HEARTH_KERNELS_Q4_H
+#define HEARTH_KERNELS_Q4_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/quant.h"
+
+#define Q4_ROWS 16          /* rows interleaved in one row block */
+#define Q4_CHUNK_COLS 8     /* columns of one 64-byte chunk (16 rows x 8 codes) */
+#define Q4_CHUNK_BYTES 64
+#define Q4_ALIGN 64         /* packed data and every row block start on a cache line */
+
+/* Geometry of one packed matrix; the bytes live in caller-owned memory (the daemon's
+ * arena), Q4_ALIGN-aligned, q4_matrix_bytes() long. Row block b starts at
+ * data + b * block_bytes: first the scales (n_groups x 16 fp16 d, then, when asym,
+ * n_groups x 16 fp16 m; padded to 64 bytes), then n_groups x (group/8) chunks of codes.
+ * In chunk c of group g, row r owns bytes 4r..4r+3: byte j holds column g*group+8c+j in
+ * its low nibble and column g*group+8c+4+j in its high nibble. Rows past `rows` in the
+ * last block are zero (d = m = 0). Symmetric matrices (asym false) store no m: m = -8d. */
+struct q4_matrix {
+	size_t rows, cols, group;
+	size_t n_groups;        /* cols / group */
+	size_t n_row_blocks;    /* ceil(rows / 16) */
+	size_t scale_bytes;     /* per row block, a multiple of 64 */
+	size_t block_bytes;     /* per row block: scale_bytes + 8 * group * n_groups */
+	bool asym;
+	uint8_t *data;
+};
+
+/* Fills the geometry for rows x cols at `group` (32 or 128; cols a multiple of it) and
+ * sets data to NULL. Returns 0, -EINVAL for a bad shape, -ERANGE when the size overflows. */
+int q4_matrix_plan(struct q4_matrix *m, size_t rows, size_t cols, size_t group, bool asym);
+size_t q4_matrix_bytes(const struct q4_matrix *m);
+/* Bits per weight the layout spends, scales included (4.125 sym g128, 4.25 asym g128). */
+double q4_matrix_bpw(const struct q4_matrix *m);
+
+/* Quantize and pack rows [row0, row0 + n_rows) from f32 (row i at src + i*ld). Asym:
+ * per group min/max, d = (max-min)/15, m = min (both rounded to fp16 before the codes are
+ * chosen). Sym: llama.cpp's Q4_0 rule (d = signed absmax / -8). Rows can be packed in
+ * any order and any number per call; the call that packs the last row zeroes the pad
+ * rows. Only the rows named are touched, so the loader streams a few rows at a time. */
+void q4_pack_rows_f32(struct q4_matrix *m, const float *src, size_t ld, size_t row0, size_t n_rows);
+
+/* Carry-over from pre-quantized files without re-rounding the codes. src holds n_rows
+ * rows of cols/32 (Q4_0, Q4_1) or cols/256 (Q4_K) blocks each, row after row.
+ * Q4_0 needs a sym group-32 matrix and is exact (same values as quant_dequant_row);
+ * Q4_1 needs asym group 32 and is exact; Q4_K needs asym group 32: its sub-block scale
+ * d*sc and offset -dmin*m are rounded to fp16 (relative error <= 2^-11 on each).
+ * Return 0 or -EINVAL when the matrix's group/asym/cols do not fit the type. */
+int q4_pack_rows_q4_0(struct q4_matrix *m, const void *src, size_t row0, size_t n_rows);
+int q4_pack_rows_q4_1(struct q4_matrix *m, const void *src, size_t row0, size_t n_rows);
+int q4_pack_rows_q4_k(struct q4_matrix *m, const void *src, size_t row0, size_t n_rows);
+
+/* dst[i*ld + k] = d*q + m for rows [row0, row0 + n_rows): the exact values every kernel
+ * multiplies by (an embedding lookup uses this). */
+void q4_unpack_rows(const struct q4_matrix *m, size_t row0, size_t n_rows, float *dst, size_t ld);
+/* One code / scale, for tests and tools. */
+unsigned q4_code(const struct q4_matrix *m, size_t row, size_t col);
+float q4_scale_d(const struct q4_matrix *m, size_t row, size_t group_index);
+float q4_scale_m(const struct q4_matrix *m, size_t row, size_t group_index);
+
+/* Activations prepared once per token for every matrix of the same cols and group.
+ * A16: x rounded to bf16 (W4A16 means 16-bit activations), stored per 8 columns in the
+ * order k0,k2,k4,k6,k1,k3,k5,k7 so a 32-bit broadcast pairs with the AVX-512 BF16 nibble
+ * extraction; sum[t][g] = sum of the bf16 values of group g (float).
+ * A8: x quantized per group to int8 in [-127,127] with scale[t][g] = absmax/127 (q =
+ * round-to-even(x * 127/absmax)), natural column order; sum[t][g] = scale * sum(q),
+ * the term that carries the weights' offset m. */
+enum q4_act_kind { Q4_ACT_A16 = 16, Q4_ACT_A8 = 8 };
+
+struct q4_acts {
+	enum q4_act_kind kind;
+	size_t n_tok, cols, group, n_groups;
+	void *codes;     /* n_tok x cols: uint16_t bf16 (A16) or int8_t (A8) */
+	float *scale;    /* n_tok x n_groups; A8 only */
+	float *sum;      /* n_tok x n_groups */
+};
+
+/* Bytes of caller memory q4_acts_init needs; 0 for a bad shape or overflow. A buffer
+ * carved for max_tokens serves any smaller batch: set a->n_tok (<= the carved count)
+ * before acts_prepare/matmul, the regions do not move. */
+size_t q4_acts_bytes(enum q4_act_kind kind, size_t n_tok, size_t cols, size_t group);
+/* Carves mem (q4_acts_bytes long, 64-byte aligned) into a. Returns 0 or -EINVAL. */
+int q4_acts_init(struct q4_acts *a, enum q4_act_kind kind, size_t n_tok, size_t cols, size_t group,
+		 void *mem);
+
+/* Position of column k's bf16 inside an A16 token row (the pair order above). */
+static inline size_t q4_a16_index(size_t k)
+{
+	static const unsigned char pos[8] = { 0, 4, 1, 5, 2, 6, 3, 7 };
+	return (k & ~(size_t)7) | pos[k & 7];
+}
+
+/* Dispatched kernels (kernels/dispatch.h picks one implementation per ISA).
+ *
+ * acts_prepare: fills tokens [tok_begin, tok_end) of a from x (token t at x + t*ldx),
+ * as a->kind says. Every ISA produces the same bytes for A8 (exact); for A16 the bf16
+ * codes are identical and the group sums may differ in the last bits (summation order).
+ *
+ * matmul: y[t*ldy + r] = sum_k w[r][k] * act[t][k] for every token of a and rows
+ * [row_begin, row_end); row_begin is a multiple of Q4_ROWS and row_end a multiple of it
+ * or w->rows, so threads split the work by whole row blocks and never share a line of
+ * weights. A8: per group, an exact integer dot sum(q*a), then
+ * y = fma(dot, d*scale, y); y = fma(m, sum, y) in group order: every ISA gives the same
+ * bits. A16: float sums whose order differs per ISA (tests bound the difference). */
+typedef void (*q4_acts_fn)(struct q4_acts *a, const float *x, size_t ldx, size_t tok_begin,
+			   size_t tok_end);
+typedef void (*q4_matmul_fn)(const struct q4_matrix *w, const struct q4_acts *a, float *y,
+			     size_t ldy, size_t row_begin, size_t row_end);
+
+void q4_acts_prepare_ref(struct q4_acts *a, const float *x, size_t ldx, size_t tok_begin, size_t tok_end);
+void q4_matmul_ref(const struct q4_matrix *w, const struct q4_acts *a, float *y, size_t ldy,
+		   size_t row_begin, size_t row_end);
+void q4_acts_prepare_avx2(struct q4_acts *a, const float *x, size_t ldx, size_t tok_begin, size_t tok_end);
+void q4_matmul_avx2(const struct q4_matrix *w, const struct q4_acts *a, float *y, size_t ldy,
+		    size_t row_begin, size_t row_end);
+void q4_acts_prepare_avx512(struct q4_acts *a, const float *x, size_t ldx, size_t tok_begin, size_t tok_end);
+void q4_matmul_avx512(const struct q4_matrix *w, const struct q4_acts *a, float *y, size_t ldy,
+		      size_t row_begin, size_t row_end);
+
+#endif

@@ -1,0 +1,309 @@
+/* AVX2 q4 kernels (with FMA and F16C): a 64-byte chunk is two ymm halves (rows 0-7 and
+ * 8-15). W4A8 multiplies u8 codes by int8 activations with vpmaddubsw + vpmaddwd (no
+ * saturation: |2*15*127| fits int16), so its integer dots equal the reference's. W4A16
+ * converts nibbles to f32 and uses FMA. Built with AVX2 target flags; only called when
+ * cpuid says so (kernels/dispatch.c). */
+#include "kernels/q4.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#define GEMM_NT 2 /* tokens per register tile: 16 ymm registers run out beyond this */
+
+static inline uint32_t load_u32(const void *p)
+{
+	uint32_t v;
+
+	memcpy(&v, p, 4);
+	return v;
+}
+
+static inline __m256 load_ph8(const uint8_t *p)
+{
+	return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+/* d and m of rows 8h..8h+7 for group g. */
+static inline void group_scales(const struct q4_matrix *w, const uint8_t *blk, size_t g, int h,
+				__m256 *d, __m256 *m)
+{
+	*d = load_ph8(blk + g * 32 + h * 16);
+	*m = w->asym ? load_ph8(blk + (w->n_groups + g) * 32 + h * 16)
+		     : _mm256_mul_ps(*d, _mm256_set1_ps(-8.0f));
+}
+
+static inline void store_rows(float *y, __m256 lo, __m256 hi, unsigned valid)
+{
+	if (valid == Q4_ROWS) {
+		_mm256_storeu_ps(y, lo);
+		_mm256_storeu_ps(y + 8, hi);
+		return;
+	}
+	float tmp[Q4_ROWS];
+
+	_mm256_storeu_ps(tmp, lo);
+	_mm256_storeu_ps(tmp + 8, hi);
+	memcpy(y, tmp, valid * sizeof(float));
+}
+
+static inline float hsum_ps(__m256 v)
+{
+	__m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+
+	s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+	s = _mm_add_ss(s, _mm_movehdup_ps(s));
+	return _mm_cvtss_f32(s);
+}
+
+static inline int hsum_epi32(__m256i v)
+{
+	__m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+
+	s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+	s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+	return _mm_cvtsi128_si32(s);
+}
+
+static inline float hmax_ps(__m256 v)
+{
+	__m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+
+	s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+	s = _mm_max_ss(s, _mm_movehdup_ps(s));
+	return _mm_cvtss_f32(s);
+}
+
+/* ---- activation preparation ---- */
+
+static void prepare_a8(struct q4_acts *a, const float *x, size_t t)
+{
+	int8_t *dst = (int8_t *)a->codes + t * a->cols;
+	const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+
+	for (size_t g = 0; g < a->n_groups; g++) {
+		const float *xg = x + g * a->group;
+		__m256 vmax = _mm256_setzero_ps();
+
+		for (size_t i = 0; i < a->group; i += 8)
+			vmax = _mm256_max_ps(vmax, _mm256_and_ps(_mm256_loadu_ps(xg + i), absmask));
+		float amax = hmax_ps(vmax);
+		/* The reference's float steps, so codes and scales match it exactly. */
+		float inv = amax != 0.0f ? 127.0f / amax : 0.0f;
+		float scale = amax / 127.0f;
+		__m256 vinv = _mm256_set1_ps(inv);
+		__m256i isum = _mm256_setzero_si256();
+
+		for (size_t i = 0; i < a->group; i += 8) {
+			__m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xg + i), vinv));
+			__m128i q16 = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+			__m128i q8 = _mm_packs_epi16(q16, q16);
+
+			isum = _mm256_add_epi32(isum, q);
+			_mm_storel_epi64((__m128i *)(dst + g * a->group + i), q8);
+		}
+		a->scale[t * a->n_groups + g] = scale;
+		a->sum[t * a->n_groups + g] = scale * (float)hsum_epi32(isum);
+	}
+}
+
+static void prepare_a16(struct q4_acts *a, const float *x, size_t t)
+{
+	uint16_t *dst = (uint16_t *)a->codes + t * a->cols;
+	/* 32-bit lanes 0,2,4,6,1,3,5,7: the pair order of q4_a16_index. */
+	const __m256i perm = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+	const __m256i round = _mm256_set1_epi32(0x7FFF), one = _mm256_set1_epi32(1);
+
+	for (size_t g = 0; g < a->n_groups; g++) {
+		__m256 vsum = _mm256_setzero_ps();
+
+		for (size_t i = g * a->group; i < (g + 1) * a->group; i += 8) {
+			/* Round to nearest even in integers, as quant_f32_to_bf16. */
+			__m256i b = _mm256_castps_si256(_mm256_loadu_ps(x + i));
+			__m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), one);
+			__m256i h = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(round, lsb)), 16);
+
+			vsum = _mm256_add_ps(vsum, _mm256_castsi256_ps(_mm256_slli_epi32(h, 16)));
+			h = _mm256_permutevar8x32_epi32(h, perm);
+			__m128i w16 = _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+
+			_mm_storeu_si128((__m128i *)(dst + i), w16);
+		}
+		a->sum[t * a->n_groups + g] = hsum_ps(vsum);
+	}
+}
+
+void q4_acts_prepare_avx2(struct q4_acts *a, const float *x, size_t ldx, size_t tok_begin, size_t tok_end)
+{
+	for (size_t t = tok_begin; t < tok_end; t++) {
+		if (a->kind == Q4_ACT_A8)
+			prepare_a8(a, x + t * ldx, t);
+		else
+			prepare_a16(a, x + t * ldx, t);
+	}
+}
+
+/* ---- W4A8 ---- */
+
+/* sum over each 32-bit lane of 4 u8 x s8 products (two vpmaddubsw, one vpmaddwd). */
+static inline __m256i dot8(__m256i lo, __m256i hi, __m256i alo, __m256i ahi, __m256i ones)
+{
+	__m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(lo, alo), _mm256_maddubs_epi16(hi, ahi));
+
+	return _mm256_madd_epi16(s, ones);
+}
+
+/* NT tokens from t0 against one row block; NT = 1 is the decode GEMV. */
+static inline __attribute__((always_inline)) void
+tile_a8(const struct q4_matrix *w, const struct q4_acts *a, const uint8_t *blk, size_t t0, const int NT,
+	float *y, size_t ldy, unsigned valid)
+{
+	const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+	const uint8_t *codes = blk + w->scale_bytes;
+	const size_t chunks = w->group / Q4_CHUNK_COLS;
+	const int8_t *act[GEMM_NT];
+	__m256 f[GEMM_NT][2];
+
+	for (int t = 0; t < NT; t++) {
+		act[t] = (const int8_t *)a->codes + (t0 + t) * a->cols;
+		f[t][0] = f[t][1] = _mm256_setzero_ps();
+	}
+	for (size_t g = 0; g < w->n_groups; g++) {
+		__m256i acc[GEMM_NT][2];
+
+		for (int t = 0; t < NT; t++)
+			acc[t][0] = acc[t][1] = _mm256_setzero_si256();
+		for (size_t c = 0; c < chunks; c++) {
+			const uint8_t *p = codes + c * Q4_CHUNK_BYTES;
+			__m256i v0 = _mm256_load_si256((const __m256i *)p);
+			__m256i v1 = _mm256_load_si256((const __m256i *)(p + 32));
+			__m256i lo0 = _mm256_and_si256(v0, low), hi0 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), low);
+			__m256i lo1 = _mm256_and_si256(v1, low), hi1 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), low);
+			size_t k = g * w->group + 8 * c;
+
+			for (int t = 0; t < NT; t++) {
+				__m256i alo = _mm256_set1_epi32((int)load_u32(act[t] + k));
+				__m256i ahi = _mm256_set1_epi32((int)load_u32(act[t] + k + 4));
+
+				acc[t][0] = _mm256_add_epi32(acc[t][0], dot8(lo0, hi0, alo, ahi, ones));
+				acc[t][1] = _mm256_add_epi32(acc[t][1], dot8(lo1, hi1, alo, ahi, ones));
+			}
+		}
+		codes += chunks * Q4_CHUNK_BYTES;
+		for (int h = 0; h < 2; h++) {
+			__m256 d, m;
+
+			group_scales(w, blk, g, h, &d, &m);
+			for (int t = 0; t < NT; t++) {
+				size_t i = (t0 + t) * a->n_groups + g;
+				__m256 ds = _mm256_mul_ps(d, _mm256_set1_ps(a->scale[i]));
+
+				f[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[t][h]), ds, f[t][h]);
+				f[t][h] = _mm256_fmadd_ps(m, _mm256_set1_ps(a->sum[i]), f[t][h]);
+			}
+		}
+	}
+	for (int t = 0; t < NT; t++)
+		store_rows(y + (t0 + t) * ldy, f[t][0], f[t][1], valid);
+}
+
+/* ---- W4A16 ---- */
+
+/* Nibble p of each lane (shift 4p) holds column k0 + {0,4,1,5,2,6,3,7}[p], whose bf16 sits
+ * at A16 index {0,2,4,6,1,3,5,7}[p] of the 8-column block. */
+static const unsigned char a16_of_nibble[8] = { 0, 2, 4, 6, 1, 3, 5, 7 };
+
+static inline __m256 bf16_bcast(const uint16_t *p)
+{
+	return _mm256_castsi256_ps(_mm256_set1_epi32((int)((uint32_t)*p << 16)));
+}
+
+static inline __attribute__((always_inline)) void
+tile_a16(const struct q4_matrix *w, const struct q4_acts *a, const uint8_t *blk, size_t t0, const int NT,
+	 float *y, size_t ldy, unsigned valid)
+{
+	const __m256i low = _mm256_set1_epi32(0x0F);
+	const uint8_t *codes = blk + w->scale_bytes;
+	const size_t chunks = w->group / Q4_CHUNK_COLS;
+	const uint16_t *x[GEMM_NT];
+	__m256 f[GEMM_NT][2];
+
+	for (int t = 0; t < NT; t++) {
+		x[t] = (const uint16_t *)a->codes + (t0 + t) * a->cols;
+		f[t][0] = f[t][1] = _mm256_setzero_ps();
+	}
+	for (size_t g = 0; g < w->n_groups; g++) {
+		__m256 acc[GEMM_NT][2];
+
+		for (int t = 0; t < NT; t++)
+			acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+		for (size_t c = 0; c < chunks; c++) {
+			const uint8_t *p = codes + c * Q4_CHUNK_BYTES;
+			__m256i v0 = _mm256_load_si256((const __m256i *)p);
+			__m256i v1 = _mm256_load_si256((const __m256i *)(p + 32));
+			size_t k = g * w->group + 8 * c;
+
+#pragma GCC unroll 8
+			for (int n = 0; n < 8; n++) {
+				__m256 w0 = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v0, 4 * n), low));
+				__m256 w1 = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v1, 4 * n), low));
+
+				for (int t = 0; t < NT; t++) {
+					__m256 xb = bf16_bcast(x[t] + k + a16_of_nibble[n]);
+
+					acc[t][0] = _mm256_fmadd_ps(w0, xb, acc[t][0]);
+					acc[t][1] = _mm256_fmadd_ps(w1, xb, acc[t][1]);
+				}
+			}
+		}
+		codes += chunks * Q4_CHUNK_BYTES;
+		for (int h = 0; h < 2; h++) {
+			__m256 d, m;
+
+			group_scales(w, blk, g, h, &d, &m);
+			for (int t = 0; t < NT; t++) {
+				float sx = a->sum[(t0 + t) * a->n_groups + g];
+
+				f[t][h] = _mm256_fmadd_ps(d, acc[t][h], f[t][h]);
+				f[t][h] = _mm256_fmadd_ps(m, _mm256_set1_ps(sx), f[t][h]);
+			}
+		}
+	}
+	for (int t = 0; t < NT; t++)
+		store_rows(y + (t0 + t) * ldy, f[t][0], f[t][1], valid);
+}
+
+void q4_matmul_avx2(const struct q4_matrix *w, const struct q4_acts *a, float *y, size_t ldy,
+		    size_t row_begin, size_t row_end)
+{
+	size_t rb0 = row_begin / Q4_ROWS, rb1 = (row_end + Q4_ROWS - 1) / Q4_ROWS;
+	size_t elem = a->kind == Q4_ACT_A8 ? 1 : 2;
+	/* Token chunks whose activations stay in L2 while the row blocks stream past. */
+	size_t chunk = (256u << 10) / (a->cols * elem);
+
+	chunk = chunk < GEMM_NT ? GEMM_NT : chunk / GEMM_NT * GEMM_NT;
+	for (size_t tc = 0; tc < a->n_tok; tc += chunk) {
+		size_t tc_end = tc + chunk < a->n_tok ? tc + chunk : a->n_tok;
+
+		for (size_t rb = rb0; rb < rb1; rb++) {
+			const uint8_t *blk = w->data + rb * w->block_bytes;
+			size_t r0 = rb * Q4_ROWS;
+			unsigned valid = (unsigned)(row_end - r0 < Q4_ROWS ? row_end - r0 : Q4_ROWS);
+
+			for (size_t t0 = tc; t0 < tc_end; t0 += GEMM_NT) {
+				bool two = tc_end - t0 >= 2;
+
+				if (a->kind == Q4_ACT_A8) {
+					if (two)
+						tile_a8(w, a, blk, t0, 2, y + r0, ldy, valid);
+					else
+						tile_a8(w, a, blk, t0, 1, y + r0, ldy, valid);
+				} else {
+					if (two)
+						tile_a16(w, a, blk, t0, 2, y + r0, ldy, valid);
+					else
+						tile_a16(w, a, blk, t0, 1, y + r0, ldy, valid);
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,378 @@
+/* AVX-512 q4 kernels (F/BW/VL + VNNI + BF16): one 64-byte chunk is 16 rows x 8 codes,
+ * so a single load feeds 16 output lanes. W4A8 multiplies codes (u8) by int8
+ * activations with vpdpbusd; W4A16 turns nibbles into bf16 128+q with one vpternlogd and
+ * multiplies with vdpbf16ps, taking 128*sum(x) back out per group. Built with AVX-512
+ * target flags; only called when cpuid says the machine has them (kernels/dispatch.c). */
+#include "kernels/q4.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#define GEMM_NT 8 /* tokens per register tile: 8 int + 8 float accumulators */
+
+static inline uint32_t load_u32(const void *p)
+{
+	uint32_t v;
+
+	memcpy(&v, p, 4);
+	return v;
+}
+
+static inline __m512 load_ph16(const uint8_t *p)
+{
+	return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+
+/* d and m of 16 rows for group g; sym matrices carry m = -8d (exact in float). */
+static inline void group_scales(const struct q4_matrix *w, const uint8_t *blk, size_t g, __m512 *d,
+				__m512 *m)
+{
+	*d = load_ph16(blk + g * 32);
+	*m = w->asym ? load_ph16(blk + (w->n_groups + g) * 32) : _mm512_mul_ps(*d, _mm512_set1_ps(-8.0f));
+}
+
+static inline void store_rows(float *y, __m512 v, unsigned valid)
+{
+	if (valid == Q4_ROWS)
+		_mm512_storeu_ps(y, v);
+	else
+		_mm512_mask_storeu_ps(y, (__mmask16)((1u << valid) - 1), v);
+}
+
+/* ---- activation preparation ---- */
+
+static void prepare_a8(struct q4_acts *a, const float *x, size_t t)
+{
+	int8_t *dst = (int8_t *)a->codes + t * a->cols;
+
+	for (size_t g = 0; g < a->n_groups; g++) {
+		const float *xg = x + g * a->group;
+		__m512 vmax = _mm512_setzero_ps();
+
+		for (size_t i = 0; i < a->group; i += 16)
+			vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(xg + i)));
+		float amax = _mm512_reduce_max_ps(vmax);
+		/* The same float steps as the reference, so the codes match it exactly. */
+		float inv = amax != 0.0f ? 127.0f / amax : 0.0f;
+		float scale = amax / 127.0f;
+		__m512 vinv = _mm512_set1_ps(inv);
+		__m512i isum = _mm512_setzero_si512();
+
+		for (size_t i = 0; i < a->group; i += 16) {
+			__m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xg + i), vinv));
+
+			isum = _mm512_add_epi32(isum, q);
+			_mm_storeu_si128((__m128i *)(dst + g * a->group + i), _mm512_cvtsepi32_epi8(q));
+		}
+		a->scale[t * a->n_groups + g] = scale;
+		a->sum[t * a->n_groups + g] = scale * (float)_mm512_reduce_add_epi32(isum);
+	}
+}
+
+static void prepare_a16(struct q4_acts *a, const float *x, size_t t)
+{
+	uint16_t *dst = (uint16_t *)a->codes + t * a->cols;
+	/* Within each 8 columns: k0,k2,k4,k6,k1,k3,k5,k7 (see q4_a16_index). */
+	const __m256i perm = _mm256_setr_epi16(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+	const __m512i round = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1);
+
+	for (size_t g = 0; g < a->n_groups; g++) {
+		__m512 vsum = _mm512_setzero_ps();
+
+		for (size_t i = g * a->group; i < (g + 1) * a->group; i += 16) {
+			/* Round to nearest even in integers: bit-identical to quant_f32_to_bf16
+			 * (vcvtneps2bf16 would flush denormals). */
+			__m512i b = _mm512_castps_si512(_mm512_loadu_ps(x + i));
+			__m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), one);
+			__m512i h = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(round, lsb)), 16);
+
+			vsum = _mm512_add_ps(vsum, _mm512_castsi512_ps(_mm512_slli_epi32(h, 16)));
+			__m256i w16 = _mm512_cvtepi32_epi16(h);
+
+			_mm256_storeu_si256((__m256i *)(dst + i), _mm256_permutexvar_epi16(perm, w16));
+		}
+		a->sum[t * a->n_groups + g] = _mm512_reduce_add_ps(vsum);
+	}
+}
+
+void q4_acts_prepare_avx512(struct q4_acts *a, const float *x, size_t ldx, size_t tok_begin, size_t tok_end)
+{
+	for (size_t t = tok_begin; t < tok_end; t++) {
+		if (a->kind == Q4_ACT_A8)
+			prepare_a8(a, x + t * ldx, t);
+		else
+			prepare_a16(a, x + t * ldx, t);
+	}
+}
+
+/* ---- W4A8 ---- */
+
+/* One row block, one token: the decode GEMV. Two integer accumulators per group keep
+ * the vpdpbusd chains short; the stream is the block's scales then its codes, in order. */
+static void gemv_a8(const struct q4_matrix *w, const struct q4_acts *a, const uint8_t *blk, float *y,
+		    unsigned valid)
+{
+	const __m512i low = _mm512_set1_epi8(0x0F);
+	const int8_t *act = (const int8_t *)a->codes;
+	const uint8_t *codes = blk + w->scale_bytes;
+	const size_t chunks = w->group / Q4_CHUNK_COLS;
+	__m512 f = _mm512_setzero_ps();
+
+	for (size_t g = 0; g < w->n_groups; g++) {
+		__m512i acc0 = _mm512_setzero_si512(), acc1 = _mm512_setzero_si512();
+		const int8_t *ag = act + g * w->group;
+
+		for (size_t c = 0; c < chunks; c++) {
+			__m512i v = _mm512_load_si512(codes + c * Q4_CHUNK_BYTES);
+			__m512i lo = _mm512_and_si512(v, low);
+			__m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+			acc0 = _mm512_dpbusd_epi32(acc0, lo, _mm512_set1_epi32((int)load_u32(ag + 8 * c)));
+			acc1 = _mm512_dpbusd_epi32(acc1, hi, _mm512_set1_epi32((int)load_u32(ag + 8 * c + 4)));
+		}
+		codes += chunks * Q4_CHUNK_BYTES;
+		__m512 d, m;
+
+		group_scales(w, blk, g, &d, &m);
+		__m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(acc0, acc1));
+		f = _mm512_fmadd_ps(dot, _mm512_mul_ps(d, _mm512_set1_ps(a->scale[g])), f);
+		f = _mm512_fmadd_ps(m, _mm512_set1_ps(a->sum[g]), f);
+	}
+	store_rows(y, f, valid);
+}
+
+/* One row block, NT tokens from t0: codes are unpacked once per chunk and reused by NT
+ * tokens, whose activations stay in L1/L2 across the row blocks of a token chunk. */
+static inline __attribute__((always_inline)) void
+gemm_a8_tile(const struct q4_matrix *w, const struct q4_acts *a, const uint8_t *blk, size_t t0,
+	     const int NT, float *y, size_t ldy, unsigned valid)
+{
+	const __m512i low = _mm512_set1_epi8(0x0F);
+	const uint8_t *codes = blk + w->scale_bytes;
+	const size_t chunks = w->group / Q4_CHUNK_COLS;
+	const int8_t *act[GEMM_NT];
+	__m512 f[GEMM_NT];
+
+#pragma GCC unroll 8
+	for (int t = 0; t < NT; t++) {
+		act[t] = (const int8_t *)a->codes + (t0 + t) * a->cols;
+		f[t] = _mm512_setzero_ps();
+	}
+	for (size_t g = 0; g < w->n_groups; g++) {
+		__m512i acc[GEMM_NT];
+
+#pragma GCC unroll 8
+		for (int t = 0; t < NT; t++)
+			acc[t] = _mm512_setzero_si512();
+		for (size_t c = 0; c < chunks; c++) {
+			__m512i v = _mm512_load_si512(codes + c * Q4_CHUNK_BYTES);
+			__m512i lo = _mm512_and_si512(v, low);
+			__m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+			size_t k = g * w->group + 8 * c;
+
+#pragma GCC unroll 8
+			for (int t = 0; t < NT; t++) {
+				acc[t] = _mm512_dpbusd_epi32(acc[t], lo, _mm512_set1_epi32((int)load_u32(act[t] + k)));
+				acc[t] = _mm512_dpbusd_epi32(acc[t], hi,
+							     _mm512_set1_epi32((int)load_u32(act[t] + k + 4)));
+			}
+		}
+		codes += chunks * Q4_CHUNK_BYTES;
+		__m512 d, m;
+
+		group_scales(w, blk, g, &d, &m);
+#pragma GCC unroll 8
+		for (int t = 0; t < NT; t++) {
+			size_t i = (t0 + t) * a->n_groups + g;
+
+			f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t]), _mm512_mul_ps(d, _mm512_set1_ps(a->scale[i])),
+					       f[t]);
+			f[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(a->sum[i]), f[t]);
+		}
+	}
+#pragma GCC unroll 8
+	for (int t = 0; t < NT; t++)
+		store_rows(y + (t0 + t) * ldy, f[t], valid);
+}
+
+/* ---- W4A16 ---- */
+
+/* Nibble pair (shift s) of each 32-bit lane as two bf16 128+q: (v >> s) & 0x000F000F |
+ * 0x43004300 in one vpternlogd. bf16 0x4300 is 128 with 7 zero mantissa bits, so
+ * 0x4300|q is exactly 128+q. */
+static inline __m512i nib_bf16(__m512i v, const __m512i mask, const __m512i bias)
+{
+	return _mm512_ternarylogic_epi32(v, mask, bias, 0xEA);
+}
+
+static inline __m512 bcast_pair(const uint16_t *p)
+{
+	return _mm512_castsi512_ps(_mm512_set1_epi32((int)load_u32(p)));
+}
+
+static inline __m512 dp(__m512 acc, __m512i w, __m512 x)
+{
+	return _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)x);
+}
+
+
+/* sum((128+q)*x) - 128*sum(x) = sum(q*x); 128*sx is exact (a power of two). */
+static inline __m512 finish_a16(__m512 f, __m512 acc, __m512 d, __m512 m, float sx)
+{
+	__m512 dot = _mm512_sub_ps(acc, _mm512_set1_ps(128.0f * sx));
+
+	f = _mm512_fmadd_ps(d, dot, f);
+	return _mm512_fmadd_ps(m, _mm512_set1_ps(sx), f);
+}
+
+static void gemv_a16(const struct q4_matrix *w, const struct q4_acts *a, const uint8_t *blk, float *y,
+		     unsigned valid)
+{
+	const __m512i mask = _mm512_set1_epi32(0x000F000F), bias = _mm512_set1_epi32(0x43004300);
+	const uint16_t *x = (const uint16_t *)a->codes;
+	const uint8_t *codes = blk + w->scale_bytes;
+	const size_t chunks = w->group / Q4_CHUNK_COLS;
+	__m512 f = _mm512_setzero_ps();
+
+	for (size_t g = 0; g < w->n_groups; g++) {
+		__m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+		const uint16_t *xg = x + g * w->group;
+
+		for (size_t c = 0; c < chunks; c++) {
+			__m512i v = _mm512_load_si512(codes + c * Q4_CHUNK_BYTES);
+			const uint16_t *xc = xg + 8 * c;
+
+			a0 = dp(a0, nib_bf16(v, mask, bias), bcast_pair(xc));
+			a1 = dp(a1, nib_bf16(_mm512_srli_epi32(v, 4), mask, bias), bcast_pair(xc + 2));
+			a2 = dp(a2, nib_bf16(_mm512_srli_epi32(v, 8), mask, bias), bcast_pair(xc + 4));
+			a3 = dp(a3, nib_bf16(_mm512_srli_epi32(v, 12), mask, bias), bcast_pair(xc + 6));
+		}
+		codes += chunks * Q4_CHUNK_BYTES;
+		__m512 d, m;
+
+		group_scales(w, blk, g, &d, &m);
+		f = finish_a16(f, _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)), d, m, a->sum[g]);
+	}
+	store_rows(y, f, valid);
+}
+
+static inline __attribute__((always_inline)) void
+gemm_a16_tile(const struct q4_matrix *w, const struct q4_acts *a, const uint8_t *blk, size_t t0,
+	      const int NT, float *y, size_t ldy, unsigned valid)
+{
+	const __m512i mask = _mm512_set1_epi32(0x000F000F), bias = _mm512_set1_epi32(0x43004300);
+	const uint8_t *codes = blk + w->scale_bytes;
+	const size_t chunks = w->group / Q4_CHUNK_COLS;
+	const uint16_t *x[GEMM_NT];
+	__m512 f[GEMM_NT];
+
+#pragma GCC unroll 8
+	for (int t = 0; t < NT; t++) {
+		x[t] = (const uint16_t *)a->codes + (t0 + t) * a->cols;
+		f[t] = _mm512_setzero_ps();
+	}
+	for (size_t g = 0; g < w->n_groups; g++) {
+		/* Two chains per token: vdpbf16ps latency, not throughput, bounds one chain. */
+		__m512 acc0[GEMM_NT], acc1[GEMM_NT];
+
+#pragma GCC unroll 8
+		for (int t = 0; t < NT; t++)
+			acc0[t] = acc1[t] = _mm512_setzero_ps();
+		for (size_t c = 0; c < chunks; c++) {
+			__m512i v = _mm512_load_si512(codes + c * Q4_CHUNK_BYTES);
+			__m512i w0 = nib_bf16(v, mask, bias);
+			__m512i w1 = nib_bf16(_mm512_srli_epi32(v, 4), mask, bias);
+			__m512i w2 = nib_bf16(_mm512_srli_epi32(v, 8), mask, bias);
+			__m512i w3 = nib_bf16(_mm512_srli_epi32(v, 12), mask, bias);
+			size_t k = g * w->group + 8 * c;
+
+#pragma GCC unroll 8
+			for (int t = 0; t < NT; t++) {
+				acc0[t] = dp(acc0[t], w0, bcast_pair(x[t] + k));
+				acc1[t] = dp(acc1[t], w2, bcast_pair(x[t] + k + 4));
+				acc0[t] = dp(acc0[t], w1, bcast_pair(x[t] + k + 2));
+				acc1[t] = dp(acc1[t], w3, bcast_pair(x[t] + k + 6));
+			}
+		}
+		codes += chunks * Q4_CHUNK_BYTES;
+		__m512 d, m;
+
+		group_scales(w, blk, g, &d, &m);
+#pragma GCC unroll 8
+		for (int t = 0; t < NT; t++)
+			f[t] = finish_a16(f[t], _mm512_add_ps(acc0[t], acc1[t]), d, m,
+					  a->sum[(t0 + t) * a->n_groups + g]);
+	}
+#pragma GCC unroll 8
+	for (int t = 0; t < NT; t++)
+		store_rows(y + (t0 + t) * ldy, f[t], valid);
+}
+
+/* ---- driver ---- */
+
+#define TILE_CASES(fn, w, a, blk, t0, nt, y, ldy, valid)                     \
+	switch (nt) {                                                        \
+	case 8: fn(w, a, blk, t0, 8, y, ldy, valid); break;                  \
+	case 7: fn(w, a, blk, t0, 7, y, ldy, valid); break;                  \
+	case 6: fn(w, a, blk, t0, 6, y, ldy, valid); break;                  \
+	case 5: fn(w, a, blk, t0, 5, y, ldy, valid); break;                  \
+	case 4: fn(w, a, blk, t0, 4, y, ldy, valid); break;                  \
+	case 3: fn(w, a, blk, t0, 3, y, ldy, valid); break;                  \
+	case 2: fn(w, a, blk, t0, 2, y, ldy, valid); break;                  \
+	default: fn(w, a, blk, t0, 1, y, ldy, valid); break;                 \
+	}
+
+static void gemm_a8_any(const struct q4_matrix *w, const struct q4_acts *a, const uint8_t *blk, size_t t0,
+			size_t nt, float *y, size_t ldy, unsigned valid)
+{
+	TILE_CASES(gemm_a8_tile, w, a, blk, t0, nt, y, ldy, valid)
+}
+
+static void gemm_a16_any(const struct q4_matrix *w, const struct q4_acts *a, const uint8_t *blk, size_t t0,
+			 size_t nt, float *y, size_t ldy, unsigned valid)
+{
+	TILE_CASES(gemm_a16_tile, w, a, blk, t0, nt, y, ldy, valid)
+}
+
+void q4_matmul_avx512(const struct q4_matrix *w, const struct q4_acts *a, float *y, size_t ldy,
+		      size_t row_begin, size_t row_end)
+{
+	size_t rb0 = row_begin / Q4_ROWS, rb1 = (row_end + Q4_ROWS - 1) / Q4_ROWS;
+
+	if (a->n_tok == 1) {
+		for (size_t rb = rb0; rb < rb1; rb++) {
+			const uint8_t *blk = w->data + rb * w->block_bytes;
+			size_t r0 = rb * Q4_ROWS;
+			unsigned valid = (unsigned)(row_end - r0 < Q4_ROWS ? row_end - r0 : Q4_ROWS);
+
+			if (a->kind == Q4_ACT_A8)
+				gemv_a8(w, a, blk, y + r0, valid);
+			else
+				gemv_a16(w, a, blk, y + r0, valid);
+		}
+		return;
+	}
+	/* Token chunks sized so their activations stay in L2 (~256 KiB) while every row
+	 * block of this thread's range streams past them. */
+	size_t elem = a->kind == Q4_ACT_A8 ? 1 : 2;
+	size_t chunk = (256u << 10) / (a->cols * elem);
+
+	chunk = chunk < GEMM_NT ? GEMM_NT : chunk / GEMM_NT * GEMM_NT;
+	for (size_t tc = 0; tc < a->n_tok; tc += chunk) {
+		size_t tc_end = tc + chunk < a->n_tok ? tc + chunk : a->n_tok;
+
+		for (size_t rb = rb0; rb < rb1; rb++) {
+			const uint8_t *blk = w->data + rb * w->block_bytes;
+			size_t r0 = rb * Q4_ROWS;
+			unsigned valid = (unsigned)(row_end - r0 < Q4_ROWS ? row_end - r0 : Q4_ROWS);
+
+			for (size_t t0 = tc; t0 < tc_end; t0 += GEMM_NT) {
+				size_t nt = tc_end - t0 < GEMM_NT ? tc_end - t0 : GEMM_NT;
+
+				if (a->kind == Q4_ACT_A8)
+					gemm_a8_any(w, a, blk, t0, nt, y + r0, ldy, valid);
+				else
+					gemm_a16_any(w, a, blk, t0, nt, y + r0, ldy, valid);
+			}
+		}
+	}
+}

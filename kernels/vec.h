@@ -1,0 +1,77 @@
+/* The SIMD-dispatched vector ops around the matmuls: RMSNorm, RoPE from a precomputed
+ * table, SwiGLU's silu(gate)*up, and attention over a KV span with an online softmax
+ * (GQA: the query heads that share one KV head read each K/V row once). Declared here,
+ * implemented per ISA in vec_ref.c / vec_avx2.c / vec_avx512.c, reached through
+ * kernels/dispatch.h. Pure compute: caller-owned buffers, no allocation. */
+#ifndef HEARTH_KERNELS_VEC_H
+#define HEARTH_KERNELS_VEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* How a KV cache stores its rows. */
+enum vec_kv_type { VEC_KV_F16 = 1, VEC_KV_BF16 = 30 };
+
+/* RoPE pairing, as kernels/ops.h (llama.cpp's NORM = adjacent, NEOX = halves). */
+enum vec_rope_style { VEC_ROPE_NORM = 0, VEC_ROPE_NEOX = 2 };
+
+/* Fills cos/sin tables of n_pos x (n_rot/2) floats, angle for position p and pair i
+ * built exactly as ops_ref_rope builds it (llama.cpp's running product in float), so the
+ * table is sized by the configured context, never by the model's advertised one.
+ * freq_factors may be NULL. */
+void vec_rope_table(float *cos_tab, float *sin_tab, size_t n_pos, size_t n_rot, float freq_base,
+		    float freq_scale, const float *freq_factors);
+
+/* Online-softmax state of one query head: running max, running sum of exp, and the
+ * unnormalized weighted sum of V rows in acc[head_dim]. */
+void vec_attn_init(float *max, float *sum, float *acc, size_t n_rep, size_t head_dim);
+/* out[r][i] = acc[r][i] / sum[r]; a head that saw no position gets zeros. */
+void vec_attn_finish(float *out, const float *sum, const float *acc, size_t n_rep, size_t head_dim);
+
+/* Signatures of the dispatched ops (one implementation per ISA). */
+
+/* out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i] (w may be NULL); out may equal x. */
+typedef void (*vec_rmsnorm_fn)(float *out, const float *x, const float *w, size_t n, float eps);
+
+/* Rotates the first n_rot dims of n_heads heads (head_dim apart) in place, with the
+ * position's rows of the cos/sin tables (n_rot/2 each). */
+typedef void (*vec_rope_fn)(float *x, size_t n_heads, size_t head_dim, size_t n_rot,
+			    enum vec_rope_style style, const float *cos_row, const float *sin_row);
+
+/* gate[i] = silu(gate[i]) * up[i]. */
+typedef void (*vec_silu_mul_fn)(float *gate, const float *up, size_t n);
+
+/* Folds n_pos positions into the online-softmax state of n_rep query heads q
+ * (n_rep x head_dim floats) that share one KV head: score = scale * q.k for the K row
+ * at k + p*k_stride bytes, V row at v + p*v_stride bytes. Causal masking is the
+ * caller's: it passes only the positions a query may see. Paged caches call this once
+ * per page. head_dim is a multiple of 16. */
+typedef void (*vec_attn_fn)(const float *q, size_t n_rep, size_t head_dim, enum vec_kv_type type,
+			    const void *k, size_t k_stride, const void *v, size_t v_stride,
+			    size_t n_pos, float scale, float *max, float *sum, float *acc);
+
+void vec_rmsnorm_ref(float *out, const float *x, const float *w, size_t n, float eps);
+void vec_rope_ref(float *x, size_t n_heads, size_t head_dim, size_t n_rot, enum vec_rope_style style,
+		  const float *cos_row, const float *sin_row);
+void vec_silu_mul_ref(float *gate, const float *up, size_t n);
+void vec_attn_ref(const float *q, size_t n_rep, size_t head_dim, enum vec_kv_type type,
+		  const void *k, size_t k_stride, const void *v, size_t v_stride,
+		  size_t n_pos, float scale, float *max, float *sum, float *acc);
+
+void vec_rmsnorm_avx2(float *out, const float *x, const float *w, size_t n, float eps);
+void vec_rope_avx2(float *x, size_t n_heads, size_t head_dim, size_t n_rot, enum vec_rope_style style,
+		   const float *cos_row, const float *sin_row);
+void vec_silu_mul_avx2(float *gate, const float *up, size_t n);
+void vec_attn_avx2(const float *q, size_t n_rep, size_t head_dim, enum vec_kv_type type,
+		   const void *k, size_t k_stride, const void *v, size_t v_stride,
+		   size_t n_pos, float scale, float *max, float *sum, float *acc);
+
+void vec_rmsnorm_avx512(float *out, const float *x, const float *w, size_t n, float eps);
+void vec_rope_avx512(float *x, size_t n_heads, size_t head_dim, size_t n_rot, enum vec_rope_style style,
+		     const float *cos_row, const float *sin_row);
+void vec_silu_mul_avx512(float *gate, const float *up, size_t n);
+void vec_attn_avx512(const float *q, size_t n_rep, size_t head_dim, enum vec_kv_type type,
+		     const void *k, size_t k_stride, const void *v, size_t v_stride,
+		     size_t n_pos, float scale, float *max, float *sum, float *acc);
+
+#endif

@@ -1,0 +1,174 @@
+/* AVX2 variants of the vector ops in kernels/vec.h: 8 floats a step with scalar tails,
+ * a Cephes-style exp (about 2 ulp) for SiLU, attention converting f16/bf16 rows on the
+ * fly. Built with AVX2/FMA/F16C target flags. */
+#include "kernels/vec.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "kernels/quant.h"
+
+static inline float hsum(__m256 v)
+{
+	__m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+
+	s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+	s = _mm_add_ss(s, _mm_movehdup_ps(s));
+	return _mm_cvtss_f32(s);
+}
+
+/* exp(x), x clamped to [-87.3, 88.3] so 2^n stays a normal float. */
+static inline __m256 exp256(__m256 x)
+{
+	x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+	__m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+				   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	__m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+
+	r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+	__m256 p = _mm256_set1_ps(1.9875691500e-4f);
+
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+	p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+	__m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+
+	return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+void vec_rmsnorm_avx2(float *out, const float *x, const float *w, size_t n, float eps)
+{
+	__m256 s0 = _mm256_setzero_ps(), s1 = s0;
+	size_t i = 0;
+	float tail = 0.0f;
+
+	for (; i + 16 <= n; i += 16) {
+		__m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
+
+		s0 = _mm256_fmadd_ps(a, a, s0);
+		s1 = _mm256_fmadd_ps(b, b, s1);
+	}
+	for (; i < n; i++)
+		tail += x[i] * x[i];
+	float ss = hsum(_mm256_add_ps(s0, s1)) + tail;
+	float scale = 1.0f / sqrtf(ss / (float)n + eps);
+	__m256 vs = _mm256_set1_ps(scale);
+
+	for (i = 0; i + 8 <= n; i += 8) {
+		__m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), vs);
+
+		if (w)
+			v = _mm256_mul_ps(v, _mm256_loadu_ps(w + i));
+		_mm256_storeu_ps(out + i, v);
+	}
+	for (; i < n; i++)
+		out[i] = w ? x[i] * scale * w[i] : x[i] * scale;
+}
+
+void vec_rope_avx2(float *x, size_t n_heads, size_t head_dim, size_t n_rot, enum vec_rope_style style,
+		   const float *cos_row, const float *sin_row)
+{
+	const size_t half = n_rot / 2;
+	const __m256i dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+
+	for (size_t h = 0; h < n_heads; h++) {
+		float *v = x + h * head_dim;
+		size_t i = 0;
+
+		if (style == VEC_ROPE_NEOX) {
+			for (; i + 8 <= half; i += 8) {
+				__m256 a = _mm256_loadu_ps(v + i), b = _mm256_loadu_ps(v + i + half);
+				__m256 c = _mm256_loadu_ps(cos_row + i), s = _mm256_loadu_ps(sin_row + i);
+
+				_mm256_storeu_ps(v + i, _mm256_fmsub_ps(a, c, _mm256_mul_ps(b, s)));
+				_mm256_storeu_ps(v + i + half, _mm256_fmadd_ps(a, s, _mm256_mul_ps(b, c)));
+			}
+		} else {
+			for (; i + 4 <= half; i += 4) {
+				__m256 xv = _mm256_loadu_ps(v + 2 * i);
+				__m256 c = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(cos_row + i)), dup);
+				__m256 s = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(sin_row + i)), dup);
+				__m256 sw = _mm256_permute_ps(xv, 0xB1);
+
+				_mm256_storeu_ps(v + 2 * i, _mm256_fmaddsub_ps(xv, c, _mm256_mul_ps(sw, s)));
+			}
+		}
+		for (; i < half; i++) {
+			size_t a = style == VEC_ROPE_NEOX ? i : 2 * i;
+			size_t b = style == VEC_ROPE_NEOX ? i + half : 2 * i + 1;
+			float x0 = v[a], x1 = v[b], c = cos_row[i], s = sin_row[i];
+
+			v[a] = x0 * c - x1 * s;
+			v[b] = x0 * s + x1 * c;
+		}
+	}
+}
+
+void vec_silu_mul_avx2(float *gate, const float *up, size_t n)
+{
+	const __m256 one = _mm256_set1_ps(1.0f);
+	size_t i = 0;
+
+	for (; i + 8 <= n; i += 8) {
+		__m256 g = _mm256_loadu_ps(gate + i), u = _mm256_loadu_ps(up + i);
+		__m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), g));
+
+		_mm256_storeu_ps(gate + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), u));
+	}
+	for (; i < n; i++)
+		gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
+static inline __m256 kv_load(enum vec_kv_type type, const uint8_t *row, size_t i)
+{
+	__m128i h = _mm_loadu_si128((const __m128i *)(row + 2 * i));
+
+	if (type == VEC_KV_BF16)
+		return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+	return _mm256_cvtph_ps(h);
+}
+
+void vec_attn_avx2(const float *q, size_t n_rep, size_t head_dim, enum vec_kv_type type,
+		   const void *k, size_t k_stride, const void *v, size_t v_stride,
+		   size_t n_pos, float scale, float *max, float *sum, float *acc)
+{
+	for (size_t p = 0; p < n_pos; p++) {
+		const uint8_t *kr = (const uint8_t *)k + p * k_stride;
+		const uint8_t *vr = (const uint8_t *)v + p * v_stride;
+
+		for (size_t r = 0; r < n_rep; r++) {
+			const float *qr = q + r * head_dim;
+			float *ar = acc + r * head_dim;
+			__m256 d0 = _mm256_setzero_ps(), d1 = d0;
+
+			for (size_t i = 0; i < head_dim; i += 16) {
+				d0 = _mm256_fmadd_ps(_mm256_loadu_ps(qr + i), kv_load(type, kr, i), d0);
+				d1 = _mm256_fmadd_ps(_mm256_loadu_ps(qr + i + 8), kv_load(type, kr, i + 8), d1);
+			}
+			float s = hsum(_mm256_add_ps(d0, d1)) * scale;
+
+			if (s > max[r]) {
+				/* A new maximum rescales what was summed so far. */
+				float c = max[r] == -INFINITY ? 0.0f : expf(max[r] - s);
+				__m256 vc = _mm256_set1_ps(c);
+
+				sum[r] = sum[r] * c + 1.0f;
+				for (size_t i = 0; i < head_dim; i += 8)
+					_mm256_storeu_ps(ar + i, _mm256_fmadd_ps(_mm256_loadu_ps(ar + i), vc,
+										 kv_load(type, vr, i)));
+				max[r] = s;
+				continue;
+			}
+			float e = expf(s - max[r]);
+			__m256 ve = _mm256_set1_ps(e);
+
+			sum[r] += e;
+			for (size_t i = 0; i < head_dim; i += 8)
+				_mm256_storeu_ps(ar + i, _mm256_fmadd_ps(kv_load(type, vr, i), ve, _mm256_loadu_ps(ar + i)));
+		}
+	}
+}

@@ -1,0 +1,120 @@
+/* Scalar reference of the dispatched vector ops (kernels/vec.h) and the ISA-free helpers
+ * (RoPE tables, attention state). Sums in double: the SIMD variants are measured against
+ * these, so these aim at the exact value. */
+#include "kernels/vec.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "kernels/quant.h"
+
+void vec_rope_table(float *cos_tab, float *sin_tab, size_t n_pos, size_t n_rot, float freq_base,
+		    float freq_scale, const float *freq_factors)
+{
+	/* As ops_ref_rope: the angle is a running product in float, as llama.cpp builds it. */
+	const float ratio = powf(freq_base, -2.0f / (float)n_rot);
+	const size_t half = n_rot / 2;
+
+	for (size_t p = 0; p < n_pos; p++) {
+		float theta = (float)p;
+
+		for (size_t i = 0; i < half; i++) {
+			float ff = freq_factors ? freq_factors[i] : 1.0f;
+			float angle = freq_scale * (theta / ff);
+
+			cos_tab[p * half + i] = cosf(angle);
+			sin_tab[p * half + i] = sinf(angle);
+			theta *= ratio;
+		}
+	}
+}
+
+void vec_attn_init(float *max, float *sum, float *acc, size_t n_rep, size_t head_dim)
+{
+	for (size_t r = 0; r < n_rep; r++) {
+		max[r] = -INFINITY;
+		sum[r] = 0.0f;
+	}
+	memset(acc, 0, n_rep * head_dim * sizeof(float));
+}
+
+void vec_attn_finish(float *out, const float *sum, const float *acc, size_t n_rep, size_t head_dim)
+{
+	for (size_t r = 0; r < n_rep; r++) {
+		float inv = sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
+
+		for (size_t i = 0; i < head_dim; i++)
+			out[r * head_dim + i] = acc[r * head_dim + i] * inv;
+	}
+}
+
+void vec_rmsnorm_ref(float *out, const float *x, const float *w, size_t n, float eps)
+{
+	double ss = 0.0;
+
+	for (size_t i = 0; i < n; i++)
+		ss += (double)x[i] * (double)x[i];
+	float scale = 1.0f / sqrtf((float)(ss / (double)n) + eps);
+
+	for (size_t i = 0; i < n; i++)
+		out[i] = w ? x[i] * scale * w[i] : x[i] * scale;
+}
+
+void vec_rope_ref(float *x, size_t n_heads, size_t head_dim, size_t n_rot, enum vec_rope_style style,
+		  const float *cos_row, const float *sin_row)
+{
+	const size_t half = n_rot / 2;
+
+	for (size_t h = 0; h < n_heads; h++) {
+		float *v = x + h * head_dim;
+
+		for (size_t i = 0; i < half; i++) {
+			size_t a = style == VEC_ROPE_NEOX ? i : 2 * i;
+			size_t b = style == VEC_ROPE_NEOX ? i + half : 2 * i + 1;
+			float x0 = v[a], x1 = v[b], c = cos_row[i], s = sin_row[i];
+
+			v[a] = x0 * c - x1 * s;
+			v[b] = x0 * s + x1 * c;
+		}
+	}
+}
+
+void vec_silu_mul_ref(float *gate, const float *up, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
+static float kv_at(enum vec_kv_type type, const void *row, size_t i)
+{
+	uint16_t h;
+
+	memcpy(&h, (const uint8_t *)row + 2 * i, 2);
+	return type == VEC_KV_BF16 ? quant_bf16_to_f32(h) : quant_fp16_to_f32(h);
+}
+
+void vec_attn_ref(const float *q, size_t n_rep, size_t head_dim, enum vec_kv_type type,
+		  const void *k, size_t k_stride, const void *v, size_t v_stride,
+		  size_t n_pos, float scale, float *max, float *sum, float *acc)
+{
+	for (size_t p = 0; p < n_pos; p++) {
+		const uint8_t *kr = (const uint8_t *)k + p * k_stride;
+		const uint8_t *vr = (const uint8_t *)v + p * v_stride;
+
+		for (size_t r = 0; r < n_rep; r++) {
+			double dot = 0.0;
+
+			for (size_t i = 0; i < head_dim; i++)
+				dot += (double)q[r * head_dim + i] * kv_at(type, kr, i);
+			float s = (float)dot * scale;
+			float m = s > max[r] ? s : max[r];
+			float c = max[r] == -INFINITY ? 0.0f : expf(max[r] - m);
+			float e = expf(s - m);
+
+			sum[r] = sum[r] * c + e;
+			for (size_t i = 0; i < head_dim; i++)
+				acc[r * head_dim + i] = acc[r * head_dim + i] * c + e * kv_at(type, vr, i);
+			max[r] = m;
+		}
+	}
+}

@@ -1,0 +1,915 @@
+/* hearthd as a real process, driven by real clients over its Unix socket and shared-memory
+ * rings: many clients at once get what each would get alone, a killed or stalled client
+ * costs the others nothing and gives its KV back, hostile frames and ring writes get their
+ * errors while the daemon keeps serving, and the systemd contract (notify, socket
+ * activation, SIGTERM drain, peer policy) holds. The clients speak the raw protocol so
+ * they can also misbehave. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "protocol/fdpass.h"
+#include "protocol/frame.h"
+#include "protocol/msg.h"
+#include "protocol/ring.h"
+
+#define MAX_TOK 512
+
+static char g_dir[256];
+static char g_sock[300];
+static char g_model[4096];
+static pid_t g_daemon = -1;
+
+/* ---- a raw protocol client ---- */
+
+struct tclient {
+	int fd;
+	struct frame_reader fr;
+	struct ring ring;
+	bool have_ring;
+	int fds[FDPASS_MAX];
+	size_t n_fds;
+	uint64_t next_id;
+	struct msg welcome;
+};
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static int tc_connect_path(struct tclient *c, const char *path)
+{
+	memset(c, 0, sizeof *c);
+	c->next_id = 1;
+	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+	if (connect(c->fd, (struct sockaddr *)&a, sizeof a) < 0) {
+		close(c->fd);
+		return -1;
+	}
+	struct hearth_error e;
+	frame_reader_init(&c->fr, 8u << 20, &e);
+	return 0;
+}
+
+static void tc_close(struct tclient *c)
+{
+	if (c->have_ring)
+		ring_close(&c->ring);
+	for (size_t i = 0; i < c->n_fds; i++)
+		close(c->fds[i]);
+	msg_free(&c->welcome);
+	frame_reader_free(&c->fr);
+	close(c->fd);
+}
+
+static void tc_send_raw(struct tclient *c, const void *p, size_t n)
+{
+	const uint8_t *b = p;
+	while (n) {
+		ssize_t w = send(c->fd, b, n, MSG_NOSIGNAL);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return; /* the daemon closed: the caller's next read says so */
+		b += w;
+		n -= (size_t)w;
+	}
+}
+
+static void tc_send(struct tclient *c, const struct msg *m)
+{
+	struct msg_buf b = { 0 };
+	struct hearth_error e;
+	assert_int_equal(msg_encode(m, &b, &e), 0);
+	tc_send_raw(c, b.data, b.len);
+	msg_buf_free(&b);
+}
+
+/* Next frame from the daemon: 1 with *out decoded, 0 when the daemon closed, -1 on
+ * timeout. */
+static int tc_recv(struct tclient *c, struct msg *out, int timeout_ms)
+{
+	uint64_t end = now_ms() + (uint64_t)timeout_ms;
+	struct hearth_error e;
+	for (;;) {
+		const uint8_t *p;
+		size_t len;
+		int rc = frame_reader_next(&c->fr, &p, &len, &e);
+		if (rc == FRAME_READY) {
+			struct msg_reject rej;
+			assert_int_equal(msg_decode(p, len, MSG_FROM_DAEMON, out, &rej, &e), 0);
+			return 1;
+		}
+		uint64_t now = now_ms();
+		if (now >= end)
+			return -1;
+		struct pollfd pfd = { .fd = c->fd, .events = POLLIN };
+		if (poll(&pfd, 1, (int)(end - now)) <= 0)
+			continue;
+		uint8_t buf[65536];
+		size_t got = 0, nf = 0;
+		int fds[FDPASS_MAX];
+		rc = fdpass_recv(c->fd, buf, sizeof buf, &got, fds, FDPASS_MAX, &nf, &e);
+		if (rc == HEARTH_EBUSY)
+			continue;
+		if (rc < 0 || got == 0)
+			return 0;
+		for (size_t i = 0; i < nf && c->n_fds < FDPASS_MAX; i++)
+			c->fds[c->n_fds++] = fds[i];
+		frame_reader_feed(&c->fr, buf, got, &e);
+	}
+}
+
+/* hello, then loading frames until welcome; attaches the ring. */
+static void tc_hello(struct tclient *c, const char *name)
+{
+	struct msg m;
+	msg_init(&m, MSG_HELLO, c->next_id++);
+	m.u.hello.proto_major = MSG_PROTO_MAJOR;
+	m.u.hello.name = (struct msg_bytes){ name, strlen(name) };
+	m.u.hello.ring = true;
+	tc_send(c, &m);
+	for (;;) {
+		struct msg r;
+		int rc = tc_recv(c, &r, 30000);
+		if (rc != 1)
+			fail_msg("no welcome from the daemon (rc %d)", rc);
+		if (r.type == MSG_LOADING) {
+			msg_free(&r);
+			continue;
+		}
+		if (r.type == MSG_ERROR)
+			fail_msg("hello refused: %s", r.u.error.message.ptr);
+		assert_int_equal(r.type, MSG_WELCOME);
+		c->welcome = r;
+		break;
+	}
+	assert_true(c->welcome.u.welcome.ring);
+	assert_int_equal(c->n_fds, 3);
+	struct hearth_error e;
+	assert_int_equal(ring_attach(&c->ring, c->fds[0], c->fds[1], c->fds[2], &e), 0);
+	c->have_ring = true;
+	c->n_fds = 0;
+}
+
+struct gen_result {
+	int32_t tokens[MAX_TOK];
+	uint32_t n;
+	char text[8192];
+	size_t text_len;
+	struct msg final;       /* done or error */
+};
+
+static void tc_drain_ring(struct tclient *c, uint64_t id, struct gen_result *g)
+{
+	struct hearth_error e;
+	for (;;) {
+		uint32_t type;
+		const void *p;
+		size_t len;
+		int rc = ring_peek(&c->ring, &type, &p, &len, &e);
+		assert_true(rc >= 0);
+		if (rc == 0)
+			break;
+		if (type == RING_REC_TOKEN) {
+			uint8_t copy[4096];
+			assert_true(len <= sizeof copy);
+			memcpy(copy, p, len);
+			struct ring_token t;
+			assert_int_equal(ring_token_decode(copy, len, &t, &e), 0);
+			if (t.request_id == id && g->n < MAX_TOK)
+				g->tokens[g->n++] = (int32_t)t.token;
+			if (t.request_id == id && g->text_len + t.text_len < sizeof g->text) {
+				memcpy(g->text + g->text_len, t.text, t.text_len);
+				g->text_len += t.text_len;
+			}
+		}
+		ring_consume(&c->ring);
+	}
+	ring_notify(&c->ring, NULL);
+}
+
+static uint64_t tc_generate_start(struct tclient *c, const int32_t *prompt, uint32_t n,
+				  uint32_t max_tokens, double temp, uint64_t seed, bool logits)
+{
+	struct msg m;
+	uint64_t id = c->next_id++;
+	msg_init(&m, MSG_GENERATE, id);
+	uint32_t ids[256];
+	for (uint32_t i = 0; i < n; i++)
+		ids[i] = (uint32_t)prompt[i];
+	m.u.generate.tokens = ids;
+	m.u.generate.n_tokens = n;
+	m.u.generate.max_tokens = max_tokens;
+	m.u.generate.sampling.temperature = temp;
+	m.u.generate.sampling.has_seed = true;
+	m.u.generate.sampling.seed = seed;
+	m.u.generate.logits = logits;
+	tc_send(c, &m);
+	return id;
+}
+
+/* Collects a generation's tokens until its final frame. */
+static void tc_generate_wait(struct tclient *c, uint64_t id, struct gen_result *g, int timeout_ms)
+{
+	uint64_t end = now_ms() + (uint64_t)timeout_ms;
+	for (;;) {
+		tc_drain_ring(c, id, g);
+		struct msg r;
+		int rc = tc_recv(c, &r, 20);
+		if (rc == 0)
+			fail_msg("the daemon closed the connection during a generation");
+		if (rc == 1) {
+			if ((r.type == MSG_DONE || r.type == MSG_ERROR) && r.id == id) {
+				tc_drain_ring(c, id, g); /* every token is in the ring before done */
+				g->final = r;
+				return;
+			}
+			msg_free(&r);
+		}
+		if (now_ms() > end)
+			fail_msg("generation %llu did not finish in %d ms", (unsigned long long)id, timeout_ms);
+	}
+}
+
+static void tc_generate(struct tclient *c, const int32_t *prompt, uint32_t n, uint32_t max_tokens,
+			double temp, uint64_t seed, struct gen_result *g)
+{
+	memset(g, 0, sizeof *g);
+	uint64_t id = tc_generate_start(c, prompt, n, max_tokens, temp, seed, false);
+	tc_generate_wait(c, id, g, 60000);
+}
+
+static struct msg tc_simple(struct tclient *c, enum msg_type t)
+{
+	struct msg m, r;
+	msg_init(&m, t, c->next_id++);
+	tc_send(c, &m);
+	for (;;) {
+		assert_int_equal(tc_recv(c, &r, 10000), 1);
+		if (r.id == m.id)
+			return r;
+		msg_free(&r);
+	}
+}
+
+/* ---- the daemon process ---- */
+
+static pid_t daemon_spawn(const char *const *extra, const char *notify, const char *sock_override)
+{
+	const char *bd = getenv("HEARTH_BUILDDIR");
+	char bin[4096], model_kv[4200], sock_kv[400];
+	snprintf(bin, sizeof bin, "%s/hearthd", bd ? bd : ".");
+	snprintf(model_kv, sizeof model_kv, "--model=%s", g_model);
+	snprintf(sock_kv, sizeof sock_kv, "--socket=%s", sock_override ? sock_override : g_sock);
+	const char *argv[40] = { bin, model_kv, sock_kv, "--max-context=256", "--kv-budget=4MiB",
+				 "--threads=2", "--shutdown-grace=3s", "--socket-mode=0666",
+				 "--log-level=warning" };
+	int n = 9;
+	for (int i = 0; extra && extra[i]; i++)
+		argv[n++] = extra[i];
+	argv[n] = NULL;
+	pid_t pid = fork();
+	if (pid == 0) {
+		if (notify)
+			setenv("NOTIFY_SOCKET", notify, 1);
+		else
+			unsetenv("NOTIFY_SOCKET");
+		execv(bin, (char *const *)argv);
+		_exit(127);
+	}
+	return pid;
+}
+
+static void wait_for_socket(const char *path)
+{
+	for (int i = 0; i < 500; i++) {
+		struct tclient c;
+		if (tc_connect_path(&c, path) == 0) {
+			tc_close(&c);
+			return;
+		}
+		usleep(10000);
+	}
+	fail_msg("hearthd never listened on %s", path);
+}
+
+static int daemon_stop(pid_t pid)
+{
+	kill(pid, SIGTERM);
+	int st;
+	for (int i = 0; i < 1000; i++) {
+		if (waitpid(pid, &st, WNOHANG) == pid)
+			return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+		usleep(10000);
+	}
+	kill(pid, SIGKILL);
+	waitpid(pid, &st, 0);
+	return -1;
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	const char *sh = getenv("HEARTH_SHARED");
+	if (!sh) {
+		fprintf(stderr, "HEARTH_SHARED is not set: run through make check\n");
+		return -1;
+	}
+	snprintf(g_model, sizeof g_model, "%s/fixtures/fx-qwen3.gguf", sh);
+	snprintf(g_dir, sizeof g_dir, "/tmp/hearth-serve-XXXXXX");
+	if (!mkdtemp(g_dir))
+		return -1;
+	chmod(g_dir, 0755);
+	snprintf(g_sock, sizeof g_sock, "%s/hearth.sock", g_dir);
+	signal(SIGPIPE, SIG_IGN);
+	g_daemon = daemon_spawn(NULL, NULL, NULL);
+	wait_for_socket(g_sock);
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	int rc = daemon_stop(g_daemon);
+	unlink(g_sock);
+	rmdir(g_dir);
+	if (rc != 0) {
+		fprintf(stderr, "hearthd exited with %d after SIGTERM\n", rc);
+		return -1;
+	}
+	return 0;
+}
+
+static void make_prompt(uint32_t seed, int32_t *p, uint32_t n)
+{
+	uint64_t x = 0x9e3779b97f4a7c15ull * (seed + 1);
+	for (uint32_t i = 0; i < n; i++) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		p[i] = (int32_t)(x % 50000);
+	}
+}
+
+/* ---- tests ---- */
+
+static void test_serve_welcome_describes_the_model(void **state)
+{
+	(void)state;
+	struct tclient c;
+	assert_int_equal(tc_connect_path(&c, g_sock), 0);
+	tc_hello(&c, "welcome-test");
+	const struct msg_welcome *w = &c.welcome.u.welcome;
+	assert_int_equal(w->proto_major, MSG_PROTO_MAJOR);
+	assert_string_equal(w->model.arch.ptr, "qwen3");
+	assert_int_equal(w->model.n_layer, 3);
+	assert_int_equal(w->model.n_embd, 64);
+	assert_int_equal(w->model.n_ctx, 256);
+	assert_true(w->model.n_vocab >= 50257);
+	assert_true(w->ring_d2c >= RING_CAP_MIN && w->ring_c2d >= RING_CAP_MIN);
+	struct msg p = tc_simple(&c, MSG_PING);
+	assert_int_equal(p.type, MSG_PONG);
+	msg_free(&p);
+	tc_close(&c);
+}
+
+enum { N_CLIENTS = 16 };
+
+static void client_request(int i, int32_t *prompt, uint32_t *n, uint32_t *max_tokens, double *temp,
+			   uint64_t *seed)
+{
+	*n = 4 + (uint32_t)(i * 7) % 29;
+	make_prompt(1000u + (uint32_t)i, prompt, *n);
+	*max_tokens = 6 + (uint32_t)i % 9;
+	*temp = i % 3 == 0 ? 0.0 : 0.7 + 0.1 * (i % 4);
+	*seed = 42u + (uint64_t)i;
+}
+
+static void test_serve_sixteen_clients_at_once_equal_each_alone(void **state)
+{
+	(void)state;
+	static struct gen_result alone[N_CLIENTS];
+	struct tclient c;
+	assert_int_equal(tc_connect_path(&c, g_sock), 0);
+	tc_hello(&c, "alone");
+	for (int i = 0; i < N_CLIENTS; i++) {
+		int32_t prompt[64];
+		uint32_t n, mt;
+		double temp;
+		uint64_t seed;
+		client_request(i, prompt, &n, &mt, &temp, &seed);
+		tc_generate(&c, prompt, n, mt, temp, seed, &alone[i]);
+		assert_int_equal(alone[i].final.type, MSG_DONE);
+		assert_int_equal(alone[i].n, mt);
+		msg_free(&alone[i].final);
+	}
+	tc_close(&c);
+
+	int pipes[N_CLIENTS][2];
+	pid_t kids[N_CLIENTS];
+	for (int i = 0; i < N_CLIENTS; i++) {
+		assert_int_equal(pipe(pipes[i]), 0);
+		kids[i] = fork();
+		if (kids[i] == 0) {
+			close(pipes[i][0]);
+			struct tclient k;
+			if (tc_connect_path(&k, g_sock) < 0)
+				_exit(2);
+			tc_hello(&k, "batch");
+			int32_t prompt[64];
+			uint32_t n, mt;
+			double temp;
+			uint64_t seed;
+			client_request(i, prompt, &n, &mt, &temp, &seed);
+			static struct gen_result g;
+			tc_generate(&k, prompt, n, mt, temp, seed, &g);
+			ssize_t w = write(pipes[i][1], &g.n, sizeof g.n);
+			w += write(pipes[i][1], g.tokens, g.n * sizeof(int32_t));
+			(void)w;
+			_exit(g.final.type == MSG_DONE ? 0 : 3);
+		}
+		close(pipes[i][1]);
+	}
+	for (int i = 0; i < N_CLIENTS; i++) {
+		int st;
+		assert_int_equal(waitpid(kids[i], &st, 0), kids[i]);
+		assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+		uint32_t n = 0;
+		int32_t toks[MAX_TOK];
+		assert_int_equal(read(pipes[i][0], &n, sizeof n), (ssize_t)sizeof n);
+		assert_int_equal(read(pipes[i][0], toks, n * sizeof(int32_t)), (ssize_t)(n * sizeof(int32_t)));
+		close(pipes[i][0]);
+		assert_int_equal(n, alone[i].n);
+		assert_memory_equal(toks, alone[i].tokens, n * sizeof(int32_t));
+	}
+}
+
+static struct msg_stats_reply wait_idle(struct tclient *c)
+{
+	struct msg_stats_reply st = { 0 };
+	for (int i = 0; i < 500; i++) {
+		struct msg r = tc_simple(c, MSG_STATS);
+		assert_int_equal(r.type, MSG_STATS_REPLY);
+		st = r.u.stats;
+		msg_free(&r);
+		if (st.running == 0 && st.queued == 0 && st.kv_used == 0)
+			return st;
+		usleep(10000);
+	}
+	fail_msg("the daemon still holds %u running requests and %llu KV bytes", st.running,
+		 (unsigned long long)st.kv_used);
+	return st;
+}
+
+static void test_serve_killed_client_gives_its_kv_back(void **state)
+{
+	(void)state;
+	pid_t kid = fork();
+	if (kid == 0) {
+		struct tclient k;
+		if (tc_connect_path(&k, g_sock) < 0)
+			_exit(2);
+		tc_hello(&k, "doomed");
+		int32_t prompt[16];
+		make_prompt(77, prompt, 16);
+		tc_generate_start(&k, prompt, 16, 200, 0.0, 1, false);
+		pause();
+		_exit(0);
+	}
+	struct tclient c;
+	assert_int_equal(tc_connect_path(&c, g_sock), 0);
+	tc_hello(&c, "observer");
+	bool running = false;
+	for (int i = 0; i < 500 && !running; i++) {
+		struct msg r = tc_simple(&c, MSG_STATS);
+		running = r.u.stats.running > 0 && r.u.stats.kv_used > 0;
+		msg_free(&r);
+		if (!running)
+			usleep(5000);
+	}
+	assert_true(running);
+	kill(kid, SIGKILL);
+	waitpid(kid, NULL, 0);
+	wait_idle(&c);
+	/* and the daemon still serves */
+	int32_t prompt[8];
+	make_prompt(5, prompt, 8);
+	static struct gen_result g;
+	tc_generate(&c, prompt, 8, 5, 0.0, 1, &g);
+	assert_int_equal(g.final.type, MSG_DONE);
+	assert_int_equal(g.n, 5);
+	msg_free(&g.final);
+	tc_close(&c);
+}
+
+static void test_serve_client_that_never_reads_its_ring_stalls_only_itself(void **state)
+{
+	(void)state;
+	struct tclient lazy, busy;
+	assert_int_equal(tc_connect_path(&lazy, g_sock), 0);
+	tc_hello(&lazy, "lazy");
+	int32_t prompt[8];
+	make_prompt(9, prompt, 8);
+	/* Full logits rows fill its ring within a few tokens; it never reads them. */
+	tc_generate_start(&lazy, prompt, 8, 200, 0.0, 1, true);
+	usleep(200000);
+	assert_int_equal(tc_connect_path(&busy, g_sock), 0);
+	tc_hello(&busy, "busy");
+	static struct gen_result g;
+	tc_generate(&busy, prompt, 8, 20, 0.0, 1, &g);
+	assert_int_equal(g.final.type, MSG_DONE);
+	assert_int_equal(g.n, 20);
+	msg_free(&g.final);
+	struct msg r = tc_simple(&busy, MSG_STATS);
+	assert_int_equal(r.u.stats.running, 1); /* the lazy one, parked */
+	msg_free(&r);
+	tc_close(&lazy);
+	wait_idle(&busy);
+	tc_close(&busy);
+}
+
+static void expect_error(struct tclient *c, enum msg_errcode code, const char *what)
+{
+	struct msg r;
+	assert_int_equal(tc_recv(c, &r, 5000), 1);
+	if (r.type != MSG_ERROR || r.u.error.code != code)
+		fail_msg("%s: expected error %s, got %s %s", what, msg_errcode_name(code),
+			 msg_type_name(r.type),
+			 r.type == MSG_ERROR ? msg_errcode_name(r.u.error.code) : "");
+	assert_true(r.u.error.message.len > 0);
+	msg_free(&r);
+}
+
+static void send_payload(struct tclient *c, const void *p, uint32_t n)
+{
+	uint8_t h[4];
+	frame_header_write(h, n);
+	tc_send_raw(c, h, 4);
+	tc_send_raw(c, p, n);
+}
+
+static void test_serve_hostile_frames_get_errors_and_the_daemon_keeps_serving(void **state)
+{
+	(void)state;
+	struct tclient c;
+	assert_int_equal(tc_connect_path(&c, g_sock), 0);
+
+	/* generate before hello */
+	int32_t prompt[4] = { 1, 2, 3, 4 };
+	tc_generate_start(&c, prompt, 4, 4, 0.0, 1, false);
+	expect_error(&c, MSG_ERR_BAD_STATE, "generate before hello");
+
+	/* not a map: a msgpack integer */
+	uint8_t one = 0x01;
+	send_payload(&c, &one, 1);
+	expect_error(&c, MSG_ERR_BAD_FRAME, "non-map payload");
+
+	/* truncated map: says 3 entries, has one */
+	uint8_t trunc[] = { 0x83, 0xa1, 't', 0xa4, 'p', 'i', 'n', 'g' };
+	send_payload(&c, trunc, sizeof trunc);
+	expect_error(&c, MSG_ERR_BAD_FRAME, "truncated map");
+
+	/* unknown type */
+	uint8_t unk[] = { 0x82, 0xa1, 't', 0xa4, 'z', 'a', 'p', '!', 0xa2, 'i', 'd', 0x07 };
+	send_payload(&c, unk, sizeof unk);
+	expect_error(&c, MSG_ERR_UNKNOWN_TYPE, "unknown type");
+
+	/* wrong field type: id as a string */
+	uint8_t wrong[] = { 0x82, 0xa1, 't', 0xa4, 'p', 'i', 'n', 'g', 0xa2, 'i', 'd', 0xa1, 'x' };
+	send_payload(&c, wrong, sizeof wrong);
+	expect_error(&c, MSG_ERR_BAD_FIELD, "string id");
+
+	/* 10000 levels of nested arrays */
+	static uint8_t deep[20000];
+	size_t n = 0;
+	deep[n++] = 0x83;
+	deep[n++] = 0xa1;
+	deep[n++] = 't';
+	deep[n++] = 0xa4;
+	memcpy(deep + n, "ping", 4);
+	n += 4;
+	deep[n++] = 0xa2;
+	deep[n++] = 'i';
+	deep[n++] = 'd';
+	deep[n++] = 0x09;
+	deep[n++] = 0xa1;
+	deep[n++] = 'x';
+	for (int i = 0; i < 10000; i++)
+		deep[n++] = 0x91;
+	deep[n++] = 0xc0;
+	send_payload(&c, deep, (uint32_t)n);
+	struct msg r;
+	assert_int_equal(tc_recv(&c, &r, 5000), 1);
+	assert_int_equal(r.type, MSG_ERROR);
+	assert_true(r.u.error.code == MSG_ERR_TOO_LARGE || r.u.error.code == MSG_ERR_BAD_FIELD);
+	msg_free(&r);
+
+	/* an oversized frame (2 MiB) is skipped, the connection goes on */
+	static uint8_t big[2u << 20];
+	memset(big, 0x90, sizeof big);
+	send_payload(&c, big, sizeof big);
+	expect_error(&c, MSG_ERR_TOO_LARGE, "oversized frame");
+
+	/* after all that, the connection still works */
+	tc_hello(&c, "survivor");
+	struct msg p = tc_simple(&c, MSG_PING);
+	assert_int_equal(p.type, MSG_PONG);
+	msg_free(&p);
+
+	/* a duplicate hello is a state error, not fatal */
+	struct msg h;
+	msg_init(&h, MSG_HELLO, 999);
+	h.u.hello.proto_major = MSG_PROTO_MAJOR;
+	h.u.hello.name = (struct msg_bytes){ "again", 5 };
+	tc_send(&c, &h);
+	expect_error(&c, MSG_ERR_BAD_STATE, "second hello");
+
+	/* a token id beyond the vocabulary */
+	int32_t bad[2] = { 1, 1 << 30 };
+	tc_generate_start(&c, bad, 2, 4, 0.0, 1, false);
+	expect_error(&c, MSG_ERR_BAD_TOKEN, "token beyond vocabulary");
+
+	/* framing lost: text typed into the socket */
+	const char *http = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+	tc_send_raw(&c, http, strlen(http));
+	assert_int_equal(tc_recv(&c, &r, 5000), 1);
+	assert_int_equal(r.type, MSG_ERROR);
+	assert_int_equal(r.u.error.code, MSG_ERR_BAD_FRAME);
+	assert_true(r.u.error.fatal);
+	msg_free(&r);
+	assert_int_equal(tc_recv(&c, &r, 5000), 0); /* closed */
+	tc_close(&c);
+
+	/* and everyone else is still served */
+	struct tclient d;
+	assert_int_equal(tc_connect_path(&d, g_sock), 0);
+	tc_hello(&d, "after");
+	p = tc_simple(&d, MSG_PING);
+	assert_int_equal(p.type, MSG_PONG);
+	msg_free(&p);
+	tc_close(&d);
+}
+
+static void test_serve_hostile_ring_indices_close_only_that_client(void **state)
+{
+	(void)state;
+	struct tclient evil, good;
+	assert_int_equal(tc_connect_path(&evil, g_sock), 0);
+	tc_hello(&evil, "evil");
+	/* The client owns the d2c tail: claim to have consumed far more than was written. */
+	uint64_t *tail = (uint64_t *)((uint8_t *)evil.ring.map + RING_OFF_D2C_TAIL);
+	*tail = 0x7fffffffffffull;
+	int32_t prompt[6];
+	make_prompt(3, prompt, 6);
+	uint64_t id = tc_generate_start(&evil, prompt, 6, 30, 0.0, 1, false);
+	bool closed = false;
+	for (int i = 0; i < 300 && !closed; i++) {
+		struct msg r;
+		int rc = tc_recv(&evil, &r, 20);
+		if (rc == 0)
+			closed = true;
+		if (rc == 1) {
+			if (r.type == MSG_ERROR && (r.u.error.code == MSG_ERR_RING || r.id == id))
+				closed = r.u.error.fatal || closed;
+			msg_free(&r);
+		}
+	}
+	assert_true(closed);
+	tc_close(&evil);
+	assert_int_equal(tc_connect_path(&good, g_sock), 0);
+	tc_hello(&good, "good");
+	static struct gen_result g;
+	tc_generate(&good, prompt, 6, 8, 0.0, 1, &g);
+	assert_int_equal(g.final.type, MSG_DONE);
+	msg_free(&g.final);
+	wait_idle(&good);
+	tc_close(&good);
+}
+
+static void test_serve_cancel_stops_a_generation(void **state)
+{
+	(void)state;
+	struct tclient c;
+	assert_int_equal(tc_connect_path(&c, g_sock), 0);
+	tc_hello(&c, "canceller");
+	int32_t prompt[8];
+	make_prompt(12, prompt, 8);
+	uint64_t id = tc_generate_start(&c, prompt, 8, 240, 0.0, 1, false);
+	usleep(30000);
+	struct msg m;
+	msg_init(&m, MSG_CANCEL, c.next_id++);
+	m.u.cancel.target = id;
+	tc_send(&c, &m);
+	static struct gen_result g;
+	memset(&g, 0, sizeof g);
+	tc_generate_wait(&c, id, &g, 10000);
+	assert_int_equal(g.final.type, MSG_DONE);
+	assert_int_equal(g.final.u.done.finish, MSG_FINISH_CANCEL);
+	assert_true(g.n < 240);
+	msg_free(&g.final);
+	wait_idle(&c);
+	tc_close(&c);
+}
+
+static void test_serve_tokenize_and_detokenize_round_trip(void **state)
+{
+	(void)state;
+	struct tclient c;
+	assert_int_equal(tc_connect_path(&c, g_sock), 0);
+	tc_hello(&c, "tok");
+	const char *text = "Hello, world! Ünïcödé and 12345 digits.";
+	struct msg m, r;
+	msg_init(&m, MSG_TOKENIZE, c.next_id++);
+	m.u.tokenize.has_text = true;
+	m.u.tokenize.text = (struct msg_bytes){ text, strlen(text) };
+	m.u.tokenize.add_bos = false;
+	tc_send(&c, &m);
+	assert_int_equal(tc_recv(&c, &r, 5000), 1);
+	assert_int_equal(r.type, MSG_TOKENS);
+	assert_true(r.u.tokens.n_tokens > 5 && r.u.tokens.n_tokens < strlen(text));
+	struct msg d;
+	msg_init(&d, MSG_DETOKENIZE, c.next_id++);
+	d.u.detokenize.tokens = r.u.tokens.tokens;
+	d.u.detokenize.n_tokens = r.u.tokens.n_tokens;
+	tc_send(&c, &d);
+	struct msg t;
+	assert_int_equal(tc_recv(&c, &t, 5000), 1);
+	assert_int_equal(t.type, MSG_TEXT);
+	assert_int_equal(t.u.text.text.len, strlen(text));
+	assert_memory_equal(t.u.text.text.ptr, text, strlen(text));
+	msg_free(&t);
+	msg_free(&r);
+	tc_close(&c);
+}
+
+/* A second daemon, under a NOTIFY_SOCKET receiver: READY=1 after the load, STATUS lines,
+ * STOPPING=1 on SIGTERM, and a running request that finishes within the grace period. */
+static void test_serve_systemd_notify_and_sigterm_drain(void **state)
+{
+	(void)state;
+	char nsock[320], sock2[320];
+	snprintf(nsock, sizeof nsock, "%s/notify", g_dir);
+	snprintf(sock2, sizeof sock2, "%s/second.sock", g_dir);
+	int nfd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	snprintf(a.sun_path, sizeof a.sun_path, "%s", nsock);
+	assert_int_equal(bind(nfd, (struct sockaddr *)&a, sizeof a), 0);
+	pid_t pid = daemon_spawn(NULL, nsock, sock2);
+	char all[16384];
+	size_t n_all = 0;
+	bool ready = false;
+	for (int i = 0; i < 3000 && !ready; i++) {
+		struct pollfd pfd = { .fd = nfd, .events = POLLIN };
+		if (poll(&pfd, 1, 10) > 0) {
+			ssize_t got = recv(nfd, all + n_all, sizeof all - n_all - 1, 0);
+			if (got > 0) {
+				n_all += (size_t)got;
+				all[n_all++] = '\n';
+				all[n_all] = '\0';
+				ready = strstr(all, "READY=1") != NULL;
+			}
+		}
+	}
+	assert_true(ready);
+	assert_non_null(strstr(all, "STATUS="));
+	struct tclient c;
+	assert_int_equal(tc_connect_path(&c, sock2), 0);
+	tc_hello(&c, "drained");
+	int32_t prompt[8];
+	make_prompt(31, prompt, 8);
+	uint64_t id = tc_generate_start(&c, prompt, 8, 30, 0.0, 1, false);
+	usleep(20000);
+	kill(pid, SIGTERM);
+	static struct gen_result g;
+	memset(&g, 0, sizeof g);
+	tc_generate_wait(&c, id, &g, 10000);
+	/* Within the grace period it finishes; the rest would be told shutting_down. */
+	assert_true(g.final.type == MSG_DONE ||
+		    (g.final.type == MSG_ERROR && g.final.u.error.code == MSG_ERR_SHUTTING_DOWN));
+	msg_free(&g.final);
+	tc_close(&c);
+	int st;
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 0);
+	for (;;) {
+		struct pollfd pfd = { .fd = nfd, .events = POLLIN };
+		if (poll(&pfd, 1, 50) <= 0)
+			break;
+		ssize_t got = recv(nfd, all + n_all, sizeof all - n_all - 1, 0);
+		if (got <= 0)
+			break;
+		n_all += (size_t)got;
+		all[n_all++] = '\n';
+		all[n_all] = '\0';
+	}
+	assert_non_null(strstr(all, "STOPPING=1"));
+	close(nfd);
+	unlink(nsock);
+	unlink(sock2);
+}
+
+static void test_serve_refuses_peers_outside_allow_users(void **state)
+{
+	(void)state;
+	if (geteuid() != 0)
+		fail_msg("this test runs a client as another uid and needs root");
+	char sock3[320];
+	snprintf(sock3, sizeof sock3, "%s/policy.sock", g_dir);
+	const char *extra[] = { "--allow-users=root", NULL };
+	pid_t pid = daemon_spawn(extra, NULL, sock3);
+	wait_for_socket(sock3);
+	pid_t kid = fork();
+	if (kid == 0) {
+		if (setgid(65534) < 0 || setuid(65534) < 0)
+			_exit(10);
+		struct tclient c;
+		if (tc_connect_path(&c, sock3) < 0)
+			_exit(11);
+		struct msg r;
+		if (tc_recv(&c, &r, 5000) != 1)
+			_exit(12);
+		_exit(r.type == MSG_ERROR && r.u.error.code == MSG_ERR_FORBIDDEN &&
+		      strstr(r.u.error.message.ptr, "65534") ? 0 : 13);
+	}
+	int st;
+	waitpid(kid, &st, 0);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 0);
+	/* root is served */
+	struct tclient c;
+	assert_int_equal(tc_connect_path(&c, sock3), 0);
+	tc_hello(&c, "root");
+	tc_close(&c);
+	assert_int_equal(daemon_stop(pid), 0);
+	unlink(sock3);
+}
+
+static void test_serve_socket_activation_uses_the_passed_socket(void **state)
+{
+	(void)state;
+	if (access("/usr/bin/systemd-socket-activate", X_OK) != 0)
+		fail_msg("systemd-socket-activate is missing: install the Debian package systemd");
+	char sock4[320], bin[4096], model_kv[4200];
+	snprintf(sock4, sizeof sock4, "%s/activated.sock", g_dir);
+	const char *bd = getenv("HEARTH_BUILDDIR");
+	snprintf(bin, sizeof bin, "%s/hearthd", bd ? bd : ".");
+	snprintf(model_kv, sizeof model_kv, "--model=%s", g_model);
+	pid_t pid = fork();
+	if (pid == 0) {
+		execl("/usr/bin/systemd-socket-activate", "systemd-socket-activate", "-l", sock4, bin,
+		      model_kv, "--socket=/nonexistent/dir/never-used.sock", "--max-context=256",
+		      "--kv-budget=4MiB", "--threads=2", "--log-level=warning", (char *)NULL);
+		_exit(127);
+	}
+	wait_for_socket(sock4);
+	struct tclient c;
+	assert_int_equal(tc_connect_path(&c, sock4), 0);
+	tc_hello(&c, "activated");
+	struct msg p = tc_simple(&c, MSG_PING);
+	assert_int_equal(p.type, MSG_PONG);
+	msg_free(&p);
+	tc_close(&c);
+	assert_int_equal(daemon_stop(pid), 0);
+	unlink(sock4);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_serve_welcome_describes_the_model),
+		cmocka_unit_test(test_serve_sixteen_clients_at_once_equal_each_alone),
+		cmocka_unit_test(test_serve_killed_client_gives_its_kv_back),
+		cmocka_unit_test(test_serve_client_that_never_reads_its_ring_stalls_only_itself),
+		cmocka_unit_test(test_serve_hostile_frames_get_errors_and_the_daemon_keeps_serving),
+		cmocka_unit_test(test_serve_hostile_ring_indices_close_only_that_client),
+		cmocka_unit_test(test_serve_cancel_stops_a_generation),
+		cmocka_unit_test(test_serve_tokenize_and_detokenize_round_trip),
+		cmocka_unit_test(test_serve_systemd_notify_and_sigterm_drain),
+		cmocka_unit_test(test_serve_refuses_peers_outside_allow_users),
+		cmocka_unit_test(test_serve_socket_activation_uses_the_passed_socket),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,643 @@
+/* KV cache: block geometry against hand-computed sizes, block accounting and exhaustion,
+ * prefix sharing (refcounts, data kept when one sharer leaves), and a randomized run that
+ * checks every shared block really holds the prefix the sequence asked for. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "daemon/arena.h"
+#include "daemon/kv.h"
+
+/* 2 layers, 2 kv heads, head_dim 8, f16, 4 tokens per block:
+ * a K chunk is 4 * 2 * 8 * 2 = 128 bytes, a block 2 layers * (K + V) = 512 bytes. */
+#define BT 4
+#define BLOCK_BYTES 512
+#define N_BLOCKS 16
+
+struct fixture {
+	struct arena arena;
+	struct kv_cache kv;
+};
+
+static struct kv_config small_config(void)
+{
+	struct kv_config c;
+	memset(&c, 0, sizeof c);
+	c.budget_bytes = N_BLOCKS * BLOCK_BYTES + 100; /* the 100 bytes hold no block */
+	c.block_tokens = BT;
+	c.elem_type = QTYPE_F16;
+	c.n_layer = 2;
+	c.n_head_kv = 2;
+	c.head_dim = 8;
+	c.max_seqs = 4;
+	c.max_context = 64;
+	return c;
+}
+
+static int fixture_make(struct fixture *f, const struct kv_config *cfg)
+{
+	struct hearth_error err;
+	struct kv_geometry geo;
+	if (kv_plan(cfg, &geo, &err))
+		return -1;
+	struct arena_plan plan;
+	arena_plan_init(&plan);
+	if (arena_plan_add(&plan, ARENA_REGION_KV, geo.pool_bytes, 4096, &err))
+		return -1;
+	struct arena_config ac = ARENA_CONFIG_DEFAULT;
+	ac.pages = ARENA_PAGES_NONE;
+	if (arena_create(&f->arena, &plan, &ac, &err))
+		return -1;
+	if (kv_create(&f->kv, cfg, &f->arena, &err)) {
+		print_message("kv_create: %s\n", err.msg);
+		arena_destroy(&f->arena);
+		return -1;
+	}
+	return 0;
+}
+
+static int setup(void **state)
+{
+	struct fixture *f = calloc(1, sizeof *f);
+	struct kv_config cfg = small_config();
+	if (!f || fixture_make(f, &cfg)) {
+		free(f);
+		return -1;
+	}
+	*state = f;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	struct fixture *f = *state;
+	kv_destroy(&f->kv);
+	arena_destroy(&f->arena);
+	free(f);
+	return 0;
+}
+
+static void test_kv_plan_computes_block_geometry(void **state)
+{
+	(void)state;
+	struct kv_config c = small_config();
+	struct kv_geometry g;
+	struct hearth_error err;
+	assert_int_equal(kv_plan(&c, &g, &err), 0);
+	assert_int_equal(g.elem_bytes, 2);
+	assert_int_equal(g.block_bytes, BLOCK_BYTES);
+	assert_int_equal(g.n_blocks, N_BLOCKS);
+	assert_int_equal(g.pool_bytes, N_BLOCKS * BLOCK_BYTES);
+	assert_int_equal(g.max_blocks_per_seq, 16); /* 64 / 4 */
+
+	/* per-layer shapes, f32, 3 tokens: layer 0 K 3*1*5*4 = 60 -> 64, V 3*1*7*4 = 84 -> 128;
+	 * layer 1 K 3*2*5*4 = 120 -> 128, V 3*2*5*4 -> 128: block 448 bytes */
+	struct kv_layer_shape shapes[2] = { { 1, 5, 7 }, { 2, 5, 5 } };
+	c.elem_type = QTYPE_F32;
+	c.block_tokens = 3;
+	c.layer_shapes = shapes;
+	c.budget_bytes = 448 * 10 + 447;
+	c.max_context = 10;
+	assert_int_equal(kv_plan(&c, &g, &err), 0);
+	assert_int_equal(g.block_bytes, 448);
+	assert_int_equal(g.n_blocks, 10);
+	assert_int_equal(g.max_blocks_per_seq, 4); /* ceil(10 / 3) */
+
+	c = small_config();
+	c.budget_bytes = 0;
+	c.block_tokens = 0;
+	assert_int_equal(kv_plan(&c, &g, &err), 0);
+	/* defaults: 16 tokens per block (4x the 512 bytes), 256 MiB */
+	assert_int_equal(g.block_bytes, 4 * BLOCK_BYTES);
+	assert_int_equal(g.n_blocks, (256u << 20) / (4 * BLOCK_BYTES));
+}
+
+static void test_kv_plan_rejects_bad_config(void **state)
+{
+	(void)state;
+	struct kv_geometry g;
+	struct hearth_error err;
+	struct kv_config c = small_config();
+	c.budget_bytes = BLOCK_BYTES - 1;
+	assert_int_equal(kv_plan(&c, &g, &err), HEARTH_EINVAL);
+	assert_non_null(strstr(err.msg, "holds no block"));
+	assert_non_null(strstr(err.msg, "512 bytes"));
+	c = small_config();
+	c.elem_type = QTYPE_Q4_0;
+	assert_int_equal(kv_plan(&c, &g, &err), HEARTH_EINVAL);
+	assert_non_null(strstr(err.msg, "Q4_0"));
+	c = small_config();
+	c.head_dim = 0;
+	assert_int_equal(kv_plan(&c, &g, &err), HEARTH_EINVAL);
+	c = small_config();
+	c.max_seqs = 0;
+	assert_int_equal(kv_plan(&c, &g, &err), HEARTH_EINVAL);
+	c = small_config();
+	c.head_dim = UINT32_MAX;
+	c.n_head_kv = UINT32_MAX;
+	c.block_tokens = 4096;
+	assert_int_equal(kv_plan(&c, &g, &err), HEARTH_ERANGE);
+}
+
+static void test_kv_create_needs_the_pool_region(void **state)
+{
+	(void)state;
+	struct arena_plan plan;
+	arena_plan_init(&plan);
+	struct hearth_error err;
+	assert_int_equal(arena_plan_add(&plan, "scratch", 4096, 64, &err), 0);
+	struct arena_config ac = ARENA_CONFIG_DEFAULT;
+	ac.pages = ARENA_PAGES_NONE;
+	struct arena a;
+	assert_int_equal(arena_create(&a, &plan, &ac, &err), 0);
+	struct kv_cache kv;
+	struct kv_config c = small_config();
+	assert_int_equal(kv_create(&kv, &c, &a, &err), HEARTH_ENOTFOUND);
+	assert_non_null(strstr(err.msg, "kv_pool"));
+	arena_destroy(&a);
+}
+
+static void test_kv_pool_is_fully_resident_after_create(void **state)
+{
+	struct fixture *f = *state;
+	size_t page = (size_t)sysconf(_SC_PAGESIZE);
+	size_t n = (f->kv.geo.pool_bytes + page - 1) / page;
+	unsigned char vec[64];
+	assert_true(n <= sizeof vec);
+	assert_int_equal(mincore(f->kv.pool, n * page, vec), 0);
+	for (size_t i = 0; i < n; i++)
+		assert_int_equal(vec[i] & 1, 1);
+}
+
+static void test_kv_block_addresses_are_disjoint_and_inside_the_pool(void **state)
+{
+	struct fixture *f = *state;
+	struct kv_cache *kv = &f->kv;
+	/* stamp every (block, layer, K|V, slot) row with a distinct value, then read all back */
+	size_t row = 2 * 8 * 2; /* n_head_kv * head_dim * f16 */
+	uint32_t id = 0;
+	for (uint32_t b = 0; b < N_BLOCKS; b++)
+		for (uint32_t l = 0; l < 2; l++)
+			for (int v = 0; v < 2; v++)
+				for (uint32_t s = 0; s < BT; s++, id++) {
+					uint8_t *p = (uint8_t *)(v ? kv_block_v(kv, b, l) : kv_block_k(kv, b, l)) +
+						     s * row;
+					assert_true(p >= kv->pool &&
+						    p + row <= kv->pool + kv->geo.pool_bytes);
+					memset(p, 0, row);
+					memcpy(p, &id, sizeof id);
+				}
+	id = 0;
+	for (uint32_t b = 0; b < N_BLOCKS; b++)
+		for (uint32_t l = 0; l < 2; l++)
+			for (int v = 0; v < 2; v++)
+				for (uint32_t s = 0; s < BT; s++, id++) {
+					uint8_t *p = (uint8_t *)(v ? kv_block_v(kv, b, l) : kv_block_k(kv, b, l)) +
+						     s * row;
+					uint32_t got;
+					memcpy(&got, p, sizeof got);
+					assert_int_equal(got, id);
+				}
+	/* the position helpers land on the same rows */
+	struct kv_seq *seq;
+	struct hearth_error err;
+	assert_int_equal(kv_seq_new(kv, &seq, &err), 0);
+	assert_int_equal(kv_seq_reserve(kv, seq, 6, &err), 0);
+	assert_ptr_equal(kv_seq_k(kv, seq, 1, 5),
+			 (uint8_t *)kv_block_k(kv, seq->blocks[1], 1) + 1 * row);
+	assert_ptr_equal(kv_seq_v(kv, seq, 0, 3),
+			 (uint8_t *)kv_block_v(kv, seq->blocks[0], 0) + 3 * row);
+	kv_seq_free(kv, seq);
+}
+
+static void test_kv_reserve_counts_blocks_and_free_returns_them(void **state)
+{
+	struct fixture *f = *state;
+	struct kv_cache *kv = &f->kv;
+	struct hearth_error err;
+	struct kv_seq *a;
+	assert_int_equal(kv_seq_new(kv, &a, &err), 0);
+	assert_int_equal(kv_seq_reserve(kv, a, 10, &err), 0);
+	assert_int_equal(a->n_blocks, 3);
+	assert_int_equal(kv_seq_reserve(kv, a, 12, &err), 0);
+	assert_int_equal(a->n_blocks, 3);
+	assert_int_equal(kv_seq_reserve(kv, a, 5, &err), 0); /* shrinking is a no-op */
+	assert_int_equal(a->n_tokens, 12);
+	assert_int_equal(kv_seq_reserve(kv, a, 13, &err), 0);
+	assert_int_equal(a->n_blocks, 4);
+	struct kv_stats st;
+	kv_stats(kv, &st);
+	assert_int_equal(st.blocks_total, N_BLOCKS);
+	assert_int_equal(st.blocks_used, 4);
+	assert_int_equal(st.blocks_free, N_BLOCKS - 4);
+	assert_int_equal(st.seqs_live, 1);
+	assert_int_equal(st.tokens_capacity, N_BLOCKS * BT);
+	assert_int_equal(st.seqs_at_max_context, 1); /* 16 blocks / 16 per 64-token sequence */
+	for (uint32_t i = 0; i < 4; i++)
+		assert_int_equal(kv_block_refcount(kv, a->blocks[i]), 1);
+	kv_seq_free(kv, a);
+	kv_stats(kv, &st);
+	assert_int_equal(st.blocks_used, 0);
+	assert_int_equal(st.blocks_free, N_BLOCKS);
+	assert_int_equal(st.seqs_live, 0);
+}
+
+static void test_kv_exhaustion_is_ekvfull_and_changes_nothing(void **state)
+{
+	struct fixture *f = *state;
+	struct kv_cache *kv = &f->kv;
+	struct hearth_error err;
+	struct kv_seq *a, *b;
+	assert_int_equal(kv_seq_new(kv, &a, &err), 0);
+	assert_int_equal(kv_seq_new(kv, &b, &err), 0);
+	assert_int_equal(kv_seq_reserve(kv, a, 40, &err), 0); /* 10 blocks */
+	assert_int_equal(kv_seq_reserve(kv, b, 20, &err), 0); /* 5 blocks: 1 left */
+	assert_int_equal(kv_seq_reserve(kv, b, 28, &err), HEARTH_EKVFULL);
+	assert_non_null(strstr(err.msg, "kv budget full"));
+	assert_non_null(strstr(err.msg, "need 2 more blocks"));
+	assert_non_null(strstr(err.msg, "1 of 16 blocks free"));
+	assert_int_equal(b->n_blocks, 5);
+	assert_int_equal(b->n_tokens, 20);
+	struct kv_stats st;
+	kv_stats(kv, &st);
+	assert_int_equal(st.blocks_used, 15);
+	assert_int_equal(kv_seq_reserve(kv, b, 24, &err), 0); /* the last block still fits */
+	kv_seq_free(kv, a);
+	assert_int_equal(kv_seq_reserve(kv, b, 28, &err), 0); /* freed blocks are usable at once */
+	kv_seq_free(kv, b);
+}
+
+static void test_kv_limits_context_and_sequence_slots(void **state)
+{
+	struct fixture *f = *state;
+	struct kv_cache *kv = &f->kv;
+	struct hearth_error err;
+	struct kv_seq *s[4], *extra;
+	for (int i = 0; i < 4; i++)
+		assert_int_equal(kv_seq_new(kv, &s[i], &err), 0);
+	assert_int_equal(kv_seq_new(kv, &extra, &err), HEARTH_EBUSY);
+	assert_non_null(strstr(err.msg, "max_seqs"));
+	assert_int_equal(kv_seq_reserve(kv, s[0], 65, &err), HEARTH_ERANGE);
+	assert_non_null(strstr(err.msg, "max_context 64"));
+	kv_seq_free(kv, s[2]);
+	kv_seq_free(kv, s[2]); /* a second free of a dead sequence is ignored */
+	assert_int_equal(kv_seq_new(kv, &extra, &err), 0);
+	assert_ptr_equal(extra, s[2]);
+	kv_seq_free(kv, s[0]);
+	kv_seq_free(kv, s[1]);
+	kv_seq_free(kv, extra);
+	kv_seq_free(kv, s[3]);
+}
+
+/* What position p holds depends on the whole prefix tok[0..p], as real K/V does, so a
+ * block shared under the wrong prefix shows up even when its own tokens agree. */
+static uint64_t prefix_print(const int32_t *tok, uint32_t p, uint32_t layer, int is_v)
+{
+	uint64_t h = 0x9e3779b97f4a7c15ull * (layer + 1) + (uint64_t)is_v;
+	for (uint32_t i = 0; i <= p; i++) {
+		h ^= (uint64_t)(uint32_t)tok[i] + 0x632be59bd9b4e019ull;
+		h *= 0xff51afd7ed558ccdull;
+		h ^= h >> 29;
+	}
+	return h;
+}
+
+static void write_positions(struct kv_cache *kv, struct kv_seq *seq, const int32_t *tok,
+			    uint32_t from, uint32_t to)
+{
+	for (uint32_t p = from; p < to; p++)
+		for (uint32_t l = 0; l < kv->n_layer; l++)
+			for (int v = 0; v < 2; v++) {
+				uint8_t *row = v ? kv_seq_v(kv, seq, l, p) : kv_seq_k(kv, seq, l, p);
+				uint64_t h = prefix_print(tok, p, l, v);
+				for (int i = 0; i < 32; i += 8)
+					memcpy(row + i, &h, 8);
+			}
+}
+
+static bool positions_hold(struct kv_cache *kv, struct kv_seq *seq, const int32_t *tok,
+			   uint32_t from, uint32_t to)
+{
+	for (uint32_t p = from; p < to; p++)
+		for (uint32_t l = 0; l < kv->n_layer; l++)
+			for (int v = 0; v < 2; v++) {
+				const uint8_t *row = v ? kv_seq_v(kv, seq, l, p) : kv_seq_k(kv, seq, l, p);
+				uint64_t h = prefix_print(tok, p, l, v);
+				for (int i = 0; i < 32; i += 8)
+					if (memcmp(row + i, &h, 8) != 0)
+						return false;
+			}
+	return true;
+}
+
+static void test_kv_prefix_sharing_stores_common_blocks_once(void **state)
+{
+	struct fixture *f = *state;
+	struct kv_cache *kv = &f->kv;
+	struct hearth_error err;
+	/* 3 full blocks of a common "system prompt", then different tails */
+	int32_t ta[14] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 40, 41 };
+	int32_t tb[15] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 50, 51, 52 };
+	struct kv_seq *a, *b;
+	assert_int_equal(kv_seq_new(kv, &a, &err), 0);
+	assert_int_equal(kv_seq_match_prefix(kv, a, ta, 14, &err), 0); /* cold cache */
+	assert_int_equal(kv_seq_reserve(kv, a, 14, &err), 0);
+	write_positions(kv, a, ta, 0, 14);
+	for (uint32_t i = 0; i < 3; i++)
+		assert_int_equal(kv_seq_commit_block(kv, a, i, ta + i * BT, &err), 0);
+
+	assert_int_equal(kv_seq_new(kv, &b, &err), 0);
+	assert_int_equal(kv_seq_match_prefix(kv, b, tb, 15, &err), 12);
+	assert_int_equal(b->n_blocks, 3);
+	assert_int_equal(b->n_tokens, 12);
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_int_equal(b->blocks[i], a->blocks[i]);
+		assert_int_equal(kv_block_refcount(kv, a->blocks[i]), 2);
+	}
+	assert_true(positions_hold(kv, b, tb, 0, 12)); /* b reads a's K/V */
+	assert_int_equal(kv_seq_reserve(kv, b, 15, &err), 0);
+	assert_true(b->blocks[3] != a->blocks[3]); /* the tails are private */
+	assert_int_equal(kv_block_refcount(kv, b->blocks[3]), 1);
+	write_positions(kv, b, tb, 12, 15);
+	struct kv_stats st;
+	kv_stats(kv, &st);
+	assert_int_equal(st.blocks_used, 5);   /* 4 + 1, not 4 + 4 */
+	assert_int_equal(st.blocks_shared, 3);
+	assert_int_equal(st.prefix_hit_tokens, 12);
+
+	uint32_t shared[3] = { a->blocks[0], a->blocks[1], a->blocks[2] };
+	kv_seq_free(kv, a);
+	for (uint32_t i = 0; i < 3; i++)
+		assert_int_equal(kv_block_refcount(kv, shared[i]), 1);
+	assert_true(positions_hold(kv, b, tb, 0, 15));
+	kv_stats(kv, &st);
+	assert_int_equal(st.blocks_used, 4);
+	assert_int_equal(st.blocks_shared, 0);
+
+	kv_seq_free(kv, b);
+	kv_stats(kv, &st);
+	assert_int_equal(st.blocks_used, 0);
+	assert_int_equal(st.blocks_cached, 3); /* still findable for the next app */
+	assert_int_equal(st.blocks_free, N_BLOCKS);
+}
+
+static void test_kv_prefix_match_leaves_a_token_to_compute(void **state)
+{
+	struct fixture *f = *state;
+	struct kv_cache *kv = &f->kv;
+	struct hearth_error err;
+	int32_t t[12] = { 7, 7, 7, 7, 8, 8, 8, 8, 9, 9, 9, 9 };
+	struct kv_seq *a, *b;
+	assert_int_equal(kv_seq_new(kv, &a, &err), 0);
+	assert_int_equal(kv_seq_reserve(kv, a, 12, &err), 0);
+	for (uint32_t i = 0; i < 3; i++)
+		assert_int_equal(kv_seq_commit_block(kv, a, i, t + i * BT, &err), 0);
+	assert_int_equal(kv_seq_new(kv, &b, &err), 0);
+	/* all 12 tokens are cached, but the last one must be run for its logits */
+	assert_int_equal(kv_seq_match_prefix(kv, b, t, 12, &err), 8);
+	assert_int_equal(kv_seq_match_prefix(kv, b, t, 12, &err), HEARTH_EINVAL);
+	kv_seq_free(kv, b);
+	assert_int_equal(kv_seq_new(kv, &b, &err), 0);
+	int32_t longer[13];
+	memcpy(longer, t, sizeof t);
+	longer[12] = 1;
+	assert_int_equal(kv_seq_match_prefix(kv, b, longer, 13, &err), 12);
+	kv_seq_free(kv, b);
+	assert_int_equal(kv_seq_new(kv, &b, &err), 0);
+	assert_int_equal(kv_seq_match_prefix(kv, b, t, 4, &err), 0);
+	assert_int_equal(kv_seq_match_prefix(kv, b, t, 0, &err), 0);
+	kv_seq_free(kv, b);
+	kv_seq_free(kv, a);
+}
+
+static void test_kv_prefix_match_follows_the_whole_chain(void **state)
+{
+	struct fixture *f = *state;
+	struct kv_cache *kv = &f->kv;
+	struct hearth_error err;
+	int32_t t[9] = { 1, 2, 3, 4, 5, 6, 7, 8, 0 };
+	int32_t other_first[9] = { 9, 2, 3, 4, 5, 6, 7, 8, 0 };  /* same 2nd block, other 1st */
+	int32_t other_second[9] = { 1, 2, 3, 4, 5, 6, 7, 9, 0 }; /* same 1st, other 2nd */
+	struct kv_seq *a, *b;
+	assert_int_equal(kv_seq_new(kv, &a, &err), 0);
+	assert_int_equal(kv_seq_reserve(kv, a, 9, &err), 0);
+	assert_int_equal(kv_seq_commit_block(kv, a, 0, t, &err), 0);
+	assert_int_equal(kv_seq_commit_block(kv, a, 1, t + 4, &err), 0);
+	assert_int_equal(kv_seq_new(kv, &b, &err), 0);
+	assert_int_equal(kv_seq_match_prefix(kv, b, other_first, 9, &err), 0);
+	kv_seq_free(kv, b);
+	assert_int_equal(kv_seq_new(kv, &b, &err), 0);
+	assert_int_equal(kv_seq_match_prefix(kv, b, other_second, 9, &err), 4);
+	assert_int_equal(b->blocks[0], a->blocks[0]);
+	kv_seq_free(kv, b);
+	assert_int_equal(kv_seq_new(kv, &b, &err), 0);
+	assert_int_equal(kv_seq_match_prefix(kv, b, t, 9, &err), 8);
+	kv_seq_free(kv, b);
+	/* a second chain whose 2nd block has the same tokens: each query gets its own */
+	struct kv_seq *c;
+	assert_int_equal(kv_seq_new(kv, &c, &err), 0);
+	assert_int_equal(kv_seq_reserve(kv, c, 9, &err), 0);
+	assert_int_equal(kv_seq_commit_block(kv, c, 0, other_first, &err), 0);
+	assert_int_equal(kv_seq_commit_block(kv, c, 1, other_first + 4, &err), 0);
+	assert_true(c->blocks[1] != a->blocks[1]);
+	for (int round = 0; round < 2; round++) {
+		assert_int_equal(kv_seq_new(kv, &b, &err), 0);
+		assert_int_equal(kv_seq_match_prefix(kv, b, round ? other_first : t, 9, &err), 8);
+		assert_int_equal(b->blocks[1], round ? c->blocks[1] : a->blocks[1]);
+		kv_seq_free(kv, b);
+	}
+	kv_seq_free(kv, c);
+	kv_seq_free(kv, a);
+}
+
+static void test_kv_commit_checks_order_and_fullness(void **state)
+{
+	struct fixture *f = *state;
+	struct kv_cache *kv = &f->kv;
+	struct hearth_error err;
+	int32_t t[8] = { 1, 2, 3, 4, 5, 6, 7, 8 };
+	struct kv_seq *a;
+	assert_int_equal(kv_seq_new(kv, &a, &err), 0);
+	assert_int_equal(kv_seq_reserve(kv, a, 7, &err), 0);
+	assert_int_equal(kv_seq_commit_block(kv, a, 1, t + 4, &err), HEARTH_EINVAL);
+	assert_non_null(strstr(err.msg, "out of order"));
+	assert_int_equal(kv_seq_commit_block(kv, a, 0, t, &err), 0);
+	assert_int_equal(kv_seq_commit_block(kv, a, 1, t + 4, &err), HEARTH_EINVAL);
+	assert_non_null(strstr(err.msg, "not full"));
+	kv_seq_free(kv, a);
+}
+
+static void test_kv_commit_of_a_block_computed_twice_keeps_one(void **state)
+{
+	struct fixture *f = *state;
+	struct kv_cache *kv = &f->kv;
+	struct hearth_error err;
+	int32_t t[6] = { 3, 1, 4, 1, 5, 9 };
+	struct kv_seq *a, *b;
+	/* both prefill the same prompt before either published it */
+	assert_int_equal(kv_seq_new(kv, &a, &err), 0);
+	assert_int_equal(kv_seq_new(kv, &b, &err), 0);
+	assert_int_equal(kv_seq_reserve(kv, a, 6, &err), 0);
+	assert_int_equal(kv_seq_reserve(kv, b, 6, &err), 0);
+	write_positions(kv, a, t, 0, 6);
+	write_positions(kv, b, t, 0, 6);
+	struct kv_stats st;
+	kv_stats(kv, &st);
+	assert_int_equal(st.blocks_used, 4);
+	assert_int_equal(kv_seq_commit_block(kv, a, 0, t, &err), 0);
+	uint32_t b_own = b->blocks[0];
+	assert_int_equal(kv_seq_commit_block(kv, b, 0, t, &err), 0);
+	assert_int_equal(b->blocks[0], a->blocks[0]);
+	assert_int_equal(kv_block_refcount(kv, a->blocks[0]), 2);
+	assert_int_equal(kv_block_refcount(kv, b_own), 0);
+	kv_stats(kv, &st);
+	assert_int_equal(st.blocks_used, 3);
+	assert_true(positions_hold(kv, b, t, 0, 6));
+	kv_seq_free(kv, a);
+	kv_seq_free(kv, b);
+}
+
+static void test_kv_cached_blocks_are_reused_last(void **state)
+{
+	struct fixture *f = *state;
+	struct kv_cache *kv = &f->kv;
+	struct hearth_error err;
+	int32_t t[13] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13 };
+	struct kv_seq *a, *big;
+	assert_int_equal(kv_seq_new(kv, &a, &err), 0);
+	assert_int_equal(kv_seq_reserve(kv, a, 12, &err), 0);
+	for (uint32_t i = 0; i < 3; i++)
+		assert_int_equal(kv_seq_commit_block(kv, a, i, t + i * BT, &err), 0);
+	kv_seq_free(kv, a);
+	/* 13 truly free blocks go first: the cached prefix survives */
+	assert_int_equal(kv_seq_new(kv, &big, &err), 0);
+	assert_int_equal(kv_seq_reserve(kv, big, 13 * BT, &err), 0);
+	assert_int_equal(kv_seq_new(kv, &a, &err), 0);
+	assert_int_equal(kv_seq_match_prefix(kv, a, t, 13, &err), 12);
+	kv_seq_free(kv, a);
+	/* the whole budget: the cached blocks are taken, leaves first, and forgotten */
+	assert_int_equal(kv_seq_reserve(kv, big, 15 * BT, &err), 0);
+	assert_int_equal(kv_seq_new(kv, &a, &err), 0);
+	assert_int_equal(kv_seq_match_prefix(kv, a, t, 13, &err), 4);
+	kv_seq_free(kv, a);
+	assert_int_equal(kv_seq_reserve(kv, big, 16 * BT, &err), 0);
+	assert_int_equal(kv_seq_new(kv, &a, &err), 0);
+	assert_int_equal(kv_seq_match_prefix(kv, a, t, 13, &err), 0);
+	kv_seq_free(kv, a);
+	kv_seq_free(kv, big);
+	struct kv_stats st;
+	kv_stats(kv, &st);
+	assert_int_equal(st.blocks_free, N_BLOCKS);
+	assert_int_equal(st.blocks_cached, 0);
+}
+
+/* Random prompts over a 2-token alphabet (so prefixes collide a lot), random frees: every
+ * attached block must hold exactly the prefix asked for, refcounts must equal the number of
+ * live sequences holding a block, and used + free must equal the total. */
+static void test_kv_random_sharing_never_serves_another_prefix(void **state)
+{
+	(void)state;
+	struct fixture fx;
+	struct kv_config cfg = small_config();
+	cfg.max_seqs = 6;
+	cfg.budget_bytes = 40 * BLOCK_BYTES;
+	assert_int_equal(fixture_make(&fx, &cfg), 0);
+	struct kv_cache *kv = &fx.kv;
+	struct hearth_error err;
+	struct kv_seq *live[6] = { 0 };
+	int32_t toks[6][24];
+	uint32_t len[6] = { 0 };
+	srand(12345);
+	for (int step = 0; step < 3000; step++) {
+		int s = rand() % 6;
+		if (live[s] && rand() % 3 == 0) {
+			kv_seq_free(kv, live[s]);
+			live[s] = NULL;
+			continue;
+		}
+		if (live[s])
+			continue;
+		uint32_t n = 1 + (uint32_t)(rand() % 24);
+		for (uint32_t i = 0; i < n; i++)
+			toks[s][i] = rand() % 2;
+		struct kv_seq *q;
+		assert_int_equal(kv_seq_new(kv, &q, &err), 0);
+		int m = kv_seq_match_prefix(kv, q, toks[s], n, &err);
+		assert_true(m >= 0 && (uint32_t)m < n && m % BT == 0);
+		/* what the matched blocks hold must be this prompt's tokens */
+		assert_true(positions_hold(kv, q, toks[s], 0, (uint32_t)m));
+		if (kv_seq_reserve(kv, q, n, &err) != 0) {
+			assert_int_equal(err.code, HEARTH_EKVFULL);
+			kv_seq_free(kv, q);
+			continue;
+		}
+		write_positions(kv, q, toks[s], (uint32_t)m, n);
+		for (uint32_t i = (uint32_t)m / BT; i < n / BT; i++)
+			assert_int_equal(kv_seq_commit_block(kv, q, i, toks[s] + i * BT, &err), 0);
+		live[s] = q;
+		len[s] = n;
+		/* every live sequence still reads its own prompt */
+		for (int j = 0; j < 6; j++)
+			if (live[j])
+				assert_true(positions_hold(kv, live[j], toks[j], 0, len[j]));
+		uint32_t refs[40] = { 0 };
+		for (int j = 0; j < 6; j++)
+			if (live[j])
+				for (uint32_t i = 0; i < live[j]->n_blocks; i++)
+					refs[live[j]->blocks[i]]++;
+		uint32_t used = 0;
+		for (uint32_t b = 0; b < 40; b++) {
+			assert_int_equal(kv_block_refcount(kv, b), refs[b]);
+			used += refs[b] > 0;
+		}
+		struct kv_stats st;
+		kv_stats(kv, &st);
+		assert_int_equal(st.blocks_used, used);
+		assert_int_equal(st.blocks_used + st.blocks_free, 40);
+	}
+	struct kv_stats st;
+	kv_stats(kv, &st);
+	assert_true(st.prefix_hit_tokens > 0);
+	for (int j = 0; j < 6; j++)
+		if (live[j])
+			kv_seq_free(kv, live[j]);
+	kv_destroy(kv);
+	arena_destroy(&fx.arena);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_kv_plan_computes_block_geometry),
+		cmocka_unit_test(test_kv_plan_rejects_bad_config),
+		cmocka_unit_test(test_kv_create_needs_the_pool_region),
+		cmocka_unit_test_setup_teardown(test_kv_pool_is_fully_resident_after_create, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_kv_block_addresses_are_disjoint_and_inside_the_pool,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(test_kv_reserve_counts_blocks_and_free_returns_them, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_kv_exhaustion_is_ekvfull_and_changes_nothing, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_kv_limits_context_and_sequence_slots, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_kv_prefix_sharing_stores_common_blocks_once, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_kv_prefix_match_leaves_a_token_to_compute, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_kv_prefix_match_follows_the_whole_chain, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_kv_commit_checks_order_and_fullness, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_kv_commit_of_a_block_computed_twice_keeps_one, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_kv_cached_blocks_are_reused_last, setup, teardown),
+		cmocka_unit_test(test_kv_random_sharing_never_serves_another_prefix),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

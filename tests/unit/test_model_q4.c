@@ -1,0 +1,315 @@
+/* The resident int4 model against the f32 reference on the fixture models: fidelity (top-1
+ * agreement and KL divergence of the next-token distribution) must stay close, prefill in
+ * one batch must equal feeding tokens one at a time, several sequences in one step must
+ * equal each alone, and a shared prompt prefix must give the same logits as a fresh one. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/gguf.h"
+#include "daemon/load.h"
+#include "daemon/model.h"
+#include "daemon/tokenizer.h"
+#include "kernels/dispatch.h"
+
+#define N_POS 24
+
+static void fixture_path(const char *name, char *buf, size_t cap)
+{
+	const char *sh = getenv("HEARTH_SHARED");
+	if (!sh) {
+		fprintf(stderr, "HEARTH_SHARED is not set: run through make check\n");
+		exit(1);
+	}
+	snprintf(buf, cap, "%s/fixtures/%s", sh, name);
+}
+
+static void make_prompt(uint32_t seed, int32_t *p, uint32_t n, uint32_t n_vocab)
+{
+	uint64_t x = 0x9e3779b97f4a7c15ull * (seed + 1);
+	for (uint32_t i = 0; i < n; i++) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		p[i] = (int32_t)(x % n_vocab);
+	}
+}
+
+static struct model_q4 *load(const char *file, enum q4_act_kind act, uint32_t max_seqs,
+			     uint32_t step_tokens)
+{
+	char path[4096];
+	fixture_path(file, path, sizeof path);
+	struct load_opts o;
+	load_opts_default(&o);
+	o.max_context = 128;
+	o.kv_budget = 2u << 20;
+	o.max_seqs = max_seqs;
+	o.step_tokens = step_tokens;
+	o.act = act;
+	o.n_threads = 2;
+	struct model_q4 *m;
+	struct tok *tok;
+	struct hearth_error e;
+	if (load_q4(&m, &tok, path, &o, &e) < 0)
+		fail_msg("load_q4 %s: %s", file, e.msg);
+	tok_free(tok);
+	return m;
+}
+
+/* The reference's logits at every position of prompt (n x n_vocab). */
+static float *reference_logits(const char *file, const int32_t *prompt, uint32_t n)
+{
+	char path[4096];
+	fixture_path(file, path, sizeof path);
+	struct gguf_file *f;
+	struct model *ref;
+	struct model_ctx *c;
+	struct hearth_error e;
+	assert_int_equal(gguf_open(&f, path, &e), 0);
+	assert_int_equal(model_load(&ref, f, &(struct model_opts){ .max_ctx = 128 }, &e), 0);
+	assert_int_equal(model_ctx_new(&c, ref, 128, &e), 0);
+	float *out = malloc((size_t)n * ref->hp.n_vocab * sizeof(float));
+	assert_int_equal(model_forward(ref, c, prompt, n, MODEL_LOGITS_ALL, out, &e), 0);
+	model_ctx_free(c);
+	model_free(ref);
+	gguf_close(f);
+	return out;
+}
+
+/* The int4 model's logits at every position, one token per step. */
+static float *q4_logits_stepwise(struct model_q4 *m, const int32_t *prompt, uint32_t n)
+{
+	struct engine eng;
+	model_q4_engine(m, &eng);
+	struct engine_seq *s;
+	uint32_t cached;
+	struct hearth_error e;
+	assert_int_equal(eng.seq_open(eng.impl, prompt, n, n, &s, &cached, &e), 0);
+	assert_int_equal(cached, 0);
+	float *out = malloc((size_t)n * eng.n_vocab * sizeof(float));
+	for (uint32_t i = 0; i < n; i++) {
+		struct engine_span sp = { s, &prompt[i], 1, out + (size_t)i * eng.n_vocab };
+		assert_int_equal(eng.forward(eng.impl, &sp, 1, &e), 0);
+	}
+	eng.seq_close(eng.impl, s);
+	return out;
+}
+
+struct fidelity {
+	double top1;     /* fraction of positions with the same argmax */
+	double kl_mean;  /* mean KL(reference || int4) in nats */
+	double kl_max;
+};
+
+static struct fidelity compare(const float *ref, const float *q, uint32_t n, uint32_t n_vocab)
+{
+	struct fidelity f = { 0, 0, 0 };
+	for (uint32_t t = 0; t < n; t++) {
+		const float *a = ref + (size_t)t * n_vocab, *b = q + (size_t)t * n_vocab;
+		uint32_t ia = 0, ib = 0;
+		double ma = a[0], mb = b[0];
+		for (uint32_t i = 1; i < n_vocab; i++) {
+			if (a[i] > ma) {
+				ma = a[i];
+				ia = i;
+			}
+			if (b[i] > mb) {
+				mb = b[i];
+				ib = i;
+			}
+		}
+		double za = 0, zb = 0;
+		for (uint32_t i = 0; i < n_vocab; i++) {
+			za += exp(a[i] - ma);
+			zb += exp(b[i] - mb);
+		}
+		double kl = 0;
+		for (uint32_t i = 0; i < n_vocab; i++) {
+			double la = a[i] - ma - log(za), lb = b[i] - mb - log(zb);
+			kl += exp(la) * (la - lb);
+		}
+		f.top1 += ia == ib;
+		f.kl_mean += kl;
+		if (kl > f.kl_max)
+			f.kl_max = kl;
+	}
+	f.top1 /= n;
+	f.kl_mean /= n;
+	return f;
+}
+
+static void check_fidelity(const char *file, enum q4_act_kind act, double min_top1, double max_kl)
+{
+	struct model_q4 *m = load(file, act, 4, 64);
+	int32_t prompt[N_POS];
+	make_prompt(1, prompt, N_POS, m->hp.n_vocab);
+	float *ref = reference_logits(file, prompt, N_POS);
+	float *q = q4_logits_stepwise(m, prompt, N_POS);
+	struct fidelity f = compare(ref, q, N_POS, m->hp.n_vocab);
+	print_message("%-24s %s (%s): top-1 %.3f, KL mean %.5f max %.5f nats\n", file,
+		      act == Q4_ACT_A8 ? "W4A8 " : "W4A16", m->quant_name, f.top1, f.kl_mean, f.kl_max);
+	assert_true(f.top1 >= min_top1);
+	assert_true(f.kl_mean <= max_kl);
+	free(ref);
+	free(q);
+	model_q4_free(m);
+}
+
+static void test_q4_qwen3_f32_stays_close_to_the_reference(void **state)
+{
+	(void)state;
+	check_fidelity("fx-qwen3.gguf", Q4_ACT_A16, 0.6, 0.05);
+	check_fidelity("fx-qwen3.gguf", Q4_ACT_A8, 0.6, 0.05);
+}
+
+static void test_q4_llama_untied_head_stays_close_to_the_reference(void **state)
+{
+	(void)state;
+	check_fidelity("fx-llama.gguf", Q4_ACT_A16, 0.6, 0.05);
+}
+
+static void test_q4_qwen2_biases_stay_close_to_the_reference(void **state)
+{
+	(void)state;
+	check_fidelity("fx-qwen2.gguf", Q4_ACT_A16, 0.6, 0.05);
+}
+
+/* Q4_0 codes are carried over exactly, so only activation rounding and the requantized
+ * Q6_K embedding separate the two: the closest agreement of all. */
+static void test_q4_carried_over_q4_0_matches_its_exact_dequantization(void **state)
+{
+	(void)state;
+	check_fidelity("fx-quant-q4_0.gguf", Q4_ACT_A16, 0.85, 0.01);
+	check_fidelity("fx-quant-q4_k_m.gguf", Q4_ACT_A8, 0.8, 0.02);
+}
+
+static void test_q4_prefill_batch_equals_one_token_at_a_time(void **state)
+{
+	(void)state;
+	struct model_q4 *m = load("fx-qwen3.gguf", Q4_ACT_A8, 4, 64);
+	struct engine eng;
+	model_q4_engine(m, &eng);
+	int32_t prompt[N_POS];
+	make_prompt(2, prompt, N_POS, m->hp.n_vocab);
+	float *step = q4_logits_stepwise(m, prompt, N_POS);
+	struct engine_seq *s;
+	uint32_t cached;
+	struct hearth_error e;
+	float *last = malloc(eng.n_vocab * sizeof(float));
+	assert_int_equal(eng.seq_open(eng.impl, prompt, N_POS, N_POS, &s, &cached, &e), 0);
+	struct engine_span sp = { s, prompt, N_POS, last };
+	assert_int_equal(eng.forward(eng.impl, &sp, 1, &e), 0);
+	/* W4A8: integer dot products, fixed order: the same bits however rows are batched. */
+	assert_memory_equal(last, step + (size_t)(N_POS - 1) * eng.n_vocab, eng.n_vocab * sizeof(float));
+	eng.seq_close(eng.impl, s);
+	free(last);
+	free(step);
+	model_q4_free(m);
+}
+
+static void test_q4_sequences_in_one_step_equal_each_alone(void **state)
+{
+	(void)state;
+	struct model_q4 *m = load("fx-qwen2.gguf", Q4_ACT_A8, 4, 64);
+	struct engine eng;
+	model_q4_engine(m, &eng);
+	struct hearth_error e;
+	int32_t p[3][10];
+	uint32_t len[3] = { 10, 4, 7 };
+	float *alone[3], *together[3];
+	for (int i = 0; i < 3; i++) {
+		make_prompt(10u + (uint32_t)i, p[i], len[i], m->hp.n_vocab);
+		alone[i] = q4_logits_stepwise(m, p[i], len[i]);
+		together[i] = malloc(eng.n_vocab * sizeof(float));
+	}
+	struct engine_seq *s[3];
+	struct engine_span sp[3];
+	for (int i = 0; i < 3; i++) {
+		uint32_t cached;
+		assert_int_equal(eng.seq_open(eng.impl, p[i], len[i], len[i], &s[i], &cached, &e), 0);
+		sp[i] = (struct engine_span){ s[i], p[i], len[i], together[i] };
+	}
+	assert_int_equal(eng.forward(eng.impl, sp, 3, &e), 0);
+	for (int i = 0; i < 3; i++) {
+		assert_memory_equal(together[i], alone[i] + (size_t)(len[i] - 1) * eng.n_vocab,
+				    eng.n_vocab * sizeof(float));
+		eng.seq_close(eng.impl, s[i]);
+		free(alone[i]);
+		free(together[i]);
+	}
+	model_q4_free(m);
+}
+
+static void test_q4_shared_prefix_gives_the_same_logits(void **state)
+{
+	(void)state;
+	struct model_q4 *m = load("fx-qwen3.gguf", Q4_ACT_A8, 4, 64);
+	struct engine eng;
+	model_q4_engine(m, &eng);
+	struct hearth_error e;
+	int32_t prompt[40];
+	make_prompt(3, prompt, 40, m->hp.n_vocab);
+	float *a = malloc(eng.n_vocab * sizeof(float)), *b = malloc(eng.n_vocab * sizeof(float));
+	struct engine_seq *s1, *s2;
+	uint32_t c1, c2;
+	assert_int_equal(eng.seq_open(eng.impl, prompt, 40, 41, &s1, &c1, &e), 0);
+	assert_int_equal(c1, 0);
+	struct engine_span sp = { s1, prompt, 40, a };
+	assert_int_equal(eng.forward(eng.impl, &sp, 1, &e), 0);
+	/* The second sequence with the same prompt finds its two full blocks cached. */
+	assert_int_equal(eng.seq_open(eng.impl, prompt, 40, 41, &s2, &c2, &e), 0);
+	assert_int_equal(c2, 32);
+	sp = (struct engine_span){ s2, prompt + c2, 40 - c2, b };
+	assert_int_equal(eng.forward(eng.impl, &sp, 1, &e), 0);
+	assert_memory_equal(a, b, eng.n_vocab * sizeof(float));
+	eng.seq_close(eng.impl, s1);
+	eng.seq_close(eng.impl, s2);
+	free(a);
+	free(b);
+	model_q4_free(m);
+}
+
+static void test_q4_loader_refuses_context_beyond_training(void **state)
+{
+	(void)state;
+	char path[4096];
+	fixture_path("fx-qwen3.gguf", path, sizeof path);
+	struct load_opts o;
+	load_opts_default(&o);
+	o.max_context = 1u << 20;
+	o.kv_budget = 2u << 20;
+	struct model_q4 *m;
+	struct tok *tok;
+	struct hearth_error e;
+	int rc = load_q4(&m, &tok, path, &o, &e);
+	assert_true(rc < 0);
+	assert_non_null(strstr(e.msg, "max_context"));
+	assert_non_null(strstr(e.msg, "trained"));
+}
+
+int main(void)
+{
+	if (kern_select(getenv("HEARTH_KERNELS")) < 0) {
+		fprintf(stderr, "HEARTH_KERNELS=%s: not available here\n", getenv("HEARTH_KERNELS"));
+		return 1;
+	}
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_q4_qwen3_f32_stays_close_to_the_reference),
+		cmocka_unit_test(test_q4_llama_untied_head_stays_close_to_the_reference),
+		cmocka_unit_test(test_q4_qwen2_biases_stay_close_to_the_reference),
+		cmocka_unit_test(test_q4_carried_over_q4_0_matches_its_exact_dequantization),
+		cmocka_unit_test(test_q4_prefill_batch_equals_one_token_at_a_time),
+		cmocka_unit_test(test_q4_sequences_in_one_step_equal_each_alone),
+		cmocka_unit_test(test_q4_shared_prefix_gives_the_same_logits),
+		cmocka_unit_test(test_q4_loader_refuses_context_beyond_training),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

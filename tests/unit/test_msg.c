@@ -1,0 +1,877 @@
+/* Tests of message encode/decode: every message survives a round trip field by field, and
+ * each kind of malformed or hostile frame gets its own stable error code (with the request
+ * id when one could be read) instead of a crash, a hang or a silently wrong value. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+#include <msgpack.h>
+
+#include "protocol/frame.h"
+#include "protocol/msg.h"
+
+/* ---- helpers ---- */
+
+/* Encodes m and decodes it back from the frame, checking the length prefix on the way. */
+static void roundtrip(const struct msg *m, enum msg_from from, struct msg *out)
+{
+	struct msg_buf b = { 0 };
+	struct hearth_error err = { 0 };
+	int rc = msg_encode(m, &b, &err);
+	if (rc)
+		fail_msg("encode %s: %s", msg_type_name(m->type), err.msg);
+	assert_true(b.len > 4);
+	assert_int_equal(frame_header_read(b.data), b.len - 4);
+	struct msg_reject rej;
+	rc = msg_decode(b.data + 4, b.len - 4, from, out, &rej, &err);
+	if (rc)
+		fail_msg("decode %s: %s", msg_type_name(m->type), err.msg);
+	assert_int_equal(out->type, m->type);
+	assert_int_equal(out->id, m->id);
+	msg_buf_free(&b);
+}
+
+static struct msg_bytes B(const char *s)
+{
+	return (struct msg_bytes){ s, strlen(s) };
+}
+
+static void assert_bytes(struct msg_bytes a, const char *s)
+{
+	assert_int_equal(a.len, strlen(s));
+	assert_memory_equal(a.ptr, s, a.len);
+	assert_int_equal(a.ptr[a.len], '\0');
+}
+
+/* A packer writing into an sbuffer, for crafting frames the encoder would never make. */
+struct raw {
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+};
+
+static void raw_init(struct raw *r)
+{
+	msgpack_sbuffer_init(&r->sb);
+	msgpack_packer_init(&r->pk, &r->sb, msgpack_sbuffer_write);
+}
+
+static void raw_str(struct raw *r, const char *s)
+{
+	msgpack_pack_str(&r->pk, strlen(s));
+	msgpack_pack_str_body(&r->pk, s, strlen(s));
+}
+
+static void raw_kv_str(struct raw *r, const char *k, const char *v)
+{
+	raw_str(r, k);
+	raw_str(r, v);
+}
+
+static void raw_kv_uint(struct raw *r, const char *k, uint64_t v)
+{
+	raw_str(r, k);
+	msgpack_pack_uint64(&r->pk, v);
+}
+
+/* Starts a request map of n_extra fields besides t and id. */
+static void raw_request(struct raw *r, const char *type, uint64_t id, size_t n_extra)
+{
+	raw_init(r);
+	msgpack_pack_map(&r->pk, 2 + n_extra);
+	raw_kv_str(r, "t", type);
+	raw_kv_uint(r, "id", id);
+}
+
+/* Decodes raw bytes as the daemon would and checks the refusal. Returns the hearth code. */
+static int expect_reject(const void *p, size_t n, enum msg_from from, enum msg_errcode code,
+			 uint64_t id)
+{
+	struct msg m;
+	struct msg_reject rej;
+	struct hearth_error err = { 0 };
+	int rc = msg_decode(p, n, from, &m, &rej, &err);
+	if (rc == 0)
+		fail_msg("expected %s, frame was accepted as %s", msg_errcode_name(code),
+			 msg_type_name(m.type));
+	if (rej.code != code)
+		fail_msg("expected %s, got %s: %s", msg_errcode_name(code),
+			 msg_errcode_name(rej.code), err.msg);
+	assert_int_equal(rej.id, id);
+	assert_int_equal(m.type, MSG_NONE);
+	assert_null(m.arena);
+	assert_true(strlen(err.msg) > 0);
+	return rc;
+}
+
+static int raw_expect(struct raw *r, enum msg_from from, enum msg_errcode code, uint64_t id)
+{
+	int rc = expect_reject(r->sb.data, r->sb.size, from, code, id);
+	msgpack_sbuffer_destroy(&r->sb);
+	return rc;
+}
+
+static void raw_accept(struct raw *r, enum msg_from from, struct msg *out)
+{
+	struct msg_reject rej;
+	struct hearth_error err = { 0 };
+	int rc = msg_decode(r->sb.data, r->sb.size, from, out, &rej, &err);
+	if (rc)
+		fail_msg("refused (%s): %s", msg_errcode_name(rej.code), err.msg);
+	msgpack_sbuffer_destroy(&r->sb);
+}
+
+/* ---- round trips ---- */
+
+static void test_msg_roundtrips_hello_and_welcome(void **state)
+{
+	(void)state;
+	struct msg m, d;
+	msg_init(&m, MSG_HELLO, 1);
+	m.u.hello.proto_minor = 3;
+	m.u.hello.name = B("hearth-cli \xc3\xa9");
+	m.u.hello.ring = false;
+	roundtrip(&m, MSG_FROM_CLIENT, &d);
+	assert_int_equal(d.u.hello.proto_major, MSG_PROTO_MAJOR);
+	assert_int_equal(d.u.hello.proto_minor, 3);
+	assert_bytes(d.u.hello.name, "hearth-cli \xc3\xa9");
+	assert_false(d.u.hello.ring);
+	msg_free(&d);
+
+	msg_init(&m, MSG_WELCOME, 1);
+	struct msg_welcome *w = &m.u.welcome;
+	w->daemon = B("0.1.0");
+	w->model = (struct msg_model_info){ .arch = B("qwen2"), .name = B("Qwen2.5 1.5B"),
+		.quant = B("q4_g128"), .n_params = 1543714304ull, .n_ctx = 4096,
+		.n_ctx_train = 32768, .n_vocab = 151936, .n_layer = 28, .n_embd = 1536 };
+	w->max_frame = FRAME_MAX_DEFAULT;
+	w->ring = true;
+	w->ring_d2c = 1u << 20;
+	w->ring_c2d = 1u << 21;
+	roundtrip(&m, MSG_FROM_DAEMON, &d);
+	const struct msg_welcome *dw = &d.u.welcome;
+	assert_bytes(dw->daemon, "0.1.0");
+	assert_bytes(dw->model.arch, "qwen2");
+	assert_bytes(dw->model.name, "Qwen2.5 1.5B");
+	assert_bytes(dw->model.quant, "q4_g128");
+	assert_int_equal(dw->model.n_params, 1543714304ull);
+	assert_int_equal(dw->model.n_ctx, 4096);
+	assert_int_equal(dw->model.n_ctx_train, 32768);
+	assert_int_equal(dw->model.n_vocab, 151936);
+	assert_int_equal(dw->model.n_layer, 28);
+	assert_int_equal(dw->model.n_embd, 1536);
+	assert_int_equal(dw->max_frame, FRAME_MAX_DEFAULT);
+	assert_true(dw->ring);
+	assert_int_equal(dw->ring_d2c, 1u << 20);
+	assert_int_equal(dw->ring_c2d, 1u << 21);
+	msg_free(&d);
+}
+
+static void test_msg_roundtrips_generate_with_every_field(void **state)
+{
+	(void)state;
+	struct msg m, d;
+	uint32_t stop_tokens[] = { 2, 151643 };
+	struct msg_bytes stops[] = { B("\n\n"), B("User:") };
+	msg_init(&m, MSG_GENERATE, 77);
+	struct msg_generate *g = &m.u.generate;
+	g->has_prompt = true;
+	g->prompt = B("Once upon a time");
+	g->max_tokens = 128;
+	g->sampling = (struct msg_sampling){ .temperature = 0.7, .top_k = 20, .top_p = 0.9,
+		.min_p = 0.1, .repeat_penalty = 1.1, .repeat_last_n = 32, .has_seed = true,
+		.seed = 0xfedcba9876543210ull };
+	g->stop = stops;
+	g->n_stop = 2;
+	g->stop_tokens = stop_tokens;
+	g->n_stop_tokens = 2;
+	g->logprobs = true;
+	g->top_logprobs = 5;
+	g->logits = true;
+	roundtrip(&m, MSG_FROM_CLIENT, &d);
+	const struct msg_generate *dg = &d.u.generate;
+	assert_true(dg->has_prompt);
+	assert_bytes(dg->prompt, "Once upon a time");
+	assert_null(dg->tokens);
+	assert_false(dg->has_prompt_ref);
+	assert_int_equal(dg->max_tokens, 128);
+	assert_true(dg->sampling.temperature == 0.7);
+	assert_int_equal(dg->sampling.top_k, 20);
+	assert_true(dg->sampling.top_p == 0.9);
+	assert_true(dg->sampling.min_p == 0.1);
+	assert_true(dg->sampling.repeat_penalty == 1.1);
+	assert_int_equal(dg->sampling.repeat_last_n, 32);
+	assert_true(dg->sampling.has_seed);
+	assert_true(dg->sampling.seed == 0xfedcba9876543210ull);
+	assert_int_equal(dg->n_stop, 2);
+	assert_bytes(dg->stop[0], "\n\n");
+	assert_bytes(dg->stop[1], "User:");
+	assert_int_equal(dg->n_stop_tokens, 2);
+	assert_int_equal(dg->stop_tokens[1], 151643);
+	assert_true(dg->logprobs);
+	assert_int_equal(dg->top_logprobs, 5);
+	assert_true(dg->logits);
+	assert_false(dg->stream_socket);
+	msg_free(&d);
+
+	/* token-id prompt, streamed on the socket */
+	uint32_t toks[] = { 1, 15043, 0, MSG_TOKEN_MAX };
+	msg_init(&m, MSG_GENERATE, MSG_ID_MAX);
+	m.u.generate.tokens = toks;
+	m.u.generate.n_tokens = 4;
+	m.u.generate.stream_socket = true;
+	roundtrip(&m, MSG_FROM_CLIENT, &d);
+	assert_int_equal(d.u.generate.n_tokens, 4);
+	assert_memory_equal(d.u.generate.tokens, toks, sizeof toks);
+	assert_true(d.u.generate.stream_socket);
+	assert_false(d.u.generate.has_prompt);
+	msg_free(&d);
+
+	/* prompt in the ring */
+	msg_init(&m, MSG_GENERATE, 5);
+	m.u.generate.has_prompt_ref = true;
+	m.u.generate.prompt_ref = 42;
+	roundtrip(&m, MSG_FROM_CLIENT, &d);
+	assert_true(d.u.generate.has_prompt_ref);
+	assert_int_equal(d.u.generate.prompt_ref, 42);
+	assert_false(d.u.generate.sampling.has_seed);
+	msg_free(&d);
+}
+
+static void test_msg_roundtrips_small_requests(void **state)
+{
+	(void)state;
+	struct msg m, d;
+	msg_init(&m, MSG_CANCEL, 9);
+	m.u.cancel.target = 77;
+	roundtrip(&m, MSG_FROM_CLIENT, &d);
+	assert_int_equal(d.u.cancel.target, 77);
+	msg_free(&d);
+
+	msg_init(&m, MSG_TOKENIZE, 10);
+	m.u.tokenize.has_text = true;
+	m.u.tokenize.text = B("<|im_start|>hi");
+	m.u.tokenize.add_bos = false;
+	m.u.tokenize.special = true;
+	roundtrip(&m, MSG_FROM_CLIENT, &d);
+	assert_bytes(d.u.tokenize.text, "<|im_start|>hi");
+	assert_false(d.u.tokenize.add_bos);
+	assert_true(d.u.tokenize.special);
+	msg_free(&d);
+
+	uint32_t toks[] = { 9906, 1917 };
+	msg_init(&m, MSG_DETOKENIZE, 11);
+	m.u.detokenize.tokens = toks;
+	m.u.detokenize.n_tokens = 2;
+	roundtrip(&m, MSG_FROM_CLIENT, &d);
+	assert_int_equal(d.u.detokenize.n_tokens, 2);
+	assert_int_equal(d.u.detokenize.tokens[0], 9906);
+	msg_free(&d);
+
+	enum msg_type bare[] = { MSG_STATS, MSG_LEDGER, MSG_PING };
+	for (size_t i = 0; i < 3; i++) {
+		msg_init(&m, bare[i], 100 + i);
+		roundtrip(&m, MSG_FROM_CLIENT, &d);
+		msg_free(&d);
+	}
+	msg_init(&m, MSG_PONG, 102);
+	roundtrip(&m, MSG_FROM_DAEMON, &d);
+	msg_free(&d);
+}
+
+static void test_msg_roundtrips_replies(void **state)
+{
+	(void)state;
+	struct msg m, d;
+	msg_init(&m, MSG_LOADING, 1);
+	m.u.loading = (struct msg_loading){ B("repack"), 12, 340 };
+	roundtrip(&m, MSG_FROM_DAEMON, &d);
+	assert_bytes(d.u.loading.phase, "repack");
+	assert_int_equal(d.u.loading.done, 12);
+	assert_int_equal(d.u.loading.total, 340);
+	msg_free(&d);
+
+	struct msg_top top[] = { { 5, -0.25f }, { 7, -3.5f } };
+	msg_init(&m, MSG_TOKEN, 77);
+	m.u.token.token = 5;
+	m.u.token.text = (struct msg_bytes){ "\xe2\x82", 2 }; /* half a UTF-8 sequence */
+	m.u.token.has_logprob = true;
+	m.u.token.logprob = -0.25f;
+	m.u.token.top = top;
+	m.u.token.n_top = 2;
+	roundtrip(&m, MSG_FROM_DAEMON, &d);
+	assert_int_equal(d.u.token.token, 5);
+	assert_int_equal(d.u.token.text.len, 2);
+	assert_memory_equal(d.u.token.text.ptr, "\xe2\x82", 2);
+	assert_true(d.u.token.has_logprob);
+	assert_true(d.u.token.logprob == -0.25f);
+	assert_int_equal(d.u.token.n_top, 2);
+	assert_int_equal(d.u.token.top[1].token, 7);
+	assert_true(d.u.token.top[1].logprob == -3.5f);
+	msg_free(&d);
+
+	msg_init(&m, MSG_DONE, 77);
+	m.u.done = (struct msg_done){ MSG_FINISH_LENGTH, 12, 128, 0.5, 20.25, 1000.0, 592.5,
+				      128.0 };
+	roundtrip(&m, MSG_FROM_DAEMON, &d);
+	assert_int_equal(d.u.done.finish, MSG_FINISH_LENGTH);
+	assert_int_equal(d.u.done.n_prompt, 12);
+	assert_int_equal(d.u.done.n_gen, 128);
+	assert_true(d.u.done.queue_ms == 0.5);
+	assert_true(d.u.done.prefill_ms == 20.25);
+	assert_true(d.u.done.decode_ms == 1000.0);
+	assert_true(d.u.done.prefill_tps == 592.5);
+	assert_true(d.u.done.decode_tps == 128.0);
+	msg_free(&d);
+
+	uint32_t toks[] = { 1, 2, 3 };
+	msg_init(&m, MSG_TOKENS, 10);
+	m.u.tokens.tokens = toks;
+	m.u.tokens.n_tokens = 3;
+	roundtrip(&m, MSG_FROM_DAEMON, &d);
+	assert_int_equal(d.u.tokens.n_tokens, 3);
+	assert_memory_equal(d.u.tokens.tokens, toks, sizeof toks);
+	msg_free(&d);
+
+	/* an empty tokenization is a valid answer */
+	msg_init(&m, MSG_TOKENS, 10);
+	m.u.tokens.tokens = toks;
+	roundtrip(&m, MSG_FROM_DAEMON, &d);
+	assert_int_equal(d.u.tokens.n_tokens, 0);
+	msg_free(&d);
+
+	msg_init(&m, MSG_TEXT, 11);
+	m.u.text.text = (struct msg_bytes){ "a\0b\xff", 4 };
+	roundtrip(&m, MSG_FROM_DAEMON, &d);
+	assert_int_equal(d.u.text.text.len, 4);
+	assert_memory_equal(d.u.text.text.ptr, "a\0b\xff", 4);
+	msg_free(&d);
+
+	msg_init(&m, MSG_STATS_REPLY, 12);
+	m.u.stats = (struct msg_stats_reply){ 123456, 3, 2, 1, 1000, 2000, 1u << 20, 1u << 30,
+					      987654321 };
+	roundtrip(&m, MSG_FROM_DAEMON, &d);
+	assert_int_equal(d.u.stats.uptime_ms, 123456);
+	assert_int_equal(d.u.stats.clients, 3);
+	assert_int_equal(d.u.stats.running, 2);
+	assert_int_equal(d.u.stats.queued, 1);
+	assert_int_equal(d.u.stats.prompt_tokens, 1000);
+	assert_int_equal(d.u.stats.gen_tokens, 2000);
+	assert_int_equal(d.u.stats.kv_used, 1u << 20);
+	assert_int_equal(d.u.stats.kv_total, 1u << 30);
+	assert_int_equal(d.u.stats.rss, 987654321);
+	msg_free(&d);
+
+	struct msg_ledger_entry ent[] = { { B("weights"), 900000000ull }, { B("kv"), 1ull << 28 } };
+	msg_init(&m, MSG_LEDGER_REPLY, 13);
+	m.u.ledger = (struct msg_ledger_reply){ ent, 2, 900000000ull + (1ull << 28), 1ull << 31 };
+	roundtrip(&m, MSG_FROM_DAEMON, &d);
+	assert_int_equal(d.u.ledger.n_entries, 2);
+	assert_bytes(d.u.ledger.entries[0].name, "weights");
+	assert_int_equal(d.u.ledger.entries[1].bytes, 1ull << 28);
+	assert_int_equal(d.u.ledger.total, 900000000ull + (1ull << 28));
+	assert_int_equal(d.u.ledger.peak, 1ull << 31);
+	msg_free(&d);
+
+	struct msg_buf b = { 0 };
+	assert_int_equal(msg_encode_error(&b, 0, MSG_ERR_BAD_FRAME, true, NULL,
+					  "framing lost at byte %d", 17), 0);
+	struct msg_reject rej;
+	assert_int_equal(msg_decode(b.data + 4, b.len - 4, MSG_FROM_DAEMON, &d, &rej, NULL), 0);
+	assert_int_equal(d.type, MSG_ERROR);
+	assert_int_equal(d.id, 0);
+	assert_int_equal(d.u.error.code, MSG_ERR_BAD_FRAME);
+	assert_true(d.u.error.fatal);
+	assert_bytes(d.u.error.message, "framing lost at byte 17");
+	msg_free(&d);
+	msg_buf_free(&b);
+}
+
+static void test_msg_encode_appends_frames_back_to_back(void **state)
+{
+	(void)state;
+	struct msg_buf b = { 0 };
+	struct msg m;
+	for (uint64_t id = 1; id <= 3; id++) {
+		msg_init(&m, MSG_PING, id);
+		assert_int_equal(msg_encode(&m, &b, NULL), 0);
+	}
+	struct frame_reader r;
+	frame_reader_init(&r, 0, NULL);
+	frame_reader_feed(&r, b.data, b.len, NULL);
+	const uint8_t *p;
+	size_t n;
+	for (uint64_t id = 1; id <= 3; id++) {
+		assert_int_equal(frame_reader_next(&r, &p, &n, NULL), FRAME_READY);
+		struct msg d;
+		assert_int_equal(msg_decode(p, n, MSG_FROM_CLIENT, &d, NULL, NULL), 0);
+		assert_int_equal(d.type, MSG_PING);
+		assert_int_equal(d.id, id);
+		msg_free(&d);
+	}
+	frame_reader_free(&r);
+	msg_buf_free(&b);
+}
+
+static void test_msg_decode_fills_generate_defaults(void **state)
+{
+	(void)state;
+	struct raw r;
+	struct msg d;
+	raw_request(&r, "generate", 3, 1);
+	raw_kv_str(&r, "prompt", "hi");
+	raw_accept(&r, MSG_FROM_CLIENT, &d);
+	assert_int_equal(d.u.generate.max_tokens, MSG_DEFAULT_MAX_TOKENS);
+	assert_true(d.u.generate.sampling.temperature == MSG_DEFAULT_TEMPERATURE);
+	assert_int_equal(d.u.generate.sampling.top_k, MSG_DEFAULT_TOP_K);
+	assert_true(d.u.generate.sampling.top_p == MSG_DEFAULT_TOP_P);
+	assert_true(d.u.generate.sampling.min_p == MSG_DEFAULT_MIN_P);
+	assert_true(d.u.generate.sampling.repeat_penalty == MSG_DEFAULT_REPEAT_PENALTY);
+	assert_int_equal(d.u.generate.sampling.repeat_last_n, MSG_DEFAULT_REPEAT_LAST_N);
+	assert_false(d.u.generate.sampling.has_seed);
+	assert_int_equal(d.u.generate.n_stop, 0);
+	msg_free(&d);
+}
+
+static void test_msg_accepts_integer_for_float_and_nil_as_absent(void **state)
+{
+	(void)state;
+	struct raw r;
+	struct msg d;
+	raw_request(&r, "generate", 3, 3);
+	raw_kv_str(&r, "prompt", "hi");
+	raw_kv_uint(&r, "temperature", 1);
+	raw_str(&r, "seed");
+	msgpack_pack_nil(&r.pk);
+	raw_accept(&r, MSG_FROM_CLIENT, &d);
+	assert_true(d.u.generate.sampling.temperature == 1.0);
+	assert_false(d.u.generate.sampling.has_seed);
+	msg_free(&d);
+}
+
+/* ---- refusals ---- */
+
+static void test_msg_rejects_truncated_payload(void **state)
+{
+	(void)state;
+	struct msg m;
+	msg_init(&m, MSG_TOKENIZE, 4);
+	m.u.tokenize.has_text = true;
+	m.u.tokenize.text = B("some text to cut");
+	struct msg_buf b = { 0 };
+	assert_int_equal(msg_encode(&m, &b, NULL), 0);
+	/* every proper prefix of the payload is refused as bad_frame, none crashes */
+	for (size_t n = 0; n < b.len - 4; n++) {
+		struct msg d;
+		struct msg_reject rej;
+		assert_int_equal(msg_decode(b.data + 4, n, MSG_FROM_CLIENT, &d, &rej, NULL),
+				 HEARTH_EFORMAT);
+		assert_int_equal(rej.code, MSG_ERR_BAD_FRAME);
+	}
+	msg_buf_free(&b);
+}
+
+static void test_msg_rejects_payload_that_is_not_one_map(void **state)
+{
+	(void)state;
+	const uint8_t array[] = { 0x91, 0x01 };
+	expect_reject(array, sizeof array, MSG_FROM_CLIENT, MSG_ERR_BAD_FRAME, 0);
+	const uint8_t two_maps[] = { 0x80, 0x80 };
+	expect_reject(two_maps, sizeof two_maps, MSG_FROM_CLIENT, MSG_ERR_BAD_FRAME, 0);
+	const uint8_t never_used[] = { 0x81, 0xc1, 0x01 };
+	expect_reject(never_used, sizeof never_used, MSG_FROM_CLIENT, MSG_ERR_BAD_FRAME, 0);
+	const uint8_t ext[] = { 0x81, 0xa1, 'x', 0xd4, 0x01, 0x00 };
+	expect_reject(ext, sizeof ext, MSG_FROM_CLIENT, MSG_ERR_BAD_FRAME, 0);
+	expect_reject("", 0, MSG_FROM_CLIENT, MSG_ERR_BAD_FRAME, 0);
+}
+
+static void test_msg_rejects_10k_levels_of_nesting_without_recursing(void **state)
+{
+	(void)state;
+	/* {"t":"ping","id":8,"x":[[[[...10000 deep...]]]]} */
+	size_t depth = 10000;
+	struct raw r;
+	raw_request(&r, "ping", 8, 1);
+	raw_str(&r, "x");
+	for (size_t i = 0; i < depth; i++)
+		msgpack_pack_array(&r.pk, 1);
+	msgpack_pack_nil(&r.pk);
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_TOO_LARGE, 8);
+
+	/* maps nested as values, deep enough to exhaust msgpack-c's own stack too */
+	raw_request(&r, "ping", 9, 1);
+	for (size_t i = 0; i < depth; i++) {
+		raw_str(&r, "k");
+		msgpack_pack_map(&r.pk, 1);
+	}
+	raw_str(&r, "k");
+	msgpack_pack_nil(&r.pk);
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_TOO_LARGE, 9);
+
+	/* nesting exactly at the limit is fine for the scanner; the field is then unknown */
+	raw_request(&r, "ping", 10, 1);
+	raw_str(&r, "x");
+	for (size_t i = 0; i < MSG_DEPTH_MAX - 1; i++)
+		msgpack_pack_array(&r.pk, 1);
+	msgpack_pack_nil(&r.pk);
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 10);
+}
+
+static void test_msg_rejects_unknown_and_missing_type(void **state)
+{
+	(void)state;
+	struct raw r;
+	raw_request(&r, "teleport", 21, 0);
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_UNKNOWN_TYPE, 21);
+
+	raw_init(&r);
+	msgpack_pack_map(&r.pk, 1);
+	raw_kv_uint(&r, "id", 22);
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_UNKNOWN_TYPE, 22);
+
+	raw_init(&r);
+	msgpack_pack_map(&r.pk, 2);
+	raw_kv_uint(&r, "t", 5);
+	raw_kv_uint(&r, "id", 23);
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_UNKNOWN_TYPE, 23);
+
+	/* a daemon-only type sent by a client, and the reverse */
+	raw_request(&r, "welcome", 24, 1);
+	raw_kv_uint(&r, "proto", 1);
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_UNKNOWN_TYPE, 24);
+	raw_request(&r, "ping", 25, 0);
+	raw_expect(&r, MSG_FROM_DAEMON, MSG_ERR_UNKNOWN_TYPE, 25);
+}
+
+static void test_msg_rejects_missing_or_bad_id(void **state)
+{
+	(void)state;
+	struct raw r;
+	raw_init(&r);
+	msgpack_pack_map(&r.pk, 1);
+	raw_kv_str(&r, "t", "ping");
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 0);
+
+	raw_request(&r, "ping", 0, 0);
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 0);
+
+	raw_request(&r, "ping", MSG_ID_MAX + 1, 0);
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 0);
+
+	raw_init(&r);
+	msgpack_pack_map(&r.pk, 2);
+	raw_kv_str(&r, "t", "ping");
+	raw_str(&r, "id");
+	msgpack_pack_int64(&r.pk, -4);
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 0);
+
+	raw_init(&r);
+	msgpack_pack_map(&r.pk, 3);
+	raw_kv_str(&r, "t", "ping");
+	raw_kv_uint(&r, "id", 5);
+	raw_kv_uint(&r, "id", 6);
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 5);
+}
+
+static void test_msg_rejects_bad_integers(void **state)
+{
+	(void)state;
+	struct raw r;
+	raw_request(&r, "generate", 31, 2);
+	raw_kv_str(&r, "prompt", "x");
+	raw_str(&r, "max_tokens");
+	msgpack_pack_int64(&r.pk, -1);
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 31);
+
+	raw_request(&r, "generate", 32, 2);
+	raw_kv_str(&r, "prompt", "x");
+	raw_kv_uint(&r, "max_tokens", (uint64_t)MSG_MAX_TOKENS_LIMIT + 1);
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 32);
+
+	raw_request(&r, "generate", 33, 2);
+	raw_kv_str(&r, "prompt", "x");
+	raw_str(&r, "max_tokens");
+	msgpack_pack_double(&r.pk, 16.0);  /* integers must be integers */
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 33);
+
+	raw_request(&r, "generate", 34, 1);
+	raw_str(&r, "tokens");
+	msgpack_pack_array(&r.pk, 2);
+	msgpack_pack_uint32(&r.pk, 1);
+	msgpack_pack_uint64(&r.pk, 1ull << 32);
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 34);
+
+	raw_request(&r, "cancel", 35, 1);
+	raw_kv_uint(&r, "target", 0);
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 35);
+}
+
+static void test_msg_rejects_bad_floats(void **state)
+{
+	(void)state;
+	const struct { const char *key; double v; } bad[] = {
+		{ "temperature", NAN }, { "temperature", INFINITY }, { "temperature", -0.5 },
+		{ "temperature", 101 }, { "top_p", 0.0 }, { "top_p", 1.5 }, { "min_p", -0.1 },
+		{ "repeat_penalty", 0.0 },
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		struct raw r;
+		raw_request(&r, "generate", 40 + i, 2);
+		raw_kv_str(&r, "prompt", "x");
+		raw_str(&r, bad[i].key);
+		msgpack_pack_double(&r.pk, bad[i].v);
+		raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 40 + i);
+	}
+}
+
+static void test_msg_rejects_huge_arrays_and_strings(void **state)
+{
+	(void)state;
+	/* array32 claiming 4 billion elements in a 30-byte frame: refused before any allocation */
+	struct raw r;
+	raw_request(&r, "detokenize", 51, 1);
+	raw_str(&r, "tokens");
+	const uint8_t a32[] = { 0xdd, 0xff, 0xff, 0xff, 0xff };
+	msgpack_sbuffer_write(&r.sb, (const char *)a32, sizeof a32);
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_TOO_LARGE, 51);
+
+	/* within the array limit but more elements than bytes left */
+	raw_request(&r, "detokenize", 52, 1);
+	raw_str(&r, "tokens");
+	const uint8_t a16[] = { 0xdc, 0x03, 0xe8, 0x01, 0x02 };
+	msgpack_sbuffer_write(&r.sb, (const char *)a16, sizeof a16);
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FRAME, 52);
+
+	/* a real array one past the limit */
+	raw_request(&r, "detokenize", 53, 1);
+	raw_str(&r, "tokens");
+	msgpack_pack_array(&r.pk, MSG_ARRAY_MAX + 1);
+	for (size_t i = 0; i <= MSG_ARRAY_MAX; i++)
+		msgpack_pack_uint32(&r.pk, 1);
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_TOO_LARGE, 53);
+
+	/* str32 claiming 4 GB */
+	raw_request(&r, "tokenize", 54, 1);
+	raw_str(&r, "text");
+	const uint8_t s32[] = { 0xdb, 0xff, 0xff, 0xff, 0xff, 'a' };
+	msgpack_sbuffer_write(&r.sb, (const char *)s32, sizeof s32);
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_TOO_LARGE, 54);
+
+	/* a field-specific bound: a stop string of 257 bytes, too many stop strings */
+	char longstop[MSG_STOP_LEN_MAX + 2];
+	memset(longstop, 's', sizeof longstop - 1);
+	longstop[sizeof longstop - 1] = '\0';
+	raw_request(&r, "generate", 55, 2);
+	raw_kv_str(&r, "prompt", "x");
+	raw_str(&r, "stop");
+	msgpack_pack_array(&r.pk, 1);
+	raw_str(&r, longstop);
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_TOO_LARGE, 55);
+
+	raw_request(&r, "generate", 56, 2);
+	raw_kv_str(&r, "prompt", "x");
+	raw_str(&r, "stop");
+	msgpack_pack_array(&r.pk, MSG_STOP_MAX + 1);
+	for (int i = 0; i <= MSG_STOP_MAX; i++)
+		raw_str(&r, "s");
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_TOO_LARGE, 56);
+
+	/* a top map with more entries than any message has: refused at its header, before the
+	 * id inside could be read */
+	raw_request(&r, "ping", 57, MSG_MAP_MAX);
+	for (int i = 0; i < MSG_MAP_MAX; i++) {
+		char k[16];
+		snprintf(k, sizeof k, "k%d", i);
+		raw_kv_uint(&r, k, 1);
+	}
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_TOO_LARGE, 0);
+}
+
+static void test_msg_rejects_invalid_utf8(void **state)
+{
+	(void)state;
+	const char *bad[] = { "\xc0\x80", "\xed\xa0\x80", "\xf4\x90\x80\x80", "ab\xe2\x82", "\xff" };
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		struct raw r;
+		raw_request(&r, "generate", 60 + i, 1);
+		raw_kv_str(&r, "prompt", bad[i]);
+		raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 60 + i);
+	}
+	assert_true(msg_utf8_valid("\xf0\x9f\x94\xa5 \xe2\x82\xac \xc3\xa9", 11));
+	assert_true(msg_utf8_valid("\xf4\x8f\xbf\xbf", 4));
+	assert_false(msg_utf8_valid("\xe0\x80\xaf", 3)); /* overlong '/' */
+}
+
+static void test_msg_unknown_fields_are_errors_from_clients_only(void **state)
+{
+	(void)state;
+	struct raw r;
+	raw_request(&r, "generate", 70, 2);
+	raw_kv_str(&r, "prompt", "x");
+	raw_kv_uint(&r, "temprature", 1);  /* a typo must not be silently ignored */
+	struct msg d;
+	struct msg_reject rej;
+	struct hearth_error err;
+	assert_int_equal(msg_decode(r.sb.data, r.sb.size, MSG_FROM_CLIENT, &d, &rej, &err),
+			 HEARTH_EINVAL);
+	assert_int_equal(rej.code, MSG_ERR_BAD_FIELD);
+	assert_non_null(strstr(err.msg, "temprature"));
+	msgpack_sbuffer_destroy(&r.sb);
+
+	/* a newer daemon's extra fields, and its newer error codes, are tolerated */
+	raw_request(&r, "error", 71, 3);
+	raw_kv_str(&r, "code", "quota_exceeded");
+	raw_kv_str(&r, "message", "later versions may say this");
+	raw_kv_uint(&r, "retry_after_ms", 100);
+	raw_accept(&r, MSG_FROM_DAEMON, &d);
+	assert_int_equal(d.u.error.code, MSG_ERR_INTERNAL);
+	assert_bytes(d.u.error.message, "later versions may say this");
+	msg_free(&d);
+
+	/* but a known field of the wrong type is an error from either side */
+	raw_request(&r, "done", 72, 2);
+	raw_kv_str(&r, "finish", "stop");
+	raw_kv_str(&r, "n_gen", "many");
+	raw_expect(&r, MSG_FROM_DAEMON, MSG_ERR_BAD_FIELD, 72);
+}
+
+static void test_msg_rejects_duplicate_and_mistyped_fields(void **state)
+{
+	(void)state;
+	struct raw r;
+	raw_request(&r, "generate", 80, 2);
+	raw_kv_str(&r, "prompt", "x");
+	raw_kv_str(&r, "prompt", "y");
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 80);
+
+	raw_request(&r, "generate", 81, 2);
+	raw_kv_str(&r, "prompt", "x");
+	raw_kv_uint(&r, "logprobs", 1);
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 81);
+
+	raw_request(&r, "generate", 82, 2);
+	raw_kv_str(&r, "prompt", "x");
+	raw_kv_str(&r, "temperature", "hot");
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 82);
+
+	raw_request(&r, "generate", 83, 1);
+	msgpack_pack_uint32(&r.pk, 7);  /* a non-string key */
+	msgpack_pack_uint32(&r.pk, 7);
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 83);
+
+	raw_request(&r, "hello", 84, 1);  /* name missing */
+	raw_kv_uint(&r, "proto", 1);
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 84);
+
+	raw_request(&r, "hello", 85, 2);
+	raw_kv_uint(&r, "proto", 2);
+	raw_kv_str(&r, "name", "future");
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_VERSION, 85);
+}
+
+static void test_msg_requires_exactly_one_prompt_source(void **state)
+{
+	(void)state;
+	struct raw r;
+	raw_request(&r, "generate", 90, 0);
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 90);
+
+	raw_request(&r, "generate", 91, 2);
+	raw_kv_str(&r, "prompt", "x");
+	raw_kv_uint(&r, "prompt_ref", 3);
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 91);
+
+	raw_request(&r, "generate", 92, 1);
+	raw_str(&r, "tokens");
+	msgpack_pack_array(&r.pk, 0);
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 92);
+
+	raw_request(&r, "tokenize", 93, 0);
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 93);
+}
+
+static void test_msg_encode_refuses_what_the_peer_would_refuse(void **state)
+{
+	(void)state;
+	struct msg_buf b = { 0 };
+	struct msg m;
+	struct hearth_error err;
+	struct msg ok;
+	msg_init(&ok, MSG_PING, 1);
+	assert_int_equal(msg_encode(&ok, &b, NULL), 0);
+	size_t before = b.len;
+
+	msg_init(&m, MSG_GENERATE, 2);
+	m.u.generate.has_prompt = true;
+	m.u.generate.prompt = B("x");
+	m.u.generate.max_tokens = MSG_MAX_TOKENS_LIMIT + 1;
+	assert_int_equal(msg_encode(&m, &b, &err), HEARTH_EINVAL);
+	assert_non_null(strstr(err.msg, "max_tokens"));
+	assert_int_equal(b.len, before);
+
+	msg_init(&m, MSG_GENERATE, 0);  /* requests need an id */
+	m.u.generate.has_prompt = true;
+	m.u.generate.prompt = B("x");
+	assert_int_equal(msg_encode(&m, &b, &err), HEARTH_EINVAL);
+	assert_int_equal(b.len, before);
+
+	static uint32_t many[MSG_ARRAY_MAX];
+	msg_init(&m, MSG_DETOKENIZE, 3);  /* 256k five-byte ints: above the frame maximum */
+	for (size_t i = 0; i < MSG_ARRAY_MAX; i++)
+		many[i] = 100000;
+	m.u.detokenize.tokens = many;
+	m.u.detokenize.n_tokens = MSG_ARRAY_MAX;
+	assert_int_equal(msg_encode(&m, &b, &err), HEARTH_ERANGE);
+	assert_int_equal(b.len, before);
+	msg_buf_free(&b);
+}
+
+static void test_msg_wire_names_are_stable(void **state)
+{
+	(void)state;
+	/* These strings are the protocol; changing one breaks every deployed client. */
+	const char *codes[MSG_ERR_COUNT] = { "none", "bad_frame", "too_large", "unknown_type",
+		"bad_field", "bad_state", "bad_version", "duplicate_id", "busy", "kv_full",
+		"context", "bad_token", "ring", "loading", "shutting_down", "forbidden", "internal" };
+	for (int i = 0; i < MSG_ERR_COUNT; i++)
+		assert_string_equal(msg_errcode_name((enum msg_errcode)i), codes[i]);
+	assert_string_equal(msg_finish_name(MSG_FINISH_CANCEL), "cancel");
+	assert_string_equal(msg_type_name(MSG_LEDGER_REPLY), "ledger_reply");
+	assert_int_equal(msg_errcode_from_hearth(HEARTH_EKVFULL), MSG_ERR_KV_FULL);
+	assert_int_equal(msg_errcode_from_hearth(HEARTH_EPERM), MSG_ERR_FORBIDDEN);
+	assert_true(msg_type_is_final(MSG_ERROR));
+	assert_false(msg_type_is_final(MSG_TOKEN));
+	assert_false(msg_type_is_final(MSG_LOADING));
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_msg_roundtrips_hello_and_welcome),
+		cmocka_unit_test(test_msg_roundtrips_generate_with_every_field),
+		cmocka_unit_test(test_msg_roundtrips_small_requests),
+		cmocka_unit_test(test_msg_roundtrips_replies),
+		cmocka_unit_test(test_msg_encode_appends_frames_back_to_back),
+		cmocka_unit_test(test_msg_decode_fills_generate_defaults),
+		cmocka_unit_test(test_msg_accepts_integer_for_float_and_nil_as_absent),
+		cmocka_unit_test(test_msg_rejects_truncated_payload),
+		cmocka_unit_test(test_msg_rejects_payload_that_is_not_one_map),
+		cmocka_unit_test(test_msg_rejects_10k_levels_of_nesting_without_recursing),
+		cmocka_unit_test(test_msg_rejects_unknown_and_missing_type),
+		cmocka_unit_test(test_msg_rejects_missing_or_bad_id),
+		cmocka_unit_test(test_msg_rejects_bad_integers),
+		cmocka_unit_test(test_msg_rejects_bad_floats),
+		cmocka_unit_test(test_msg_rejects_huge_arrays_and_strings),
+		cmocka_unit_test(test_msg_rejects_invalid_utf8),
+		cmocka_unit_test(test_msg_unknown_fields_are_errors_from_clients_only),
+		cmocka_unit_test(test_msg_rejects_duplicate_and_mistyped_fields),
+		cmocka_unit_test(test_msg_requires_exactly_one_prompt_source),
+		cmocka_unit_test(test_msg_encode_refuses_what_the_peer_would_refuse),
+		cmocka_unit_test(test_msg_wire_names_are_stable),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

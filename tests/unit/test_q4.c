@@ -1,0 +1,989 @@
+/* Unit tests for the q4 layout and every kernel variant: packing against llama.cpp's own
+ * dequantization (kernels/quant.c), each ISA against the scalar reference on random and
+ * ragged shapes (W4A8 bit-exact, W4A16 within a stated float bound), the reference
+ * against float truth computed here in double, the int8 (embedding/head) layout the same
+ * way, and the vector ops against double truth. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu.h"
+#include "kernels/dispatch.h"
+#include "kernels/q4.h"
+#include "kernels/q8.h"
+#include "kernels/quant.h"
+#include "kernels/vec.h"
+
+/* ---- helpers ---- */
+
+static uint64_t rng_next(uint64_t *s)
+{
+	*s ^= *s >> 12;
+	*s ^= *s << 25;
+	*s ^= *s >> 27;
+	return *s * UINT64_C(2685821657736338717);
+}
+
+static size_t rng_below(uint64_t *s, size_t n)
+{
+	return (size_t)(rng_next(s) >> 11) % n;
+}
+
+/* Uniform in [-1, 1). */
+static float rng_unit(uint64_t *s)
+{
+	return (float)((double)(rng_next(s) >> 11) / 4503599627370496.0 - 1.0);
+}
+
+static void *xalloc(size_t n)
+{
+	void *p = aligned_alloc(64, (n + 63) & ~(size_t)63);
+
+	assert_non_null(p);
+	memset(p, 0xA5, n); /* garbage, so nothing relies on zeroed memory */
+	return p;
+}
+
+static float *random_floats(uint64_t *s, size_t n, float amp)
+{
+	float *x = xalloc(n * sizeof(float));
+
+	for (size_t i = 0; i < n; i++)
+		x[i] = rng_unit(s) * amp;
+	return x;
+}
+
+/* Every variant to compare with the reference, as available on this CPU. */
+static const struct kern_table *variants[3];
+static size_t n_variants;
+
+static int setup_variants(void **state)
+{
+	(void)state;
+	n_variants = 0;
+	for (int isa = KERN_AVX2; isa <= KERN_AVX512; isa++) {
+		const struct kern_table *t = kern_table_for((enum kern_isa)isa);
+
+		if (t)
+			variants[n_variants++] = t;
+		else
+			fprintf(stderr, "# isa %d not available on this cpu: not tested\n", isa);
+	}
+	return 0;
+}
+
+struct case_shape {
+	size_t rows, cols, group, n_tok;
+	bool asym;
+};
+
+static struct case_shape random_shape(uint64_t *s)
+{
+	struct case_shape c;
+
+	c.group = rng_below(s, 2) ? 128 : 32;
+	c.rows = 1 + rng_below(s, 80);             /* mostly not a multiple of 16 */
+	c.cols = c.group * (1 + rng_below(s, c.group == 32 ? 12 : 4));
+	c.n_tok = 1 + rng_below(s, 33);
+	c.asym = rng_below(s, 2);
+	return c;
+}
+
+static struct q4_matrix packed_random(uint64_t *s, const struct case_shape *c, float **w_out)
+{
+	struct q4_matrix m;
+	float *w = random_floats(s, c->rows * c->cols, 1.0f);
+
+	assert_int_equal(q4_matrix_plan(&m, c->rows, c->cols, c->group, c->asym), 0);
+	m.data = xalloc(q4_matrix_bytes(&m));
+	q4_pack_rows_f32(&m, w, c->cols, 0, c->rows);
+	if (w_out)
+		*w_out = w;
+	else
+		free(w);
+	return m;
+}
+
+static struct q4_acts make_acts(enum q4_act_kind kind, size_t n_tok, size_t cols, size_t group)
+{
+	struct q4_acts a;
+	size_t bytes = q4_acts_bytes(kind, n_tok, cols, group);
+
+	assert_true(bytes > 0);
+	assert_int_equal(q4_acts_init(&a, kind, n_tok, cols, group, xalloc(bytes)), 0);
+	return a;
+}
+
+/* ---- layout ---- */
+
+static void test_q4_plan_reports_size_and_rejects_bad_shapes(void **state)
+{
+	struct q4_matrix m;
+
+	(void)state;
+	assert_int_equal(q4_matrix_plan(&m, 2048, 6144, 128, true), 0);
+	assert_true(fabs(q4_matrix_bpw(&m) - 4.25) < 1e-12);
+	assert_int_equal(q4_matrix_bytes(&m), 2048 * 6144 / 2 + 2048 * 48 * 4);
+	assert_null(m.data);
+	assert_int_equal(q4_matrix_plan(&m, 2048, 6144, 128, false), 0);
+	assert_true(fabs(q4_matrix_bpw(&m) - 4.125) < 1e-12);
+	assert_int_equal(q4_matrix_plan(&m, 33, 4096, 32, false), 0);
+	assert_true(fabs(q4_matrix_bpw(&m) - 4.5) < 1e-12);
+	assert_int_equal(m.n_row_blocks, 3);
+	assert_int_equal(m.block_bytes % Q4_ALIGN, 0);
+
+	assert_int_equal(q4_matrix_plan(&m, 16, 100, 32, true), -EINVAL);  /* cols % group */
+	assert_int_equal(q4_matrix_plan(&m, 16, 128, 64, true), -EINVAL);  /* group */
+	assert_int_equal(q4_matrix_plan(&m, 0, 128, 32, true), -EINVAL);
+	assert_int_equal(q4_matrix_plan(&m, SIZE_MAX / 4, 1u << 20, 128, true), -ERANGE);
+	assert_int_equal(q4_acts_bytes(Q4_ACT_A8, 1, 100, 32), 0);
+	assert_int_equal(q4_acts_bytes(Q4_ACT_A8, SIZE_MAX / 2, 1u << 20, 128), 0);
+}
+
+/* Each value is within half a step of its code, plus the fp16 rounding of d and m. */
+static void test_q4_pack_f32_asym_round_trips_within_half_step(void **state)
+{
+	uint64_t s = 11;
+
+	(void)state;
+	for (int it = 0; it < 20; it++) {
+		struct case_shape c = random_shape(&s);
+		float *w;
+
+		c.asym = true;
+		struct q4_matrix m = packed_random(&s, &c, &w);
+		float *u = xalloc(c.rows * c.cols * sizeof(float));
+
+		q4_unpack_rows(&m, 0, c.rows, u, c.cols);
+		for (size_t r = 0; r < c.rows; r++) {
+			for (size_t k = 0; k < c.cols; k++) {
+				size_t g = k / c.group;
+				double d = q4_scale_d(&m, r, g), mn = q4_scale_m(&m, r, g);
+				double bound = 0.5 * d + 16.0 * d / 2048.0 + fabs(mn) / 2048.0 + 1e-6;
+
+				assert_true(q4_code(&m, r, k) <= 15);
+				if (fabs((double)u[r * c.cols + k] - w[r * c.cols + k]) > bound)
+					fail_msg("row %zu col %zu: %g vs %g (bound %g)", r, k, u[r * c.cols + k],
+						 w[r * c.cols + k], bound);
+			}
+		}
+		free(u);
+		free(w);
+		free(m.data);
+	}
+}
+
+/* Sym packing from f32 follows quantize_row_q4_0_ref: same values as a Q4_0 round trip. */
+static void test_q4_pack_f32_sym_matches_llama_q4_0(void **state)
+{
+	uint64_t s = 12;
+	const size_t rows = 21, cols = 256;
+	float *w = random_floats(&s, rows * cols, 3.0f);
+	struct block_q4_0 *blocks = xalloc(rows * cols / 32 * sizeof(*blocks));
+	float *truth = xalloc(rows * cols * sizeof(float)), *u = xalloc(rows * cols * sizeof(float));
+	struct q4_matrix m;
+
+	(void)state;
+	assert_true(quant_quantize_row(QTYPE_Q4_0, w, blocks, rows * cols));
+	quant_dequant_row(QTYPE_Q4_0, blocks, truth, rows * cols);
+	assert_int_equal(q4_matrix_plan(&m, rows, cols, 32, false), 0);
+	m.data = xalloc(q4_matrix_bytes(&m));
+	q4_pack_rows_f32(&m, w, cols, 0, rows);
+	q4_unpack_rows(&m, 0, rows, u, cols);
+	assert_memory_equal(u, truth, rows * cols * sizeof(float));
+	free(m.data);
+	free(w);
+	free(blocks);
+	free(truth);
+	free(u);
+}
+
+static void random_bytes(uint64_t *s, void *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		((uint8_t *)p)[i] = (uint8_t)rng_next(s);
+}
+
+/* A finite fp16 of moderate size and either sign. */
+static qfp16 random_half(uint64_t *s)
+{
+	return quant_f32_to_fp16(rng_unit(s) * 0.05f);
+}
+
+static void test_q4_0_carry_over_matches_llama_dequant_exactly(void **state)
+{
+	uint64_t s = 13;
+	const size_t rows = 37, cols = 320, nb = rows * cols / 32;
+	struct block_q4_0 *b = xalloc(nb * sizeof(*b));
+	float *truth = xalloc(rows * cols * sizeof(float));
+	float *u = xalloc(48 * cols * sizeof(float));
+	struct q4_matrix m;
+
+	(void)state;
+	for (size_t i = 0; i < nb; i++) {
+		b[i].d = random_half(&s);
+		random_bytes(&s, b[i].qs, sizeof(b[i].qs));
+	}
+	quant_dequant_row(QTYPE_Q4_0, b, truth, rows * cols);
+	assert_int_equal(q4_matrix_plan(&m, rows, cols, 32, true), 0);
+	m.data = xalloc(q4_matrix_bytes(&m));
+	assert_int_equal(q4_pack_rows_q4_0(&m, b, 0, rows), -EINVAL); /* asym matrix */
+	free(m.data);
+	assert_int_equal(q4_matrix_plan(&m, rows, cols, 32, false), 0);
+	m.data = xalloc(q4_matrix_bytes(&m));
+	/* The loader's way: a few rows at a time. */
+	for (size_t r = 0; r < rows; r += 5) {
+		size_t n = rows - r < 5 ? rows - r : 5;
+
+		assert_int_equal(q4_pack_rows_q4_0(&m, b + r * (cols / 32), r, n), 0);
+	}
+	/* Unpack the pad rows too: they must read as zero weights. */
+	q4_unpack_rows(&m, 0, 48, u, cols);
+	assert_memory_equal(u, truth, rows * cols * sizeof(float));
+	for (size_t i = rows * cols; i < 48 * cols; i++)
+		assert_true(u[i] == 0.0f);
+	free(b);
+	free(truth);
+	free(u);
+	free(m.data);
+}
+
+static void test_q4_1_carry_over_matches_llama_dequant_exactly(void **state)
+{
+	uint64_t s = 14;
+	const size_t rows = 19, cols = 128, nb = rows * cols / 32;
+	struct block_q4_1 *b = xalloc(nb * sizeof(*b));
+	float *truth = xalloc(rows * cols * sizeof(float)), *u = xalloc(rows * cols * sizeof(float));
+	struct q4_matrix m;
+
+	(void)state;
+	for (size_t i = 0; i < nb; i++) {
+		b[i].d = random_half(&s);
+		b[i].m = random_half(&s);
+		random_bytes(&s, b[i].qs, sizeof(b[i].qs));
+	}
+	quant_dequant_row(QTYPE_Q4_1, b, truth, rows * cols);
+	assert_int_equal(q4_matrix_plan(&m, rows, cols, 32, true), 0);
+	m.data = xalloc(q4_matrix_bytes(&m));
+	assert_int_equal(q4_pack_rows_q4_1(&m, b, 0, rows), 0);
+	q4_unpack_rows(&m, 0, rows, u, cols);
+	assert_memory_equal(u, truth, rows * cols * sizeof(float));
+	free(b);
+	free(truth);
+	free(u);
+	free(m.data);
+}
+
+/* Q4_K's sub-block scale d*sc and min dmin*m are re-rounded to fp16: each weight is off
+ * by at most 15 * |d*sc| * 2^-11 + |dmin*m| * 2^-11 (half an fp16 ulp each). */
+static void test_q4_k_carry_over_within_fp16_scale_rounding(void **state)
+{
+	uint64_t s = 15;
+	const size_t rows = 17, cols = 512, nb = rows * cols / 256;
+	struct block_q4_K *b = xalloc(nb * sizeof(*b));
+	float *truth = xalloc(rows * cols * sizeof(float)), *u = xalloc(rows * cols * sizeof(float));
+	struct q4_matrix m;
+	size_t n_exact = 0;
+
+	(void)state;
+	for (size_t i = 0; i < nb; i++) {
+		b[i].d = quant_f32_to_fp16(fabsf(rng_unit(&s)) * 0.01f);
+		b[i].dmin = quant_f32_to_fp16(fabsf(rng_unit(&s)) * 0.01f);
+		random_bytes(&s, b[i].scales, sizeof(b[i].scales));
+		random_bytes(&s, b[i].qs, sizeof(b[i].qs));
+	}
+	quant_dequant_row(QTYPE_Q4_K, b, truth, rows * cols);
+	assert_int_equal(q4_matrix_plan(&m, rows, cols, 32, true), 0);
+	m.data = xalloc(q4_matrix_bytes(&m));
+	assert_int_equal(q4_pack_rows_q4_k(&m, b, 0, rows), 0);
+	q4_unpack_rows(&m, 0, rows, u, cols);
+	for (size_t i = 0; i < rows * cols; i++) {
+		const struct block_q4_K *blk = &b[i / 256];
+		double bound = (15.0 * 63.0 * quant_fp16_to_f32(blk->d) + 63.0 * quant_fp16_to_f32(blk->dmin)) /
+			       2048.0 + 1e-7;
+
+		assert_true(fabs((double)u[i] - truth[i]) <= bound);
+		n_exact += u[i] == truth[i];
+	}
+	assert_true(n_exact > 0);
+	free(b);
+	free(truth);
+	free(u);
+	free(m.data);
+}
+
+/* Row blocks are shared by 16 rows; packing them a few at a time, out of order, must give
+ * the same bytes as packing all at once. */
+static void test_q4_pack_rows_in_pieces_gives_same_bytes(void **state)
+{
+	uint64_t s = 16;
+	const size_t rows = 45, cols = 256;
+	float *w = random_floats(&s, rows * cols, 1.0f);
+	struct q4_matrix a, b;
+
+	(void)state;
+	assert_int_equal(q4_matrix_plan(&a, rows, cols, 128, true), 0);
+	b = a;
+	a.data = xalloc(q4_matrix_bytes(&a));
+	b.data = xalloc(q4_matrix_bytes(&b));
+	q4_pack_rows_f32(&a, w, cols, 0, rows);
+	static const size_t order[][2] = { { 40, 5 }, { 3, 10 }, { 0, 3 }, { 13, 27 } };
+	for (size_t i = 0; i < 4; i++)
+		q4_pack_rows_f32(&b, w + order[i][0] * cols, cols, order[i][0], order[i][1]);
+	assert_memory_equal(a.data, b.data, q4_matrix_bytes(&a));
+	free(w);
+	free(a.data);
+	free(b.data);
+}
+
+/* ---- activations ---- */
+
+static void test_q4_acts_a8_every_isa_matches_reference_bytes(void **state)
+{
+	uint64_t s = 21;
+
+	(void)state;
+	for (int it = 0; it < 30; it++) {
+		struct case_shape c = random_shape(&s);
+		float *x = random_floats(&s, c.n_tok * c.cols, 4.0f);
+		struct q4_acts ref = make_acts(Q4_ACT_A8, c.n_tok, c.cols, c.group);
+
+		if (it == 0)
+			memset(x, 0, c.cols * sizeof(float)); /* an all-zero token: scale 0 */
+		q4_acts_prepare_ref(&ref, x, c.cols, 0, c.n_tok);
+		for (size_t v = 0; v < n_variants; v++) {
+			struct q4_acts a = make_acts(Q4_ACT_A8, c.n_tok, c.cols, c.group);
+
+			variants[v]->acts_prepare(&a, x, c.cols, 0, c.n_tok);
+			assert_memory_equal(a.codes, ref.codes, c.n_tok * c.cols);
+			assert_memory_equal(a.scale, ref.scale, c.n_tok * a.n_groups * sizeof(float));
+			assert_memory_equal(a.sum, ref.sum, c.n_tok * a.n_groups * sizeof(float));
+			free(a.codes);
+		}
+		/* Independent truth: |x - scale*q| <= scale/2 and |q| <= 127. */
+		for (size_t t = 0; t < c.n_tok; t++) {
+			for (size_t k = 0; k < c.cols; k++) {
+				int8_t q = ((int8_t *)ref.codes)[t * c.cols + k];
+				float sc = ref.scale[t * ref.n_groups + k / c.group];
+
+				assert_true(q >= -127);
+				assert_true(fabsf(x[t * c.cols + k] - sc * q) <= sc * 0.5f * 1.0001f);
+			}
+		}
+		free(ref.codes);
+		free(x);
+	}
+}
+
+static void test_q4_acts_a16_every_isa_matches_reference(void **state)
+{
+	uint64_t s = 22;
+
+	(void)state;
+	for (int it = 0; it < 30; it++) {
+		struct case_shape c = random_shape(&s);
+		float *x = random_floats(&s, c.n_tok * c.cols, 4.0f);
+		struct q4_acts ref = make_acts(Q4_ACT_A16, c.n_tok, c.cols, c.group);
+
+		q4_acts_prepare_ref(&ref, x, c.cols, 0, c.n_tok);
+		/* Truth: each column's bf16 sits where q4_a16_index says. */
+		for (size_t t = 0; t < c.n_tok; t++)
+			for (size_t k = 0; k < c.cols; k++)
+				assert_int_equal(((uint16_t *)ref.codes)[t * c.cols + q4_a16_index(k)],
+						 quant_f32_to_bf16(x[t * c.cols + k]));
+		for (size_t v = 0; v < n_variants; v++) {
+			struct q4_acts a = make_acts(Q4_ACT_A16, c.n_tok, c.cols, c.group);
+
+			variants[v]->acts_prepare(&a, x, c.cols, 0, c.n_tok);
+			assert_memory_equal(a.codes, ref.codes, c.n_tok * c.cols * 2);
+			/* Sums of <= 128 values of |x| <= 4: order changes them by <= 128 ulp(512). */
+			for (size_t i = 0; i < c.n_tok * a.n_groups; i++)
+				assert_true(fabsf(a.sum[i] - ref.sum[i]) <= 128 * 512 * 1.2e-7f);
+			free(a.codes);
+		}
+		free(ref.codes);
+		free(x);
+	}
+}
+
+/* ---- matmul ---- */
+
+static float *nan_filled(size_t n)
+{
+	float *y = xalloc(n * sizeof(float));
+
+	for (size_t i = 0; i < n; i++)
+		y[i] = NAN;
+	return y;
+}
+
+/* Runs a variant over [0, rows) split at a row block boundary, as two threads would. */
+static void matmul_split(const struct kern_table *k, const struct q4_matrix *m, const struct q4_acts *a,
+			 float *y, size_t split)
+{
+	k->matmul(m, a, y, m->rows, 0, split);
+	k->matmul(m, a, y, m->rows, split, m->rows);
+}
+
+static void test_q4_w4a8_every_isa_bit_exact_vs_reference(void **state)
+{
+	uint64_t s = 31;
+
+	(void)state;
+	for (int it = 0; it < 60; it++) {
+		struct case_shape c = random_shape(&s);
+		struct q4_matrix m = packed_random(&s, &c, NULL);
+		float *x = random_floats(&s, c.n_tok * c.cols, 2.0f);
+		struct q4_acts a = make_acts(Q4_ACT_A8, c.n_tok, c.cols, c.group);
+		float *ref = nan_filled(c.n_tok * c.rows);
+		size_t split = Q4_ROWS * rng_below(&s, m.n_row_blocks + 1);
+
+		if (split > c.rows)
+			split = c.rows;
+		q4_acts_prepare_ref(&a, x, c.cols, 0, c.n_tok);
+		q4_matmul_ref(&m, &a, ref, c.rows, 0, c.rows);
+		for (size_t v = 0; v < n_variants; v++) {
+			float *y = nan_filled(c.n_tok * c.rows);
+
+			matmul_split(variants[v], &m, &a, y, split);
+			if (memcmp(y, ref, c.n_tok * c.rows * sizeof(float)) != 0)
+				fail_msg("%s: rows %zu cols %zu group %zu tokens %zu asym %d differs", variants[v]->name,
+					 c.rows, c.cols, c.group, c.n_tok, c.asym);
+			free(y);
+		}
+		free(m.data);
+		free(x);
+		free(a.codes);
+		free(ref);
+	}
+}
+
+/* |d*q + m| summed over the row, weighted by |x|: the scale of the float error. With
+ * 128+q inside the AVX-512 path the accumulator holds up to 143*|d|*sum|x| per group. */
+static double a16_error_scale(const struct q4_matrix *m, const struct q4_acts *a, size_t r, size_t t)
+{
+	double b = 0.0;
+
+	for (size_t g = 0; g < m->n_groups; g++) {
+		double sx = 0.0;
+
+		for (size_t k = g * m->group; k < (g + 1) * m->group; k++)
+			sx += fabs(quant_bf16_to_f32(((uint16_t *)a->codes)[t * a->cols + q4_a16_index(k)]));
+		b += (143.0 * fabs(q4_scale_d(m, r, g)) + fabs(q4_scale_m(m, r, g))) * sx;
+	}
+	return b;
+}
+
+/* Float sums in different orders: each path rounds at most ~(terms per chain + groups)
+ * times, about 40 unit roundoffs (2.4e-6) of the error scale in the worst case for these
+ * shapes; 1e-5 leaves a 4x margin while still catching any wrong code, scale or column. */
+static void test_q4_w4a16_every_isa_close_to_reference(void **state)
+{
+	uint64_t s = 32;
+
+	(void)state;
+	for (int it = 0; it < 60; it++) {
+		struct case_shape c = random_shape(&s);
+		struct q4_matrix m = packed_random(&s, &c, NULL);
+		float *x = random_floats(&s, c.n_tok * c.cols, 2.0f);
+		struct q4_acts a = make_acts(Q4_ACT_A16, c.n_tok, c.cols, c.group);
+		float *ref = nan_filled(c.n_tok * c.rows);
+		size_t split = Q4_ROWS * rng_below(&s, m.n_row_blocks + 1);
+
+		if (split > c.rows)
+			split = c.rows;
+		q4_acts_prepare_ref(&a, x, c.cols, 0, c.n_tok);
+		q4_matmul_ref(&m, &a, ref, c.rows, 0, c.rows);
+		for (size_t v = 0; v < n_variants; v++) {
+			float *y = nan_filled(c.n_tok * c.rows);
+
+			matmul_split(variants[v], &m, &a, y, split);
+			for (size_t t = 0; t < c.n_tok; t++) {
+				for (size_t r = 0; r < c.rows; r++) {
+					double e = fabs((double)y[t * c.rows + r] - ref[t * c.rows + r]);
+					double tol = 1e-5 * a16_error_scale(&m, &a, r, t);
+
+					if (!(e <= tol))
+						fail_msg("%s: rows %zu cols %zu group %zu tok %zu: row %zu token %zu "
+							 "%g vs %g (tol %g)", variants[v]->name, c.rows, c.cols,
+							 c.group, c.n_tok, r, t, y[t * c.rows + r], ref[t * c.rows + r], tol);
+				}
+			}
+			free(y);
+		}
+		free(m.data);
+		free(x);
+		free(a.codes);
+		free(ref);
+	}
+}
+
+/* The reference itself against a double dot of the unpacked weights with x: A8 may be off
+ * by the activation rounding (|x - s*q| <= s/2 per column), A16 by bf16 rounding (2^-9
+ * relative per column), plus float noise. */
+static void test_q4_reference_matches_double_truth(void **state)
+{
+	uint64_t s = 33;
+
+	(void)state;
+	for (int it = 0; it < 20; it++) {
+		struct case_shape c = random_shape(&s);
+		struct q4_matrix m = packed_random(&s, &c, NULL);
+		float *x = random_floats(&s, c.n_tok * c.cols, 2.0f);
+		float *u = xalloc(c.rows * c.cols * sizeof(float));
+
+		q4_unpack_rows(&m, 0, c.rows, u, c.cols);
+		for (int kind = Q4_ACT_A8; kind <= Q4_ACT_A16; kind += 8) {
+			struct q4_acts a = make_acts((enum q4_act_kind)kind, c.n_tok, c.cols, c.group);
+			float *y = nan_filled(c.n_tok * c.rows);
+
+			q4_acts_prepare_ref(&a, x, c.cols, 0, c.n_tok);
+			q4_matmul_ref(&m, &a, y, c.rows, 0, c.rows);
+			for (size_t t = 0; t < c.n_tok; t++) {
+				for (size_t r = 0; r < c.rows; r++) {
+					double dot = 0.0, bound = 0.0, mag = 0.0;
+
+					for (size_t k = 0; k < c.cols; k++) {
+						double wk = u[r * c.cols + k], xk = x[t * c.cols + k];
+
+						dot += wk * xk;
+						mag += fabs(wk * xk);
+						if (kind == Q4_ACT_A8)
+							bound += fabs(wk) * 0.5 * a.scale[t * a.n_groups + k / c.group];
+						else
+							bound += fabs(wk * xk) / 512.0;
+					}
+					bound += 1e-4 * mag + 1e-6;
+					assert_true(fabs(y[t * c.rows + r] - dot) <= bound);
+				}
+			}
+			free(a.codes);
+			free(y);
+		}
+		free(m.data);
+		free(x);
+		free(u);
+	}
+}
+
+/* Rows outside [row_begin, row_end) belong to other threads: never written. */
+static void test_q4_matmul_writes_only_its_rows(void **state)
+{
+	uint64_t s = 34;
+	struct case_shape c = { .rows = 70, .cols = 256, .group = 128, .n_tok = 3, .asym = true };
+	struct q4_matrix m = packed_random(&s, &c, NULL);
+	float *x = random_floats(&s, c.n_tok * c.cols, 1.0f);
+
+	(void)state;
+	for (int kind = Q4_ACT_A8; kind <= Q4_ACT_A16; kind += 8) {
+		struct q4_acts a = make_acts((enum q4_act_kind)kind, c.n_tok, c.cols, c.group);
+
+		q4_acts_prepare_ref(&a, x, c.cols, 0, c.n_tok);
+		for (size_t v = 0; v <= n_variants; v++) {
+			const struct kern_table *k = v < n_variants ? variants[v] : kern_table_for(KERN_REF);
+			float *y = nan_filled(c.n_tok * c.rows);
+
+			k->matmul(&m, &a, y, c.rows, 16, 48);
+			for (size_t t = 0; t < c.n_tok; t++)
+				for (size_t r = 0; r < c.rows; r++)
+					assert_true(isnan(y[t * c.rows + r]) == (r < 16 || r >= 48));
+			free(y);
+		}
+		free(a.codes);
+	}
+	free(m.data);
+	free(x);
+}
+
+/* ---- int8 layout (embedding / head) ---- */
+
+static struct q8_matrix q8_from_q8_0(uint64_t *s, size_t rows, size_t cols, struct block_q8_0 **blocks)
+{
+	size_t nb = rows * cols / 32;
+	struct block_q8_0 *b = xalloc(nb * sizeof(*b));
+	struct q8_matrix m;
+
+	for (size_t i = 0; i < nb; i++) {
+		b[i].d = random_half(s);
+		random_bytes(s, b[i].qs, sizeof(b[i].qs)); /* includes -128 */
+	}
+	assert_int_equal(q8_matrix_plan(&m, rows, cols, 32), 0);
+	m.data = xalloc(q8_matrix_bytes(&m));
+	for (size_t r = 0; r < rows; r += 7)
+		assert_int_equal(q8_pack_rows_q8_0(&m, b + r * (cols / 32), r, rows - r < 7 ? rows - r : 7), 0);
+	*blocks = b;
+	return m;
+}
+
+static void test_q8_0_carry_over_matches_llama_dequant_exactly(void **state)
+{
+	uint64_t s = 51;
+	const size_t rows = 35, cols = 192;
+	struct block_q8_0 *b;
+	struct q8_matrix m = q8_from_q8_0(&s, rows, cols, &b);
+	float *truth = xalloc(rows * cols * sizeof(float)), *u = xalloc(48 * cols * sizeof(float));
+
+	(void)state;
+	quant_dequant_row(QTYPE_Q8_0, b, truth, rows * cols);
+	q8_unpack_rows(&m, 0, 48, u, cols);
+	assert_memory_equal(u, truth, rows * cols * sizeof(float));
+	for (size_t i = rows * cols; i < 48 * cols; i++)
+		assert_true(u[i] == 0.0f);
+	struct q8_matrix g128;
+
+	assert_int_equal(q8_matrix_plan(&g128, rows, 256, 128), 0);
+	assert_int_equal(q8_pack_rows_q8_0(&g128, b, 0, 1), -EINVAL);
+	free(b);
+	free(truth);
+	free(u);
+	free(m.data);
+}
+
+static void test_q8_pack_f32_round_trips_within_half_step(void **state)
+{
+	uint64_t s = 52;
+	const size_t rows = 20, cols = 256;
+	float *w = random_floats(&s, rows * cols, 2.0f), *u = xalloc(rows * cols * sizeof(float));
+	struct q8_matrix m;
+
+	(void)state;
+	assert_int_equal(q8_matrix_plan(&m, rows, cols, 128), 0);
+	m.data = xalloc(q8_matrix_bytes(&m));
+	q8_pack_rows_f32(&m, w, cols, 0, rows);
+	q8_unpack_rows(&m, 0, rows, u, cols);
+	for (size_t r = 0; r < rows; r++) {
+		for (size_t k = 0; k < cols; k++) {
+			float d = q8_scale_d(&m, r, k / 128);
+
+			assert_true(abs(q8_code(&m, r, k)) <= 127);
+			assert_true(fabsf(u[r * cols + k] - w[r * cols + k]) <= 0.5f * d * 1.001f + 1e-7f);
+		}
+	}
+	free(w);
+	free(u);
+	free(m.data);
+}
+
+static void test_q8_matmul_every_isa_matches_reference_and_truth(void **state)
+{
+	uint64_t s = 53;
+
+	(void)state;
+	for (int it = 0; it < 30; it++) {
+		size_t rows = 1 + rng_below(&s, 70), cols = 32 * (1 + rng_below(&s, 8)), n_tok = 1 + rng_below(&s, 20);
+		struct block_q8_0 *b;
+		struct q8_matrix m = q8_from_q8_0(&s, rows, cols, &b);
+		float *x = random_floats(&s, n_tok * cols, 2.0f), *u = xalloc(rows * cols * sizeof(float));
+		size_t split = Q4_ROWS * rng_below(&s, m.n_row_blocks + 1);
+
+		if (split > rows)
+			split = rows;
+		q8_unpack_rows(&m, 0, rows, u, cols);
+		for (int kind = Q4_ACT_A8; kind <= Q4_ACT_A16; kind += 8) {
+			struct q4_acts a = make_acts((enum q4_act_kind)kind, n_tok, cols, 32);
+			float *ref = nan_filled(n_tok * rows);
+
+			q4_acts_prepare_ref(&a, x, cols, 0, n_tok);
+			q8_matmul_ref(&m, &a, ref, rows, 0, rows);
+			/* The reference against double truth, as for q4. */
+			for (size_t t = 0; t < n_tok; t++) {
+				for (size_t r = 0; r < rows; r++) {
+					double dot = 0.0, bound = 1e-6, scale = 0.0;
+
+					for (size_t k = 0; k < cols; k++) {
+						double wk = u[r * cols + k], xk = x[t * cols + k];
+
+						dot += wk * xk;
+						scale += fabs(wk * xk);
+						bound += kind == Q4_ACT_A8 ? fabs(wk) * 0.5 * a.scale[t * a.n_groups + k / 32]
+									   : fabs(wk * xk) / 512.0;
+					}
+					assert_true(fabs(ref[t * rows + r] - dot) <= bound + 1e-4 * scale);
+				}
+			}
+			for (size_t v = 0; v < n_variants; v++) {
+				float *y = nan_filled(n_tok * rows);
+
+				variants[v]->q8_matmul(&m, &a, y, rows, 0, split);
+				variants[v]->q8_matmul(&m, &a, y, rows, split, rows);
+				if (kind == Q4_ACT_A8) {
+					if (memcmp(y, ref, n_tok * rows * sizeof(float)) != 0)
+						fail_msg("%s: W8A8 rows %zu cols %zu tokens %zu differs", variants[v]->name,
+							 rows, cols, n_tok);
+				} else {
+					/* Float sums in other orders: |w| <= 128|d|, 32-term chains. */
+					for (size_t t = 0; t < n_tok; t++) {
+						for (size_t r = 0; r < rows; r++) {
+							double sc = 0.0;
+
+							for (size_t k = 0; k < cols; k++)
+								sc += fabs(u[r * cols + k] * x[t * cols + k]);
+							assert_true(fabs(y[t * rows + r] - ref[t * rows + r]) <= 1e-5 * sc + 1e-30);
+						}
+					}
+				}
+				free(y);
+			}
+			free(a.codes);
+			free(ref);
+		}
+		free(b);
+		free(x);
+		free(u);
+		free(m.data);
+	}
+}
+
+/* ---- vector ops, against double truth computed here ---- */
+
+static void test_vec_rmsnorm_every_isa_matches_double(void **state)
+{
+	uint64_t s = 41;
+
+	(void)state;
+	for (size_t n = 1; n < 300; n += 37) {
+		float *x = random_floats(&s, n, 3.0f), *w = random_floats(&s, n, 1.0f);
+		double ss = 0.0;
+
+		for (size_t i = 0; i < n; i++)
+			ss += (double)x[i] * x[i];
+		double scale = 1.0 / sqrt(ss / (double)n + 1e-5);
+
+		for (size_t v = 0; v <= n_variants; v++) {
+			const struct kern_table *k = v < n_variants ? variants[v] : kern_table_for(KERN_REF);
+			float *out = xalloc(n * sizeof(float));
+
+			k->rmsnorm(out, x, w, n, 1e-5f);
+			for (size_t i = 0; i < n; i++)
+				assert_true(fabs(out[i] - x[i] * scale * w[i]) <= 1e-5 * fabs(x[i] * scale) + 1e-7);
+			free(out);
+		}
+		free(x);
+		free(w);
+	}
+}
+
+static void test_vec_rope_every_isa_matches_double(void **state)
+{
+	uint64_t s = 42;
+	const size_t head_dim = 80, n_rot = 76, n_heads = 3, half = n_rot / 2, pos = 1234;
+	float *cos_tab = xalloc((pos + 1) * half * sizeof(float)), *sin_tab = xalloc((pos + 1) * half * sizeof(float));
+
+	(void)state;
+	vec_rope_table(cos_tab, sin_tab, pos + 1, n_rot, 10000.0f, 1.0f, NULL);
+	/* The table follows theta_i = pos * base^(-2i/n_rot) (to float precision). */
+	for (size_t i = 0; i < half; i++) {
+		double ang = (double)pos * pow(10000.0, -2.0 * (double)i / (double)n_rot);
+
+		assert_true(fabs(cos_tab[pos * half + i] - cos(ang)) < 2e-3);
+		assert_true(fabs(sin_tab[pos * half + i] - sin(ang)) < 2e-3);
+	}
+	for (int style = VEC_ROPE_NORM; style <= VEC_ROPE_NEOX; style += 2) {
+		float *x = random_floats(&s, n_heads * head_dim, 1.0f);
+
+		for (size_t v = 0; v <= n_variants; v++) {
+			const struct kern_table *k = v < n_variants ? variants[v] : kern_table_for(KERN_REF);
+			float *y = xalloc(n_heads * head_dim * sizeof(float));
+			const float *c = cos_tab + pos * half, *sn = sin_tab + pos * half;
+
+			memcpy(y, x, n_heads * head_dim * sizeof(float));
+			k->rope(y, n_heads, head_dim, n_rot, (enum vec_rope_style)style, c, sn);
+			for (size_t h = 0; h < n_heads; h++) {
+				const float *xv = x + h * head_dim;
+				const float *yv = y + h * head_dim;
+
+				for (size_t i = 0; i < half; i++) {
+					size_t a = style == VEC_ROPE_NEOX ? i : 2 * i;
+					size_t b = style == VEC_ROPE_NEOX ? i + half : 2 * i + 1;
+					double ya = (double)xv[a] * c[i] - (double)xv[b] * sn[i];
+					double yb = (double)xv[a] * sn[i] + (double)xv[b] * c[i];
+
+					assert_true(fabs(yv[a] - ya) < 1e-6 && fabs(yv[b] - yb) < 1e-6);
+				}
+				for (size_t i = n_rot; i < head_dim; i++)
+					assert_true(yv[i] == xv[i]);
+			}
+			free(y);
+		}
+		free(x);
+	}
+	free(cos_tab);
+	free(sin_tab);
+}
+
+static void test_vec_silu_mul_every_isa_matches_double(void **state)
+{
+	uint64_t s = 43;
+	const size_t n = 203;
+	float *g = random_floats(&s, n, 20.0f), *u = random_floats(&s, n, 2.0f);
+
+	(void)state;
+	g[0] = -100.0f; /* exp overflow territory: silu -> -0 */
+	g[1] = 100.0f;
+	for (size_t v = 0; v <= n_variants; v++) {
+		const struct kern_table *k = v < n_variants ? variants[v] : kern_table_for(KERN_REF);
+		float *y = xalloc(n * sizeof(float));
+
+		memcpy(y, g, n * sizeof(float));
+		k->silu_mul(y, u, n);
+		for (size_t i = 0; i < n; i++) {
+			double t = (double)g[i] / (1.0 + exp(-(double)g[i])) * u[i];
+
+			assert_true(fabs(y[i] - t) <= 1e-6 * fabs(t) + 1e-30);
+		}
+		free(y);
+	}
+	free(g);
+	free(u);
+}
+
+/* Attention over a KV span given in pieces (a paged cache), against a plain softmax in
+ * double over the same f16/bf16 values; shapes cover ragged position blocks, more query
+ * heads per KV head than one pass takes, and head_dim 16..128. */
+static void check_attn(uint64_t *s, enum vec_kv_type type, size_t head_dim, size_t n_rep, size_t n_pos,
+		       size_t split)
+{
+	const size_t stride = head_dim * 2 + 32; /* rows need not be packed */
+	uint8_t *k = xalloc(n_pos * stride), *v = xalloc(n_pos * stride);
+	float *q = random_floats(s, n_rep * head_dim, 1.0f);
+	float *kf = xalloc(n_pos * head_dim * sizeof(float)), *vf = xalloc(n_pos * head_dim * sizeof(float));
+	float *mx = xalloc(n_rep * sizeof(float)), *sm = xalloc(n_rep * sizeof(float));
+	float *acc = xalloc(n_rep * head_dim * sizeof(float)), *out = xalloc(n_rep * head_dim * sizeof(float));
+	double *sc = xalloc(n_pos * sizeof(double));
+	const float scale = 1.0f / sqrtf((float)head_dim);
+
+	for (size_t p = 0; p < n_pos; p++) {
+		for (size_t i = 0; i < head_dim; i++) {
+			float a = rng_unit(s) * 3.0f, b = rng_unit(s);
+			uint16_t ha = type == VEC_KV_BF16 ? quant_f32_to_bf16(a) : quant_f32_to_fp16(a);
+			uint16_t hb = type == VEC_KV_BF16 ? quant_f32_to_bf16(b) : quant_f32_to_fp16(b);
+
+			memcpy(k + p * stride + 2 * i, &ha, 2);
+			memcpy(v + p * stride + 2 * i, &hb, 2);
+			kf[p * head_dim + i] = type == VEC_KV_BF16 ? quant_bf16_to_f32(ha) : quant_fp16_to_f32(ha);
+			vf[p * head_dim + i] = type == VEC_KV_BF16 ? quant_bf16_to_f32(hb) : quant_fp16_to_f32(hb);
+		}
+	}
+	for (size_t vi = 0; vi <= n_variants; vi++) {
+		const struct kern_table *kt = vi < n_variants ? variants[vi] : kern_table_for(KERN_REF);
+
+		vec_attn_init(mx, sm, acc, n_rep, head_dim);
+		kt->attn(q, n_rep, head_dim, type, k, stride, v, stride, split, scale, mx, sm, acc);
+		kt->attn(q, n_rep, head_dim, type, k + split * stride, stride, v + split * stride, stride,
+			 n_pos - split, scale, mx, sm, acc);
+		vec_attn_finish(out, sm, acc, n_rep, head_dim);
+		for (size_t r = 0; r < n_rep; r++) {
+			double mxd = -INFINITY, tot = 0.0;
+
+			for (size_t p = 0; p < n_pos; p++) {
+				double d = 0.0;
+
+				for (size_t i = 0; i < head_dim; i++)
+					d += (double)q[r * head_dim + i] * kf[p * head_dim + i];
+				sc[p] = d * scale;
+				mxd = fmax(mxd, sc[p]);
+			}
+			for (size_t p = 0; p < n_pos; p++)
+				tot += exp(sc[p] - mxd);
+			for (size_t i = 0; i < head_dim; i++) {
+				double o = 0.0;
+
+				for (size_t p = 0; p < n_pos; p++)
+					o += exp(sc[p] - mxd) / tot * vf[p * head_dim + i];
+				if (!(fabs(out[r * head_dim + i] - o) < 2e-5))
+					fail_msg("%s: head_dim %zu n_rep %zu n_pos %zu: head %zu dim %zu: %g vs %g", kt->name,
+						 head_dim, n_rep, n_pos, r, i, out[r * head_dim + i], o);
+			}
+		}
+	}
+	free(k);
+	free(v);
+	free(q);
+	free(kf);
+	free(vf);
+	free(mx);
+	free(sm);
+	free(acc);
+	free(out);
+	free(sc);
+}
+
+static void test_vec_attn_every_isa_matches_double_softmax(void **state)
+{
+	uint64_t s = 44;
+
+	(void)state;
+	for (int type = VEC_KV_F16; type <= VEC_KV_BF16; type += VEC_KV_BF16 - VEC_KV_F16) {
+		check_attn(&s, (enum vec_kv_type)type, 64, 3, 45, 29);
+		check_attn(&s, (enum vec_kv_type)type, 128, 10, 70, 16);
+		check_attn(&s, (enum vec_kv_type)type, 16, 1, 5, 0);
+		check_attn(&s, (enum vec_kv_type)type, 32, 8, 33, 33);
+	}
+}
+
+/* ---- dispatch ---- */
+
+static void test_kern_select_forces_and_rejects(void **state)
+{
+	struct cpu_features f;
+	char desc[256];
+
+	(void)state;
+	cpu_detect(&f);
+	cpu_describe(&f, desc, sizeof(desc));
+	fprintf(stderr, "# cpu: %s\n", desc);
+	assert_int_equal(kern_select("ref"), 0);
+	assert_string_equal(kern_active()->name, "ref");
+	assert_int_equal(kern_select("fastest-please"), -EINVAL);
+	assert_string_equal(kern_active()->name, "ref"); /* a bad name changes nothing */
+	assert_int_equal(kern_select(NULL), 0);
+	assert_ptr_equal(kern_active(), kern_best());
+	if (cpu_has_avx512_set(&f))
+		assert_string_equal(kern_best()->name, "avx512");
+	else if (cpu_has_avx2_set(&f))
+		assert_string_equal(kern_best()->name, "avx2");
+	if (!cpu_has_avx512_set(&f))
+		assert_int_equal(kern_select("avx512"), -ENOTSUP);
+	assert_int_equal(kern_table_for(KERN_REF)->isa, KERN_REF);
+	for (size_t v = 0; v < n_variants; v++) {
+		assert_int_equal(kern_select(variants[v]->name), 0);
+		assert_ptr_equal(kern_active(), variants[v]);
+	}
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_q4_plan_reports_size_and_rejects_bad_shapes),
+		cmocka_unit_test(test_q4_pack_f32_asym_round_trips_within_half_step),
+		cmocka_unit_test(test_q4_pack_f32_sym_matches_llama_q4_0),
+		cmocka_unit_test(test_q4_0_carry_over_matches_llama_dequant_exactly),
+		cmocka_unit_test(test_q4_1_carry_over_matches_llama_dequant_exactly),
+		cmocka_unit_test(test_q4_k_carry_over_within_fp16_scale_rounding),
+		cmocka_unit_test(test_q4_pack_rows_in_pieces_gives_same_bytes),
+		cmocka_unit_test(test_q4_acts_a8_every_isa_matches_reference_bytes),
+		cmocka_unit_test(test_q4_acts_a16_every_isa_matches_reference),
+		cmocka_unit_test(test_q4_w4a8_every_isa_bit_exact_vs_reference),
+		cmocka_unit_test(test_q4_w4a16_every_isa_close_to_reference),
+		cmocka_unit_test(test_q4_reference_matches_double_truth),
+		cmocka_unit_test(test_q4_matmul_writes_only_its_rows),
+		cmocka_unit_test(test_q8_0_carry_over_matches_llama_dequant_exactly),
+		cmocka_unit_test(test_q8_pack_f32_round_trips_within_half_step),
+		cmocka_unit_test(test_q8_matmul_every_isa_matches_reference_and_truth),
+		cmocka_unit_test(test_vec_rmsnorm_every_isa_matches_double),
+		cmocka_unit_test(test_vec_rope_every_isa_matches_double),
+		cmocka_unit_test(test_vec_silu_mul_every_isa_matches_double),
+		cmocka_unit_test(test_vec_attn_every_isa_matches_double_softmax),
+		cmocka_unit_test(test_kern_select_forces_and_rejects),
+	};
+
+	return cmocka_run_group_tests(tests, setup_variants, NULL);
+}
