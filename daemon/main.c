@@ -1,6 +1,6 @@
-/* hearthd's entry point. For now one mode: in-process generation with the reference engine,
+/* hearthd's entry point. With --prompt: in-process generation with the reference engine,
  * `hearthd --model M --prompt TEXT [-n N]`, which prints the continuation as it is sampled.
- * Serving (socket, scheduler) will be started from here too. */
+ * Otherwise the service (daemon/main_serve.c): socket, scheduler, resident int4 model. */
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "daemon/gguf.h"
+#include "daemon/main_serve.h"
 #include "daemon/model.h"
 #include "daemon/sampler.h"
 #include "daemon/tokenizer.h"
@@ -371,10 +372,22 @@ done:
 	return rc < 0 ? 1 : 0;
 }
 
+/* --prompt selects the in-process mode; anything else is the service. */
+static bool wants_prompt_mode(int argc, char **argv)
+{
+	for (int i = 1; i < argc; i++)
+		if (!strcmp(argv[i], "-p") || !strcmp(argv[i], "--prompt") ||
+		    !strncmp(argv[i], "--prompt=", 9))
+			return true;
+	return false;
+}
+
 int main(int argc, char **argv)
 {
 	struct run_opts o;
 
+	if (!wants_prompt_mode(argc, argv))
+		return main_serve(argc, argv);
 	if (parse_args(argc, argv, &o) < 0)
 		return 1;
 	return run_prompt(&o);

@@ -268,7 +268,10 @@ static void step_run(void *arg, size_t t, size_t nt)
 		pool_barrier(p);
 	}
 
-	/* The head only for the rows whose logits someone wants. */
+	/* The head only for the rows whose logits someone wants; none (a prefill chunk or
+	 * the warm-up) skips it. */
+	if (st->L == 0)
+		return;
 	split(st->L, t, nt, &b, &e);
 	for (size_t j = b; j < e; j++)
 		m->kern->rmsnorm(m->xb + j * E, m->x + (size_t)m->logit_rows[j] * E, m->output_norm, E,

@@ -285,8 +285,8 @@ static pid_t daemon_spawn(const char *const *extra, const char *notify, const ch
 	snprintf(sock_kv, sizeof sock_kv, "--socket=%s", sock_override ? sock_override : g_sock);
 	const char *argv[40] = { bin, model_kv, sock_kv, "--max-context=256", "--kv-budget=4MiB",
 				 "--threads=2", "--shutdown-grace=3s", "--socket-mode=0666",
-				 "--log-level=warning" };
-	int n = 9;
+				 "--log-level=warning", getenv("HEARTH_TEST_WEIGHTS") ? getenv("HEARTH_TEST_WEIGHTS") : "--weights=w4a16" };
+	int n = 10;
 	for (int i = 0; extra && extra[i]; i++)
 		argv[n++] = extra[i];
 	argv[n] = NULL;
@@ -774,7 +774,8 @@ static void test_serve_systemd_notify_and_sigterm_drain(void **state)
 	snprintf(sock2, sizeof sock2, "%s/second.sock", g_dir);
 	int nfd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
 	struct sockaddr_un a = { .sun_family = AF_UNIX };
-	snprintf(a.sun_path, sizeof a.sun_path, "%s", nsock);
+	assert_true(strlen(nsock) < sizeof a.sun_path);
+	memcpy(a.sun_path, nsock, strlen(nsock) + 1);
 	assert_int_equal(bind(nfd, (struct sockaddr *)&a, sizeof a), 0);
 	pid_t pid = daemon_spawn(NULL, nsock, sock2);
 	char all[16384];
