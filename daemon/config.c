@@ -45,6 +45,7 @@ struct key {
 
 static const char *const hugepages_words[] = { "auto", "hugetlb", "thp", "none", NULL };
 static const char *const weights_words[] = { "w4a16", "w4a8", NULL };
+static const char *const model_swap_words[] = { "auto", "beside", "drain", NULL };
 static const char *const kv_type_words[] = { "f16", "bf16", "f32", NULL };
 
 #define F(field) offsetof(struct hearth_config, field)
@@ -70,6 +71,7 @@ static const struct key keys[] = {
 	{ "max_requests_per_uid", KIND_U32, F(max_requests_per_uid), 1, 65536, NULL, true },
 	{ "log_level", KIND_LEVEL, F(log_level), 0, 0, NULL, true },
 	{ "shutdown_grace", KIND_DURATION, F(shutdown_grace_usec), 0, 3600ull * 1000000, NULL, true },
+	{ "model_swap", KIND_ENUM, F(model_swap), 0, 0, model_swap_words, true },
 };
 
 #define N_KEYS (sizeof keys / sizeof keys[0])
@@ -91,6 +93,7 @@ void config_defaults(struct hearth_config *cfg)
 	cfg->kv_budget = 256ull << 20;
 	cfg->kv_type = CONFIG_KV_F16;
 	cfg->weights = CONFIG_WEIGHTS_W4A16;
+	cfg->model_swap = CONFIG_SWAP_AUTO;
 	cfg->threads = 0;
 	cfg->numa_node = -1;
 	cfg->hugepages = CONFIG_HUGEPAGES_AUTO;
@@ -464,6 +467,8 @@ static int set_value(struct hearth_config *cfg, const struct key *k, const char 
 			cfg->hugepages = (enum config_hugepages)i;
 		else if (k->offset == F(weights))
 			cfg->weights = (enum config_weights)i;
+		else if (k->offset == F(model_swap))
+			cfg->model_swap = (enum config_model_swap)i;
 		else
 			cfg->kv_type = (enum config_kv_type)i;
 		return 0;
@@ -761,6 +766,7 @@ int config_format(const struct hearth_config *cfg, const char *key, char *buf, s
 	case KIND_ENUM: {
 		int i = k->offset == F(hugepages) ? (int)cfg->hugepages
 			: k->offset == F(weights) ? (int)cfg->weights
+			: k->offset == F(model_swap) ? (int)cfg->model_swap
 			: (int)cfg->kv_type;
 		snprintf(buf, size, "%s", k->words[i]);
 		break;

@@ -34,6 +34,13 @@ enum config_weights {
 	CONFIG_WEIGHTS_W4A8,       /* int4 weights, int8 activations (VNNI) */
 };
 
+/* How SIGHUP replaces the model when its settings changed. */
+enum config_model_swap {
+	CONFIG_SWAP_AUTO,          /* beside when MemAvailable holds both models, else drain */
+	CONFIG_SWAP_BESIDE,        /* load the new model while the old one serves */
+	CONFIG_SWAP_DRAIN,         /* finish running requests, free the old model, then load */
+};
+
 enum config_kv_type {
 	CONFIG_KV_F16,
 	CONFIG_KV_BF16,
@@ -63,6 +70,7 @@ struct hearth_config {
 	enum config_weights weights;
 	enum config_kv_type kv_type;
 	uint64_t shutdown_grace_usec;  /* how long SIGTERM waits for running requests */
+	enum config_model_swap model_swap;
 };
 
 /* Where hearthd reads its config without --config: SYSCONFDIR/hearth/hearthd.conf, with

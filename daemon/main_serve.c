@@ -24,16 +24,16 @@
 #define EXIT_BAD_ARGS 2
 #define EXIT_NOT_CONFIGURED 6
 
+/* One load: its own copy of the config, the model and tokenizer it builds, and what it
+ * hands the server. Freed by loader_release when the server lets the model go. */
 struct loader {
-	pthread_t thread;
-	const struct hearth_config *cfg;
+	struct hearth_config cfg;
 	struct server *srv;
 	struct log *log;
 	struct model_q4 *model;
 	struct tok *tok;
 	struct sched_params sched;
 	struct server_model sm;
-	uint64_t last_status_usec;
 };
 
 static void loader_progress(void *ctx, const char *phase, const char *what, uint64_t done,
@@ -48,10 +48,18 @@ static void loader_progress(void *ctx, const char *phase, const char *what, uint
 	systemd_notify_extend_timeout(30ull * 1000000ull, NULL);
 }
 
+static void loader_release(void *owner)
+{
+	struct loader *ld = owner;
+	model_q4_free(ld->model);
+	tok_free(ld->tok);
+	free(ld);
+}
+
 static void *loader_main(void *arg)
 {
 	struct loader *ld = arg;
-	const struct hearth_config *cfg = ld->cfg;
+	const struct hearth_config *cfg = &ld->cfg;
 	struct load_opts o;
 	load_opts_default(&o);
 	o.max_context = cfg->max_context;
@@ -79,6 +87,7 @@ static void *loader_main(void *arg)
 		 cfg->weights == CONFIG_WEIGHTS_W4A8 ? "w4a8" : "w4a16");
 	if (load_q4(&ld->model, &ld->tok, cfg->model, &o, &e) < 0) {
 		server_model_failed(ld->srv, &e);
+		free(ld);
 		return NULL;
 	}
 	struct model_q4 *m = ld->model;
@@ -103,6 +112,8 @@ static void *loader_main(void *arg)
 	}
 	ld->sm.tok = ld->tok;
 	ld->sm.sched = &ld->sched;
+	ld->sm.release = loader_release;
+	ld->sm.owner = ld;
 	ld->sm.info = (struct msg_model_info){
 		.arch = { m->arch_name, strlen(m->arch_name) },
 		.name = { m->name, strlen(m->name) },
@@ -114,8 +125,32 @@ static void *loader_main(void *arg)
 		.n_layer = m->n_layer,
 		.n_embd = m->hp.n_embd,
 	};
+	/* From here the server owns ld (through sm.release). */
 	server_model_ready(ld->srv, &ld->sm);
 	return NULL;
+}
+
+/* server_load_fn: one detached thread per load; it reports through the server. */
+static int serve_load(void *ctx, struct server *srv, const struct hearth_config *cfg,
+		      struct hearth_error *err)
+{
+	struct loader *ld = calloc(1, sizeof *ld);
+	if (!ld)
+		return hearth_error_set(err, HEARTH_ENOMEM, "out of memory for a loader");
+	ld->cfg = *cfg;
+	ld->srv = srv;
+	ld->log = ctx;
+	pthread_t t;
+	pthread_attr_t attr;
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	int rc = pthread_create(&t, &attr, loader_main, ld);
+	pthread_attr_destroy(&attr);
+	if (rc != 0) {
+		free(ld);
+		return hearth_error_errno(err, HEARTH_EIO, rc, "cannot start a loader thread");
+	}
+	return 0;
 }
 
 static void serve_usage(FILE *to)
@@ -223,16 +258,9 @@ int main_serve(int argc, char **argv)
 		goto out;
 	}
 	struct server *srv;
-	if (server_new(&srv, &cfg, config_path, sets, n_sets, &lg, got ? listen_fd : -1, &e) < 0) {
+	if (server_new(&srv, &cfg, config_path, sets, n_sets, &lg, got ? listen_fd : -1, serve_load,
+		       &lg, &e) < 0) {
 		log_error(&lg, "%s", e.msg);
-		rc = 1;
-		goto out;
-	}
-	struct loader ld = { .cfg = &cfg, .srv = srv, .log = &lg };
-	int prc = pthread_create(&ld.thread, NULL, loader_main, &ld);
-	if (prc != 0) {
-		log_error(&lg, "cannot start the loader thread: %s", strerror(prc));
-		server_free(srv);
 		rc = 1;
 		goto out;
 	}
@@ -240,10 +268,7 @@ int main_serve(int argc, char **argv)
 		log_error(&lg, "stopped: %s", e.msg);
 		rc = 1;
 	}
-	pthread_join(ld.thread, NULL);
 	server_free(srv);
-	model_q4_free(ld.model);
-	tok_free(ld.tok);
 	if (rc == 0)
 		log_notice(&lg, "stopped cleanly");
 	goto out;

@@ -390,6 +390,16 @@ static void sched_drain_inbox(struct sched *s, uint64_t now)
 		case SCHED_MSG_CLIENT_GONE:
 			sched_on_client_gone(s, m);
 			break;
+		case SCHED_MSG_DRAIN:
+			if (s->shutdown) {
+				sched_hand_back(s, m);
+				break;
+			}
+			/* Like a shutdown without a deadline: nothing new arrives (the loop posts
+			 * to the new scheduler), and what is here runs to its end. */
+			s->shutdown = m;
+			s->shutdown_deadline = UINT64_MAX;
+			break;
 		case SCHED_MSG_SHUTDOWN:
 			if (s->shutdown) {
 				sched_hand_back(s, m);

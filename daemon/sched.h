@@ -96,6 +96,8 @@ enum sched_msg_type {
 	SCHED_MSG_CANCEL,        /* -> comes back at once; the request finishes as canceled */
 	SCHED_MSG_CLIENT_GONE,   /* -> comes back when no sequence of the client remains */
 	SCHED_MSG_SHUTDOWN,      /* -> comes back when every sequence is done or canceled */
+	SCHED_MSG_DRAIN,         /* -> comes back when every request, running or queued, has
+				  *    finished normally (a model swap retires a scheduler) */
 };
 
 /* The only thing that crosses threads. Allocated and freed by the loop thread; the

@@ -84,7 +84,18 @@ struct server {
 
 	enum serve_state state;
 	struct server_model model;
+	bool have_model;
 	struct sched *sched;
+
+	/* Loads and model swaps (SIGHUP). */
+	server_load_fn load;
+	void *load_ctx;
+	unsigned loads_in_flight;
+	bool swapping;             /* a swap is under way */
+	bool swap_beside;          /* the new model loads while the old one serves */
+	struct hearth_config pending_cfg;
+	struct sched *old_sched;   /* retiring after a swap: drains, then goes */
+	struct server_model old_model;
 
 	struct session *sessions;
 	uint32_t n_sessions;
@@ -112,5 +123,8 @@ void session_check_ring(struct session *ss);
 /* server.c */
 uint64_t serve_now_ns(void);
 bool serve_post(struct server *srv, struct sched_msg *m);
+/* Posts a CLIENT_GONE for ss to every live scheduler (the current and a retiring one);
+ * returns how many went out. */
+unsigned serve_post_gone(struct server *srv, struct session *ss);
 
 #endif

@@ -1,10 +1,11 @@
 /* The loop thread: owns the listening socket, the sessions, signals and timers, and is the
- * only thread that talks to the compute thread (through sched's queues). The model arrives
- * from a loader thread through `mu` and an async wake-up, so the socket is served while the
- * model loads. */
+ * only thread that talks to the compute thread (through sched's queues). Models arrive from
+ * loader threads through `mu` and an async wake-up, so the socket is served while a model
+ * loads, and SIGHUP can swap models without closing it. */
 #include "daemon/server.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -25,7 +26,28 @@ bool serve_post(struct server *srv, struct sched_msg *m)
 	return srv->sched && sched_post(srv->sched, m);
 }
 
-/* ---- the compute thread's wake-up ---- */
+unsigned serve_post_gone(struct server *srv, struct session *ss)
+{
+	struct sched *live[2] = { srv->sched, srv->old_sched };
+	unsigned n = 0;
+	for (int i = 0; i < 2; i++) {
+		if (!live[i])
+			continue;
+		struct sched_msg *m = calloc(1, sizeof *m);
+		if (!m)
+			continue;
+		m->type = SCHED_MSG_CLIENT_GONE;
+		m->client = &ss->client;
+		m->user = ss;
+		if (sched_post(live[i], m))
+			n++;
+		else
+			free(m);
+	}
+	return n;
+}
+
+/* ---- models: loading, serving, retiring ---- */
 
 static void server_notify(void *ctx)
 {
@@ -33,7 +55,39 @@ static void server_notify(void *ctx)
 	uv_async_send(&srv->wake);
 }
 
-static void server_start_serving(struct server *srv)
+static int server_begin_load(struct server *srv, const struct hearth_config *cfg)
+{
+	struct hearth_error e;
+	if (srv->load(srv->load_ctx, srv, cfg, &e) < 0) {
+		log_error(srv->log, "cannot start loading %s: %s", cfg->model, e.msg);
+		return e.code;
+	}
+	srv->loads_in_flight++;
+	return 0;
+}
+
+static void server_release(struct server_model *m)
+{
+	if (m->release)
+		m->release(m->owner);
+	memset(m, 0, sizeof *m);
+}
+
+/* Stops a scheduler and gives every message it still holds to its session. */
+static void server_retire_sched(struct server *srv, struct sched *s)
+{
+	sched_stop(s);
+	struct sched_msg *m;
+	while ((m = sched_take(s))) {
+		if (m->type == SCHED_MSG_SHUTDOWN || m->type == SCHED_MSG_DRAIN)
+			free(m);
+		else
+			session_deliver(srv, m);
+	}
+	sched_destroy(s);
+}
+
+static int server_start_serving(struct server *srv)
 {
 	struct hearth_error e;
 	struct sched_params p;
@@ -41,42 +95,59 @@ static void server_start_serving(struct server *srv)
 		p = *srv->model.sched;
 	else
 		sched_params_default(&p);
-	p.stall_ns = srv->cfg.shutdown_grace_usec * 1000ull > p.stall_ns ? srv->cfg.shutdown_grace_usec * 1000ull : p.stall_ns;
 	if (sched_start(&srv->sched, &p, &srv->model.eng, srv->model.tok, server_notify, srv, &e) < 0) {
 		log_error(srv->log, "cannot start the compute thread: %s", e.msg);
-		srv->state = SERVE_FAILED;
-		srv->exit_code = e.code;
-		srv->exit_err = e;
-		return;
+		srv->sched = NULL;
+		return e.code;
 	}
 	srv->state = SERVE_READY;
 	systemd_progress_init(&srv->progress, 0, serve_now_ns() / 1000);
-	log_notice(srv->log, "ready: %s model, %u tokens of context, KV for %llu tokens",
-		   srv->model.info.arch.ptr ? srv->model.info.arch.ptr : "?", srv->model.eng.max_context,
-		   (unsigned long long)srv->model.eng.kv_tokens);
-	if (systemd_notify_ready("serving", &e) < 0)
+	log_notice(srv->log, "ready: %s, %s model (%s), %u tokens of context, KV for %llu tokens",
+		   srv->cfg.model, srv->model.info.arch.ptr ? srv->model.info.arch.ptr : "?",
+		   srv->model.info.quant.ptr ? srv->model.info.quant.ptr : "?",
+		   srv->model.eng.max_context, (unsigned long long)srv->model.eng.kv_tokens);
+	if (systemd_notify_ready(srv->old_sched ? "serving the new model; the old one drains" : "serving",
+				 &e) < 0)
 		log_warning(srv->log, "systemd notify: %s", e.msg);
 	for (struct session *ss = srv->sessions; ss; ss = ss->next)
 		session_model_ready(ss);
+	return 0;
+}
+
+static void server_fail(struct server *srv, const struct hearth_error *e)
+{
+	srv->state = SERVE_FAILED;
+	srv->exit_code = e->code ? e->code : HEARTH_EIO;
+	srv->exit_err = *e;
 }
 
 static void server_finish_stop(struct server *srv)
 {
+	srv->stopping = true;
 	if (srv->sched) {
-		sched_stop(srv->sched);
-		struct sched_msg *m;
-		while ((m = sched_take(srv->sched)))
-			session_deliver(srv, m);
-		sched_destroy(srv->sched);
+		server_retire_sched(srv, srv->sched);
 		srv->sched = NULL;
 	}
+	if (srv->old_sched) {
+		server_retire_sched(srv, srv->old_sched);
+		srv->old_sched = NULL;
+	}
+	server_release(&srv->model);
+	server_release(&srv->old_model);
+	srv->have_model = false;
 	struct session *ss = srv->sessions;
 	while (ss) {
 		struct session *next = ss->next;
 		session_close(ss);
 		ss = next;
 	}
-	if (srv->handles_open) {
+	if (srv->listener_open) {
+		srv->listener_open = false;
+		uv_close((uv_handle_t *)&srv->listener, NULL);
+	}
+	/* A loader still running will call back through the wake handle: it stays open
+	 * until that model has arrived and been released. */
+	if (srv->handles_open && srv->loads_in_flight == 0) {
 		srv->handles_open = false;
 		uv_close((uv_handle_t *)&srv->tick, NULL);
 		uv_close((uv_handle_t *)&srv->wake, NULL);
@@ -84,9 +155,117 @@ static void server_finish_stop(struct server *srv)
 		uv_close((uv_handle_t *)&srv->sig_int, NULL);
 		uv_close((uv_handle_t *)&srv->sig_hup, NULL);
 	}
-	if (srv->listener_open) {
-		srv->listener_open = false;
-		uv_close((uv_handle_t *)&srv->listener, NULL);
+}
+
+/* The model's settings as the config has them, so a change of any means a new model. */
+static bool server_model_keys_differ(const struct hearth_config *a, const struct hearth_config *b)
+{
+	return strcmp(a->model, b->model) != 0 || a->max_context != b->max_context ||
+	       a->kv_budget != b->kv_budget || a->kv_type != b->kv_type ||
+	       a->weights != b->weights || a->threads != b->threads ||
+	       a->numa_node != b->numa_node || a->hugepages != b->hugepages ||
+	       a->lock_memory != b->lock_memory;
+}
+
+/* Takes the new configuration's model settings, keeping the socket (it is never closed). */
+static void server_adopt_cfg(struct server *srv, const struct hearth_config *fresh)
+{
+	struct hearth_config c = *fresh;
+	memcpy(c.socket, srv->cfg.socket, sizeof c.socket);
+	c.socket_mode = srv->cfg.socket_mode;
+	srv->cfg = c;
+}
+
+static void server_model_arrived(struct server *srv, const struct server_model *m)
+{
+	if (srv->stopping) {
+		struct server_model tmp = *m;
+		server_release(&tmp);
+		return;
+	}
+	if (srv->swapping && srv->swap_beside && srv->sched) {
+		/* The old model keeps what it is running; everything new goes to the new one. */
+		srv->old_sched = srv->sched;
+		srv->old_model = srv->model;
+		srv->sched = NULL;
+		srv->model = *m;
+		server_adopt_cfg(srv, &srv->pending_cfg);
+		if (server_start_serving(srv) < 0) {
+			/* Keep serving with the old model. */
+			server_release(&srv->model);
+			srv->sched = srv->old_sched;
+			srv->model = srv->old_model;
+			srv->old_sched = NULL;
+			memset(&srv->old_model, 0, sizeof srv->old_model);
+			srv->swapping = false;
+			return;
+		}
+		struct sched_msg *d = calloc(1, sizeof *d);
+		if (d) {
+			d->type = SCHED_MSG_DRAIN;
+			if (sched_post(srv->old_sched, d))
+				return;
+			free(d);
+		}
+		/* Cannot ask it to drain: end it now. */
+		server_retire_sched(srv, srv->old_sched);
+		srv->old_sched = NULL;
+		server_release(&srv->old_model);
+		srv->swapping = false;
+		return;
+	}
+	srv->model = *m;
+	srv->have_model = true;
+	if (srv->swapping) {
+		server_adopt_cfg(srv, &srv->pending_cfg);
+		srv->swapping = false;
+	}
+	if (server_start_serving(srv) < 0) {
+		struct hearth_error e;
+		hearth_error_set(&e, HEARTH_EIO, "cannot start serving");
+		server_fail(srv, &e);
+		server_finish_stop(srv);
+	}
+}
+
+static void server_on_sched_msg(struct server *srv, struct sched *from, struct sched_msg *msg)
+{
+	switch (msg->type) {
+	case SCHED_MSG_SHUTDOWN:
+		free(msg);
+		log_notice(srv->log, "every request is done; stopping");
+		server_finish_stop(srv);
+		return;
+	case SCHED_MSG_DRAIN:
+		free(msg);
+		if (from == srv->old_sched) {
+			server_retire_sched(srv, srv->old_sched);
+			srv->old_sched = NULL;
+			server_release(&srv->old_model);
+			srv->swapping = false;
+			log_notice(srv->log, "model swap done: the old model drained and was freed");
+			systemd_notify_status(NULL, "serving");
+		} else if (from == srv->sched) {
+			/* Drain-first swap: the old model is idle; free it, then load. */
+			server_retire_sched(srv, srv->sched);
+			srv->sched = NULL;
+			server_release(&srv->model);
+			srv->have_model = false;
+			srv->state = SERVE_LOADING;
+			log_notice(srv->log, "model swap: the old model drained and was freed; loading %s",
+				   srv->pending_cfg.model);
+			if (server_begin_load(srv, &srv->pending_cfg) < 0) {
+				struct hearth_error e;
+				hearth_error_set(&e, HEARTH_EIO, "the model swap could not start its load");
+				server_fail(srv, &e);
+				server_finish_stop(srv);
+			}
+		} else {
+			log_warning(srv->log, "a drain came back from a retired scheduler");
+		}
+		return;
+	default:
+		session_deliver(srv, msg);
 	}
 }
 
@@ -100,41 +279,41 @@ static void server_on_wake(uv_async_t *h)
 	struct hearth_error le = srv->load_err;
 	pthread_mutex_unlock(&srv->mu);
 
-	if (failed && srv->state == SERVE_LOADING) {
-		log_error(srv->log, "the model failed to load: %s", le.msg);
-		srv->state = SERVE_FAILED;
-		srv->exit_code = le.code ? le.code : HEARTH_EIO;
-		srv->exit_err = le;
-		for (struct session *ss = srv->sessions; ss; ss = ss->next)
-			session_model_failed(ss, &le);
-		srv->stopping = true;
-		server_finish_stop(srv);
-		return;
-	}
-	if (arrived && srv->state == SERVE_LOADING) {
-		srv->model = m;
-		if (srv->stopping) {
-			/* SIGTERM came during the load: nothing to serve, nothing to drain. */
+	if (arrived || failed)
+		srv->loads_in_flight--;
+	if (failed) {
+		if (srv->swapping && srv->swap_beside && srv->sched) {
+			log_error(srv->log, "model swap failed, still serving the old model: %s", le.msg);
+			systemd_notify_status(NULL, "model swap failed; serving the old model");
+			srv->swapping = false;
+		} else if (!srv->stopping) {
+			log_error(srv->log, "the model failed to load: %s", le.msg);
+			server_fail(srv, &le);
+			for (struct session *ss = srv->sessions; ss; ss = ss->next)
+				session_model_failed(ss, &le);
 			server_finish_stop(srv);
 			return;
 		}
-		server_start_serving(srv);
 	}
-	if (!srv->sched)
+	if (arrived)
+		server_model_arrived(srv, &m);
+	if (srv->stopping && (arrived || failed)) {
+		server_finish_stop(srv); /* closes the handles now that no load is in flight */
 		return;
+	}
 	for (struct session *ss = srv->sessions, *next; ss; ss = next) {
 		next = ss->next;
 		session_check_ring(ss);
 	}
-	struct sched_msg *msg;
-	while ((msg = sched_take(srv->sched))) {
-		if (msg->type == SCHED_MSG_SHUTDOWN) {
-			free(msg);
-			log_notice(srv->log, "every request is done; stopping");
-			server_finish_stop(srv);
-			return;
+	struct sched *scheds[2] = { srv->sched, srv->old_sched };
+	for (int i = 0; i < 2; i++) {
+		struct sched *s = scheds[i];
+		struct sched_msg *msg;
+		while (s && (s == srv->sched || s == srv->old_sched) && (msg = sched_take(s))) {
+			server_on_sched_msg(srv, s, msg);
+			if (srv->stopping && !srv->handles_open)
+				return;
 		}
-		session_deliver(srv, msg);
 	}
 }
 
@@ -205,9 +384,8 @@ static void server_begin_stop(struct server *srv, const char *why)
 		srv->listener_open = false;
 		uv_close((uv_handle_t *)&srv->listener, NULL);
 	}
-	if (srv->state == SERVE_LOADING)
-		return; /* stops when the loader hands the model over */
 	if (!srv->sched) {
+		/* Nothing is being served (loading, or between a drain and a load). */
 		server_finish_stop(srv);
 		return;
 	}
@@ -223,34 +401,92 @@ static void server_begin_stop(struct server *srv, const char *why)
 		server_finish_stop(srv);
 		return;
 	}
-	srv->shutdown_posted = true;
 	for (struct session *ss = srv->sessions; ss; ss = ss->next)
 		session_shutdown(ss);
+}
+
+/* Whether the machine can hold a second model beside the first: the file's size bounds
+ * the repacked weights (int4 is never larger than its source), plus the KV budget. */
+static bool server_room_beside(const struct hearth_config *cfg)
+{
+	struct stat st;
+	if (stat(cfg->model, &st) < 0)
+		return false;
+	FILE *f = fopen("/proc/meminfo", "r");
+	if (!f)
+		return false;
+	char line[256];
+	unsigned long long avail_kb = 0;
+	while (fgets(line, sizeof line, f))
+		if (sscanf(line, "MemAvailable: %llu kB", &avail_kb) == 1)
+			break;
+	fclose(f);
+	unsigned long long need = (unsigned long long)st.st_size + cfg->kv_budget + (64ull << 20);
+	return avail_kb * 1024ull > need;
+}
+
+static void server_reload(struct server *srv)
+{
+	struct hearth_error e;
+	systemd_notify_reloading("reloading the configuration", &e);
+	/* Rebuilt from scratch as at start-up (defaults, file, flags), so a key removed from
+	 * the file goes back to its default and flags still win. */
+	struct hearth_config fresh;
+	if (config_build(&fresh, srv->config_path, srv->sets, srv->n_sets, &e) < 0) {
+		log_error(srv->log, "reload refused, configuration unchanged: %s", e.msg);
+		systemd_notify_ready(srv->state == SERVE_READY ? "serving" : "loading", NULL);
+		return;
+	}
+	bool new_model = server_model_keys_differ(&srv->cfg, &fresh);
+	char restart[512];
+	config_reload_merge(&srv->cfg, &fresh, restart, sizeof restart);
+	log_set_level(srv->log, srv->cfg.log_level);
+	policy_update(&srv->policy, &srv->cfg);
+	if (strcmp(fresh.socket, srv->cfg.socket) || fresh.socket_mode != srv->cfg.socket_mode)
+		log_warning(srv->log, "the socket path and mode change only with a restart");
+	if (!new_model) {
+		log_notice(srv->log, "reloaded the configuration");
+		systemd_notify_ready(srv->state == SERVE_READY ? "serving" : "loading", NULL);
+		return;
+	}
+	if (srv->swapping || srv->state != SERVE_READY || !srv->sched) {
+		log_warning(srv->log, "the model settings changed, but a load or swap is already under way; send SIGHUP again after it");
+		systemd_notify_ready(srv->state == SERVE_READY ? "serving" : "loading", NULL);
+		return;
+	}
+	srv->pending_cfg = fresh;
+	srv->swapping = true;
+	srv->swap_beside = fresh.model_swap == CONFIG_SWAP_BESIDE ||
+			   (fresh.model_swap == CONFIG_SWAP_AUTO && server_room_beside(&fresh));
+	if (srv->swap_beside) {
+		log_notice(srv->log, "model swap: loading %s beside the running model", fresh.model);
+		systemd_notify_ready("serving; loading the new model beside the old", NULL);
+		if (server_begin_load(srv, &srv->pending_cfg) < 0)
+			srv->swapping = false;
+		return;
+	}
+	log_notice(srv->log, "model swap: draining running requests, then freeing the model and loading %s",
+		   fresh.model);
+	systemd_notify_ready("draining, then loading the new model", NULL);
+	struct sched_msg *d = calloc(1, sizeof *d);
+	if (d) {
+		d->type = SCHED_MSG_DRAIN;
+		if (serve_post(srv, d)) {
+			/* New requests meet `loading` until the new model is in. */
+			srv->state = SERVE_LOADING;
+			return;
+		}
+		free(d);
+	}
+	log_error(srv->log, "model swap: cannot drain now; keeping the old model");
+	srv->swapping = false;
 }
 
 static void server_on_signal(uv_signal_t *h, int signum)
 {
 	struct server *srv = h->data;
 	if (signum == SIGHUP) {
-		struct hearth_error e;
-		systemd_notify_reloading("reloading the configuration", &e);
-		/* Rebuilt from scratch as at start-up (defaults, file, flags), so a key removed
-		 * from the file goes back to its default and flags still win. */
-		struct hearth_config fresh;
-		int rc = config_build(&fresh, srv->config_path, srv->sets, srv->n_sets, &e);
-		if (rc < 0) {
-			log_error(srv->log, "reload refused, configuration unchanged: %s", e.msg);
-		} else {
-			char restart[512];
-			config_reload_merge(&srv->cfg, &fresh, restart, sizeof restart);
-			log_set_level(srv->log, srv->cfg.log_level);
-			policy_update(&srv->policy, &srv->cfg);
-			if (restart[0])
-				log_warning(srv->log, "reloaded; these keys changed but need a restart: %s", restart);
-			else
-				log_notice(srv->log, "reloaded the configuration");
-		}
-		systemd_notify_ready(srv->state == SERVE_READY ? "serving" : "loading", &e);
+		server_reload(srv);
 		return;
 	}
 	server_begin_stop(srv, signum == SIGTERM ? "SIGTERM" : "SIGINT");
@@ -332,7 +568,7 @@ void server_model_failed(struct server *s, const struct hearth_error *e)
 
 int server_new(struct server **out, const struct hearth_config *cfg, const char *config_path,
 	       const char *const *sets, size_t n_sets, struct log *lg, int listen_fd,
-	       struct hearth_error *err)
+	       server_load_fn load, void *load_ctx, struct hearth_error *err)
 {
 	*out = NULL;
 	struct server *srv = calloc(1, sizeof *srv);
@@ -342,6 +578,8 @@ int server_new(struct server **out, const struct hearth_config *cfg, const char 
 	srv->config_path = config_path;
 	srv->sets = sets;
 	srv->n_sets = n_sets;
+	srv->load = load;
+	srv->load_ctx = load_ctx;
 	srv->log = lg;
 	srv->start_ns = serve_now_ns();
 	pthread_mutex_init(&srv->mu, NULL);
@@ -391,6 +629,11 @@ int server_new(struct server **out, const struct hearth_config *cfg, const char 
 
 int server_run(struct server *s, struct hearth_error *err)
 {
+	if (server_begin_load(s, &s->cfg) < 0) {
+		hearth_error_set(&s->exit_err, HEARTH_EIO, "cannot start loading %s", s->cfg.model);
+		s->exit_code = HEARTH_EIO;
+		server_finish_stop(s);
+	}
 	uv_run(&s->loop, UV_RUN_DEFAULT);
 	if (s->exit_code < 0) {
 		if (err)
@@ -404,7 +647,8 @@ void server_free(struct server *s)
 {
 	if (!s)
 		return;
-	if (s->handles_open || s->listener_open || s->sched || s->sessions) {
+	if (s->handles_open || s->listener_open || s->sched || s->old_sched || s->sessions ||
+	    s->model.release) {
 		server_finish_stop(s);
 		uv_run(&s->loop, UV_RUN_DEFAULT);
 	}

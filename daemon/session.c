@@ -284,13 +284,15 @@ static void session_forget_req(struct session *ss, uint64_t id)
 }
 
 /* Copies a bulk record the client pushed into its ring before the frame that names it.
- * Records are consumed in order; any record before the named one is stale and dropped. */
+ * Records are consumed in order; any record before the named one is stale and dropped.
+ * want_type 0 accepts text or token ids; *type says which came. */
 static int session_take_bulk(struct session *ss, uint32_t want_type, uint64_t ref, void **data,
-			     size_t *len, struct hearth_error *e)
+			     size_t *len, uint32_t *type_out, struct hearth_error *e)
 {
 	if (!ss->ring_open)
 		return hearth_error_set(e, HEARTH_EINVAL, "a *_ref field needs the ring (hello ring=true)");
-	size_t cap = ring_max_payload(&ss->ring) + RING_REC_HEADER;
+	/* The client->daemon lane bounds every record the client can push. */
+	size_t cap = ss->ring.rx.cap;
 	uint8_t *buf = malloc(cap);
 	if (!buf)
 		return hearth_error_set(e, HEARTH_ENOMEM, "out of memory for a bulk record");
@@ -315,7 +317,7 @@ static int session_take_bulk(struct session *ss, uint32_t want_type, uint64_t re
 			continue;
 		if (got_ref != ref)
 			continue;
-		if (type != want_type) {
+		if (want_type && type != want_type) {
 			free(buf);
 			return hearth_error_set(e, HEARTH_EINVAL, "bulk record %llu has the wrong type",
 						(unsigned long long)ref);
@@ -323,6 +325,7 @@ static int session_take_bulk(struct session *ss, uint32_t want_type, uint64_t re
 		memmove(buf, payload, plen);
 		*data = buf;
 		*len = plen;
+		*type_out = type;
 		ring_notify(&ss->ring, NULL); /* space freed: wake a client waiting to push */
 		return 0;
 	}
@@ -345,16 +348,22 @@ static int session_prompt_tokens(struct session *ss, const struct msg_generate *
 	const uint32_t *ids = g->tokens;
 	size_t n_ids = g->n_tokens;
 	if (g->has_prompt_ref) {
-		/* Either record type may carry a prompt: try text, then ids. */
-		int rc = session_take_bulk(ss, RING_REC_BULK_TEXT, g->prompt_ref, &bulk, &bulk_len, e);
+		/* Either record type may carry a prompt: text, or u32 token ids. */
+		uint32_t type;
+		int rc = session_take_bulk(ss, 0, g->prompt_ref, &bulk, &bulk_len, &type, e);
 		if (rc == HEARTH_EPROTO) {
 			*code = MSG_ERR_RING;
 			return rc;
 		}
 		if (rc < 0)
 			return rc;
-		text = bulk;
-		text_len = bulk_len;
+		if (type == RING_REC_BULK_TEXT) {
+			text = bulk;
+			text_len = bulk_len;
+		} else {
+			ids = bulk; /* 4-byte ids, length checked by ring_bulk_decode */
+			n_ids = bulk_len / sizeof(uint32_t);
+		}
 	} else if (g->has_prompt) {
 		text = g->prompt.ptr;
 		text_len = g->prompt.len;
@@ -384,16 +393,20 @@ static int session_prompt_tokens(struct session *ss, const struct msg_generate *
 		}
 	} else {
 		if (n_ids > max_ctx) {
+			free(bulk);
 			*code = MSG_ERR_CONTEXT;
 			return hearth_error_set(e, HEARTH_ERANGE,
 						"the prompt has %zu tokens; max_context is %u", n_ids, max_ctx);
 		}
 		toks = malloc((n_ids ? n_ids : 1) * sizeof *toks);
-		if (!toks)
+		if (!toks) {
+			free(bulk);
 			return hearth_error_set(e, HEARTH_ENOMEM, "out of memory for the prompt");
+		}
 		for (size_t i = 0; i < n_ids; i++) {
 			if (ids[i] >= n_vocab) {
 				free(toks);
+				free(bulk);
 				*code = MSG_ERR_BAD_TOKEN;
 				return hearth_error_set(e, HEARTH_EINVAL,
 							"tokens[%zu] = %u is beyond the vocabulary (%u tokens)",
@@ -402,6 +415,7 @@ static int session_prompt_tokens(struct session *ss, const struct msg_generate *
 			toks[i] = (int32_t)ids[i];
 		}
 		n = n_ids;
+		free(bulk);
 	}
 	if (n == 0) {
 		free(toks);
@@ -545,10 +559,13 @@ static void session_on_generate(struct session *ss, const struct msg *m)
 static void session_on_cancel(struct session *ss, const struct msg *m)
 {
 	uint64_t target = m->u.cancel.target;
+	struct msg d;
+	msg_init(&d, MSG_DONE, m->id);
+	d.u.done.finish = MSG_FINISH_OK;
 	if (!session_find_req(ss, target)) {
-		session_send_error(ss, m->id, MSG_ERR_BAD_FIELD, false,
-				   "no running request with id %llu on this connection",
-				   (unsigned long long)target);
+		/* Idempotent (doc/protocol.md): the request may have finished while the cancel
+		 * was on its way. */
+		session_send(ss, &d);
 		return;
 	}
 	struct sched_msg *sm = calloc(1, sizeof *sm);
@@ -566,9 +583,6 @@ static void session_on_cancel(struct session *ss, const struct msg *m)
 		return;
 	}
 	ss->n_inflight++;
-	struct msg d;
-	msg_init(&d, MSG_DONE, m->id);
-	d.u.done.finish = MSG_FINISH_OK;
 	session_send(ss, &d);
 }
 
@@ -581,7 +595,8 @@ static void session_on_tokenize(struct session *ss, const struct msg *m)
 	size_t len = t->text.len;
 	void *bulk = NULL;
 	if (t->has_text_ref) {
-		int rc = session_take_bulk(ss, RING_REC_BULK_TEXT, t->text_ref, &bulk, &len, &e);
+		uint32_t type;
+		int rc = session_take_bulk(ss, RING_REC_BULK_TEXT, t->text_ref, &bulk, &len, &type, &e);
 		if (rc < 0) {
 			session_send_error(ss, m->id, rc == HEARTH_EPROTO ? MSG_ERR_RING : MSG_ERR_BAD_FIELD,
 					   rc == HEARTH_EPROTO, "%s", e.msg);
@@ -1003,23 +1018,13 @@ void session_close(struct session *ss)
 	ss->closing = true;
 	ss->hello_pending = false;
 	uv_read_stop((uv_stream_t *)&ss->pipe);
-	if (ss->n_inflight > 0 && ss->srv->sched) {
-		struct sched_msg *sm = calloc(1, sizeof *sm);
-		if (sm) {
-			sm->type = SCHED_MSG_CLIENT_GONE;
-			sm->client = &ss->client;
-			sm->user = ss;
-			if (serve_post(ss->srv, sm)) {
-				ss->n_inflight++;
-				return;
-			}
-			free(sm);
-		}
-		/* The queue is full: the session's messages come back as their requests end. */
+	if (ss->n_inflight > 0) {
+		/* Every scheduler that may hold its requests ends them and says so; if a queue
+		 * is full, the session's messages still come back as their requests end. */
+		ss->n_inflight += serve_post_gone(ss->srv, ss);
 		return;
 	}
-	if (ss->n_inflight == 0)
-		session_finalize(ss);
+	session_finalize(ss);
 }
 
 /* SIGTERM: nothing new from this client; what is running finishes or is told. */

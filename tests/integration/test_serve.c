@@ -276,7 +276,8 @@ static struct msg tc_simple(struct tclient *c, enum msg_type t)
 
 /* ---- the daemon process ---- */
 
-static pid_t daemon_spawn(const char *const *extra, const char *notify, const char *sock_override)
+static pid_t daemon_spawn_env(const char *const *extra, const char *notify, const char *sock_override,
+			      const char *watchdog_usec)
 {
 	const char *bd = getenv("HEARTH_BUILDDIR");
 	char bin[4096], model_kv[4200], sock_kv[400];
@@ -296,10 +297,20 @@ static pid_t daemon_spawn(const char *const *extra, const char *notify, const ch
 			setenv("NOTIFY_SOCKET", notify, 1);
 		else
 			unsetenv("NOTIFY_SOCKET");
+		if (watchdog_usec)
+			setenv("WATCHDOG_USEC", watchdog_usec, 1);
+		else
+			unsetenv("WATCHDOG_USEC");
+		unsetenv("WATCHDOG_PID");
 		execv(bin, (char *const *)argv);
 		_exit(127);
 	}
 	return pid;
+}
+
+static pid_t daemon_spawn(const char *const *extra, const char *notify, const char *sock_override)
+{
+	return daemon_spawn_env(extra, notify, sock_override, NULL);
 }
 
 static void wait_for_socket(const char *path)
@@ -764,8 +775,9 @@ static void test_serve_tokenize_and_detokenize_round_trip(void **state)
 	tc_close(&c);
 }
 
-/* A second daemon, under a NOTIFY_SOCKET receiver: READY=1 after the load, STATUS lines,
- * STOPPING=1 on SIGTERM, and a running request that finishes within the grace period. */
+/* A second daemon, under a NOTIFY_SOCKET receiver and a 400 ms watchdog: READY=1 after the
+ * load, STATUS lines, WATCHDOG=1 pings while it serves, STOPPING=1 on SIGTERM, and a running
+ * request that finishes within the grace period. */
 static void test_serve_systemd_notify_and_sigterm_drain(void **state)
 {
 	(void)state;
@@ -777,7 +789,7 @@ static void test_serve_systemd_notify_and_sigterm_drain(void **state)
 	assert_true(strlen(nsock) < sizeof a.sun_path);
 	memcpy(a.sun_path, nsock, strlen(nsock) + 1);
 	assert_int_equal(bind(nfd, (struct sockaddr *)&a, sizeof a), 0);
-	pid_t pid = daemon_spawn(NULL, nsock, sock2);
+	pid_t pid = daemon_spawn_env(NULL, nsock, sock2, "400000");
 	char all[16384];
 	size_t n_all = 0;
 	bool ready = false;
@@ -795,6 +807,19 @@ static void test_serve_systemd_notify_and_sigterm_drain(void **state)
 	}
 	assert_true(ready);
 	assert_non_null(strstr(all, "STATUS="));
+	/* Pings keep coming while it serves (every 100 ms with a 400 ms watchdog). */
+	for (int i = 0; i < 100 && !strstr(all, "WATCHDOG=1"); i++) {
+		struct pollfd pfd = { .fd = nfd, .events = POLLIN };
+		if (poll(&pfd, 1, 10) > 0) {
+			ssize_t got = recv(nfd, all + n_all, sizeof all - n_all - 1, 0);
+			if (got > 0) {
+				n_all += (size_t)got;
+				all[n_all++] = '\n';
+				all[n_all] = '\0';
+			}
+		}
+	}
+	assert_non_null(strstr(all, "WATCHDOG=1"));
 	struct tclient c;
 	assert_int_equal(tc_connect_path(&c, sock2), 0);
 	tc_hello(&c, "drained");
@@ -897,6 +922,89 @@ static void test_serve_socket_activation_uses_the_passed_socket(void **state)
 	unlink(sock4);
 }
 
+/* SIGHUP with a different model in the config file swaps models without closing the
+ * socket: a generation running across the swap finishes on the old model, and a client
+ * that connects afterwards is served by the new one. Both swap modes. */
+static void check_swap(const char *mode)
+{
+	char conf[320], sock5[320], llama[4200];
+	snprintf(conf, sizeof conf, "%s/swap.conf", g_dir);
+	snprintf(sock5, sizeof sock5, "%s/swap.sock", g_dir);
+	const char *sh = getenv("HEARTH_SHARED");
+	snprintf(llama, sizeof llama, "%s/fixtures/fx-llama.gguf", sh);
+	FILE *f = fopen(conf, "w");
+	fprintf(f, "model = %s\nmodel_swap = %s\n", g_model, mode);
+	fclose(f);
+	const char *bd = getenv("HEARTH_BUILDDIR");
+	char bin[4096], conf_kv[400], sock_kv[400];
+	snprintf(bin, sizeof bin, "%s/hearthd", bd ? bd : ".");
+	snprintf(conf_kv, sizeof conf_kv, "--config=%s", conf);
+	snprintf(sock_kv, sizeof sock_kv, "--socket=%s", sock5);
+	pid_t pid = fork();
+	if (pid == 0) {
+		unsetenv("NOTIFY_SOCKET");
+		execl(bin, bin, conf_kv, sock_kv, "--max-context=256", "--kv-budget=4MiB",
+		      "--threads=2", "--log-level=warning", (char *)NULL);
+		_exit(127);
+	}
+	wait_for_socket(sock5);
+	struct tclient c;
+	assert_int_equal(tc_connect_path(&c, sock5), 0);
+	tc_hello(&c, "across");
+	assert_string_equal(c.welcome.u.welcome.model.arch.ptr, "qwen3");
+	int32_t prompt[8];
+	make_prompt(50, prompt, 8);
+	uint64_t id = tc_generate_start(&c, prompt, 8, 120, 0.0, 1, false);
+	f = fopen(conf, "w");
+	fprintf(f, "model = %s\nmodel_swap = %s\n", llama, mode);
+	fclose(f);
+	kill(pid, SIGHUP);
+	static struct gen_result g;
+	memset(&g, 0, sizeof g);
+	tc_generate_wait(&c, id, &g, 20000);
+	assert_int_equal(g.final.type, MSG_DONE);
+	assert_int_equal(g.n, 120);
+	msg_free(&g.final);
+	tc_close(&c);
+	/* A new client meets the new model once the swap is through. */
+	bool swapped = false;
+	for (int i = 0; i < 200 && !swapped; i++) {
+		struct tclient d;
+		assert_int_equal(tc_connect_path(&d, sock5), 0);
+		tc_hello(&d, "after-swap");
+		swapped = strcmp(d.welcome.u.welcome.model.arch.ptr, "llama") == 0;
+		if (swapped) {
+			int32_t p2[6];
+			make_prompt(51, p2, 6);
+			for (int k = 0; k < 6; k++)
+				p2[k] %= 32000; /* the llama fixture's vocabulary */
+			tc_generate(&d, p2, 6, 5, 0.0, 1, &g);
+			assert_int_equal(g.final.type, MSG_DONE);
+			assert_int_equal(g.n, 5);
+			msg_free(&g.final);
+		}
+		tc_close(&d);
+		if (!swapped)
+			usleep(20000);
+	}
+	assert_true(swapped);
+	assert_int_equal(daemon_stop(pid), 0);
+	unlink(sock5);
+	unlink(conf);
+}
+
+static void test_serve_sighup_swaps_models_beside_the_old(void **state)
+{
+	(void)state;
+	check_swap("beside");
+}
+
+static void test_serve_sighup_swaps_models_after_draining(void **state)
+{
+	(void)state;
+	check_swap("drain");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -911,6 +1019,8 @@ int main(void)
 		cmocka_unit_test(test_serve_systemd_notify_and_sigterm_drain),
 		cmocka_unit_test(test_serve_refuses_peers_outside_allow_users),
 		cmocka_unit_test(test_serve_socket_activation_uses_the_passed_socket),
+		cmocka_unit_test(test_serve_sighup_swaps_models_beside_the_old),
+		cmocka_unit_test(test_serve_sighup_swaps_models_after_draining),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
