@@ -1,5 +1,6 @@
 /* The `hearth` command: talks to hearthd through libhearth's public API only (this file
- * includes nothing but hearth.h), so it doubles as the library's first real user.
+ * includes nothing but hearth.h and the bench's own header), so it doubles as the
+ * library's first real user.
  * Exit codes: 0 ok, 1 an error (its message on stderr), 2 a usage error. */
 #include <errno.h>
 #include <getopt.h>
@@ -12,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "client/bench.h"
 #include "client/hearth.h"
 
 #define EXIT_USAGE 2
@@ -49,6 +51,10 @@ static void usage(FILE *f)
 		"  stats [--json]                   the daemon's load and memory\n"
 		"  ledger [--json]                  where the daemon's memory went\n"
 		"  ping [-c N]                      round trip to the daemon, in microseconds\n"
+		"  bench [--clients LIST] [--prompt-tokens N] [--tokens N] [--seed S] [--json]\n"
+		"                                   N concurrent client processes (LIST default\n"
+		"                                   1,2,4,8,16; 128 + 128 tokens): tokens/s, time\n"
+		"                                   to first token, IPC latency per token\n"
 		"\n"
 		"The socket is --socket, else $%s, else %s.\n"
 		"--timeout gives up when hearthd is silent that long (default %d s; 0 = never).\n"
@@ -264,6 +270,7 @@ static int cli_connect(struct cli *c, bool hello, struct hearth **h, struct hear
 enum {
 	OPT_SOCKET = 1000, OPT_TIMEOUT, OPT_JSON, OPT_TEMP, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P,
 	OPT_REPEAT_PENALTY, OPT_REPEAT_LAST_N, OPT_SEED, OPT_STOP, OPT_NO_BOS, OPT_SPECIAL,
+	OPT_CLIENTS, OPT_PROMPT_TOKENS, OPT_TOKENS,
 };
 
 #define COMMON_OPTIONS \
@@ -751,8 +758,15 @@ static int cmd_stats(struct cli *c, int argc, char **argv)
 	human_bytes(kvu, sizeof kvu, s.kv_used);
 	human_bytes(kvt, sizeof kvt, s.kv_total);
 	human_bytes(rss, sizeof rss, s.rss);
-	printf("%-16s %s (%s, %s, %.2fB parameters)\n", "model", m.name[0] ? m.name : "?",
-	       m.arch, m.quant, (double)m.n_params / 1e9);
+	char params[32];
+	if (m.n_params >= 1000000000)
+		snprintf(params, sizeof params, "%.2fB", (double)m.n_params / 1e9);
+	else if (m.n_params >= 1000000)
+		snprintf(params, sizeof params, "%.1fM", (double)m.n_params / 1e6);
+	else
+		snprintf(params, sizeof params, "%" PRIu64, m.n_params);
+	printf("%-16s %s (%s, %s, %s parameters)\n", "model", m.name[0] ? m.name : "?", m.arch,
+	       m.quant, params);
 	printf("%-16s %u tokens\n", "context", m.n_ctx);
 	printf("%-16s hearthd %s\n", "daemon", m.daemon_version);
 	printf("%-16s %s\n", "uptime", up);
@@ -851,6 +865,82 @@ static int cmd_ping(struct cli *c, int argc, char **argv)
 	return 0;
 }
 
+/* ---- bench ---- */
+
+/* "1,2,4,8,16": each level 1..1024 clients. */
+static bool parse_levels(const char *s, struct bench_opts *o)
+{
+	o->n_levels = 0;
+	char buf[256];
+	if (strlen(s) >= sizeof buf)
+		return false;
+	strcpy(buf, s);
+	char *save = NULL;
+	for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		uint64_t v;
+		if (o->n_levels == BENCH_LEVELS_MAX || !parse_u64(tok, 1024, &v) || v == 0)
+			return false;
+		o->clients[o->n_levels++] = (uint32_t)v;
+	}
+	return o->n_levels > 0;
+}
+
+static int cmd_bench(struct cli *c, int argc, char **argv)
+{
+	static const struct option opts[] = {
+		COMMON_OPTIONS,
+		{ "clients", required_argument, NULL, OPT_CLIENTS },
+		{ "prompt-tokens", required_argument, NULL, OPT_PROMPT_TOKENS },
+		{ "tokens", required_argument, NULL, OPT_TOKENS },
+		{ "seed", required_argument, NULL, OPT_SEED },
+		{ "json", no_argument, NULL, OPT_JSON },
+		{ 0 },
+	};
+	struct bench_opts o = { .prompt_tokens = 128, .tokens = 128, .seed = 1 };
+	parse_levels("1,2,4,8,16", &o);
+	int opt, rc;
+	uint64_t v;
+	while ((opt = getopt_long(argc, argv, "+vhV", opts, NULL)) != -1) {
+		if (common_option(c, opt, optarg, &rc)) {
+			if (rc)
+				return rc < 0 ? 0 : rc;
+			continue;
+		}
+		switch (opt) {
+		case OPT_CLIENTS:
+			if (!parse_levels(optarg, &o))
+				return usage_error("--clients wants a list like 1,2,4,8,16 (each "
+						   "1..1024, at most %d), not \"%s\"",
+						   BENCH_LEVELS_MAX, optarg);
+			break;
+		case OPT_PROMPT_TOKENS:
+			if (!parse_u64(optarg, 1u << 20, &v) || v == 0)
+				return usage_error("--prompt-tokens wants 1..%u, not \"%s\"", 1u << 20,
+						   optarg);
+			o.prompt_tokens = (uint32_t)v;
+			break;
+		case OPT_TOKENS:
+			if (!parse_u64(optarg, 1u << 20, &v) || v == 0)
+				return usage_error("--tokens wants 1..%u, not \"%s\"", 1u << 20, optarg);
+			o.tokens = (uint32_t)v;
+			break;
+		case OPT_SEED:
+			if (!parse_u64(optarg, UINT64_MAX, &o.seed))
+				return usage_error("--seed wants an unsigned integer, not \"%s\"", optarg);
+			break;
+		case OPT_JSON:
+			o.json = true;
+			break;
+		}
+	}
+	if (optind != argc)
+		return usage_error("bench takes no arguments");
+	o.socket = c->socket;
+	o.timeout_ms = c->timeout_ms;
+	o.verbose = c->verbose;
+	return bench_run(&o);
+}
+
 int main(int argc, char **argv)
 {
 	struct cli c = { .timeout_ms = 0 };
@@ -880,6 +970,8 @@ int main(int argc, char **argv)
 		return cmd_ledger(&c, sub_argc, sub_argv);
 	if (strcmp(cmd, "ping") == 0)
 		return cmd_ping(&c, sub_argc, sub_argv);
+	if (strcmp(cmd, "bench") == 0)
+		return cmd_bench(&c, sub_argc, sub_argv);
 	if (strcmp(cmd, "help") == 0) {
 		usage(stdout);
 		return 0;

@@ -410,6 +410,7 @@ static struct conn_event *event_token(const struct ring_token *t)
 	e->tok.logprob = t->logprob;
 	e->tok.top = t->n_top ? top : NULL;
 	e->tok.n_top = t->n_top;
+	e->tok.t_sampled_ns = t->t_sampled_ns;
 	return e;
 }
 

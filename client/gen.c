@@ -73,6 +73,7 @@ static int gen_fill(struct msg_generate *g, const struct hearth_gen_params *p,
 	g->logprobs = p->logprobs;
 	g->top_logprobs = p->top_logprobs;
 	g->logits = p->logits;
+	g->ignore_eos = p->ignore_eos;
 	return 0;
 }
 

@@ -9,9 +9,12 @@
  * sorts every frame and token event to the request it belongs to (by request id); other
  * waiters sleep until their request has something or the reader role frees up. Callbacks
  * therefore run on the thread that called hearth_generate, never on another one. A
- * `struct hearth_gen` is driven by one thread at a time (hearth_gen_next/_finish); only
- * hearth_cancel may be called on it from any thread. hearth_close must be the last call on
- * a connection, after every generation on it was finished.
+ * `struct hearth_gen` is driven by one thread at a time (hearth_gen_next/_finish);
+ * hearth_cancel may be called on it from any other thread until hearth_gen_finish starts.
+ * hearth_close must be the last call on a connection, after every generation on it was
+ * finished. Token events are queued per generation as they are read, so a generation
+ * whose tokens nobody takes grows its queue (the shared ring's backpressure only holds
+ * while no thread is reading the connection at all).
  *
  * Errors. Every function returns 0 (or a documented positive value) on success and a
  * negative HEARTH_E* code on failure, with a message in the caller's struct hearth_err
@@ -120,7 +123,9 @@ const char *hearth_socket_path_default(void);
 /* ---- generating ---- */
 
 /* A prompt: UTF-8 text (text != NULL, len bytes) or token ids (tokens != NULL). Prompts
- * too large for one frame go through the shared-memory ring on their own. */
+ * too large for one frame (about 900 KiB) go through the shared-memory ring on their own;
+ * the ring's client->daemon capacity (1 MiB in hearthd today) bounds them, beyond it the
+ * call fails with HEARTH_ERANGE before anything is sent. */
 struct hearth_prompt {
 	const char *text;
 	size_t len;
@@ -145,6 +150,8 @@ struct hearth_gen_params {
 	bool logprobs;            /* the logprob of each sampled token */
 	uint32_t top_logprobs;    /* 0..64 alternatives per token; needs logprobs */
 	bool logits;              /* the full logits row of each step */
+	bool ignore_eos;          /* end-of-generation tokens do not stop the generation
+	                           * (benchmarks: exactly max_tokens tokens) */
 };
 
 /* llama.cpp's sampling defaults, as the daemon applies them. */
@@ -169,6 +176,8 @@ struct hearth_token {
 	size_t n_top;
 	const float *logits;      /* n_vocab floats when params.logits, else NULL */
 	uint32_t n_vocab;
+	uint64_t t_sampled_ns;    /* CLOCK_MONOTONIC when hearthd sampled this token (same
+	                           * host, same clock); 0 when unknown */
 };
 
 enum hearth_finish {

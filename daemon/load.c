@@ -3,6 +3,7 @@
  * 16 rows at a time, and then lets the file go so the settled process holds only the arena. */
 #include "daemon/load.h"
 
+#include <fcntl.h>
 #include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,12 +11,19 @@
 #include <unistd.h>
 
 #include "daemon/gguf.h"
+#include "daemon/ledger.h"
 #include "daemon/model.h"
 #include "daemon/tokenizer.h"
 #include "kernels/dispatch.h"
 #include "kernels/pool.h"
 
 #define LOAD_ROWS Q4_ROWS          /* rows dequantized and packed per step */
+/* Source bytes read between two releases of the file's pages. The repack reads each tensor
+ * once, front to back; giving its pages back every few MiB (rather than per tensor) keeps
+ * the file's share of RSS and of the page cache at a few MiB even for the 600 MB bf16
+ * embedding of a 1.7B model. */
+#define LOAD_RELEASE_BYTES ((size_t)8 << 20)
+#define LOAD_SAMPLE_MS 10          /* the ledger sampler's interval while loading */
 
 void load_opts_default(struct load_opts *o)
 {
@@ -63,6 +71,7 @@ struct load_mat {
 
 struct load_ctx {
 	const struct load_opts *o;
+	const struct gguf_file *file;
 	const struct model *ref;
 	struct model_q4 *m;
 	struct load_mat *mats;
@@ -70,7 +79,18 @@ struct load_ctx {
 	uint64_t total_bytes, done_bytes;
 	float *rows;                    /* LOAD_ROWS x widest row: the only big transient */
 	size_t rows_cap;
+	size_t acts_total;              /* both activation buffers (group 32, group 128) */
+	size_t threads_max;             /* compute threads the scratch is planned for */
 };
+
+/* Threads the pool may have: what the caller asked for, else every CPU the machine has
+ * (the node's CPUs are a subset), so the per-thread scratch is not planned for 256. */
+static size_t load_threads_max(const struct load_opts *o)
+{
+	long cpus = sysconf(_SC_NPROCESSORS_CONF);
+	size_t n = o->n_threads ? o->n_threads : cpus > 0 ? (size_t)cpus : 1;
+	return n > 256 ? 256 : n;
+}
 
 static int load_add_mat(struct load_ctx *c, const struct gguf_tensor *t, struct q4_matrix *dst,
 			const char *region, struct hearth_error *err)
@@ -86,8 +106,9 @@ static int load_add_mat(struct load_ctx *c, const struct gguf_tensor *t, struct 
 	struct load_mat *lm = &c->mats[c->n_mats++];
 	lm->t = t;
 	lm->dst = dst;
-	lm->region = region;
 	load_choose(t->type, t->ne[0], &lm->group, &lm->asym, &lm->carry);
+	/* Layer matrices go to one region per packed type, so the ledger shows them apart. */
+	lm->region = region ? region : lm->group == 128 ? LOAD_REGION_WEIGHTS_G128 : LOAD_REGION_WEIGHTS_G32;
 	if (t->ne[0] % lm->group)
 		return hearth_error_set(err, HEARTH_EUNSUPPORTED,
 					"tensor '%.*s': rows of %llu are not a multiple of 32, which the int4 layout needs",
@@ -112,6 +133,26 @@ static size_t vec_bytes(const struct gguf_tensor *t)
 	return t ? align64((size_t)t->n_elems * sizeof(float)) : 0;
 }
 
+/* Gives back the file's pages of [from, to) (a stretch already consumed): out of this
+ * process (MADV_DONTNEED) and out of the page cache (POSIX_FADV_DONTNEED). inward: only the
+ * pages wholly inside; else every page the stretch touches. A page still to be read that
+ * goes too is faulted back in from the file: this costs no correctness, only time. */
+static void load_release(const struct load_ctx *c, const void *from, const void *to, bool inward)
+{
+	uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+	uintptr_t a = inward ? ((uintptr_t)from + pg - 1) & ~(pg - 1) : (uintptr_t)from & ~(pg - 1);
+	uintptr_t b = inward ? (uintptr_t)to & ~(pg - 1) : ((uintptr_t)to + pg - 1) & ~(pg - 1);
+	uintptr_t lo = (uintptr_t)c->file->map, hi = lo + c->file->map_size;
+	a = a < lo ? lo : a;
+	b = b > hi ? hi : b;
+	if (b <= a)
+		return;
+	madvise((void *)a, b - a, MADV_DONTNEED);
+	if (c->file->fd >= 0)
+		posix_fadvise(c->file->fd, (off_t)(a - (uintptr_t)c->file->map), (off_t)(b - a),
+			      POSIX_FADV_DONTNEED);
+}
+
 /* A small f32 vector (norm weight, bias) copied into the arena's norms region. */
 static int load_vec(struct load_ctx *c, const struct gguf_tensor *t, const float **out,
 		    struct hearth_error *err)
@@ -124,6 +165,10 @@ static int load_vec(struct load_ctx *c, const struct gguf_tensor *t, const float
 	if (rc < 0)
 		return rc;
 	quant_dequant_row(t->type, t->data, p, (size_t)t->n_elems);
+	/* The fault that read it may have mapped a whole large folio of neighbours (Linux
+	 * maps entire page-cache folios on fault-around); vectors go before the repack, so
+	 * the matrices' streaming releases those neighbours, and this releases the rest. */
+	load_release(c, t->data, (const uint8_t *)t->data + t->size, false);
 	*out = p;
 	return 0;
 }
@@ -138,6 +183,7 @@ static int load_repack(struct load_ctx *c, struct load_mat *lm, struct hearth_er
 	size_t row_bytes;
 	qtype_row_bytes(t->type, t->ne[0], &row_bytes);
 	const uint8_t *src = t->data;
+	const uint8_t *released = src;
 	for (size_t r0 = 0; r0 < q->rows; r0 += LOAD_ROWS) {
 		size_t n = q->rows - r0 < LOAD_ROWS ? q->rows - r0 : LOAD_ROWS;
 		const uint8_t *s = src + r0 * row_bytes;
@@ -151,19 +197,18 @@ static int load_repack(struct load_ctx *c, struct load_mat *lm, struct hearth_er
 			if (rc < 0)
 				return hearth_error_set(err, HEARTH_EINVAL, "tensor '%.*s': carry-over failed",
 							(int)t->name.len, t->name.ptr);
-			continue;
+		} else {
+			for (size_t i = 0; i < n; i++)
+				quant_dequant_row(t->type, s + i * row_bytes, c->rows + i * q->cols, q->cols);
+			q4_pack_rows_f32(q, c->rows, q->cols, r0, n);
 		}
-		for (size_t i = 0; i < n; i++)
-			quant_dequant_row(t->type, s + i * row_bytes, c->rows + i * q->cols, q->cols);
-		q4_pack_rows_f32(q, c->rows, q->cols, r0, n);
+		const uint8_t *done = s + n * row_bytes;
+		if ((size_t)(done - released) >= LOAD_RELEASE_BYTES) {
+			load_release(c, released, done, true);
+			released = done;
+		}
 	}
-	/* The source pages are done with: give them back now rather than at munmap, so the
-	 * page cache does not hold the whole file at the end of a load. */
-	long pg = sysconf(_SC_PAGESIZE);
-	uintptr_t a = ((uintptr_t)t->data + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
-	uintptr_t b = ((uintptr_t)t->data + t->size) & ~((uintptr_t)pg - 1);
-	if (b > a)
-		madvise((void *)a, b - a, MADV_DONTNEED);
+	load_release(c, released, src + t->size, false);
 
 	struct model_q4 *m = c->m;
 	if (m->notes && m->n_notes < c->n_mats) {
@@ -201,7 +246,7 @@ static int load_plan(struct load_ctx *c, struct arena_plan *plan, struct kv_conf
 	const struct model *ref = c->ref;
 	struct model_q4 *m = c->m;
 	const struct load_opts *o = c->o;
-	size_t w_bytes = 0, eh_bytes = 0, norm_bytes = 0, rope_bytes = 0;
+	size_t w_bytes = 0, w_g128 = 0, w_g32 = 0, eh_bytes = 0, norm_bytes = 0, rope_bytes = 0;
 	int rc;
 	for (uint32_t l = 0; l < m->n_layer; l++) {
 		const struct model_layer *R = &ref->layers[l];
@@ -209,9 +254,14 @@ static int load_plan(struct load_ctx *c, struct arena_plan *plan, struct kv_conf
 		const struct gguf_tensor *ts[7] = { R->wq, R->wk, R->wv, R->wo, R->ffn_gate, R->ffn_up, R->ffn_down };
 		struct q4_matrix *ds[7] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down };
 		for (int i = 0; i < 7; i++) {
-			if ((rc = load_add_mat(c, ts[i], ds[i], ARENA_REGION_WEIGHTS, err)) < 0)
+			if ((rc = load_add_mat(c, ts[i], ds[i], NULL, err)) < 0)
 				return rc;
-			w_bytes += align64(q4_matrix_bytes(ds[i]));
+			size_t b = align64(q4_matrix_bytes(ds[i]));
+			w_bytes += b;
+			if (ds[i]->group == 128)
+				w_g128 += b;
+			else
+				w_g32 += b;
 		}
 		const struct gguf_tensor *vs[8] = { R->attn_norm, R->ffn_norm, R->q_norm, R->k_norm,
 						    R->bq, R->bk, R->bv, R->bo };
@@ -287,20 +337,31 @@ static int load_plan(struct load_ctx *c, struct arena_plan *plan, struct kv_conf
 	}
 	widest = ff > widest ? ff : widest;
 	widest = na > widest ? na : widest;
-	/* Group 32 has the most scales, so its size bounds group 128's too. */
-	size_t acts = q4_acts_bytes(o->act, T, widest, 32);
-	if (!acts)
+	/* Activations are quantized once per group size the matrices use: the group-32 buffer
+	 * first, the group-128 one at acts_mem + acts_bytes (model_q4.c). A buffer no matrix
+	 * reads is not planned (3 MiB for a 1.7B model at 256 tokens): acts_bytes is then 0 or
+	 * the group-128 buffer is empty. Group 128 is sized for the widest row rounded up to
+	 * 128, which bounds every row a group-128 matrix can have. */
+	bool g32 = false, g128 = false;
+	for (size_t i = 0; i < c->n_mats; i++) {
+		g32 |= c->mats[i].group == 32;
+		g128 |= c->mats[i].group == 128;
+	}
+	size_t a32 = g32 ? q4_acts_bytes(o->act, T, widest, 32) : 0;
+	size_t a128 = g128 ? q4_acts_bytes(o->act, T, (widest + 127) / 128 * 128, 128) : 0;
+	if ((g32 && !a32) || (g128 && !a128))
 		return hearth_error_set(err, HEARTH_ERANGE, "scratch for %zu tokens overflows", T);
-	m->acts_bytes = align64(acts);
+	m->acts_bytes = align64(a32);
+	c->acts_total = m->acts_bytes + align64(a128);
 	m->attn_state_stride = align64((2 * max_rep + max_rep * max_hd) * sizeof(float)) / sizeof(float);
-	size_t n_threads_max = 256;
+	size_t n_threads_max = c->threads_max = load_threads_max(o);
 	size_t scratch = 0;
 	scratch += 2 * align64(T * E * sizeof(float));                     /* x, xb */
 	scratch += align64(T * nq * sizeof(float)) + align64(T * nk * sizeof(float)) +
 		   align64(T * nv * sizeof(float)) + align64(T * na * sizeof(float));
 	scratch += 2 * align64(T * ff * sizeof(float));                    /* hb, hb2 */
 	scratch += align64((size_t)o->max_seqs * m->hp.n_vocab * sizeof(float)); /* logits */
-	scratch += 2 * m->acts_bytes;
+	scratch += align64(c->acts_total);
 	scratch += n_threads_max * m->attn_state_stride * sizeof(float);
 	m->bytes_weights = w_bytes;
 	m->bytes_embed_head = eh_bytes;
@@ -309,7 +370,8 @@ static int load_plan(struct load_ctx *c, struct arena_plan *plan, struct kv_conf
 	m->bytes_scratch = scratch;
 
 	arena_plan_init(plan);
-	if ((rc = arena_plan_add(plan, ARENA_REGION_WEIGHTS, w_bytes, Q4_ALIGN, err)) < 0 ||
+	if ((w_g128 && (rc = arena_plan_add(plan, LOAD_REGION_WEIGHTS_G128, w_g128, Q4_ALIGN, err)) < 0) ||
+	    (w_g32 && (rc = arena_plan_add(plan, LOAD_REGION_WEIGHTS_G32, w_g32, Q4_ALIGN, err)) < 0) ||
 	    (rc = arena_plan_add(plan, ARENA_REGION_EMBED_HEAD, eh_bytes, Q4_ALIGN, err)) < 0 ||
 	    (rc = arena_plan_add(plan, ARENA_REGION_NORMS, norm_bytes, 64, err)) < 0 ||
 	    (rc = arena_plan_add(plan, ARENA_REGION_ROPE, rope_bytes, 64, err)) < 0 ||
@@ -347,8 +409,8 @@ static int load_scratch(struct load_ctx *c, struct hearth_error *err)
 		{ (void **)&m->hb, T * ff * sizeof(float) },
 		{ (void **)&m->hb2, T * ff * sizeof(float) },
 		{ (void **)&m->logits, (size_t)m->max_seqs * m->hp.n_vocab * sizeof(float) },
-		{ &m->acts_mem, 2 * m->acts_bytes },
-		{ (void **)&m->attn_state, 256 * m->attn_state_stride * sizeof(float) },
+		{ &m->acts_mem, c->acts_total },
+		{ (void **)&m->attn_state, c->threads_max * m->attn_state_stride * sizeof(float) },
 	};
 	for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
 		int rc = arena_alloc(&m->arena, ARENA_REGION_SCRATCH, align64(parts[i].bytes), 64,
@@ -369,6 +431,8 @@ static int load_threads(struct model_q4 *m, const struct load_opts *o, struct he
 		return rc;
 	if (o->n_threads && o->n_threads < n)
 		n = o->n_threads;
+	if (n > load_threads_max(o))
+		n = load_threads_max(o); /* the per-thread scratch was planned for no more */
 	if (n == 0)
 		n = 1;
 	m->n_threads = n;
@@ -401,14 +465,27 @@ int load_q4(struct model_q4 **out, struct tok **tok_out, const char *path,
 	struct load_ctx c = { .o = o };
 	struct arena_plan plan;
 	struct kv_config kvc = { 0 };
+	struct ledger_sampler sampler;
+	bool sampling = false;
 	int rc;
 
+	if (o->load_record)
+		memset(o->load_record, 0, sizeof *o->load_record);
+	if (o->placement)
+		memset(o->placement, 0, sizeof *o->placement);
 	if (o->kv_type != QTYPE_F16 && o->kv_type != QTYPE_BF16)
 		return hearth_error_set(err, HEARTH_EINVAL, "kv_type must be f16 or bf16 for the int4 engine");
+	/* The peak is what a small machine must hold to reach the settled size, so it is
+	 * measured from before the file is mapped to after every transient is given back. */
+	if (o->load_record) {
+		if ((rc = ledger_sampler_start(&sampler, LOAD_SAMPLE_MS, err)) < 0)
+			return rc;
+		sampling = true;
+	}
 	if (o->progress)
 		o->progress(o->progress_ctx, "mapping", path, 0, 1);
 	if ((rc = gguf_open(&f, path, err)) < 0)
-		return rc;
+		goto fail;
 	struct model_opts mo = { .max_ctx = o->max_context };
 	if ((rc = model_load(&ref, f, &mo, err)) < 0)
 		goto fail;
@@ -444,21 +521,15 @@ int load_q4(struct model_q4 **out, struct tok **tok_out, const char *path,
 		goto fail;
 	}
 	c.ref = ref;
+	c.file = f;
 	c.m = m;
 	if ((rc = load_plan(&c, &plan, &kvc, err)) < 0)
 		goto fail;
 	if ((rc = arena_create(&m->arena, &plan, &o->arena, err)) < 0)
 		goto fail;
-	c.rows = malloc(LOAD_ROWS * c.rows_cap * sizeof(float));
-	if (!c.rows) {
-		rc = hearth_error_set(err, HEARTH_ENOMEM, "loader: out of memory for the repack scratch");
-		goto fail;
-	}
-	for (size_t i = 0; i < c.n_mats; i++)
-		if ((rc = load_repack(&c, &c.mats[i], err)) < 0)
-			goto fail;
-	free(c.rows);
-	c.rows = NULL;
+	/* The metadata (vocabulary, merges: megabytes for a large vocabulary) has been read
+	 * into the tokenizer and the plan; a later lookup faults it back in. */
+	load_release(&c, f->map, f->map + f->data_offset, true);
 	for (uint32_t l = 0; l < m->n_layer; l++) {
 		const struct model_layer *R = &ref->layers[l];
 		struct mq4_layer *L = &m->layers[l];
@@ -473,6 +544,16 @@ int load_q4(struct model_q4 **out, struct tok **tok_out, const char *path,
 	}
 	if ((rc = load_vec(&c, ref->output_norm, &m->output_norm, err)) < 0)
 		goto fail;
+	c.rows = malloc(LOAD_ROWS * c.rows_cap * sizeof(float));
+	if (!c.rows) {
+		rc = hearth_error_set(err, HEARTH_ENOMEM, "loader: out of memory for the repack scratch");
+		goto fail;
+	}
+	for (size_t i = 0; i < c.n_mats; i++)
+		if ((rc = load_repack(&c, &c.mats[i], err)) < 0)
+			goto fail;
+	free(c.rows);
+	c.rows = NULL;
 	for (uint32_t i = 0; i < m->n_ropes; i++) {
 		struct mq4_rope *r = &m->ropes[i];
 		size_t n = align64((size_t)o->max_context * (r->n_rot / 2) * sizeof(float));
@@ -503,11 +584,38 @@ int load_q4(struct model_q4 **out, struct tok **tok_out, const char *path,
 	gguf_close(f);
 	f = NULL;
 	free(c.mats);
+	c.mats = NULL;
 	malloc_trim(0);
+	/* Pages land on the bound node unless memory there ran out (the policy is MPOL_BIND,
+	 * but a preferred fallback or a kernel without NUMA can say otherwise): an error only
+	 * when the configuration named the node. */
+	{
+		struct arena_placement pl;
+		struct hearth_error perr;
+		rc = arena_verify_placement(&m->arena, &pl, &perr);
+		if (o->placement)
+			*o->placement = pl;
+		if (rc < 0 && o->arena.numa_node >= 0) {
+			hearth_error_set(err, rc, "%s: %s", path, perr.msg);
+			goto fail;
+		}
+		rc = 0;
+	}
+	if (sampling) {
+		sampling = false;
+		if ((rc = ledger_sampler_stop(&sampler, o->load_record, err)) < 0)
+			goto fail;
+	}
 	*out = m;
 	*tok_out = tok;
 	return 0;
 fail:
+	if (sampling) {
+		struct ledger_load discard;
+		ledger_sampler_stop(&sampler, &discard, NULL);
+	}
+	if (o->load_record)
+		o->load_record->valid = false;
 	free(c.rows);
 	free(c.mats);
 	free((void *)kvc.layer_shapes);

@@ -1,7 +1,8 @@
 /* The loader: from a GGUF file to the resident int4 model. It plans the arena before it maps
  * anything (packed weights, norms, RoPE tables sized by max_context, the KV pool, scratch),
  * repacks each matrix a row block at a time through a small scratch (no step expands a whole
- * matrix), then unmaps the file, drops its page cache and trims the heap. */
+ * matrix; the file's pages are given back every few MiB as they are consumed), then unmaps
+ * the file, drops its page cache and trims the heap. */
 #ifndef HEARTH_DAEMON_LOAD_H
 #define HEARTH_DAEMON_LOAD_H
 
@@ -13,6 +14,14 @@
 #include "protocol/error.h"
 
 struct tok;
+struct ledger_load;
+
+/* The layer matrices' arena regions, one per packed type (arena.h's "weights.<type>"):
+ * group 128 for weights quantized at load, group 32 for codes carried over from Q4_0,
+ * Q4_1 and Q4_K files (and rows whose width is not a multiple of 128). The token
+ * embedding and an untied head live in ARENA_REGION_EMBED_HEAD whatever their type. */
+#define LOAD_REGION_WEIGHTS_G128 ARENA_REGION_WEIGHTS ".q4g128"
+#define LOAD_REGION_WEIGHTS_G32 ARENA_REGION_WEIGHTS ".q4g32"
 
 struct load_opts {
 	uint32_t max_context;          /* sizes RoPE and per-sequence KV; <= the trained length */
@@ -27,6 +36,14 @@ struct load_opts {
 	void (*progress)(void *ctx, const char *phase, const char *what, uint64_t done,
 			 uint64_t total);
 	void *progress_ctx;
+	/* Optional: the load's memory as the ledger sampler saw it (RssAnon every 10 ms from
+	 * before the file is mapped until after it is released; daemon/ledger.h). Filled on
+	 * success; on failure its valid is false. */
+	struct ledger_load *load_record;
+	/* Optional: where the arena's pages are once loaded (bytes per NUMA node). A page off
+	 * the bound node fails the load only when arena.numa_node names a node (>= 0); with
+	 * auto (-1) it is only reported here, bytes_other_node counting it. */
+	struct arena_placement *placement;
 };
 
 void load_opts_default(struct load_opts *o);

@@ -1,5 +1,6 @@
 /* hearthd's entry point. With --prompt: in-process generation with the reference engine,
  * `hearthd --model M --prompt TEXT [-n N]`, which prints the continuation as it is sampled.
+ * With --bench: in-process measurements of the int4 engine (daemon/main_bench.c).
  * Otherwise the service (daemon/main_serve.c): socket, scheduler, resident int4 model. */
 #include <errno.h>
 #include <getopt.h>
@@ -10,6 +11,7 @@
 #include <time.h>
 
 #include "daemon/gguf.h"
+#include "daemon/main_bench.h"
 #include "daemon/main_serve.h"
 #include "daemon/model.h"
 #include "daemon/sampler.h"
@@ -36,8 +38,8 @@ static void usage(FILE *to)
 		"  -m, --model FILE         GGUF model (llama, qwen2, qwen3)\n"
 		"  -p, --prompt TEXT        text to continue; the continuation goes to stdout\n"
 		"  -n, --n-predict N        tokens to generate (default %d; stops early at end of text)\n"
-		"      --max-context N      positions the KV cache holds (default %d, at most the\n"
-		"                           model's trained context)\n"
+		"      --max-context N      positions the KV cache holds (default %d, or the\n"
+		"                           model's trained context when that is smaller)\n"
 		"      --temp T             temperature; 0 = greedy (default 0.8)\n"
 		"      --top-k K            0 = off (default 40)\n"
 		"      --top-p P            1 = off (default 0.95)\n"
@@ -386,6 +388,9 @@ int main(int argc, char **argv)
 {
 	struct run_opts o;
 
+	for (int i = 1; i < argc; i++)
+		if (!strcmp(argv[i], "--bench"))
+			return main_bench(argc, argv);
 	if (!wants_prompt_mode(argc, argv))
 		return main_serve(argc, argv);
 	if (parse_args(argc, argv, &o) < 0)

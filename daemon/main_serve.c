@@ -34,6 +34,7 @@ struct loader {
 	struct tok *tok;
 	struct sched_params sched;
 	struct server_model sm;
+	struct ledger_load load_record;
 };
 
 static void loader_progress(void *ctx, const char *phase, const char *what, uint64_t done,
@@ -80,6 +81,7 @@ static void *loader_main(void *arg)
 	o.step_tokens = ld->sched.step_tokens;
 	o.progress = loader_progress;
 	o.progress_ctx = ld;
+	o.load_record = &ld->load_record;
 
 	struct hearth_error e;
 	log_info(ld->log, "loading %s (max_context %u, kv_budget %llu bytes, %s)", cfg->model,
@@ -112,6 +114,12 @@ static void *loader_main(void *arg)
 	}
 	ld->sm.tok = ld->tok;
 	ld->sm.sched = &ld->sched;
+	ld->sm.arena = &m->arena;
+	ld->sm.load = &ld->load_record;
+	if (ld->load_record.valid)
+		log_notice(ld->log, "load: RssAnon peak %zu MiB, settled %zu MiB, transient %zu MiB",
+			   ld->load_record.peak_anon >> 20, ld->load_record.settled_anon >> 20,
+			   ld->load_record.transient >> 20);
 	ld->sm.release = loader_release;
 	ld->sm.owner = ld;
 	ld->sm.info = (struct msg_model_info){

@@ -419,6 +419,19 @@ int model_load(struct model **out, const struct gguf_file *f, const struct model
 		goto fail;
 	}
 
+	/* Mixtral-style files say "llama" too; their expert tensors are not handled here. */
+	{
+		uint32_t n_expert;
+		if ((rc = ld_u32_opt(&ld, "expert_count", 0, &n_expert)) < 0)
+			goto fail;
+		if (n_expert > 0) {
+			rc = hearth_error_set(err, HEARTH_EUNSUPPORTED, "%s: %s.expert_count is %u: "
+					      "mixture-of-experts models are not supported", f->path,
+					      ld.arch, n_expert);
+			goto fail;
+		}
+	}
+
 	/* The vocabulary size is the embedding's row count. */
 	m->tok_embd = gguf_tensor_find(f, "token_embd.weight");
 	if (!m->tok_embd) {

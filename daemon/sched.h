@@ -48,6 +48,7 @@ struct sched_token {
 	const float *top_logprobs;
 	const float *logits;    /* the full row (n_vocab) when asked, else NULL */
 	uint32_t n_vocab;
+	uint64_t t_sampled_ns;  /* CLOCK_MONOTONIC right after sampling (IPC latency) */
 };
 
 /* A client as the scheduler sees it. The loop thread creates it and sets emit/sink; the

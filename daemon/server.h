@@ -8,7 +8,9 @@
 #include <stdint.h>
 
 #include "daemon/config.h"
+#include "daemon/arena.h"
 #include "daemon/engine.h"
+#include "daemon/ledger.h"
 #include "daemon/log.h"
 #include "daemon/sched.h"
 #include "protocol/error.h"
@@ -24,6 +26,8 @@ struct server_model {
 	struct engine eng;
 	struct msg_model_info info;    /* strings point into the owner's storage */
 	const struct sched_params *sched; /* NULL: sched_params_default */
+	const struct arena *arena;     /* for the ledger; NULL: none */
+	const struct ledger_load *load; /* what the load sampler saw; NULL: none */
 	void (*release)(void *owner);
 	void *owner;
 };

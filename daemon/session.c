@@ -538,6 +538,7 @@ static void session_on_generate(struct session *ss, const struct msg *m)
 	q->logprobs = g->logprobs;
 	q->top_logprobs = g->top_logprobs;
 	q->full_logits = g->logits;
+	q->ignore_eos = g->ignore_eos;
 	sm->result.t_submit = serve_now_ns();
 	r->id = m->id;
 	r->tokens = cost;
@@ -704,21 +705,43 @@ static void session_on_stats(struct session *ss, const struct msg *m)
 	session_send(ss, &r);
 }
 
+/* Counts every byte the daemon holds (ledger_collect: the arena region by region, client
+ * rings, code, the rest of the heap) and answers with it. It reads /proc and calls
+ * mincore: tens of milliseconds, on the loop thread, for an operator's command. */
 static void session_on_ledger(struct session *ss, const struct msg *m)
 {
 	struct server *srv = ss->srv;
-	struct msg r;
-	msg_init(&r, MSG_LEDGER_REPLY, m->id);
-	struct msg_ledger_entry e[2];
-	uint64_t kv_total = srv->sched ? atomic_load(&sched_stats(srv->sched)->kv_total) : 0;
-	uint64_t rss = session_rss();
-	e[0] = (struct msg_ledger_entry){ { "kv_pool", 7 }, kv_total };
-	e[1] = (struct msg_ledger_entry){ { "rss", 3 }, rss };
-	r.u.ledger.entries = e;
-	r.u.ledger.n_entries = 2;
-	r.u.ledger.total = rss;
-	r.u.ledger.peak = rss;
-	session_send(ss, &r);
+	struct ledger *l = malloc(sizeof *l);
+	struct msg_ledger_entry *ents = malloc(LEDGER_MAX_ENTRIES * sizeof *ents);
+	if (!l || !ents) {
+		free(l);
+		free(ents);
+		session_send_error(ss, m->id, MSG_ERR_INTERNAL, false, "out of memory");
+		return;
+	}
+	/* The rings of the first clients by name; any more are counted with shared memory. */
+	struct ledger_range ranges[LEDGER_MAX_RANGES];
+	char names[LEDGER_MAX_RANGES][LEDGER_NAME_MAX];
+	size_t n = 0;
+	for (struct session *o = srv->sessions; o && n < LEDGER_MAX_RANGES; o = o->next) {
+		if (!o->ring_open)
+			continue;
+		snprintf(names[n], sizeof names[n], "ring %.32s (pid %d)", o->name, (int)o->cred.pid);
+		ranges[n] = (struct ledger_range){ names[n], LEDGER_RINGS, o->ring.map, o->ring.map_size };
+		n++;
+	}
+	struct hearth_error e;
+	if (ledger_collect(l, srv->state == SERVE_READY ? srv->model.arena : NULL,
+			   ranges, n, srv->model.load, &e) < 0) {
+		session_send_error(ss, m->id, MSG_ERR_INTERNAL, false, "ledger: %s", e.msg);
+	} else {
+		struct msg r;
+		msg_init(&r, MSG_LEDGER_REPLY, m->id);
+		ledger_to_reply(l, ents, LEDGER_MAX_ENTRIES, &r.u.ledger);
+		session_send(ss, &r);
+	}
+	free(l);
+	free(ents);
 }
 
 static void session_dispatch(struct session *ss, const struct msg *m)
@@ -837,6 +860,7 @@ static bool session_emit(void *sink, const struct sched_token *t)
 		.text_len = t->text_len,
 		.top = NULL,
 		.n_top = 0,
+		.t_sampled_ns = t->t_sampled_ns,
 	};
 	struct ring_top top[SCHED_MAX_TOP];
 	for (uint32_t i = 0; i < t->n_top && i < SCHED_MAX_TOP; i++)

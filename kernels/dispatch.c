@@ -1,8 +1,9 @@
-/* The per-ISA kernel tables and the start-up choice between them. cpuid is read once
- * per call to kern_table_for (cheap, and only at start-up or in tests). */
+/* The per-ISA kernel tables and the start-up choice between them. cpuid is read once per
+ * process (in a VM each cpuid is a trap to the hypervisor, so never on a hot path). */
 #include "kernels/dispatch.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "kernels/cpu.h"
@@ -32,19 +33,24 @@ static const struct kern_table table_avx512 = {
 };
 
 static const struct kern_table *active;
+static struct cpu_features features;
+static pthread_once_t features_once = PTHREAD_ONCE_INIT;
+
+static void features_read(void)
+{
+	cpu_detect(&features);
+}
 
 const struct kern_table *kern_table_for(enum kern_isa isa)
 {
-	struct cpu_features f;
-
-	cpu_detect(&f);
+	pthread_once(&features_once, features_read);
 	switch (isa) {
 	case KERN_REF:
 		return &table_ref;
 	case KERN_AVX2:
-		return cpu_has_avx2_set(&f) ? &table_avx2 : NULL;
+		return cpu_has_avx2_set(&features) ? &table_avx2 : NULL;
 	case KERN_AVX512:
-		return cpu_has_avx512_set(&f) ? &table_avx512 : NULL;
+		return cpu_has_avx512_set(&features) ? &table_avx512 : NULL;
 	}
 	return NULL;
 }

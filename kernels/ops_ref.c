@@ -1,6 +1,6 @@
 /* Scalar reference for the ops in kernels/ops.h: short loops written for clarity and
- * accuracy (double accumulators), matching llama.cpp's arithmetic where that order changes
- * results (RoPE angles, RMSNorm). The reference engine runs on these; SIMD variants are
+ * accuracy (sums finished in double), matching llama.cpp's arithmetic where the order of
+ * operations changes results (RoPE angles, RMSNorm). The reference engine runs on these; SIMD variants are
  * checked against them. */
 #include "kernels/ops.h"
 

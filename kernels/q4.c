@@ -343,3 +343,8 @@ int q4_acts_init(struct q4_acts *a, enum q4_act_kind kind, size_t n_tok, size_t 
 	}
 	return 0;
 }
+
+bool q4_acts_fit(const struct q4_matrix *w, const struct q4_acts *a)
+{
+	return a->cols == w->cols && a->group == w->group && a->codes != NULL;
+}

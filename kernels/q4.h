@@ -90,6 +90,10 @@ size_t q4_acts_bytes(enum q4_act_kind kind, size_t n_tok, size_t cols, size_t gr
 int q4_acts_init(struct q4_acts *a, enum q4_act_kind kind, size_t n_tok, size_t cols, size_t group,
 		 void *mem);
 
+/* True when a can feed a matmul of w: same cols and group. Kernels do not check (hot
+ * path); the engine checks each pairing once, when it builds the model. */
+bool q4_acts_fit(const struct q4_matrix *w, const struct q4_acts *a);
+
 /* Position of column k's bf16 inside an A16 token row (the pair order above). */
 static inline size_t q4_a16_index(size_t k)
 {

@@ -118,9 +118,15 @@ static void prepare_a16(struct q4_acts *a, const float *x, size_t t)
 
 		for (size_t i = g * a->group; i < (g + 1) * a->group; i += 8) {
 			/* Round to nearest even in integers, as quant_f32_to_bf16. */
-			__m256i b = _mm256_castps_si256(_mm256_loadu_ps(x + i));
+			__m256 xv = _mm256_loadu_ps(x + i);
+			__m256i b = _mm256_castps_si256(xv);
 			__m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), one);
 			__m256i h = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(round, lsb)), 16);
+			/* NaN stays a (quiet) NaN instead of rounding into infinity. */
+			__m256i nan = _mm256_castps_si256(_mm256_cmp_ps(xv, xv, _CMP_UNORD_Q));
+			__m256i qnan = _mm256_or_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(64));
+
+			h = _mm256_blendv_epi8(h, qnan, nan);
 
 			vsum = _mm256_add_ps(vsum, _mm256_castsi256_ps(_mm256_slli_epi32(h, 16)));
 			h = _mm256_permutevar8x32_epi32(h, perm);
@@ -163,6 +169,7 @@ tile_a8(const struct q4_matrix *w, const struct q4_acts *a, const uint8_t *blk, 
 	const int8_t *act[GEMM_NT];
 	__m256 f[GEMM_NT][2];
 
+#pragma GCC unroll 8
 	for (int t = 0; t < NT; t++) {
 		act[t] = (const int8_t *)a->codes + (t0 + t) * a->cols;
 		f[t][0] = f[t][1] = _mm256_setzero_ps();
@@ -170,6 +177,7 @@ tile_a8(const struct q4_matrix *w, const struct q4_acts *a, const uint8_t *blk, 
 	for (size_t g = 0; g < w->n_groups; g++) {
 		__m256i acc[GEMM_NT][2];
 
+#pragma GCC unroll 8
 		for (int t = 0; t < NT; t++)
 			acc[t][0] = acc[t][1] = _mm256_setzero_si256();
 		for (size_t c = 0; c < chunks; c++) {
@@ -180,6 +188,7 @@ tile_a8(const struct q4_matrix *w, const struct q4_acts *a, const uint8_t *blk, 
 			__m256i lo1 = _mm256_and_si256(v1, low), hi1 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), low);
 			size_t k = g * w->group + 8 * c;
 
+#pragma GCC unroll 8
 			for (int t = 0; t < NT; t++) {
 				__m256i alo = _mm256_set1_epi32((int)load_u32(act[t] + k));
 				__m256i ahi = _mm256_set1_epi32((int)load_u32(act[t] + k + 4));
@@ -189,10 +198,12 @@ tile_a8(const struct q4_matrix *w, const struct q4_acts *a, const uint8_t *blk, 
 			}
 		}
 		codes += chunks * Q4_CHUNK_BYTES;
+#pragma GCC unroll 2
 		for (int h = 0; h < 2; h++) {
 			__m256 d, m;
 
 			group_scales(w, blk, g, h, &d, &m);
+#pragma GCC unroll 8
 			for (int t = 0; t < NT; t++) {
 				size_t i = (t0 + t) * a->n_groups + g;
 				__m256 ds = _mm256_mul_ps(d, _mm256_set1_ps(a->scale[i]));
@@ -202,8 +213,61 @@ tile_a8(const struct q4_matrix *w, const struct q4_acts *a, const uint8_t *blk, 
 			}
 		}
 	}
+#pragma GCC unroll 8
 	for (int t = 0; t < NT; t++)
 		store_rows(y + (t0 + t) * ldy, f[t][0], f[t][1], valid);
+}
+
+/* Decode (one token) over two adjacent row blocks side by side: two load streams keep
+ * more cache lines in flight than one. valid is the second block's row count. */
+static void gemv_a8_pair(const struct q4_matrix *w, const struct q4_acts *a, const uint8_t *blk, float *y,
+			 unsigned valid)
+{
+	const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+	const int8_t *act = (const int8_t *)a->codes;
+	const size_t chunks = w->group / Q4_CHUNK_COLS;
+	const uint8_t *codes[2] = { blk + w->scale_bytes, blk + w->block_bytes + w->scale_bytes };
+	__m256 f[2][2];
+
+	f[0][0] = f[0][1] = f[1][0] = f[1][1] = _mm256_setzero_ps();
+	for (size_t g = 0; g < w->n_groups; g++) {
+		__m256i acc[2][2];
+
+		acc[0][0] = acc[0][1] = acc[1][0] = acc[1][1] = _mm256_setzero_si256();
+		for (size_t c = 0; c < chunks; c++) {
+			size_t k = g * w->group + 8 * c;
+			__m256i alo = _mm256_set1_epi32((int)load_u32(act + k));
+			__m256i ahi = _mm256_set1_epi32((int)load_u32(act + k + 4));
+
+#pragma GCC unroll 2
+			for (int b = 0; b < 2; b++) {
+				const uint8_t *p = codes[b] + c * Q4_CHUNK_BYTES;
+				__m256i v0 = _mm256_load_si256((const __m256i *)p);
+				__m256i v1 = _mm256_load_si256((const __m256i *)(p + 32));
+
+				acc[b][0] = _mm256_add_epi32(acc[b][0], dot8(_mm256_and_si256(v0, low),
+					_mm256_and_si256(_mm256_srli_epi16(v0, 4), low), alo, ahi, ones));
+				acc[b][1] = _mm256_add_epi32(acc[b][1], dot8(_mm256_and_si256(v1, low),
+					_mm256_and_si256(_mm256_srli_epi16(v1, 4), low), alo, ahi, ones));
+			}
+		}
+		__m256 vs = _mm256_set1_ps(a->scale[g]), vsum = _mm256_set1_ps(a->sum[g]);
+
+#pragma GCC unroll 2
+		for (int b = 0; b < 2; b++) {
+			codes[b] += chunks * Q4_CHUNK_BYTES;
+#pragma GCC unroll 2
+			for (int h = 0; h < 2; h++) {
+				__m256 d, m;
+
+				group_scales(w, blk + (size_t)b * w->block_bytes, g, h, &d, &m);
+				f[b][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[b][h]), _mm256_mul_ps(d, vs), f[b][h]);
+				f[b][h] = _mm256_fmadd_ps(m, vsum, f[b][h]);
+			}
+		}
+	}
+	store_rows(y, f[0][0], f[0][1], Q4_ROWS);
+	store_rows(y + Q4_ROWS, f[1][0], f[1][1], valid);
 }
 
 /* ---- W4A16 ---- */
@@ -227,6 +291,7 @@ tile_a16(const struct q4_matrix *w, const struct q4_acts *a, const uint8_t *blk,
 	const uint16_t *x[GEMM_NT];
 	__m256 f[GEMM_NT][2];
 
+#pragma GCC unroll 8
 	for (int t = 0; t < NT; t++) {
 		x[t] = (const uint16_t *)a->codes + (t0 + t) * a->cols;
 		f[t][0] = f[t][1] = _mm256_setzero_ps();
@@ -234,6 +299,7 @@ tile_a16(const struct q4_matrix *w, const struct q4_acts *a, const uint8_t *blk,
 	for (size_t g = 0; g < w->n_groups; g++) {
 		__m256 acc[GEMM_NT][2];
 
+#pragma GCC unroll 8
 		for (int t = 0; t < NT; t++)
 			acc[t][0] = acc[t][1] = _mm256_setzero_ps();
 		for (size_t c = 0; c < chunks; c++) {
@@ -247,6 +313,7 @@ tile_a16(const struct q4_matrix *w, const struct q4_acts *a, const uint8_t *blk,
 				__m256 w0 = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v0, 4 * n), low));
 				__m256 w1 = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v1, 4 * n), low));
 
+#pragma GCC unroll 8
 				for (int t = 0; t < NT; t++) {
 					__m256 xb = bf16_bcast(x[t] + k + a16_of_nibble[n]);
 
@@ -256,10 +323,12 @@ tile_a16(const struct q4_matrix *w, const struct q4_acts *a, const uint8_t *blk,
 			}
 		}
 		codes += chunks * Q4_CHUNK_BYTES;
+#pragma GCC unroll 2
 		for (int h = 0; h < 2; h++) {
 			__m256 d, m;
 
 			group_scales(w, blk, g, h, &d, &m);
+#pragma GCC unroll 8
 			for (int t = 0; t < NT; t++) {
 				float sx = a->sum[(t0 + t) * a->n_groups + g];
 
@@ -268,6 +337,7 @@ tile_a16(const struct q4_matrix *w, const struct q4_acts *a, const uint8_t *blk,
 			}
 		}
 	}
+#pragma GCC unroll 8
 	for (int t = 0; t < NT; t++)
 		store_rows(y + (t0 + t) * ldy, f[t][0], f[t][1], valid);
 }
@@ -281,6 +351,19 @@ void q4_matmul_avx2(const struct q4_matrix *w, const struct q4_acts *a, float *y
 	size_t chunk = (256u << 10) / (a->cols * elem);
 
 	chunk = chunk < GEMM_NT ? GEMM_NT : chunk / GEMM_NT * GEMM_NT;
+	if (a->n_tok == 1 && a->kind == Q4_ACT_A8) {
+		for (size_t rb = rb0; rb < rb1; rb += 2) {
+			const uint8_t *blk = w->data + rb * w->block_bytes;
+			size_t r0 = rb * Q4_ROWS, last = rb + 1 < rb1 ? r0 + Q4_ROWS : r0;
+			unsigned valid = (unsigned)(row_end - last < Q4_ROWS ? row_end - last : Q4_ROWS);
+
+			if (rb + 1 < rb1)
+				gemv_a8_pair(w, a, blk, y + r0, valid);
+			else
+				tile_a8(w, a, blk, 0, 1, y + r0, ldy, valid);
+		}
+		return;
+	}
 	for (size_t tc = 0; tc < a->n_tok; tc += chunk) {
 		size_t tc_end = tc + chunk < a->n_tok ? tc + chunk : a->n_tok;
 

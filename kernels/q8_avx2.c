@@ -45,6 +45,7 @@ tile_a8(const struct q8_matrix *w, const struct q4_acts *a, const uint8_t *blk, 
 	const int8_t *act[Q8_NT];
 	__m256 f[Q8_NT][2];
 
+#pragma GCC unroll 8
 	for (int t = 0; t < NT; t++) {
 		act[t] = (const int8_t *)a->codes + (t0 + t) * a->cols;
 		f[t][0] = f[t][1] = _mm256_setzero_ps();
@@ -52,6 +53,7 @@ tile_a8(const struct q8_matrix *w, const struct q4_acts *a, const uint8_t *blk, 
 	for (size_t g = 0; g < w->n_groups; g++) {
 		__m256i acc[Q8_NT][2];
 
+#pragma GCC unroll 8
 		for (int t = 0; t < NT; t++)
 			acc[t][0] = acc[t][1] = _mm256_setzero_si256();
 		for (size_t c = 0; c < chunks; c++) {
@@ -60,6 +62,7 @@ tile_a8(const struct q8_matrix *w, const struct q4_acts *a, const uint8_t *blk, 
 			__m256i v1 = _mm256_load_si256((const __m256i *)(p + 32));
 			size_t k = g * w->group + 4 * c;
 
+#pragma GCC unroll 8
 			for (int t = 0; t < NT; t++) {
 				__m256i x = _mm256_set1_epi32((int)load_u32(act[t] + k));
 
@@ -68,9 +71,11 @@ tile_a8(const struct q8_matrix *w, const struct q4_acts *a, const uint8_t *blk, 
 			}
 		}
 		codes += chunks * Q4_CHUNK_BYTES;
+#pragma GCC unroll 2
 		for (int h = 0; h < 2; h++) {
 			__m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + g * 32 + h * 16)));
 
+#pragma GCC unroll 8
 			for (int t = 0; t < NT; t++) {
 				__m256 ds = _mm256_mul_ps(d, _mm256_set1_ps(a->scale[(t0 + t) * a->n_groups + g]));
 
@@ -78,6 +83,7 @@ tile_a8(const struct q8_matrix *w, const struct q4_acts *a, const uint8_t *blk, 
 			}
 		}
 	}
+#pragma GCC unroll 8
 	for (int t = 0; t < NT; t++)
 		store_rows(y + (t0 + t) * ldy, f[t][0], f[t][1], valid);
 }
@@ -101,6 +107,7 @@ tile_a16(const struct q8_matrix *w, const struct q4_acts *a, const uint8_t *blk,
 	const uint16_t *x[Q8_NT];
 	__m256 f[Q8_NT][2];
 
+#pragma GCC unroll 8
 	for (int t = 0; t < NT; t++) {
 		x[t] = (const uint16_t *)a->codes + (t0 + t) * a->cols;
 		f[t][0] = f[t][1] = _mm256_setzero_ps();
@@ -108,6 +115,7 @@ tile_a16(const struct q8_matrix *w, const struct q4_acts *a, const uint8_t *blk,
 	for (size_t g = 0; g < w->n_groups; g++) {
 		__m256 acc[Q8_NT][2];
 
+#pragma GCC unroll 8
 		for (int t = 0; t < NT; t++)
 			acc[t][0] = acc[t][1] = _mm256_setzero_ps();
 		for (size_t c = 0; c < chunks; c++) {
@@ -120,6 +128,7 @@ tile_a16(const struct q8_matrix *w, const struct q4_acts *a, const uint8_t *blk,
 			for (int j = 0; j < 4; j++) {
 				__m256 w0 = byte_f32(v0, j), w1 = byte_f32(v1, j);
 
+#pragma GCC unroll 8
 				for (int t = 0; t < NT; t++) {
 					__m256 xb = bf16_bcast(x[t] + q4_a16_index(k + (size_t)j));
 
@@ -129,13 +138,16 @@ tile_a16(const struct q8_matrix *w, const struct q4_acts *a, const uint8_t *blk,
 			}
 		}
 		codes += chunks * Q4_CHUNK_BYTES;
+#pragma GCC unroll 2
 		for (int h = 0; h < 2; h++) {
 			__m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + g * 32 + h * 16)));
 
+#pragma GCC unroll 8
 			for (int t = 0; t < NT; t++)
 				f[t][h] = _mm256_fmadd_ps(d, acc[t][h], f[t][h]);
 		}
 	}
+#pragma GCC unroll 8
 	for (int t = 0; t < NT; t++)
 		store_rows(y + (t0 + t) * ldy, f[t][0], f[t][1], valid);
 }

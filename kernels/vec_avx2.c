@@ -132,43 +132,79 @@ static inline __m256 kv_load(enum vec_kv_type type, const uint8_t *row, size_t i
 	return _mm256_cvtph_ps(h);
 }
 
+#define ATTN_POS 8     /* positions per block: one exp256 and one rescale per block */
+
+static inline float hmax(__m256 v)
+{
+	__m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+
+	m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+	m = _mm_max_ss(m, _mm_movehdup_ps(m));
+	return _mm_cvtss_f32(m);
+}
+
+/* One query head against a block of up to 8 positions; as vec_avx512.c's attn_block. */
+static void attn_block(const float *q, size_t head_dim, enum vec_kv_type type, const uint8_t *k,
+		       size_t k_stride, const uint8_t *v, size_t v_stride, size_t nb, float scale,
+		       float *max, float *sum, float *acc)
+{
+	float sc[ATTN_POS], e[ATTN_POS];
+
+	for (size_t j = 0; j < ATTN_POS; j++)
+		sc[j] = -INFINITY;
+	for (size_t j = 0; j < nb; j++) {
+		const uint8_t *kr = k + j * k_stride;
+		__m256 d0 = _mm256_setzero_ps(), d1 = d0;
+
+		for (size_t i = 0; i < head_dim; i += 16) {
+			d0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), kv_load(type, kr, i), d0);
+			d1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), kv_load(type, kr, i + 8), d1);
+		}
+		sc[j] = hsum(_mm256_add_ps(d0, d1)) * scale;
+	}
+	__m256 s = _mm256_loadu_ps(sc);
+	float bmax = hmax(s);
+
+	if (bmax > *max) {
+		/* A new maximum rescales what was summed so far, once per block. */
+		float c = *max == -INFINITY ? 0.0f : expf(*max - bmax);
+		__m256 vc = _mm256_set1_ps(c);
+
+		for (size_t i = 0; i < head_dim; i += 8)
+			_mm256_storeu_ps(acc + i, _mm256_mul_ps(_mm256_loadu_ps(acc + i), vc));
+		*sum *= c;
+		*max = bmax;
+	}
+	/* Dead lanes hold -inf: exp256 clamps them to ~1e-38, the mask makes them 0. */
+	__m256 live = _mm256_cmp_ps(s, _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+	__m256 ev = _mm256_and_ps(live, exp256(_mm256_sub_ps(s, _mm256_set1_ps(*max))));
+
+	*sum += hsum(ev);
+	_mm256_storeu_ps(e, ev);
+	for (size_t i = 0; i < head_dim; i += 8) {
+		__m256 a0 = _mm256_loadu_ps(acc + i), a1 = _mm256_setzero_ps();
+		size_t j = 0;
+
+		for (; j + 2 <= nb; j += 2) {
+			a0 = _mm256_fmadd_ps(_mm256_set1_ps(e[j]), kv_load(type, v + j * v_stride, i), a0);
+			a1 = _mm256_fmadd_ps(_mm256_set1_ps(e[j + 1]), kv_load(type, v + (j + 1) * v_stride, i), a1);
+		}
+		if (j < nb)
+			a0 = _mm256_fmadd_ps(_mm256_set1_ps(e[j]), kv_load(type, v + j * v_stride, i), a0);
+		_mm256_storeu_ps(acc + i, _mm256_add_ps(a0, a1));
+	}
+}
+
 void vec_attn_avx2(const float *q, size_t n_rep, size_t head_dim, enum vec_kv_type type,
 		   const void *k, size_t k_stride, const void *v, size_t v_stride,
 		   size_t n_pos, float scale, float *max, float *sum, float *acc)
 {
-	for (size_t p = 0; p < n_pos; p++) {
-		const uint8_t *kr = (const uint8_t *)k + p * k_stride;
-		const uint8_t *vr = (const uint8_t *)v + p * v_stride;
+	for (size_t p0 = 0; p0 < n_pos; p0 += ATTN_POS) {
+		size_t nb = n_pos - p0 < ATTN_POS ? n_pos - p0 : ATTN_POS;
 
-		for (size_t r = 0; r < n_rep; r++) {
-			const float *qr = q + r * head_dim;
-			float *ar = acc + r * head_dim;
-			__m256 d0 = _mm256_setzero_ps(), d1 = d0;
-
-			for (size_t i = 0; i < head_dim; i += 16) {
-				d0 = _mm256_fmadd_ps(_mm256_loadu_ps(qr + i), kv_load(type, kr, i), d0);
-				d1 = _mm256_fmadd_ps(_mm256_loadu_ps(qr + i + 8), kv_load(type, kr, i + 8), d1);
-			}
-			float s = hsum(_mm256_add_ps(d0, d1)) * scale;
-
-			if (s > max[r]) {
-				/* A new maximum rescales what was summed so far. */
-				float c = max[r] == -INFINITY ? 0.0f : expf(max[r] - s);
-				__m256 vc = _mm256_set1_ps(c);
-
-				sum[r] = sum[r] * c + 1.0f;
-				for (size_t i = 0; i < head_dim; i += 8)
-					_mm256_storeu_ps(ar + i, _mm256_fmadd_ps(_mm256_loadu_ps(ar + i), vc,
-										 kv_load(type, vr, i)));
-				max[r] = s;
-				continue;
-			}
-			float e = expf(s - max[r]);
-			__m256 ve = _mm256_set1_ps(e);
-
-			sum[r] += e;
-			for (size_t i = 0; i < head_dim; i += 8)
-				_mm256_storeu_ps(ar + i, _mm256_fmadd_ps(kv_load(type, vr, i), ve, _mm256_loadu_ps(ar + i)));
-		}
+		for (size_t r = 0; r < n_rep; r++)
+			attn_block(q + r * head_dim, head_dim, type, (const uint8_t *)k + p0 * k_stride, k_stride,
+				   (const uint8_t *)v + p0 * v_stride, v_stride, nb, scale, &max[r], &sum[r],
+				   acc + r * head_dim);
 	}
 }

@@ -175,6 +175,7 @@ struct msg_generate {
 	uint32_t top_logprobs;     /* 0..MSG_TOP_MAX alternatives per token */
 	bool logits;               /* the full logits row of each step, through the ring */
 	bool stream_socket;        /* token events as `token` frames instead of the ring */
+	bool ignore_eos;           /* end-of-generation tokens do not stop (benchmarks) */
 };
 
 struct msg_cancel {

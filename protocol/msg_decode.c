@@ -321,6 +321,7 @@ static const struct field generate_fields[] = {
 	F("top_logprobs", FK_U32, 0, struct msg_generate, top_logprobs, 0, MSG_TOP_MAX),
 	F("logits", FK_BOOL, 0, struct msg_generate, logits, 0, 0),
 	F("socket", FK_BOOL, 0, struct msg_generate, stream_socket, 0, 0),
+	F("ignore_eos", FK_BOOL, 0, struct msg_generate, ignore_eos, 0, 0),
 };
 
 static const struct field cancel_fields[] = {

@@ -149,6 +149,8 @@ static void encode_body(struct enc *e, const struct msg *m)
 			kv_bool(e, "logits", true);
 		if (g->stream_socket)
 			kv_bool(e, "socket", true);
+		if (g->ignore_eos)
+			kv_bool(e, "ignore_eos", true);
 		break;
 	}
 	case MSG_CANCEL:

@@ -482,7 +482,7 @@ int ring_doorbell_clear(struct ring *r, struct hearth_error *err)
 
 /* ---- records ---- */
 
-#define TOKEN_FIXED 24u
+#define TOKEN_FIXED 32u
 
 size_t ring_token_size(const struct ring_token *t)
 {
@@ -510,6 +510,7 @@ int ring_push_token(struct ring *r, const struct ring_token *t, struct hearth_er
 	memcpy(p + 16, &lp, 4);
 	memcpy(p + 20, &tl, 2);
 	memcpy(p + 22, &nt, 2);
+	memcpy(p + 24, &t->t_sampled_ns, 8);
 	if (t->text_len)
 		memcpy(p + TOKEN_FIXED, t->text, t->text_len);
 	size_t top_at = (TOKEN_FIXED + t->text_len + 3) & ~(size_t)3;
@@ -537,6 +538,7 @@ int ring_token_decode(const void *payload, size_t len, struct ring_token *out,
 	memcpy(&out->logprob, p + 16, 4);
 	memcpy(&tl, p + 20, 2);
 	memcpy(&nt, p + 22, 2);
+	memcpy(&out->t_sampled_ns, p + 24, 8);
 	if (flags & ~1u)
 		return hearth_error_set(err, HEARTH_EFORMAT, "ring: token flags 0x%x unknown", flags);
 	if (tl > RING_TOKEN_TEXT_MAX || nt > RING_TOKEN_TOP_MAX)

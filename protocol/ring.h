@@ -146,12 +146,16 @@ struct ring_top {
 
 /* RING_REC_TOKEN payload (native byte order):
  *   0 u64 request_id | 8 u32 token | 12 u32 flags (bit 0: has logprob) | 16 f32 logprob
- *   20 u16 text_len | 22 u16 n_top | 24 text bytes | pad to 4 | n_top x {u32 token, f32 lp} */
+ *   20 u16 text_len | 22 u16 n_top | 24 u64 t_sampled_ns | 32 text bytes | pad to 4
+ *   | n_top x {u32 token, f32 lp} */
 struct ring_token {
 	uint64_t request_id;
 	uint32_t token;
 	bool has_logprob;
 	float logprob;
+	/* CLOCK_MONOTONIC when the daemon sampled the token (0: unknown). Both ends share the
+	 * host's clock, so a client can measure the token's trip through the ring. */
+	uint64_t t_sampled_ns;
 	const uint8_t *text;        /* raw bytes; may split a UTF-8 sequence */
 	size_t text_len;
 	const struct ring_top *top; /* decode: points into the (copied) payload */

@@ -35,6 +35,10 @@ static char g_dir[256];
 static char g_sock[300];
 static char g_model[4096];
 static pid_t g_daemon = -1;
+/* Every daemon a test started and has not stopped: a failing assertion leaves a test
+ * early, and teardown must not leave its daemons running. */
+static pid_t g_spawned[16];
+static size_t g_n_spawned;
 
 /* ---- a raw protocol client ---- */
 
@@ -305,6 +309,8 @@ static pid_t daemon_spawn_env(const char *const *extra, const char *notify, cons
 		execv(bin, (char *const *)argv);
 		_exit(127);
 	}
+	if (g_n_spawned < sizeof g_spawned / sizeof g_spawned[0])
+		g_spawned[g_n_spawned++] = pid;
 	return pid;
 }
 
@@ -326,8 +332,16 @@ static void wait_for_socket(const char *path)
 	fail_msg("hearthd never listened on %s", path);
 }
 
+static void daemon_forget(pid_t pid)
+{
+	for (size_t i = 0; i < g_n_spawned; i++)
+		if (g_spawned[i] == pid)
+			g_spawned[i] = g_spawned[--g_n_spawned];
+}
+
 static int daemon_stop(pid_t pid)
 {
+	daemon_forget(pid);
 	kill(pid, SIGTERM);
 	int st;
 	for (int i = 0; i < 1000; i++) {
@@ -363,6 +377,13 @@ static int setup(void **state)
 static int teardown(void **state)
 {
 	(void)state;
+	while (g_n_spawned) {
+		pid_t p = g_spawned[--g_n_spawned];
+		if (p != g_daemon) {
+			kill(p, SIGKILL);
+			waitpid(p, NULL, 0);
+		}
+	}
 	int rc = daemon_stop(g_daemon);
 	unlink(g_sock);
 	rmdir(g_dir);
@@ -403,6 +424,22 @@ static void test_serve_welcome_describes_the_model(void **state)
 	struct msg p = tc_simple(&c, MSG_PING);
 	assert_int_equal(p.type, MSG_PONG);
 	msg_free(&p);
+	/* The ledger names the arena's parts and this client's ring, and adds up. */
+	struct msg l = tc_simple(&c, MSG_LEDGER);
+	assert_int_equal(l.type, MSG_LEDGER_REPLY);
+	bool kv = false, ring = false, weights = false;
+	uint64_t sum = 0;
+	for (size_t i = 0; i < l.u.ledger.n_entries; i++) {
+		const char *name = l.u.ledger.entries[i].name.ptr;
+		kv |= strcmp(name, "kv_pool") == 0 && l.u.ledger.entries[i].bytes >= (4u << 20) - 65536;
+		ring |= strncmp(name, "ring welcome-test", 17) == 0;
+		weights |= strncmp(name, "weights.q4g", 11) == 0;
+		sum += l.u.ledger.entries[i].bytes;
+	}
+	assert_true(kv && ring && weights);
+	assert_int_equal(sum, l.u.ledger.total);
+	assert_true(l.u.ledger.peak >= l.u.ledger.total);
+	msg_free(&l);
 	tc_close(&c);
 }
 
@@ -910,6 +947,7 @@ static void test_serve_socket_activation_uses_the_passed_socket(void **state)
 		      "--kv-budget=4MiB", "--threads=2", "--log-level=warning", (char *)NULL);
 		_exit(127);
 	}
+	g_spawned[g_n_spawned++] = pid;
 	wait_for_socket(sock4);
 	struct tclient c;
 	assert_int_equal(tc_connect_path(&c, sock4), 0);
@@ -947,6 +985,7 @@ static void check_swap(const char *mode)
 		      "--threads=2", "--log-level=warning", (char *)NULL);
 		_exit(127);
 	}
+	g_spawned[g_n_spawned++] = pid;
 	wait_for_socket(sock5);
 	struct tclient c;
 	assert_int_equal(tc_connect_path(&c, sock5), 0);

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -435,6 +436,7 @@ struct seen {
 	struct hearth_top top0[512];
 	float logit_first[512];
 	uint32_t n_vocab[512];
+	uint64_t t_sampled[512];
 	size_t n;
 	char text[8192];
 	size_t len;
@@ -453,6 +455,7 @@ static int collect(void *user, const struct hearth_token *t)
 			s->top0[s->n] = t->top[0];
 		s->n_vocab[s->n] = t->n_vocab;
 		s->logit_first[s->n] = t->logits ? t->logits[0] : -1.0f;
+		s->t_sampled[s->n] = t->t_sampled_ns;
 	}
 	s->n++;
 	if (s->len + t->text_len < sizeof s->text) {
@@ -571,24 +574,19 @@ static void script_forbidden(struct fake *f)
 static void test_client_connect_reports_why_the_daemon_refused_it(void **state)
 {
 	(void)state;
-	for (int i = 0; i < 2; i++) {
-		struct fake *f = fake_start(script_forbidden, NULL);
-		fake_run(f);
-		if (i == 1) {
-			/* also when the hello is written after the daemon already closed */
-			struct timespec ts = { 0, 50000000 };
-			nanosleep(&ts, NULL);
-		}
-		struct hearth_connect_opts o = { .socket_path = f->path, .client_name = "test-client",
-						 .timeout_ms = 5000 };
-		struct hearth *h = NULL;
-		struct hearth_err err = { 0 };
-		assert_int_equal(hearth_connect_with(&h, &o, &err), HEARTH_EPERM);
-		assert_null(h);
-		assert_non_null(strstr(err.msg, "forbidden"));
-		assert_non_null(strstr(err.msg, "uid 1234 is not in allow_users"));
-		fake_stop(f);
-	}
+	/* The daemon closes with the client's hello unread: the client's read then ends in
+	 * ECONNRESET, but only after the error frame queued before it. */
+	struct fake *f = fake_start(script_forbidden, NULL);
+	fake_run(f);
+	struct hearth_connect_opts o = { .socket_path = f->path, .client_name = "test-client",
+					 .timeout_ms = 5000 };
+	struct hearth *h = NULL;
+	struct hearth_err err = { 0 };
+	assert_int_equal(hearth_connect_with(&h, &o, &err), HEARTH_EPERM);
+	assert_null(h);
+	assert_non_null(strstr(err.msg, "forbidden"));
+	assert_non_null(strstr(err.msg, "uid 1234 is not in allow_users"));
+	fake_stop(f);
 }
 
 static void test_client_connect_names_the_socket_it_could_not_reach(void **state)
@@ -642,7 +640,7 @@ static void script_stream_five(struct fake *f)
 		  g->stop[0].len == 2 && memcmp(g->stop[0].ptr, "\n\n", 2) == 0 &&
 		  g->stop[1].len == 3 && memcmp(g->stop[1].ptr, "END", 3) == 0 &&
 		  g->n_stop_tokens == 1 && g->stop_tokens[0] == 2 && g->logprobs &&
-		  g->top_logprobs == 2 && !g->logits && !g->stream_socket;
+		  g->top_logprobs == 2 && !g->logits && !g->stream_socket && !g->ignore_eos;
 	msg_free(&m);
 	FCHECK(f, ok, "the generate frame does not carry the client's parameters");
 	/* "é" split over two tokens, as byte tokens do. */
@@ -698,6 +696,7 @@ static void test_client_generate_streams_tokens_in_order_with_the_result(void **
 		assert_int_equal(s.top0[i].token, 100 + i);
 		assert_true(s.top0[i].logprob == -0.5f);
 		assert_int_equal(s.n_vocab[i], 0);
+		assert_true(s.t_sampled[i] == 0);   /* the fake daemon stamped none */
 	}
 	assert_int_equal(s.len, 5);
 	assert_string_equal(s.text, "AB\xc3\xa9" "C");
@@ -713,6 +712,56 @@ static void test_client_generate_streams_tokens_in_order_with_the_result(void **
 
 /* Tokens pushed without a doorbell, then `done` at once: only a client that drains the
  * ring before acting on `done` sees them all. */
+
+/* The bench's two needs: ignore_eos reaches the daemon, and each token's sampling time
+ * (the daemon's CLOCK_MONOTONIC) reaches the callback unchanged. */
+static void script_stamped_tokens(struct fake *f)
+{
+	FTRY(fake_handshake(f));
+	struct msg m;
+	FTRY(fake_expect(f, MSG_GENERATE, &m));
+	uint64_t id = m.id;
+	bool ok = m.u.generate.ignore_eos && m.u.generate.max_tokens == 3;
+	msg_free(&m);
+	FCHECK(f, ok, "the generate frame lost ignore_eos");
+	static const uint64_t stamps[3] = { 0x0123456789abcdefull, 1, UINT64_MAX };
+	for (uint32_t i = 0; i < 3; i++) {
+		struct ring_token t = { .request_id = id, .token = 7 + i,
+					.t_sampled_ns = stamps[i],
+					.text = (const uint8_t *)"x", .text_len = 1 };
+		struct hearth_error e;
+		FCHECK(f, ring_push_token(&f->ring, &t, &e) == 0, "push: %s", e.msg);
+		ring_notify(&f->ring, NULL);
+	}
+	FTRY(fake_done(f, id, MSG_FINISH_LENGTH, 1, 3));
+	fake_wait_close(f);
+}
+
+static void test_client_token_carries_the_daemon_sample_time_and_ignore_eos(void **state)
+{
+	(void)state;
+	struct fake *f = fake_start(script_stamped_tokens, NULL);
+	fake_run(f);
+	struct hearth *h = client_connect(f, 5000);
+	struct hearth_gen_params p = hearth_gen_params_default();
+	p.max_tokens = 3;
+	p.ignore_eos = true;
+	struct seen s = { 0 };
+	struct hearth_err err = { 0 };
+	struct hearth_prompt prompt = text_prompt("Hi");
+	int rc = hearth_generate(h, &prompt, &p, collect, &s, NULL, &err);
+	if (rc)
+		print_message("generate: %s\n", err.msg);
+	assert_int_equal(rc, 0);
+	assert_int_equal(s.n, 3);
+	assert_true(s.t_sampled[0] == 0x0123456789abcdefull);
+	assert_true(s.t_sampled[1] == 1);
+	assert_true(s.t_sampled[2] == UINT64_MAX);
+	assert_int_equal(s.tokens[2], 9);
+	hearth_close(h);
+	fake_stop(f);
+}
+
 static void script_tokens_then_done_without_doorbell(struct fake *f)
 {
 	FTRY(fake_handshake(f));
@@ -1631,6 +1680,76 @@ static void test_cli_generate_json_reads_the_prompt_from_stdin(void **state)
 			    "\"decode_tps\":39.75,\"text\":\"Hello!\"}\n");
 }
 
+static void script_cli_interrupted(struct fake *f)
+{
+	FTRY(fake_handshake(f));
+	struct msg m;
+	FTRY(fake_expect(f, MSG_GENERATE, &m));
+	uint64_t id = m.id;
+	msg_free(&m);
+	FTRY(fake_push_token(f, id, 1, "partial"));
+	FTRY(fake_expect(f, MSG_CANCEL, &m)); /* the ^C */
+	uint64_t cancel_id = m.id, target = m.u.cancel.target;
+	msg_free(&m);
+	FCHECK(f, target == id, "the CLI canceled %llu, not its generation",
+	       (unsigned long long)target);
+	FTRY(fake_done(f, cancel_id, MSG_FINISH_OK, 0, 0));
+	FTRY(fake_done(f, id, MSG_FINISH_CANCEL, 2, 1));
+	fake_wait_close(f);
+}
+
+static void test_cli_interrupt_cancels_the_generation(void **state)
+{
+	(void)state;
+	const char *builddir = getenv("HEARTH_BUILDDIR");
+	if (!builddir)
+		fail_msg("HEARTH_BUILDDIR is not set: run through `make check`");
+	struct fake *f = fake_start(script_cli_interrupted, NULL);
+	fake_run(f);
+	char exe[512];
+	snprintf(exe, sizeof exe, "%s/hearth", builddir);
+	int out[2];
+	assert_int_equal(pipe(out), 0);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		dup2(out[1], 1);
+		int devnull = open("/dev/null", O_WRONLY);
+		dup2(devnull, 2);
+		close(out[0]);
+		execl(exe, "hearth", "--socket", f->path, "generate", "tell me everything",
+		      (char *)NULL);
+		_exit(127);
+	}
+	close(out[1]);
+	char buf[256];
+	size_t n = 0;
+	while (n < 7) {
+		struct pollfd pf = { .fd = out[0], .events = POLLIN };
+		if (poll(&pf, 1, FAKE_WAIT_MS) != 1)
+			break;
+		ssize_t got = read(out[0], buf + n, sizeof buf - 1 - n);
+		if (got <= 0)
+			break;
+		n += (size_t)got;
+	}
+	kill(pid, SIGINT);
+	for (;;) {
+		ssize_t got = read(out[0], buf + n, sizeof buf - 1 - n);
+		if (got <= 0)
+			break;
+		n += (size_t)got;
+	}
+	buf[n] = '\0';
+	close(out[0]);
+	int st;
+	waitpid(pid, &st, 0);
+	fake_stop(f);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 1);
+	assert_string_equal(buf, "partial\n");
+}
+
 /* Answers one stats or ledger request per connection, with fixed numbers. */
 static void script_cli_reports(struct fake *f)
 {
@@ -1682,7 +1801,7 @@ static void test_cli_stats_and_ledger_print_tables_and_json(void **state)
 		assert_int_equal(rc[i], 0);
 	assert_non_null(strstr(stats, "uptime           1h 02m 03s\n"));
 	assert_non_null(strstr(stats, "kv cache         1.00 MiB / 64.00 MiB (1.6%)\n"));
-	assert_non_null(strstr(stats, "tiny-test (llama, q4_g128, 0.12B parameters)"));
+	assert_non_null(strstr(stats, "tiny-test (llama, q4_g128, 123.5M parameters)"));
 	assert_non_null(strstr(stats_json, "\"kv_used\":1048576,\"kv_total\":67108864,"));
 	assert_non_null(strstr(stats_json, "\"model\":{\"name\":\"tiny-test\""));
 	assert_non_null(strstr(ledger, "weights                       734003200  700.00 MiB\n"));
@@ -1713,6 +1832,7 @@ int main(void)
 		cmocka_unit_test(test_client_connect_names_the_socket_it_could_not_reach),
 		cmocka_unit_test(test_client_socket_path_comes_from_the_environment),
 		cmocka_unit_test(test_client_generate_streams_tokens_in_order_with_the_result),
+		cmocka_unit_test(test_client_token_carries_the_daemon_sample_time_and_ignore_eos),
 		cmocka_unit_test(test_client_drains_the_ring_before_acting_on_done),
 		cmocka_unit_test(test_client_rings_the_doorbell_so_a_full_ring_drains),
 		cmocka_unit_test(test_client_attaches_each_logits_row_to_its_token),
@@ -1731,6 +1851,7 @@ int main(void)
 		cmocka_unit_test(test_client_no_hello_connection_pings_but_cannot_generate),
 		cmocka_unit_test(test_cli_generate_streams_text_and_exits_zero),
 		cmocka_unit_test(test_cli_generate_json_reads_the_prompt_from_stdin),
+		cmocka_unit_test(test_cli_interrupt_cancels_the_generation),
 		cmocka_unit_test(test_cli_stats_and_ledger_print_tables_and_json),
 		cmocka_unit_test(test_cli_exit_codes_for_usage_and_errors),
 	};

@@ -1,6 +1,7 @@
 /* Ledger: the load sampler must see a deliberate 64 MiB transient that is gone by the end;
  * the entries must add up to the kernel's RSS (+ hugetlb) within 2%; regions land in their
- * groups with the residency we caused; each byte is counted once; output is well-formed. */
+ * groups with the residency we caused; each byte is counted once; output is well-formed,
+ * and the wire reply carries it through the protocol's decoder. */
 #include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -19,6 +20,7 @@
 #include "daemon/arena.h"
 #include "daemon/ledger.h"
 #include "daemon/memstat.h"
+#include "protocol/msg.h"
 
 #define MiB ((size_t)1 << 20)
 
@@ -369,6 +371,66 @@ static void test_ledger_formats_table_and_json(void **state)
 	world_free(&w);
 }
 
+/* The wire reply carries every line that holds something, sums to the ledger's total,
+ * and survives the protocol's own strict decoder (names and counts within its limits). */
+static void test_ledger_reply_carries_every_line_and_decodes(void **state)
+{
+	(void)state;
+	struct world w;
+	world_make(&w, ARENA_PAGES_NONE);
+	struct ledger_range ranges[] = {
+		{ "rings", LEDGER_RINGS, w.ring, w.ring_len },
+	};
+	struct ledger *l = malloc(sizeof *l);
+	assert_non_null(l);
+	struct hearth_error err;
+	assert_int_equal(ledger_collect(l, &w.arena, ranges, 1, NULL, &err), 0);
+
+	struct msg_ledger_entry ents[LEDGER_MAX_ENTRIES];
+	struct msg r;
+	msg_init(&r, MSG_LEDGER_REPLY, 7);
+	ledger_to_reply(l, ents, LEDGER_MAX_ENTRIES, &r.u.ledger);
+	size_t want = 0;
+	for (size_t i = 0; i < l->n_entries; i++)
+		want += l->entries[i].bytes || l->entries[i].resident;
+	assert_int_equal(r.u.ledger.n_entries, want);
+	assert_true(want < l->n_entries); /* "other shared memory" holds nothing here */
+	assert_int_equal(r.u.ledger.total, l->total_resident);
+	assert_true(r.u.ledger.peak >= r.u.ledger.total);
+	assert_true(r.u.ledger.peak >= l->status.vm_hwm);
+	bool saw_kv = false, saw_scratch = false;
+	for (size_t i = 0; i < r.u.ledger.n_entries; i++) {
+		const struct msg_ledger_entry *e = &r.u.ledger.entries[i];
+		char name[LEDGER_NAME_MAX + 1];
+		snprintf(name, sizeof name, "%.*s", (int)e->name.len, e->name.ptr);
+		assert_int_equal(e->bytes, entry(l, name)->resident);
+		saw_kv |= strcmp(name, "kv_pool") == 0 && e->bytes == 4 * MiB;
+		saw_scratch |= strcmp(name, "scratch.act") == 0 && e->bytes == 0; /* reserved, idle */
+	}
+	assert_true(saw_kv);
+	assert_true(saw_scratch);
+
+	struct msg_buf buf = { 0 };
+	assert_int_equal(msg_encode(&r, &buf, &err), 0);
+	struct msg d;
+	struct msg_reject rej;
+	assert_true(buf.len > 4);
+	assert_int_equal(msg_decode(buf.data + 4, buf.len - 4, MSG_FROM_DAEMON, &d, &rej, &err), 0);
+	assert_int_equal(d.type, MSG_LEDGER_REPLY);
+	assert_int_equal(d.u.ledger.n_entries, r.u.ledger.n_entries);
+	assert_int_equal(d.u.ledger.total, r.u.ledger.total);
+	assert_int_equal(d.u.ledger.peak, r.u.ledger.peak);
+	msg_free(&d);
+	msg_buf_free(&buf);
+
+	/* a short array: the first lines, and a total that is theirs */
+	ledger_to_reply(l, ents, 2, &r.u.ledger);
+	assert_int_equal(r.u.ledger.n_entries, 2);
+	assert_int_equal(r.u.ledger.total, ents[0].bytes + ents[1].bytes);
+	free(l);
+	world_free(&w);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -381,6 +443,7 @@ int main(void)
 						pool_teardown),
 		cmocka_unit_test(test_ledger_counts_each_byte_once),
 		cmocka_unit_test(test_ledger_formats_table_and_json),
+		cmocka_unit_test(test_ledger_reply_carries_every_line_and_decodes),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

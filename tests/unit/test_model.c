@@ -457,6 +457,7 @@ struct tiny_spec {
 	const char *omit;        /* a tensor left out */
 	const char *reshape;     /* a tensor whose row count is off by one */
 	bool no_head_count;
+	uint32_t n_expert;       /* written as ARCH.expert_count when nonzero */
 };
 
 struct tiny_tensor {
@@ -498,6 +499,8 @@ static void tiny_write(const char *path, const struct tiny_spec *spec)
 		gguf_build_kv_u32(b, KEY("attention.head_count"), 2);
 	gguf_build_kv_u32(b, KEY("attention.head_count_kv"), 1);
 	gguf_build_kv_f32(b, KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
+	if (spec->n_expert)
+		gguf_build_kv_u32(b, KEY("expert_count"), spec->n_expert);
 #undef KEY
 	for (size_t i = 0; i < sizeof(tiny_tensors) / sizeof(tiny_tensors[0]); i++) {
 		const struct tiny_tensor *t = &tiny_tensors[i];
@@ -603,6 +606,15 @@ static void test_model_rejects_unsupported_architecture(void **state)
 	(void)state;
 	assert_int_equal(tiny_load(&spec, &err), HEARTH_EUNSUPPORTED);
 	assert_non_null(strstr(err.msg, "gpt2"));
+}
+
+static void test_model_rejects_mixture_of_experts(void **state)
+{
+	struct tiny_spec spec = { .n_expert = 8 };
+	struct hearth_error err = { 0 };
+	(void)state;
+	assert_int_equal(tiny_load(&spec, &err), HEARTH_EUNSUPPORTED);
+	assert_non_null(strstr(err.msg, "expert"));
 }
 
 static void test_model_rejects_missing_key_by_name(void **state)
@@ -729,6 +741,7 @@ int main(void)
 		cmocka_unit_test(test_model_rejects_wrong_tensor_shape_by_name),
 		cmocka_unit_test(test_model_rejects_unsupported_architecture),
 		cmocka_unit_test(test_model_rejects_missing_key_by_name),
+		cmocka_unit_test(test_model_rejects_mixture_of_experts),
 		cmocka_unit_test(test_model_requires_qwen2_biases),
 		cmocka_unit_test(test_model_forward_refuses_overflowing_context_and_bad_tokens),
 		cmocka_unit_test(test_model_batch_equals_incremental),

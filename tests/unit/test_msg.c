@@ -192,6 +192,7 @@ static void test_msg_roundtrips_generate_with_every_field(void **state)
 	g->logprobs = true;
 	g->top_logprobs = 5;
 	g->logits = true;
+	g->ignore_eos = true;
 	roundtrip(&m, MSG_FROM_CLIENT, &d);
 	const struct msg_generate *dg = &d.u.generate;
 	assert_true(dg->has_prompt);
@@ -216,6 +217,7 @@ static void test_msg_roundtrips_generate_with_every_field(void **state)
 	assert_int_equal(dg->top_logprobs, 5);
 	assert_true(dg->logits);
 	assert_false(dg->stream_socket);
+	assert_true(dg->ignore_eos);
 	msg_free(&d);
 
 	/* token-id prompt, streamed on the socket */

@@ -269,8 +269,8 @@ static void test_ring_token_records_roundtrip_and_reject_inconsistency(void **st
 	struct hearth_error err;
 	struct ring_top top[3] = { { 10, -0.1f }, { 11, -2.0f }, { 12, -3.0f } };
 	struct ring_token t = { .request_id = 5, .token = 10, .has_logprob = true,
-		.logprob = -0.1f, .text = (const uint8_t *)" wor", .text_len = 4, .top = top,
-		.n_top = 3 };
+		.logprob = -0.1f, .t_sampled_ns = 0x0123456789abcdefull,
+		.text = (const uint8_t *)" wor", .text_len = 4, .top = top, .n_top = 3 };
 	assert_int_equal(ring_push_token(&d, &t, &err), 0);
 	struct ring_token bare = { .request_id = 6, .token = 0 };
 	assert_int_equal(ring_push_token(&d, &bare, &err), 0);
@@ -279,10 +279,14 @@ static void test_ring_token_records_roundtrip_and_reject_inconsistency(void **st
 	size_t len;
 	assert_int_equal(ring_pop(&c, &type, buf, sizeof buf, &len, &err), 1);
 	assert_int_equal(type, RING_REC_TOKEN);
-	assert_int_equal(len, 24 + 4 + 3 * 8);
+	assert_int_equal(len, 32 + 4 + 3 * 8);
+	uint64_t at24;
+	memcpy(&at24, buf + 24, 8);
+	assert_true(at24 == 0x0123456789abcdefull);     /* the documented offset */
 	struct ring_token o;
 	assert_int_equal(ring_token_decode(buf, len, &o, &err), 0);
 	assert_int_equal(o.request_id, 5);
+	assert_true(o.t_sampled_ns == 0x0123456789abcdefull);
 	assert_int_equal(o.token, 10);
 	assert_true(o.has_logprob);
 	assert_true(o.logprob == -0.1f);
@@ -303,6 +307,7 @@ static void test_ring_token_records_roundtrip_and_reject_inconsistency(void **st
 	assert_int_equal(ring_pop(&c, &type, buf, sizeof buf, &len, &err), 1);
 	assert_int_equal(ring_token_decode(buf, len, &o, &err), 0);
 	assert_int_equal(o.request_id, 6);
+	assert_true(o.t_sampled_ns == 0);
 	assert_false(o.has_logprob);
 	assert_null(o.top);
 	t.text_len = RING_TOKEN_TEXT_MAX + 1;

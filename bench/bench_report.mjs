@@ -1,0 +1,85 @@
+// Turns one bench/run.sh result directory (hearthd --bench JSON, llama_bench.mjs JSON lines)
+// into the comparison table and the ratios the kernels issue asks for.
+// usage: node bench/bench_report.mjs RESULT_DIR
+import { existsSync, readFileSync } from "node:fs";
+import { basename, join } from "node:path";
+
+const dir = process.argv[2];
+if (!dir) {
+	console.error("usage: node bench/bench_report.mjs RESULT_DIR");
+	process.exit(2);
+}
+const read = (f) => existsSync(join(dir, f)) ? readFileSync(join(dir, f), "utf8").trim() : null;
+const ours = ["hearth_bf16.json", "hearth_q4_0.json"].map(read).filter(Boolean).map(JSON.parse);
+const llama = (read("llama.json") ?? "").split("\n").filter(Boolean).map(JSON.parse);
+if (!ours.length || !llama.length) {
+	console.error(`bench_report: ${dir} lacks hearth_bf16.json or llama.json`);
+	process.exit(1);
+}
+const q40 = llama.find((r) => /q4_0/i.test(r.model) && !r.error);
+const q4km = llama.find((r) => /q4_k_m/i.test(r.model) && !r.error);
+const probe = ours.find((o) => o.probe_gbs)?.probe_gbs;
+const kvPerPos = ours[0].kv_bytes_per_pos;
+
+const f1 = (s) => `${s.median.toFixed(1)} (${s.min.toFixed(1)}-${s.max.toFixed(1)})`;
+const f2 = (s) => `${s.median.toFixed(2)} (${s.min.toFixed(2)}-${s.max.toFixed(2)})`;
+const pct = (g) => probe ? `${(100 * g / probe.median).toFixed(0)}%` : "-";
+const rows = [];
+for (const o of ours) {
+	for (const r of o.runs) {
+		rows.push({
+			name: `hearth ${r.act === "a8" ? "W4A8" : "W4A16"}`, file: basename(o.model),
+			layout: o.layout, bpw: o.bpw, pp: r.pp_tps, tg: r.tg_tps, gbs: r.tg_gbs.median,
+		});
+	}
+}
+// llama.cpp's decode reads (about) the whole model per token; tied head = token_embd.
+for (const l of llama.filter((r) => !r.error)) {
+	const kv = kvPerPos * (l.tg * l.pp + l.tg * (l.tg + 1) / 2);
+	const gbs = (l.tg * l.size_bytes + kv) / (l.tg / l.tg_tps.median) * 1e-9;
+	rows.push({ name: "llama.cpp", file: basename(l.model), layout: "-", bpw: l.bpw, pp: l.pp_tps,
+		tg: l.tg_tps, gbs });
+}
+
+const date = read("date") ?? "?";
+console.log(`\nhearth vs llama.cpp, ${ours[0].threads} threads, ${ours[0].reps} reps, ${date}; ` +
+	`load average before ${read("load_before") ?? "?"}, after ${read("load_after") ?? "?"}`);
+if (probe)
+	console.log(`stream probe (${ours[0].probe_mib} MiB on the pool threads): median ` +
+		`${probe.median.toFixed(1)} GB/s (min ${probe.min.toFixed(1)}, max ${probe.max.toFixed(1)})`);
+const pad = (s, n) => String(s).padEnd(n);
+console.log(`\n${pad("engine", 14)}${pad("file", 26)}${pad("bpw", 6)}${pad(`pp${ours[0].pp} tok/s`, 24)}` +
+	`${pad(`tg${ours[0].tg} tok/s`, 22)}${pad("decode GB/s", 12)}% probe`);
+for (const r of rows)
+	console.log(`${pad(r.name, 14)}${pad(r.file, 26)}${pad(r.bpw.toFixed(2), 6)}${pad(f1(r.pp), 24)}` +
+		`${pad(f2(r.tg), 22)}${pad(r.gbs.toFixed(1), 12)}${pct(r.gbs)}`);
+
+const ratio = (a, b) => (a / b).toFixed(2);
+console.log("\nratios (medians; hearth on the BF16 file unless named):");
+const main = ours[0];
+const run = (o, act) => o.runs.find((r) => r.act === act);
+const line = (what, a, b, target) => {
+	if (!a || !b)
+		return;
+	const v = a / b;
+	const verdict = target ? (v >= target ? `  meets >= ${target}` : `  short of ${target}`) : "";
+	console.log(`  ${pad(what, 56)} ${ratio(a, b)}x${verdict}`);
+};
+for (const o of ours) {
+	const tag = o === main ? "" : ` [${basename(o.model)}]`;
+	if (q40) {
+		line(`decode W4A16${tag} / llama.cpp Q4_0`, run(o, "a16")?.tg_tps.median, q40.tg_tps.median, 1.15);
+		line(`decode W4A8${tag} / llama.cpp Q4_0`, run(o, "a8")?.tg_tps.median, q40.tg_tps.median, 1.15);
+		line(`prefill W4A8${tag} / llama.cpp Q4_0`, run(o, "a8")?.pp_tps.median, q40.pp_tps.median, 1.3);
+		line(`prefill W4A16${tag} / llama.cpp Q4_0`, run(o, "a16")?.pp_tps.median, q40.pp_tps.median);
+	}
+	if (q4km) {
+		line(`decode W4A8${tag} / llama.cpp Q4_K_M`, run(o, "a8")?.tg_tps.median, q4km.tg_tps.median);
+		line(`prefill W4A8${tag} / llama.cpp Q4_K_M`, run(o, "a8")?.pp_tps.median, q4km.pp_tps.median);
+	}
+}
+if (probe) {
+	for (const r of main.runs)
+		console.log(`  ${pad(`decode ${r.act === "a8" ? "W4A8" : "W4A16"} bandwidth / stream probe`, 56)} ` +
+			`${(100 * r.tg_gbs.median / probe.median).toFixed(0)}%${r.tg_gbs.median / probe.median >= 0.9 ? "  meets >= 90%" : "  short of 90%"}`);
+}

@@ -1,0 +1,591 @@
+/* bench/fidelity: how far hearth's int4 paths (W4A16, W4A8) move the next-token distribution
+ * away from the unquantized model, measured against the f32 scalar reference over a corpus
+ * of positions (top-1 agreement, mean / p99 / max KL), with the bits per weight each spends.
+ * usage: bench/fidelity [--seqs N] [--len L] [--seed S] [--no-text] [--threads T]
+ *                       [--act a16|a8|both] [--ablate] [--json] MODEL.gguf   (F32/F16/BF16)
+ * --ablate also runs the f32 reference on the int4 model's own weights, part by part, to
+ * show where the distance comes from (layers or the embedding/head) and what an 8-bit head
+ * would buy. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bench/fidelity_metrics.h"
+#include "daemon/gguf.h"
+#include "daemon/load.h"
+#include "daemon/model.h"
+#include "daemon/model_q4.h"
+#include "daemon/tokenizer.h"
+#include "kernels/dispatch.h"
+#include "kernels/quant.h"
+
+struct fidelity_args {
+	const char *path;
+	uint32_t n_seqs, len, seed, threads;
+	bool text, json, a16, a8, ablate;
+};
+
+/* One int4 build's results. */
+struct fidelity_build {
+	const char *label;
+	char quant[32];
+	struct fidelity_bpw bpw;
+	struct fidelity_summary sum;
+	double ms;
+};
+
+static double now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static void usage(FILE *to)
+{
+	fprintf(to, "usage: bench/fidelity [--seqs N] [--len L] [--seed S] [--no-text] [--threads T]\n"
+		    "                      [--act a16|a8|both] [--ablate] [--json] MODEL.gguf\n"
+		    "  MODEL is an unquantized GGUF (F32, F16 or BF16 matrices).\n"
+		    "  Defaults: 4 sequences x 64 positions (the built-in paragraph, then random ids\n"
+		    "  from seed 1), 2 threads, both activation paths.\n");
+}
+
+static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
+{
+	char *end;
+	errno = 0;
+	unsigned long v = strtoul(s, &end, 10);
+	if (errno || *end || end == s || v < lo || v > hi)
+		return -1;
+	*out = (uint32_t)v;
+	return 0;
+}
+
+static int parse_args(int argc, char **argv, struct fidelity_args *a)
+{
+	*a = (struct fidelity_args){ .n_seqs = 4, .len = 64, .seed = 1, .threads = 2,
+				     .text = true, .a16 = true, .a8 = true };
+	for (int i = 1; i < argc; i++) {
+		const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+		if (!strcmp(o, "--json"))
+			a->json = true;
+		else if (!strcmp(o, "--no-text"))
+			a->text = false;
+		else if (!strcmp(o, "--ablate"))
+			a->ablate = true;
+		else if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
+			usage(stdout);
+			exit(0);
+		} else if (!strcmp(o, "--seqs") && v && !parse_u32(v, 1, 1024, &a->n_seqs))
+			i++;
+		else if (!strcmp(o, "--len") && v && !parse_u32(v, 1, 4096, &a->len))
+			i++;
+		else if (!strcmp(o, "--seed") && v && !parse_u32(v, 0, UINT32_MAX, &a->seed))
+			i++;
+		else if (!strcmp(o, "--threads") && v && !parse_u32(v, 1, 256, &a->threads))
+			i++;
+		else if (!strcmp(o, "--act") && v) {
+			a->a16 = !strcmp(v, "a16") || !strcmp(v, "both");
+			a->a8 = !strcmp(v, "a8") || !strcmp(v, "both");
+			if (!a->a16 && !a->a8)
+				return -1;
+			i++;
+		} else if (o[0] != '-' && !a->path)
+			a->path = o;
+		else
+			return -1;
+	}
+	return a->path ? 0 : -1;
+}
+
+static int load_int4(struct model_q4 **m, const struct fidelity_args *a, enum q4_act_kind act,
+		     struct hearth_error *err)
+{
+	struct load_opts o;
+	load_opts_default(&o);
+	o.max_context = a->len;
+	o.kv_budget = 256ull << 20;
+	o.max_seqs = 1;
+	o.step_tokens = 16;
+	o.act = act;
+	o.n_threads = a->threads;
+	struct tok *tok;
+	int rc = load_q4(m, &tok, a->path, &o, err);
+	if (rc == 0)
+		tok_free(tok);
+	return rc;
+}
+
+/* The int4 model's logits at every position of one sequence: one token per step, because
+ * a step returns the logits of each span's last token only. */
+static int int4_logits(struct model_q4 *m, const int32_t *ids, uint32_t n, float *out,
+		       struct hearth_error *err)
+{
+	struct engine eng;
+	model_q4_engine(m, &eng);
+	struct engine_seq *s;
+	uint32_t cached;
+	int rc = eng.seq_open(eng.impl, ids, n, n, &s, &cached, err);
+	if (rc < 0)
+		return rc;
+	if (cached) {
+		eng.seq_close(eng.impl, s);
+		return hearth_error_set(err, HEARTH_EINVAL,
+					"fidelity: %u positions came from the prefix cache; "
+					"corpus sequences must differ", cached);
+	}
+	for (uint32_t i = 0; i < n && rc == 0; i++) {
+		struct engine_span sp = { s, &ids[i], 1, out + (size_t)i * eng.n_vocab };
+		rc = eng.forward(eng.impl, &sp, 1, err);
+	}
+	eng.seq_close(eng.impl, s);
+	return rc;
+}
+
+/* Bytes the int4 model keeps resident for its parameters: packed codes with their scales
+ * (row-block padding included), norms and biases; and the matrices alone. */
+static void int4_bpw(const struct model_q4 *m, struct fidelity_bpw *b)
+{
+	memset(b, 0, sizeof *b);
+	b->bytes_all = m->bytes_weights + m->bytes_embed_head + m->bytes_norms;
+	b->params_all = m->n_params;
+	const struct q4_matrix *mats[2 + 7 * 256];
+	size_t n = 0;
+	mats[n++] = &m->embd;
+	if (m->output.data)
+		mats[n++] = &m->output;
+	for (uint32_t l = 0; l < m->n_layer && l < 256; l++) {
+		const struct mq4_layer *L = &m->layers[l];
+		const struct q4_matrix *lm[7] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down };
+		for (int k = 0; k < 7; k++)
+			mats[n++] = lm[k];
+	}
+	for (size_t i = 0; i < n; i++) {
+		b->bytes_mat += q4_matrix_bytes(mats[i]);
+		b->params_mat += (uint64_t)mats[i]->rows * mats[i]->cols;
+	}
+}
+
+/* Ablations: the reference engine with some of its matrices swapped for what the int4 model
+ * multiplies by (q4_unpack_rows), activations left in f32. */
+enum { ABLATE_LAYERS = 1, ABLATE_HEAD = 2, ABLATE_HEAD_Q8 = 4, ABLATE_LAYERS_G32 = 8 };
+
+static const struct fidelity_ablation {
+	const char *label;
+	unsigned parts;
+} fidelity_ablations[] = {
+	{ "int4 all, f32 act", ABLATE_LAYERS | ABLATE_HEAD },
+	{ "int4 layers only", ABLATE_LAYERS },
+	{ "int4 embd/head only", ABLATE_HEAD },
+	{ "int4 layers+q8 head", ABLATE_LAYERS | ABLATE_HEAD_Q8 },
+	/* the same layout at group 32 (4.5 / 5 bits): what finer groups would buy */
+	{ "int4 g32 layers+q8 head", ABLATE_LAYERS_G32 | ABLATE_HEAD_Q8 },
+};
+#define N_ABLATIONS (sizeof fidelity_ablations / sizeof fidelity_ablations[0])
+
+/* Owned f32 tensors standing in for the file's; freed together. */
+struct fidelity_views {
+	struct gguf_tensor *t[2 + 7 * 256];
+	size_t n;
+};
+
+static struct gguf_tensor *view_new(struct fidelity_views *v, const struct gguf_tensor *like,
+				    struct hearth_error *err)
+{
+	size_t n = (size_t)like->n_elems;
+	struct gguf_tensor *t = malloc(sizeof *t);
+	float *w = n <= SIZE_MAX / sizeof(float) ? malloc(n * sizeof(float)) : NULL;
+	if (!t || !w || v->n == sizeof v->t / sizeof v->t[0]) {
+		free(t);
+		free(w);
+		hearth_error_set(err, HEARTH_ENOMEM, "ablation: f32 copy of %.*s", (int)like->name.len,
+				 like->name.ptr);
+		return NULL;
+	}
+	*t = *like;
+	t->type = QTYPE_F32;
+	t->size = n * sizeof(float);
+	t->data = w;
+	v->t[v->n++] = t;
+	return t;
+}
+
+static void views_free(struct fidelity_views *v)
+{
+	for (size_t i = 0; i < v->n; i++) {
+		free((void *)v->t[i]->data);
+		free(v->t[i]);
+	}
+	v->n = 0;
+}
+
+static const struct gguf_tensor *view_int4(struct fidelity_views *v, const struct q4_matrix *q,
+					   const struct gguf_tensor *like, struct hearth_error *err)
+{
+	struct gguf_tensor *t = view_new(v, like, err);
+	if (t)
+		q4_unpack_rows(q, 0, q->rows, (float *)t->data, q->cols);
+	return t;
+}
+
+/* The source matrix rounded through Q8_0 (llama.cpp's 8.5-bit rows), as f32. */
+static const struct gguf_tensor *view_q8(struct fidelity_views *v, const struct gguf_tensor *src,
+					 struct hearth_error *err)
+{
+	size_t cols = (size_t)src->ne[0], rows = (size_t)(src->n_elems / src->ne[0]), rb;
+	if (cols % 32 || !qtype_row_bytes(src->type, cols, &rb)) {
+		hearth_error_set(err, HEARTH_EINVAL, "ablation: %zu columns do not make Q8_0 blocks", cols);
+		return NULL;
+	}
+	struct gguf_tensor *t = view_new(v, src, err);
+	struct block_q8_0 *blk = t ? malloc(cols / 32 * sizeof *blk) : NULL;
+	if (!blk) {
+		if (t)
+			hearth_error_set(err, HEARTH_ENOMEM, "ablation: q8 row");
+		return NULL;
+	}
+	float *w = (float *)t->data;
+	for (size_t r = 0; r < rows; r++) {
+		quant_dequant_row(src->type, (const uint8_t *)src->data + r * rb, w + r * cols, cols);
+		quant_quantize_row(QTYPE_Q8_0, w + r * cols, blk, cols);
+		quant_dequant_row(QTYPE_Q8_0, blk, w + r * cols, cols);
+	}
+	free(blk);
+	return t;
+}
+
+/* The source matrix packed afresh into the int4 layout at group 32 (asymmetric, as the
+ * loader quantizes F32/F16/BF16), as f32. */
+static const struct gguf_tensor *view_g32(struct fidelity_views *v, const struct gguf_tensor *src,
+					  struct hearth_error *err)
+{
+	size_t cols = (size_t)src->ne[0], rows = (size_t)(src->n_elems / src->ne[0]), rb;
+	struct q4_matrix m;
+	if (!qtype_row_bytes(src->type, cols, &rb) || q4_matrix_plan(&m, rows, cols, 32, true) < 0) {
+		hearth_error_set(err, HEARTH_EINVAL, "ablation: %zu x %zu at group 32", rows, cols);
+		return NULL;
+	}
+	struct gguf_tensor *t = view_new(v, src, err);
+	size_t bytes = (q4_matrix_bytes(&m) + Q4_ALIGN - 1) / Q4_ALIGN * Q4_ALIGN;
+	m.data = t ? aligned_alloc(Q4_ALIGN, bytes) : NULL;
+	if (!m.data) {
+		if (t)
+			hearth_error_set(err, HEARTH_ENOMEM, "ablation: group-32 copy");
+		return NULL;
+	}
+	float *w = (float *)t->data;
+	for (size_t r = 0; r < rows; r++)
+		quant_dequant_row(src->type, (const uint8_t *)src->data + r * rb, w + r * cols, cols);
+	q4_pack_rows_f32(&m, w, cols, 0, rows);
+	q4_unpack_rows(&m, 0, rows, w, cols);
+	free(m.data);
+	return t;
+}
+
+/* builds[k] (NULL when not run) are the int4 engine's logits over the corpus; with
+ * act_acc they are compared with this variant's, which isolates activation rounding when
+ * the variant holds exactly the int4 weights. */
+static int ablate_run(const struct model *ref, const struct model_q4 *q, unsigned parts,
+		      const struct fidelity_corpus *c, const float *ref_logits, float *scratch,
+		      struct fidelity_acc *acc, float *const builds[2], struct fidelity_acc *act_acc,
+		      struct hearth_error *err)
+{
+	struct model v = *ref;
+	struct fidelity_views views = { .n = 0 };
+	struct model_ctx *ctx = NULL;
+	int rc = 0;
+	v.layers = malloc(ref->hp.n_layer * sizeof *v.layers);
+	if (!v.layers)
+		return hearth_error_set(err, HEARTH_ENOMEM, "ablation: layers");
+	memcpy(v.layers, ref->layers, ref->hp.n_layer * sizeof *v.layers);
+	bool tied = ref->output == ref->tok_embd;
+	for (uint32_t l = 0; (parts & ABLATE_LAYERS) && l < ref->hp.n_layer && rc == 0; l++) {
+		struct model_layer *R = &v.layers[l];
+		const struct mq4_layer *L = &q->layers[l];
+		if (!(R->wq = view_int4(&views, &L->wq, R->wq, err)) ||
+		    !(R->wk = view_int4(&views, &L->wk, R->wk, err)) ||
+		    !(R->wv = view_int4(&views, &L->wv, R->wv, err)) ||
+		    !(R->wo = view_int4(&views, &L->wo, R->wo, err)) ||
+		    !(R->ffn_gate = view_int4(&views, &L->gate, R->ffn_gate, err)) ||
+		    !(R->ffn_up = view_int4(&views, &L->up, R->ffn_up, err)) ||
+		    !(R->ffn_down = view_int4(&views, &L->down, R->ffn_down, err)))
+			rc = err->code ? err->code : HEARTH_ENOMEM;
+	}
+	for (uint32_t l = 0; (parts & ABLATE_LAYERS_G32) && l < ref->hp.n_layer && rc == 0; l++) {
+		struct model_layer *R = &v.layers[l];
+		if (!(R->wq = view_g32(&views, R->wq, err)) || !(R->wk = view_g32(&views, R->wk, err)) ||
+		    !(R->wv = view_g32(&views, R->wv, err)) || !(R->wo = view_g32(&views, R->wo, err)) ||
+		    !(R->ffn_gate = view_g32(&views, R->ffn_gate, err)) ||
+		    !(R->ffn_up = view_g32(&views, R->ffn_up, err)) ||
+		    !(R->ffn_down = view_g32(&views, R->ffn_down, err)))
+			rc = err->code ? err->code : HEARTH_ENOMEM;
+	}
+	if (rc == 0 && (parts & ABLATE_HEAD)) {
+		if (!(v.tok_embd = view_int4(&views, &q->embd, ref->tok_embd, err)) ||
+		    !(v.output = tied ? v.tok_embd : view_int4(&views, &q->output, ref->output, err)))
+			rc = HEARTH_ENOMEM;
+	}
+	if (rc == 0 && (parts & ABLATE_HEAD_Q8)) {
+		if (!(v.tok_embd = view_q8(&views, ref->tok_embd, err)) ||
+		    !(v.output = tied ? v.tok_embd : view_q8(&views, ref->output, err)))
+			rc = HEARTH_EINVAL;
+	}
+	if (rc == 0)
+		rc = model_ctx_new(&ctx, &v, c->len, err);
+	size_t per_seq = (size_t)c->len * ref->hp.n_vocab;
+	for (uint32_t s = 0; rc == 0 && s < c->n_seqs; s++) {
+		model_ctx_reset(ctx);
+		rc = model_forward(&v, ctx, c->ids + (size_t)s * c->len, c->len, MODEL_LOGITS_ALL, scratch, err);
+		if (rc == 0)
+			rc = fidelity_acc_add(acc, ref_logits + s * per_seq, scratch, c->len, ref->hp.n_vocab, err);
+		for (int k = 0; k < 2 && act_acc && rc == 0; k++)
+			if (builds[k])
+				rc = fidelity_acc_add(&act_acc[k], scratch, builds[k] + s * per_seq, c->len,
+						      ref->hp.n_vocab, err);
+	}
+	model_ctx_free(ctx);
+	views_free(&views);
+	free(v.layers);
+	return rc;
+}
+
+static void print_row(const char *label, const char *quant, const struct fidelity_bpw *b,
+		      const struct fidelity_summary *s)
+{
+	printf("%-16s %-10s %8.3f %8.3f", label, quant, fidelity_bpw_of(b->bytes_all, b->params_all),
+	       fidelity_bpw_of(b->bytes_mat, b->params_mat));
+	if (s)
+		printf("  %6.4f  %9.6f  %9.6f  %9.6f\n", s->top1, s->kl_mean, s->kl_p99, s->kl_max);
+	else
+		printf("  %6s  %9s  %9s  %9s\n", "-", "-", "-", "-");
+}
+
+static void json_bpw(const struct fidelity_bpw *b)
+{
+	printf("\"bpw\":%.4f,\"bpw_matrices\":%.4f,\"bytes\":%llu,\"params\":%llu",
+	       fidelity_bpw_of(b->bytes_all, b->params_all), fidelity_bpw_of(b->bytes_mat, b->params_mat),
+	       (unsigned long long)b->bytes_all, (unsigned long long)b->params_all);
+}
+
+int main(int argc, char **argv)
+{
+	struct fidelity_args a;
+	if (parse_args(argc, argv, &a) < 0) {
+		usage(stderr);
+		return 2;
+	}
+	if (kern_select(getenv("HEARTH_KERNELS")) < 0) {
+		fprintf(stderr, "fidelity: HEARTH_KERNELS=%s is not available here\n", getenv("HEARTH_KERNELS"));
+		return 1;
+	}
+	struct hearth_error e = { 0 };
+	struct gguf_file *f = NULL;
+	struct model *ref = NULL;
+	struct tok *tok = NULL;
+	struct model_q4 *q[2] = { NULL, NULL };
+	struct fidelity_corpus corpus = { 0 };
+	struct fidelity_acc acc[2];
+	struct fidelity_build builds[2] = { { .label = "hearth W4A16" }, { .label = "hearth W4A8" } };
+	bool want[2] = { a.a16, a.a8 };
+	float *ref_logits = NULL, *q_logits = NULL, *q_all[2] = { NULL, NULL };
+	struct fidelity_acc act_acc[2];
+	struct fidelity_summary act_sum[2];
+	struct fidelity_acc abl_acc[N_ABLATIONS];
+	struct fidelity_summary abl_sum[N_ABLATIONS];
+	double abl_ms = 0;
+	struct model_ctx *ctx = NULL;
+	struct fidelity_bpw src_bpw;
+	int rc;
+	fidelity_acc_init(&acc[0]);
+	fidelity_acc_init(&acc[1]);
+	for (size_t i = 0; i < N_ABLATIONS; i++)
+		fidelity_acc_init(&abl_acc[i]);
+	fidelity_acc_init(&act_acc[0]);
+	fidelity_acc_init(&act_acc[1]);
+
+	if ((rc = fidelity_gguf_bpw(a.path, &src_bpw, &e)) < 0 || (rc = gguf_open(&f, a.path, &e)) < 0)
+		goto out;
+	if ((rc = model_load(&ref, f, &(struct model_opts){ .max_ctx = a.len, .kv_type = MODEL_KV_F32 },
+			     &e)) < 0)
+		goto out;
+	for (uint64_t i = 0; i < f->n_tensors; i++) {
+		enum qtype t = f->tensors[i].type;
+		if (f->tensors[i].n_dims >= 2 && t != QTYPE_F32 && t != QTYPE_F16 && t != QTYPE_BF16) {
+			rc = hearth_error_set(&e, HEARTH_EINVAL,
+					      "%s: tensor %.*s is %s; fidelity needs the unquantized model "
+					      "as its reference", a.path, (int)f->tensors[i].name.len,
+					      f->tensors[i].name.ptr, qtype_name(t));
+			goto out;
+		}
+	}
+	if ((rc = tok_load(&tok, f, &e)) < 0)
+		goto out;
+	uint32_t n_vocab = ref->hp.n_vocab;
+	if ((rc = fidelity_corpus_build(&corpus, tok, n_vocab, a.n_seqs, a.len, a.seed, a.text, &e)) < 0)
+		goto out;
+	for (int k = 0; k < 2; k++) {
+		if (!want[k])
+			continue;
+		if ((rc = load_int4(&q[k], &a, k ? Q4_ACT_A8 : Q4_ACT_A16, &e)) < 0)
+			goto out;
+		snprintf(builds[k].quant, sizeof builds[k].quant, "%s", q[k]->quant_name);
+		int4_bpw(q[k], &builds[k].bpw);
+	}
+	/* The reference's logits are kept for the whole corpus, so ablations need not rerun it. */
+	size_t per_seq = (size_t)a.len * n_vocab, all;
+	if (__builtin_mul_overflow(per_seq, (size_t)a.n_seqs, &all) || all > SIZE_MAX / sizeof(float)) {
+		rc = hearth_error_set(&e, HEARTH_ERANGE, "fidelity: corpus logits overflow");
+		goto out;
+	}
+	ref_logits = malloc(all * sizeof(float));
+	q_logits = malloc(per_seq * sizeof(float));
+	/* With --ablate each build's logits are kept too, for the activation-only comparison. */
+	bool kept = true;
+	for (int k = 0; k < 2 && a.ablate; k++)
+		if (want[k] && !(q_all[k] = malloc(all * sizeof(float))))
+			kept = false;
+	if (!ref_logits || !q_logits || !kept) {
+		rc = hearth_error_set(&e, HEARTH_ENOMEM, "fidelity: logits for %u x %u x %u", a.n_seqs,
+				      a.len, n_vocab);
+		goto out;
+	}
+	if ((rc = model_ctx_new(&ctx, ref, a.len, &e)) < 0)
+		goto out;
+	double ref_ms = 0;
+	for (uint32_t s = 0; s < corpus.n_seqs; s++) {
+		const int32_t *ids = corpus.ids + (size_t)s * a.len;
+		double t0 = now_ms();
+		model_ctx_reset(ctx);
+		float *rl = ref_logits + (size_t)s * per_seq;
+		if ((rc = model_forward(ref, ctx, ids, a.len, MODEL_LOGITS_ALL, rl, &e)) < 0)
+			goto out;
+		ref_ms += now_ms() - t0;
+		for (int k = 0; k < 2; k++) {
+			if (!want[k])
+				continue;
+			t0 = now_ms();
+			float *ql = q_all[k] ? q_all[k] + (size_t)s * per_seq : q_logits;
+			if ((rc = int4_logits(q[k], ids, a.len, ql, &e)) < 0)
+				goto out;
+			builds[k].ms += now_ms() - t0;
+			if ((rc = fidelity_acc_add(&acc[k], rl, ql, a.len, n_vocab, &e)) < 0)
+				goto out;
+		}
+		fprintf(stderr, "fidelity: sequence %u/%u done (reference %.0f ms so far)\n", s + 1,
+			corpus.n_seqs, ref_ms);
+	}
+	for (int k = 0; k < 2; k++)
+		builds[k].sum = fidelity_acc_summary(&acc[k]);
+	if (a.ablate) {
+		double t0 = now_ms();
+		for (size_t i = 0; i < N_ABLATIONS; i++) {
+			if ((rc = ablate_run(ref, q[0] ? q[0] : q[1], fidelity_ablations[i].parts, &corpus,
+					     ref_logits, q_logits, &abl_acc[i], q_all, i == 0 ? act_acc : NULL,
+					     &e)) < 0)
+				goto out;
+			abl_sum[i] = fidelity_acc_summary(&abl_acc[i]);
+			if (i == 0)
+				for (int k = 0; k < 2; k++)
+					act_sum[k] = fidelity_acc_summary(&act_acc[k]);
+			fprintf(stderr, "fidelity: ablation %s done\n", fidelity_ablations[i].label);
+		}
+		abl_ms = now_ms() - t0;
+	}
+
+	const char *name = strrchr(a.path, '/') ? strrchr(a.path, '/') + 1 : a.path;
+	uint32_t n_text = a.text ? 1 : 0;
+	if (a.json) {
+		printf("{\"model\":\"%s\",\"arch\":\"%s\",\"n_vocab\":%u,\"seqs\":%u,\"len\":%u,"
+		       "\"text_seqs\":%u,\"seed\":%u,\"positions\":%zu,\"source\":{",
+		       name, model_arch_name(ref->hp.arch), n_vocab, a.n_seqs, a.len, n_text, a.seed,
+		       (size_t)a.n_seqs * a.len);
+		json_bpw(&src_bpw);
+		printf("},\"builds\":[");
+		bool first = true;
+		for (int k = 0; k < 2; k++) {
+			if (!want[k])
+				continue;
+			const struct fidelity_summary *s = &builds[k].sum;
+			printf("%s{\"build\":\"%s\",\"quant\":\"%s\",", first ? "" : ",", k ? "w4a8" : "w4a16",
+			       builds[k].quant);
+			json_bpw(&builds[k].bpw);
+			printf(",\"top1\":%.6f,\"kl_mean\":%.8f,\"kl_p99\":%.8f,\"kl_max\":%.8f,\"ms\":%.0f}",
+			       s->top1, s->kl_mean, s->kl_p99, s->kl_max, builds[k].ms);
+			first = false;
+		}
+		printf("]");
+		if (a.ablate) {
+			printf(",\"ablations\":[");
+			for (size_t i = 0; i < N_ABLATIONS; i++)
+				printf("%s{\"weights\":\"%s\",\"top1\":%.6f,\"kl_mean\":%.8f,\"kl_p99\":%.8f,"
+				       "\"kl_max\":%.8f}", i ? "," : "", fidelity_ablations[i].label,
+				       abl_sum[i].top1, abl_sum[i].kl_mean, abl_sum[i].kl_p99, abl_sum[i].kl_max);
+			printf("],\"activation_only\":[");
+			bool first_a = true;
+			for (int k = 0; k < 2; k++) {
+				if (!want[k])
+					continue;
+				printf("%s{\"build\":\"%s\",\"top1\":%.6f,\"kl_mean\":%.8f,\"kl_p99\":%.8f,"
+				       "\"kl_max\":%.8f}", first_a ? "" : ",", k ? "w4a8" : "w4a16", act_sum[k].top1,
+				       act_sum[k].kl_mean, act_sum[k].kl_p99, act_sum[k].kl_max);
+				first_a = false;
+			}
+			printf("]");
+		}
+		printf(",\"reference_ms\":%.0f}\n", ref_ms);
+	} else {
+		printf("model %s (%s, %llu parameters, n_vocab %u)\n", name, model_arch_name(ref->hp.arch),
+		       (unsigned long long)src_bpw.params_all, n_vocab);
+		printf("corpus: %u sequences x %u positions = %zu positions (%u text, %u random from seed %u)\n",
+		       a.n_seqs, a.len, (size_t)a.n_seqs * a.len, n_text, a.n_seqs - n_text, a.seed);
+		printf("KL(reference || build) in nats over the full vocabulary; reference: f32 scalar engine\n\n");
+		printf("%-16s %-10s %8s %8s  %6s  %9s  %9s  %9s\n", "build", "quant", "bpw", "bpw-mat",
+		       "top-1", "KL mean", "KL p99", "KL max");
+		print_row("source", "f32/f16", &src_bpw, NULL);
+		for (int k = 0; k < 2; k++)
+			if (want[k])
+				print_row(builds[k].label, builds[k].quant, &builds[k].bpw, &builds[k].sum);
+		if (a.ablate) {
+			printf("\nablation (f32 reference engine, f32 activations, weights swapped):\n");
+			for (size_t i = 0; i < N_ABLATIONS; i++)
+				printf("%-27s %17s  %6.4f  %9.6f  %9.6f  %9.6f\n", fidelity_ablations[i].label, "",
+				       abl_sum[i].top1, abl_sum[i].kl_mean, abl_sum[i].kl_p99, abl_sum[i].kl_max);
+			printf("activation rounding alone (build vs the f32 engine on the same int4 weights):\n");
+			for (int k = 0; k < 2; k++)
+				if (want[k])
+					printf("%-27s %17s  %6.4f  %9.6f  %9.6f  %9.6f\n", builds[k].label, "",
+					       act_sum[k].top1, act_sum[k].kl_mean, act_sum[k].kl_p99, act_sum[k].kl_max);
+		}
+		printf("\ntime: reference %.0f ms", ref_ms);
+		for (int k = 0; k < 2; k++)
+			if (want[k])
+				printf(", %s %.0f ms", builds[k].label, builds[k].ms);
+		if (a.ablate)
+			printf(", ablations %.0f ms", abl_ms);
+		printf("\n");
+	}
+
+out:
+	if (rc < 0)
+		fprintf(stderr, "fidelity: %s\n", e.msg);
+	free(ref_logits);
+	free(q_logits);
+	free(q_all[0]);
+	free(q_all[1]);
+	fidelity_acc_free(&act_acc[0]);
+	fidelity_acc_free(&act_acc[1]);
+	model_ctx_free(ctx);
+	for (int k = 0; k < 2; k++) {
+		model_q4_free(q[k]);
+		fidelity_acc_free(&acc[k]);
+	}
+	for (size_t i = 0; i < N_ABLATIONS; i++)
+		fidelity_acc_free(&abl_acc[i]);
+	fidelity_corpus_free(&corpus);
+	tok_free(tok);
+	model_free(ref);
+	gguf_close(f);
+	return rc < 0 ? 1 : 0;
+}

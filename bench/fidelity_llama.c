@@ -1,0 +1,522 @@
+/* bench/fidelity_llama: llama.cpp's own Q4_0 against llama.cpp's run of the unquantized model,
+ * over the same corpus and with the same metrics as bench/fidelity, so hearth's int4 figures
+ * have a like-for-like yardstick (one engine on both sides of each comparison).
+ * libllama is dlopen'ed from the prebuilt CPU build that node-llama-cpp@3.21.1 ships
+ * (bench/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64); nothing here needs it to build.
+ * usage: bench/fidelity_llama --lib DIR [--q4 FILE | --out FILE] [corpus options] [--json]
+ *        MODEL.gguf */
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bench/fidelity_metrics.h"
+#include "daemon/gguf.h"
+#include "daemon/model.h"
+#include "daemon/tokenizer.h"
+#include "kernels/quant.h"
+
+/* Mirrors of the few llama.h structs that cross the ABI, as in the llama.cpp that
+ * node-llama-cpp 3.21.1 bundles (tag v0.4.0, llama/gitRelease.bundle, commit 80fb11ac).
+ * Two are passed by value, so their sizes must match exactly; llama_check_abi compares the
+ * library's defaults with known values and refuses a library that does not fit. */
+struct llama_model_params_abi {
+	void *devices;
+	const void *tensor_buft_overrides;
+	int32_t n_gpu_layers;
+	int split_mode, load_mode, lazy_mode;
+	int32_t main_gpu;
+	const float *tensor_split;
+	void *progress_callback;
+	void *progress_callback_user_data;
+	const void *kv_overrides;
+	bool vocab_only, check_tensors, use_extra_bufts, no_host, no_alloc, load_mtp;
+};
+
+struct llama_context_params_abi {
+	uint32_t n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq, n_outputs_max, n_outputs_max_per_seq;
+	int32_t n_threads, n_threads_batch;
+	int ctx_type, rope_scaling_type, pooling_type, attention_type, flash_attn_type;
+	float rope_freq_base, rope_freq_scale, yarn_ext_factor, yarn_attn_factor, yarn_beta_fast,
+		yarn_beta_slow;
+	uint32_t yarn_orig_ctx;
+	float defrag_thold;
+	void *cb_eval, *cb_eval_user_data;
+	int type_k, type_v;
+	void *abort_callback, *abort_callback_data;
+	bool embeddings, offload_kqv, no_perf, op_offload, swa_full, kv_unified;
+	void *samplers;
+	size_t n_samplers;
+	void *ctx_other;
+};
+
+struct llama_batch_abi {
+	int32_t n_tokens;
+	int32_t *token;
+	float *embd;
+	int32_t *pos;
+	int32_t *n_seq_id;
+	int32_t **seq_id;
+	int8_t *logits;
+};
+
+struct llama_quantize_params_abi {
+	int32_t nthread;
+	int ftype, output_tensor_type, token_embedding_type;
+	bool allow_requantize, quantize_output_tensor, only_copy, pure, keep_split, dry_run;
+	const void *imatrix, *kv_overrides, *tt_overrides;
+	const int32_t *prune_layers;
+	size_t max_buf_size;
+};
+
+#define LLAMA_FTYPE_MOSTLY_Q4_0 2
+#define GGML_TYPE_F16_ID 1
+#define LLAMA_FTYPE_MOSTLY_Q8_0 7
+
+struct llama_api {
+	void *ggml, *llama;
+	void (*backend_load_all_from_path)(const char *dir);
+	void (*log_set)(void (*cb)(int level, const char *text, void *ud), void *ud);
+	void (*backend_init)(void);
+	struct llama_model_params_abi (*model_default_params)(void);
+	struct llama_context_params_abi (*context_default_params)(void);
+	struct llama_quantize_params_abi (*quantize_default_params)(void);
+	uint32_t (*model_quantize)(const char *in, const char *out, const struct llama_quantize_params_abi *p);
+	void *(*model_load_from_file)(const char *path, struct llama_model_params_abi p);
+	void (*model_free)(void *model);
+	void *(*init_from_model)(void *model, struct llama_context_params_abi p);
+	void (*free)(void *ctx);
+	const void *(*model_get_vocab)(const void *model);
+	int32_t (*vocab_n_tokens)(const void *vocab);
+	uint32_t (*n_ctx)(const void *ctx);
+	struct llama_batch_abi (*batch_init)(int32_t n_tokens, int32_t embd, int32_t n_seq_max);
+	void (*batch_free)(struct llama_batch_abi batch);
+	int32_t (*decode)(void *ctx, struct llama_batch_abi batch);
+	float *(*get_logits_ith)(void *ctx, int32_t i);
+	void *(*get_memory)(const void *ctx);
+	void (*memory_clear)(void *mem, bool data);
+};
+
+struct fidelity_llama_args {
+	const char *path, *lib, *q4, *out;
+	uint32_t n_seqs, len, seed, threads;
+	bool text, json, check, pure;
+};
+
+static double now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static void llama_quiet_log(int level, const char *text, void *ud)
+{
+	(void)ud;
+	if (level == 4) /* GGML_LOG_LEVEL_ERROR */
+		fputs(text, stderr);
+}
+
+/* The library file in dir: libllama.so, or the versioned name the npm build uses. */
+static int llama_find(const char *dir, const char *prefix, char *buf, size_t cap)
+{
+	DIR *d = opendir(dir);
+	if (!d)
+		return -1;
+	struct dirent *de;
+	int rc = -1;
+	size_t pl = strlen(prefix);
+	while ((de = readdir(d))) {
+		const char *n = de->d_name;
+		size_t l = strlen(n);
+		if (!strncmp(n, prefix, pl) && n[pl] == '.' && l > 3 && !strcmp(n + l - 3, ".so")) {
+			snprintf(buf, cap, "%s/%s", dir, n);
+			rc = 0;
+			break;
+		}
+	}
+	closedir(d);
+	return rc;
+}
+
+#define LLAMA_SYM(lib, field, name)                                                          \
+	do {                                                                                 \
+		*(void **)&api->field = dlsym(api->lib, name);                               \
+		if (!api->field)                                                             \
+			return hearth_error_set(err, HEARTH_ENOTFOUND, "libllama: no symbol %s", name); \
+	} while (0)
+
+static int llama_open(struct llama_api *api, const char *dir, struct hearth_error *err)
+{
+	char path[4096];
+	memset(api, 0, sizeof *api);
+	if (llama_find(dir, "libggml", path, sizeof path) < 0)
+		return hearth_error_set(err, HEARTH_ENOTFOUND, "%s: no libggml*.so here", dir);
+	if (!(api->ggml = dlopen(path, RTLD_NOW | RTLD_GLOBAL)))
+		return hearth_error_set(err, HEARTH_EIO, "dlopen: %s", dlerror());
+	if (llama_find(dir, "libllama", path, sizeof path) < 0)
+		return hearth_error_set(err, HEARTH_ENOTFOUND, "%s: no libllama*.so here", dir);
+	if (!(api->llama = dlopen(path, RTLD_NOW | RTLD_GLOBAL)))
+		return hearth_error_set(err, HEARTH_EIO, "dlopen: %s", dlerror());
+	LLAMA_SYM(ggml, backend_load_all_from_path, "ggml_backend_load_all_from_path");
+	LLAMA_SYM(llama, log_set, "llama_log_set");
+	LLAMA_SYM(llama, backend_init, "llama_backend_init");
+	LLAMA_SYM(llama, model_default_params, "llama_model_default_params");
+	LLAMA_SYM(llama, context_default_params, "llama_context_default_params");
+	LLAMA_SYM(llama, quantize_default_params, "llama_model_quantize_default_params");
+	LLAMA_SYM(llama, model_quantize, "llama_model_quantize");
+	LLAMA_SYM(llama, model_load_from_file, "llama_model_load_from_file");
+	LLAMA_SYM(llama, model_free, "llama_model_free");
+	LLAMA_SYM(llama, init_from_model, "llama_init_from_model");
+	LLAMA_SYM(llama, free, "llama_free");
+	LLAMA_SYM(llama, model_get_vocab, "llama_model_get_vocab");
+	LLAMA_SYM(llama, vocab_n_tokens, "llama_vocab_n_tokens");
+	LLAMA_SYM(llama, n_ctx, "llama_n_ctx");
+	LLAMA_SYM(llama, batch_init, "llama_batch_init");
+	LLAMA_SYM(llama, batch_free, "llama_batch_free");
+	LLAMA_SYM(llama, decode, "llama_decode");
+	LLAMA_SYM(llama, get_logits_ith, "llama_get_logits_ith");
+	LLAMA_SYM(llama, get_memory, "llama_get_memory");
+	LLAMA_SYM(llama, memory_clear, "llama_memory_clear");
+	api->log_set(llama_quiet_log, NULL);
+	api->backend_load_all_from_path(dir);
+	api->backend_init();
+	return 0;
+}
+
+/* The defaults the mirrored llama.cpp sets: a library whose structs differ shows other
+ * values here instead of crashing later. */
+static int llama_check_abi(const struct llama_api *api, struct hearth_error *err)
+{
+	struct llama_model_params_abi mp = api->model_default_params();
+	struct llama_context_params_abi cp = api->context_default_params();
+	struct llama_quantize_params_abi qp = api->quantize_default_params();
+	if (mp.n_gpu_layers != -1 || !mp.use_extra_bufts || mp.load_mtp ||
+	    cp.n_ctx != 512 || cp.n_batch != 2048 || cp.n_ubatch != 512 || cp.n_seq_max != 1 ||
+	    cp.n_outputs_max_per_seq != 1 || cp.type_k != GGML_TYPE_F16_ID ||
+	    cp.type_v != GGML_TYPE_F16_ID || !cp.offload_kqv || cp.ctx_other ||
+	    qp.ftype != LLAMA_FTYPE_MOSTLY_Q8_0 || !qp.quantize_output_tensor || !qp.max_buf_size)
+		return hearth_error_set(err, HEARTH_EUNSUPPORTED,
+					"libllama's parameter structs do not match this tool's mirror "
+					"(written for node-llama-cpp 3.21.1 / llama.cpp v0.4.0)");
+	return 0;
+}
+
+/* llama.cpp's logits at every position of each corpus sequence, for one model file, into
+ * out (n_seqs x len x n_vocab). */
+static int llama_logits(const struct llama_api *api, const char *path,
+			const struct fidelity_corpus *c, uint32_t n_vocab, uint32_t threads,
+			float *out, double *ms, struct hearth_error *err)
+{
+	struct llama_model_params_abi mp = api->model_default_params();
+	mp.n_gpu_layers = 0;
+	void *model = api->model_load_from_file(path, mp);
+	if (!model)
+		return hearth_error_set(err, HEARTH_EIO, "%s: llama.cpp could not load it", path);
+	int rc = 0;
+	void *ctx = NULL;
+	int32_t nv = api->vocab_n_tokens(api->model_get_vocab(model));
+	if (nv != (int32_t)n_vocab) {
+		rc = hearth_error_set(err, HEARTH_EFORMAT, "%s: llama.cpp sees %d tokens, hearth %u",
+				      path, nv, n_vocab);
+		goto out;
+	}
+	struct llama_context_params_abi cp = api->context_default_params();
+	cp.n_ctx = c->len < 256 ? 256 : c->len;
+	cp.n_batch = cp.n_ctx;
+	cp.n_ubatch = cp.n_ctx;
+	cp.n_threads = (int32_t)threads;
+	cp.n_threads_batch = (int32_t)threads;
+	if (!(ctx = api->init_from_model(model, cp))) {
+		rc = hearth_error_set(err, HEARTH_EIO, "%s: llama.cpp could not create a context", path);
+		goto out;
+	}
+	struct llama_batch_abi b = api->batch_init((int32_t)c->len, 0, 1);
+	double t0 = now_ms();
+	for (uint32_t s = 0; s < c->n_seqs && rc == 0; s++) {
+		api->memory_clear(api->get_memory(ctx), true);
+		for (uint32_t i = 0; i < c->len; i++) {
+			b.token[i] = c->ids[(size_t)s * c->len + i];
+			b.pos[i] = (int32_t)i;
+			b.n_seq_id[i] = 1;
+			b.seq_id[i][0] = 0;
+			b.logits[i] = 1;
+		}
+		b.n_tokens = (int32_t)c->len;
+		int32_t d = api->decode(ctx, b);
+		if (d != 0) {
+			rc = hearth_error_set(err, HEARTH_EIO, "%s: llama_decode returned %d", path, d);
+			break;
+		}
+		for (uint32_t i = 0; i < c->len; i++) {
+			const float *l = api->get_logits_ith(ctx, (int32_t)i);
+			if (!l) {
+				rc = hearth_error_set(err, HEARTH_EIO, "%s: no logits at position %u", path, i);
+				break;
+			}
+			memcpy(out + ((size_t)s * c->len + i) * n_vocab, l, n_vocab * sizeof(float));
+		}
+	}
+	*ms = now_ms() - t0;
+	api->batch_free(b);
+out:
+	if (ctx)
+		api->free(ctx);
+	api->model_free(model);
+	return rc;
+}
+
+/* hearth's f32 reference over the same corpus, compared with llama.cpp's unquantized logits:
+ * proof that both tools see the same ids and positions. */
+static int check_against_reference(const char *path, const struct fidelity_corpus *c,
+				   const float *llama_ref, uint32_t n_vocab, struct fidelity_summary *out,
+				   struct hearth_error *err)
+{
+	struct gguf_file *f = NULL;
+	struct model *m = NULL;
+	struct model_ctx *ctx = NULL;
+	struct fidelity_acc acc;
+	float *logits = malloc((size_t)c->len * n_vocab * sizeof(float));
+	fidelity_acc_init(&acc);
+	int rc = logits ? 0 : hearth_error_set(err, HEARTH_ENOMEM, "check: logits");
+	if (rc == 0 && (rc = gguf_open(&f, path, err)) == 0 &&
+	    (rc = model_load(&m, f, &(struct model_opts){ .max_ctx = c->len }, err)) == 0)
+		rc = model_ctx_new(&ctx, m, c->len, err);
+	for (uint32_t s = 0; rc == 0 && s < c->n_seqs; s++) {
+		model_ctx_reset(ctx);
+		rc = model_forward(m, ctx, c->ids + (size_t)s * c->len, c->len, MODEL_LOGITS_ALL, logits, err);
+		if (rc == 0)
+			rc = fidelity_acc_add(&acc, logits, llama_ref + (size_t)s * c->len * n_vocab, c->len,
+					      n_vocab, err);
+	}
+	if (rc == 0)
+		*out = fidelity_acc_summary(&acc);
+	fidelity_acc_free(&acc);
+	model_ctx_free(ctx);
+	model_free(m);
+	gguf_close(f);
+	free(logits);
+	return rc;
+}
+
+static void usage(FILE *to)
+{
+	fprintf(to, "usage: bench/fidelity_llama --lib DIR [--q4 FILE | --out FILE | --pure] [--seqs N] [--len L]\n"
+		    "                            [--seed S] [--no-text] [--threads T] [--check] [--json]\n"
+		    "                            MODEL.gguf\n"
+		    "  DIR holds libllama*.so and libggml*.so (default $HEARTH_LLAMA_LIB), e.g.\n"
+		    "  bench/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64.\n"
+		    "  --q4 FILE: llama.cpp's Q4_0 of MODEL; without it MODEL is quantized with\n"
+		    "  llama_model_quantize (Q4_0, llama.cpp's default per-tensor choices) to --out\n"
+		    "  (default /tmp/fidelity-q4_0-PID.gguf, removed afterwards). --pure: every matrix\n"
+		    "  Q4_0, the tied embedding/head too (llama-quantize --pure), for equal bits.\n"
+		    "  Corpus options and defaults as bench/fidelity's, so the corpora are identical.\n"
+		    "  --check: also run hearth's f32 reference over the corpus and compare llama.cpp's\n"
+		    "  unquantized logits with it (both engines exact: top-1 ~1, KL ~0 if the harness\n"
+		    "  feeds both the same ids).\n");
+}
+
+static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
+{
+	char *end;
+	errno = 0;
+	unsigned long v = strtoul(s, &end, 10);
+	if (errno || *end || end == s || v < lo || v > hi)
+		return -1;
+	*out = (uint32_t)v;
+	return 0;
+}
+
+static int parse_args(int argc, char **argv, struct fidelity_llama_args *a)
+{
+	*a = (struct fidelity_llama_args){ .n_seqs = 4, .len = 64, .seed = 1, .threads = 2, .text = true,
+					   .lib = getenv("HEARTH_LLAMA_LIB") };
+	for (int i = 1; i < argc; i++) {
+		const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+		if (!strcmp(o, "--json"))
+			a->json = true;
+		else if (!strcmp(o, "--no-text"))
+			a->text = false;
+		else if (!strcmp(o, "--check"))
+			a->check = true;
+		else if (!strcmp(o, "--pure"))
+			a->pure = true;
+		else if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
+			usage(stdout);
+			exit(0);
+		} else if (!strcmp(o, "--lib") && v)
+			a->lib = argv[++i];
+		else if (!strcmp(o, "--q4") && v)
+			a->q4 = argv[++i];
+		else if (!strcmp(o, "--out") && v)
+			a->out = argv[++i];
+		else if (!strcmp(o, "--seqs") && v && !parse_u32(v, 1, 1024, &a->n_seqs))
+			i++;
+		else if (!strcmp(o, "--len") && v && !parse_u32(v, 1, 4096, &a->len))
+			i++;
+		else if (!strcmp(o, "--seed") && v && !parse_u32(v, 0, UINT32_MAX, &a->seed))
+			i++;
+		else if (!strcmp(o, "--threads") && v && !parse_u32(v, 1, 256, &a->threads))
+			i++;
+		else if (o[0] != '-' && !a->path)
+			a->path = o;
+		else
+			return -1;
+	}
+	return a->path && a->lib && !(a->q4 && (a->out || a->pure)) ? 0 : -1;
+}
+
+static void json_bpw(const struct fidelity_bpw *b)
+{
+	printf("\"bpw\":%.4f,\"bpw_matrices\":%.4f,\"bytes\":%llu,\"params\":%llu",
+	       fidelity_bpw_of(b->bytes_all, b->params_all), fidelity_bpw_of(b->bytes_mat, b->params_mat),
+	       (unsigned long long)b->bytes_all, (unsigned long long)b->params_all);
+}
+
+/* "14 q4_0, 1 q6_k" style census of a file's matrix types, for the report. */
+static int census(const char *path, char *buf, size_t cap, struct hearth_error *err)
+{
+	struct gguf_file *f;
+	int rc = gguf_open(&f, path, err);
+	if (rc < 0)
+		return rc;
+	unsigned count[64] = { 0 };
+	for (uint64_t i = 0; i < f->n_tensors; i++)
+		if (f->tensors[i].n_dims >= 2 && (unsigned)f->tensors[i].type < 64)
+			count[f->tensors[i].type]++;
+	size_t o = 0;
+	buf[0] = 0;
+	for (unsigned t = 0; t < 64; t++)
+		if (count[t] && o < cap)
+			o += (size_t)snprintf(buf + o, cap - o, "%s%u %s", o ? ", " : "", count[t], qtype_name(t));
+	gguf_close(f);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct fidelity_llama_args a;
+	if (parse_args(argc, argv, &a) < 0) {
+		usage(stderr);
+		return 2;
+	}
+	struct hearth_error e = { 0 };
+	struct llama_api api;
+	struct gguf_file *f = NULL;
+	struct tok *tok = NULL;
+	struct fidelity_corpus corpus = { 0 };
+	struct fidelity_acc acc;
+	struct fidelity_bpw src_bpw, q_bpw;
+	float *ref = NULL, *q = NULL;
+	char tmp[256] = "", types[256] = "";
+	const char *q4 = a.q4;
+	double ms_ref = 0, ms_q = 0, ms_quant = 0;
+	int rc;
+	fidelity_acc_init(&acc);
+
+	if ((rc = llama_open(&api, a.lib, &e)) < 0 || (rc = llama_check_abi(&api, &e)) < 0)
+		goto out;
+	if ((rc = gguf_open(&f, a.path, &e)) < 0 || (rc = tok_load(&tok, f, &e)) < 0)
+		goto out;
+	uint32_t n_vocab = (uint32_t)tok_n_vocab(tok);
+	gguf_close(f);
+	f = NULL;
+	if (!q4) {
+		if (a.out)
+			snprintf(tmp, sizeof tmp, "%s", a.out);
+		else
+			snprintf(tmp, sizeof tmp, "/tmp/fidelity-q4_0-%ld.gguf", (long)getpid());
+		struct llama_quantize_params_abi qp = api.quantize_default_params();
+		qp.ftype = LLAMA_FTYPE_MOSTLY_Q4_0;
+		qp.nthread = (int32_t)a.threads;
+		qp.pure = a.pure;
+		double t0 = now_ms();
+		uint32_t qr = api.model_quantize(a.path, tmp, &qp);
+		ms_quant = now_ms() - t0;
+		if (qr != 0) {
+			rc = hearth_error_set(&e, HEARTH_EIO, "llama_model_quantize %s -> %s failed (%u)",
+					      a.path, tmp, qr);
+			goto out;
+		}
+		q4 = tmp;
+	}
+	if ((rc = fidelity_gguf_bpw(a.path, &src_bpw, &e)) < 0 ||
+	    (rc = fidelity_gguf_bpw(q4, &q_bpw, &e)) < 0 || (rc = census(q4, types, sizeof types, &e)) < 0)
+		goto out;
+	if ((rc = fidelity_corpus_build(&corpus, tok, n_vocab, a.n_seqs, a.len, a.seed, a.text, &e)) < 0)
+		goto out;
+	size_t n_logits;
+	if (__builtin_mul_overflow((size_t)a.n_seqs * a.len, (size_t)n_vocab, &n_logits)) {
+		rc = hearth_error_set(&e, HEARTH_ERANGE, "logits for the corpus overflow");
+		goto out;
+	}
+	ref = malloc(n_logits * sizeof(float));
+	q = malloc(n_logits * sizeof(float));
+	if (!ref || !q) {
+		rc = hearth_error_set(&e, HEARTH_ENOMEM, "logits: %zu floats twice", n_logits);
+		goto out;
+	}
+	if ((rc = llama_logits(&api, a.path, &corpus, n_vocab, a.threads, ref, &ms_ref, &e)) < 0 ||
+	    (rc = llama_logits(&api, q4, &corpus, n_vocab, a.threads, q, &ms_q, &e)) < 0)
+		goto out;
+	if ((rc = fidelity_acc_add(&acc, ref, q, (size_t)a.n_seqs * a.len, n_vocab, &e)) < 0)
+		goto out;
+	struct fidelity_summary s = fidelity_acc_summary(&acc), chk = { 0 };
+	if (a.check && (rc = check_against_reference(a.path, &corpus, ref, n_vocab, &chk, &e)) < 0)
+		goto out;
+	const char *name = strrchr(a.path, '/') ? strrchr(a.path, '/') + 1 : a.path;
+	const char *qname = strrchr(q4, '/') ? strrchr(q4, '/') + 1 : q4;
+	uint32_t n_text = a.text ? 1 : 0;
+	if (a.json) {
+		printf("{\"model\":\"%s\",\"q4_0\":\"%s\",\"q4_0_source\":\"%s\",\"n_vocab\":%u,\"seqs\":%u,"
+		       "\"len\":%u,\"text_seqs\":%u,\"seed\":%u,\"positions\":%zu,\"source\":{",
+		       name, a.q4 ? qname : "llama_model_quantize", a.q4 ? "given" : a.pure ? "quantized here, pure" : "quantized here",
+		       n_vocab, a.n_seqs, a.len, n_text, a.seed, s.positions);
+		json_bpw(&src_bpw);
+		printf("},\"builds\":[{\"build\":\"llama.cpp q4_0\",\"types\":\"%s\",", types);
+		json_bpw(&q_bpw);
+		printf(",\"top1\":%.6f,\"kl_mean\":%.8f,\"kl_p99\":%.8f,\"kl_max\":%.8f}],",
+		       s.top1, s.kl_mean, s.kl_p99, s.kl_max);
+		if (a.check)
+			printf("\"check_vs_hearth_f32\":{\"top1\":%.6f,\"kl_mean\":%.8f,\"kl_max\":%.8f},",
+			       chk.top1, chk.kl_mean, chk.kl_max);
+		printf("\"ms_reference\":%.0f,\"ms_q4_0\":%.0f,\"ms_quantize\":%.0f}\n", ms_ref, ms_q,
+		       ms_quant);
+	} else {
+		printf("model %s, n_vocab %u; llama.cpp Q4_0: %s (%s)\n", name, n_vocab,
+		       a.q4 ? qname : a.pure ? "llama_model_quantize --pure of the model" :
+		       "llama_model_quantize of the model", types);
+		printf("corpus: %u sequences x %u positions = %zu positions (%u text, %u random from seed %u)\n",
+		       a.n_seqs, a.len, s.positions, n_text, a.n_seqs - n_text, a.seed);
+		printf("KL(llama.cpp unquantized || llama.cpp Q4_0) in nats over the full vocabulary\n\n");
+		printf("%-16s %8s %8s  %6s  %9s  %9s  %9s\n", "build", "bpw", "bpw-mat", "top-1", "KL mean",
+		       "KL p99", "KL max");
+		printf("%-16s %8.3f %8.3f  %6s  %9s  %9s  %9s\n", "source", fidelity_bpw_of(src_bpw.bytes_all,
+		       src_bpw.params_all), fidelity_bpw_of(src_bpw.bytes_mat, src_bpw.params_mat), "-", "-",
+		       "-", "-");
+		printf("%-16s %8.3f %8.3f  %6.4f  %9.6f  %9.6f  %9.6f\n", "llama.cpp Q4_0",
+		       fidelity_bpw_of(q_bpw.bytes_all, q_bpw.params_all),
+		       fidelity_bpw_of(q_bpw.bytes_mat, q_bpw.params_mat), s.top1, s.kl_mean, s.kl_p99, s.kl_max);
+		if (a.check)
+			printf("\ncheck: llama.cpp unquantized vs hearth f32 reference: top-1 %.4f, "
+			       "KL mean %.6f, max %.6f\n", chk.top1, chk.kl_mean, chk.kl_max);
+		printf("\ntime: quantize %.0f ms, unquantized %.0f ms, Q4_0 %.0f ms\n", ms_quant, ms_ref, ms_q);
+	}
+
+out:
+	if (rc < 0)
+		fprintf(stderr, "fidelity_llama: %s\n", e.msg);
+	if (tmp[0] && !a.out)
+		unlink(tmp);
+	free(ref);
+	free(q);
+	fidelity_acc_free(&acc);
+	fidelity_corpus_free(&corpus);
+	tok_free(tok);
+	gguf_close(f);
+	return rc < 0 ? 1 : 0;
+}

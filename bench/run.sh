@@ -1,0 +1,77 @@
+#!/bin/sh
+# `make bench-speed` (part of `make bench`, never of make check): hearth against llama.cpp on a
+# Qwen3-1.7B-shaped model. Writes the BF16 model with tests/mkmodel, makes Q4_0 and Q4_K_M from it
+# with llama.cpp's own quantizer, runs hearthd --bench and bench/llama_bench.mjs in one go and
+# prints both with the ratios (bench/bench_report.mjs). Run from the build directory.
+# Environment: HEARTH_BENCH_DIR (models + results; default $TMPDIR/hearth-bench-speed),
+# HEARTH_BENCH_THREADS (2), HEARTH_BENCH_REPS (3), HEARTH_BENCH_PP (512), HEARTH_BENCH_TG (128),
+# HEARTH_BENCH_OURS_Q4_0=0 skips hearth on the Q4_0 file (its codes carried over as group 32).
+set -eu
+
+builddir=${HEARTH_BUILDDIR:-$(pwd)}
+srcdir=${HEARTH_SRCDIR:-$(cd "$(dirname "$0")/.." && pwd)}
+shared=${HEARTH_SHARED:?HEARTH_SHARED must name the shared fixtures directory (vocab/)}
+dir=${HEARTH_BENCH_DIR:-${TMPDIR:-/tmp}/hearth-bench-speed}
+threads=${HEARTH_BENCH_THREADS:-2}
+reps=${HEARTH_BENCH_REPS:-3}
+pp=${HEARTH_BENCH_PP:-512}
+tg=${HEARTH_BENCH_TG:-128}
+vocab=$shared/vocab/ggml-vocab-gpt-2-pre-qwen2.gguf
+libdir=$srcdir/bench/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64
+
+say() { echo "bench: $*" >&2; }
+
+libllama=
+for f in "$libdir"/libllama.v*.so "$libdir"/libllama.so; do
+	[ -f "$f" ] && { libllama=$f; break; }
+done
+if [ -z "$libllama" ] || ! command -v node >/dev/null; then
+	say "llama.cpp comparison needs node and node-llama-cpp (cd $srcdir/bench && npm ci)"
+	exit 1
+fi
+[ -f "$vocab" ] || { say "missing $vocab"; exit 1; }
+mkdir -p "$dir"
+
+bf16=$dir/qwen3-1.7b-bf16.gguf
+q40=$dir/qwen3-1.7b-q4_0.gguf
+q4km=$dir/qwen3-1.7b-q4_k_m.gguf
+if [ ! -f "$bf16" ]; then
+	say "writing $bf16 (mkmodel qwen3-1.7b bf16 seed 1, real qwen2 tokenizer; ~1 min)"
+	"$builddir/tests/mkmodel" --preset qwen3-1.7b --type bf16 --seed 1 --vocab "$vocab" \
+		--n-vocab 151936 -o "$bf16.tmp" >/dev/null
+	mv "$bf16.tmp" "$bf16"
+fi
+for t in q4_0 q4_k_m; do
+	out=$dir/qwen3-1.7b-$t.gguf
+	[ -f "$out" ] && continue
+	say "quantizing $bf16 -> $out with llama_model_quantize"
+	"$builddir/bench/llama_quantize" "$libllama" "$bf16" "$out.tmp" "$t" "$threads" \
+		>"$dir/quantize-$t.log" 2>&1 || { say "quantize failed, see $dir/quantize-$t.log"; exit 1; }
+	mv "$out.tmp" "$out"
+done
+
+res=$dir/results
+mkdir -p "$res"
+say "machine: $(nproc) cpus, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+date -u +%Y-%m-%dT%H:%M:%SZ >"$res/date"
+cut -d' ' -f1-3 /proc/loadavg >"$res/load_before"
+
+# hearth and llama.cpp back to back, in one run, same thread count.
+say "hearthd --bench on the BF16 file (quantized at load: group 128)"
+"$builddir/hearthd" --bench --json -m "$bf16" -t "$threads" -r "$reps" \
+	--pp "$pp" --tg "$tg" >"$res/hearth_bf16.json"
+say "llama.cpp on Q4_0 and Q4_K_M"
+node "$srcdir/bench/llama_bench.mjs" --json --threads "$threads" --reps "$reps" \
+	--pp "$pp" --tg "$tg" "$q40" "$q4km" \
+	>"$res/llama.json"
+if [ "${HEARTH_BENCH_OURS_Q4_0:-1}" != 0 ]; then
+	say "hearthd --bench on the Q4_0 file (codes carried over: group 32)"
+	"$builddir/hearthd" --bench --json -m "$q40" -t "$threads" -r "$reps" \
+		--pp "$pp" --tg "$tg" --probe-mib 0 \
+		>"$res/hearth_q4_0.json"
+else
+	rm -f "$res/hearth_q4_0.json"
+fi
+cut -d' ' -f1-3 /proc/loadavg >"$res/load_after"
+
+node "$srcdir/bench/bench_report.mjs" "$res"

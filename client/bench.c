@@ -1,0 +1,478 @@
+/* `hearth bench`: forks N client processes, each with its own connection, that generate at
+ * once (greedy, EOS ignored, exactly --tokens tokens after a --prompt-tokens prompt), and
+ * reports throughput, time to first token and per-token IPC latency. Processes, not
+ * threads, because that is how clients really share a daemon: separate address spaces,
+ * separate rings, the kernel scheduling them against the daemon's compute threads. */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client/bench.h"
+#include "client/hearth.h"
+
+/* What one client process reports back, in memory shared with the parent. */
+struct bench_slot {
+	int rc;                   /* 0, or the failing call's code */
+	int finish;               /* enum hearth_finish */
+	uint32_t n_gen;           /* tokens delivered to the callback (one sample each) */
+	uint64_t t_send;          /* CLOCK_MONOTONIC before the generate request */
+	uint64_t t_first;         /* at the first token's callback */
+	uint64_t t_done;          /* when hearth_generate returned */
+	double decode_tps;        /* as the daemon's `done` reported them */
+	double queue_ms, prefill_ms;
+	char msg[600];
+};
+
+/* One token as the callback saw it. */
+struct bench_sample {
+	uint64_t t_cb;            /* CLOCK_MONOTONIC in the callback */
+	uint64_t t_sampled;       /* the daemon's sampling time (0: not sent) */
+};
+
+/* One level's results, computed by the parent. */
+struct bench_level {
+	uint32_t clients;
+	bool ok;
+	double wall_s;            /* first request sent .. last generation done */
+	double agg_tps;
+	double client_tps_mean, client_tps_min;
+	double decode_tps_mean;   /* client side: tokens after the first / their time */
+	double steady_tps;        /* all clients past their prefill: tokens / that window */
+	double ttft_p50_ms, ttft_p99_ms;
+	double ipc_p50_us, ipc_p99_us, ipc_max_us;
+	size_t n_ipc;
+};
+
+struct bench_cb {
+	struct bench_slot *slot;
+	struct bench_sample *samp; /* per token */
+	uint32_t cap;
+};
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t splitmix64(uint64_t *x)
+{
+	uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+/* A prompt of ordinary token ids, different per client so no two sequences are alike.
+ * The low ids of a byte-level BPE vocabulary are bytes and the top ones special tokens;
+ * the middle is plain words. */
+static void bench_prompt(uint32_t *ids, uint32_t n, uint32_t n_vocab, uint64_t seed,
+			 uint32_t client)
+{
+	uint32_t lo = n_vocab > 4096 ? 256 : 0;
+	uint32_t hi = n_vocab > 32768 ? 32768 : n_vocab;
+	uint64_t st = seed ^ ((uint64_t)(client + 1) << 32);
+	for (uint32_t i = 0; i < n; i++)
+		ids[i] = lo + (uint32_t)(splitmix64(&st) % (hi - lo));
+}
+
+static int bench_on_token(void *user, const struct hearth_token *tok)
+{
+	uint64_t t = now_ns();
+	struct bench_cb *cb = user;
+	struct bench_slot *s = cb->slot;
+	if (s->n_gen == 0)
+		s->t_first = t;
+	if (s->n_gen < cb->cap)
+		cb->samp[s->n_gen] = (struct bench_sample){ t, tok->t_sampled_ns };
+	s->n_gen++;
+	return 0;
+}
+
+static struct hearth_gen_params bench_params(const struct bench_opts *o)
+{
+	struct hearth_gen_params p = hearth_gen_params_default();
+	p.max_tokens = o->tokens;
+	p.temperature = 0;
+	p.has_seed = true;
+	p.seed = o->seed;
+	p.ignore_eos = true;
+	return p;
+}
+
+static void slot_fail(struct bench_slot *s, const struct hearth_err *e, const char *what)
+{
+	s->rc = e->code ? e->code : HEARTH_EIO;
+	snprintf(s->msg, sizeof s->msg, "%s: %s", what,
+		 e->msg[0] ? e->msg : hearth_strerror(e->code));
+}
+
+/* The body of one client process: connect, report ready, wait for the start signal (EOF
+ * on go_fd), generate, record. Never returns. */
+static void bench_child(const struct bench_opts *o, uint32_t idx, uint32_t n_vocab,
+			struct bench_slot *s, struct bench_sample *samp, int ready_fd,
+			int go_fd)
+{
+	struct hearth_err e = { 0 };
+	struct hearth *h = NULL;
+	char name[32];
+	snprintf(name, sizeof name, "bench-%u", idx);
+	struct hearth_connect_opts co = { .socket_path = o->socket, .client_name = name,
+					  .timeout_ms = o->timeout_ms };
+	uint32_t *ids = malloc((size_t)o->prompt_tokens * sizeof *ids);
+	if (!ids) {
+		s->rc = HEARTH_ENOMEM;
+		snprintf(s->msg, sizeof s->msg, "out of memory for the prompt");
+	} else if (hearth_connect_with(&h, &co, &e) < 0) {
+		slot_fail(s, &e, "connect");
+	}
+	/* Report ready even after a failure, so the parent does not wait for us forever. */
+	char c = 1;
+	ssize_t w = write(ready_fd, &c, 1);
+	(void)w;
+	while (read(go_fd, &c, 1) < 0 && errno == EINTR)
+		;
+	if (s->rc == 0) {
+		bench_prompt(ids, o->prompt_tokens, n_vocab, o->seed, idx);
+		struct hearth_prompt pr = { .tokens = ids, .n_tokens = o->prompt_tokens };
+		struct hearth_gen_params p = bench_params(o);
+		struct bench_cb cb = { s, samp, o->tokens };
+		struct hearth_result res = { 0 };
+		s->t_send = now_ns();
+		int rc = hearth_generate(h, &pr, &p, bench_on_token, &cb, &res, &e);
+		s->t_done = now_ns();
+		if (rc < 0) {
+			slot_fail(s, &e, "generate");
+		} else {
+			s->finish = (int)res.finish;
+			s->decode_tps = res.decode_tps;
+			s->queue_ms = res.queue_ms;
+			s->prefill_ms = res.prefill_ms;
+		}
+	}
+	hearth_close(h);
+	free(ids);
+	_exit(s->rc ? 1 : 0);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+/* Nearest-rank percentile of n sorted values. */
+static double pct(const double *v, size_t n, double p)
+{
+	if (n == 0)
+		return NAN;
+	size_t k = (size_t)ceil(p / 100.0 * (double)n);
+	return v[k ? k - 1 : 0];
+}
+
+/* Runs one level: forks k clients, releases them together, waits, and summarises. */
+static int bench_level_run(const struct bench_opts *o, uint32_t k, uint32_t n_vocab,
+			   struct bench_level *lv, struct bench_slot **slots_out,
+			   size_t *map_size_out)
+{
+	memset(lv, 0, sizeof *lv);
+	lv->clients = k;
+	size_t slots_size = (((size_t)k * sizeof(struct bench_slot)) + 63) & ~(size_t)63;
+	size_t n_samples;
+	if (__builtin_mul_overflow((size_t)k, (size_t)o->tokens, &n_samples) ||
+	    n_samples > (SIZE_MAX - slots_size) / sizeof(struct bench_sample)) {
+		fprintf(stderr, "hearth: bench: %u clients x %u tokens is too many samples\n", k,
+			o->tokens);
+		return 1;
+	}
+	size_t map_size = slots_size + n_samples * sizeof(struct bench_sample);
+	void *map = mmap(NULL, map_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+			 -1, 0);
+	if (map == MAP_FAILED) {
+		fprintf(stderr, "hearth: bench: mmap of %zu bytes: %s\n", map_size, strerror(errno));
+		return 1;
+	}
+	struct bench_slot *slots = map;
+	struct bench_sample *samp = (struct bench_sample *)((char *)map + slots_size);
+	*slots_out = slots;
+	*map_size_out = map_size;
+
+	int ready[2], go[2];
+	if (pipe(ready) < 0 || pipe(go) < 0) {
+		fprintf(stderr, "hearth: bench: pipe: %s\n", strerror(errno));
+		return 1;
+	}
+	fflush(stdout);
+	fflush(stderr);
+	pid_t *pids = calloc(k, sizeof *pids);
+	if (!pids) {
+		fprintf(stderr, "hearth: bench: out of memory\n");
+		return 1;
+	}
+	uint32_t started = 0;
+	for (; started < k; started++) {
+		pid_t pid = fork();
+		if (pid < 0) {
+			fprintf(stderr, "hearth: bench: fork: %s\n", strerror(errno));
+			break;
+		}
+		if (pid == 0) {
+			close(ready[0]);
+			close(go[1]);
+			bench_child(o, started, n_vocab, &slots[started],
+				    samp + (size_t)started * o->tokens, ready[1], go[0]);
+		}
+		pids[started] = pid;
+	}
+	close(ready[1]);
+	close(go[0]);
+	/* Every client connected (or failed to): start them all at once by closing go. */
+	for (uint32_t n = 0; n < started;) {
+		char c;
+		ssize_t r = read(ready[0], &c, 1);
+		if (r == 1)
+			n++;
+		else if (r == 0 || errno != EINTR)
+			break;
+	}
+	close(go[1]);
+	close(ready[0]);
+	int failed = started < k;
+	for (uint32_t i = 0; i < started; i++) {
+		int st;
+		while (waitpid(pids[i], &st, 0) < 0 && errno == EINTR)
+			;
+		if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+			if (slots[i].rc == 0)
+				snprintf(slots[i].msg, sizeof slots[i].msg, "client process died");
+			fprintf(stderr, "hearth: bench: %u clients: client %u: %s\n", k, i,
+				slots[i].msg);
+			failed = 1;
+		} else if (slots[i].n_gen != o->tokens) {
+			fprintf(stderr, "hearth: bench: %u clients: client %u got %u tokens of %u "
+				"(finish %s)\n", k, i, slots[i].n_gen, o->tokens,
+				hearth_finish_name((enum hearth_finish)slots[i].finish));
+			failed = 1;
+		}
+	}
+	free(pids);
+	if (failed)
+		return 1;
+
+	uint64_t t0 = UINT64_MAX, t1 = 0, total = 0;
+	double *ttft = calloc(k, sizeof *ttft);
+	double *samples = malloc((n_samples ? n_samples : 1) * sizeof *samples);
+	if (!ttft || !samples) {
+		free(ttft);
+		free(samples);
+		fprintf(stderr, "hearth: bench: out of memory\n");
+		return 1;
+	}
+	lv->client_tps_min = INFINITY;
+	size_t ns = 0;
+	uint64_t w0 = 0, w1 = UINT64_MAX;   /* every client between first token and done */
+	for (uint32_t i = 0; i < k; i++) {
+		const struct bench_slot *s = &slots[i];
+		t0 = s->t_send < t0 ? s->t_send : t0;
+		t1 = s->t_done > t1 ? s->t_done : t1;
+		total += s->n_gen;
+		double tps = s->n_gen / ((double)(s->t_done - s->t_send) / 1e9);
+		lv->client_tps_mean += tps / k;
+		lv->client_tps_min = tps < lv->client_tps_min ? tps : lv->client_tps_min;
+		if (s->n_gen > 1)
+			lv->decode_tps_mean += (s->n_gen - 1) /
+					       ((double)(s->t_done - s->t_first) / 1e9) / k;
+		ttft[i] = (double)(s->t_first - s->t_send) / 1e6;
+		w0 = s->t_first > w0 ? s->t_first : w0;
+		w1 = s->t_done < w1 ? s->t_done : w1;
+		const struct bench_sample *sp = samp + (size_t)i * o->tokens;
+		for (uint32_t j = 0; j < s->n_gen && j < o->tokens; j++)
+			if (sp[j].t_sampled)
+				samples[ns++] = ((double)sp[j].t_cb - (double)sp[j].t_sampled) / 1e3;
+	}
+	/* Steady state: the window in which every client was decoding, so each step was one
+	 * batch of k decode tokens with no prefill in it. */
+	lv->steady_tps = NAN;
+	if (w1 > w0) {
+		uint64_t n_in = 0;
+		for (uint32_t i = 0; i < k; i++) {
+			const struct bench_sample *sp = samp + (size_t)i * o->tokens;
+			for (uint32_t j = 0; j < slots[i].n_gen && j < o->tokens; j++)
+				n_in += sp[j].t_cb > w0 && sp[j].t_cb <= w1;
+		}
+		lv->steady_tps = (double)n_in / ((double)(w1 - w0) / 1e9);
+	}
+	lv->wall_s = (double)(t1 - t0) / 1e9;
+	lv->agg_tps = (double)total / lv->wall_s;
+	qsort(ttft, k, sizeof *ttft, cmp_double);
+	lv->ttft_p50_ms = pct(ttft, k, 50);
+	lv->ttft_p99_ms = pct(ttft, k, 99);
+	qsort(samples, ns, sizeof *samples, cmp_double);
+	lv->n_ipc = ns;  /* tokens with a daemon timestamp */
+	lv->ipc_p50_us = pct(samples, ns, 50);
+	lv->ipc_p99_us = pct(samples, ns, 99);
+	lv->ipc_max_us = ns ? samples[ns - 1] : NAN;
+	lv->ok = true;
+	free(ttft);
+	free(samples);
+	return 0;
+}
+
+/* The daemon's strings in JSON: quotes, backslashes and control bytes escaped. */
+static void json_str(const char *key, const char *v)
+{
+	printf("\"%s\":\"", key);
+	for (const unsigned char *p = (const unsigned char *)v; *p; p++) {
+		if (*p == '"' || *p == '\\')
+			printf("\\%c", *p);
+		else if (*p < 0x20)
+			printf("\\u%04x", *p);
+		else
+			putchar(*p);
+	}
+	printf("\",");
+}
+
+/* JSON has no NaN: levels without timestamps print null. */
+static void json_num(const char *key, double v, bool comma)
+{
+	if (isnan(v))
+		printf("\"%s\":null", key);
+	else
+		printf("\"%s\":%.3f", key, v);
+	if (comma)
+		putchar(',');
+}
+
+static void print_clients(const struct bench_opts *o, const struct bench_level *lv,
+			  const struct bench_slot *slots)
+{
+	for (uint32_t i = 0; i < lv->clients; i++) {
+		const struct bench_slot *s = &slots[i];
+		double tps = s->n_gen / ((double)(s->t_done - s->t_send) / 1e9);
+		double ttft = (double)(s->t_first - s->t_send) / 1e6;
+		if (o->json) {
+			printf("%s{", i ? "," : "");
+			json_num("tps", tps, true);
+			json_num("ttft_ms", ttft, true);
+			json_num("daemon_decode_tps", s->decode_tps, true);
+			json_num("daemon_queue_ms", s->queue_ms, true);
+			json_num("daemon_prefill_ms", s->prefill_ms, true);
+			printf("\"n_gen\":%u}", s->n_gen);
+		} else {
+			printf("         client %2u: %8.2f tok/s  TTFT %8.1f ms (daemon: queue %.1f, "
+			       "prefill %.1f ms)  daemon decode %7.2f tok/s\n", i, tps, ttft,
+			       s->queue_ms, s->prefill_ms, s->decode_tps);
+		}
+	}
+}
+
+int bench_run(const struct bench_opts *o)
+{
+	struct hearth_err e = { 0 };
+	struct hearth *h;
+	struct hearth_connect_opts co = { .socket_path = o->socket, .client_name = "bench",
+					  .timeout_ms = o->timeout_ms };
+	if (hearth_connect_with(&h, &co, &e) < 0) {
+		fprintf(stderr, "hearth: %s\n", e.msg[0] ? e.msg : hearth_strerror(e.code));
+		return 1;
+	}
+	struct hearth_model m;
+	if (hearth_model_info(h, &m, &e) < 0 || m.n_vocab == 0) {
+		fprintf(stderr, "hearth: bench: no model facts: %s\n", e.msg);
+		hearth_close(h);
+		return 1;
+	}
+	/* Warm-up: a short generation touches the paths once (page faults, first-use lazy
+	 * state) so the first level does not pay for them. */
+	uint32_t warm[16];
+	bench_prompt(warm, 16, m.n_vocab, o->seed, 1000);
+	struct hearth_prompt wp = { .tokens = warm, .n_tokens = 16 };
+	struct hearth_gen_params wpar = bench_params(o);
+	wpar.max_tokens = 4;
+	if (hearth_generate(h, &wp, &wpar, NULL, NULL, NULL, &e) < 0) {
+		fprintf(stderr, "hearth: bench: warm-up generation: %s\n", e.msg);
+		hearth_close(h);
+		return 1;
+	}
+	hearth_close(h);
+
+	if (o->json) {
+		printf("{\"model\":{");
+		json_str("arch", m.arch);
+		json_str("quant", m.quant);
+		printf("\"n_params\":%" PRIu64 ",\"n_vocab\":%u},\"prompt_tokens\":%u,"
+		       "\"tokens\":%u,\"seed\":%" PRIu64 ",\"levels\":[", m.n_params, m.n_vocab,
+		       o->prompt_tokens, o->tokens, o->seed);
+	} else {
+		printf("hearth bench: %s (%s, %.2fB params), prompt %u tokens, %u generated per "
+		       "client, greedy, seed %" PRIu64 "\n"
+		       "clients   agg tok/s  client tok/s (mean/min)  decode tok/s  steady tok/s  "
+		       "TTFT p50/p99 ms   IPC p50/p99/max us\n",
+		       m.arch, m.quant, (double)m.n_params / 1e9, o->prompt_tokens, o->tokens,
+		       o->seed);
+	}
+	fflush(stdout);
+
+	int status = 0;
+	double agg1 = NAN, agg8 = NAN;
+	for (size_t li = 0; li < o->n_levels; li++) {
+		struct bench_level lv;
+		struct bench_slot *slots = NULL;
+		size_t map_size = 0;
+		int rc = bench_level_run(o, o->clients[li], m.n_vocab, &lv, &slots, &map_size);
+		if (rc) {
+			status = 1;
+		} else {
+			if (lv.clients == 1)
+				agg1 = lv.agg_tps;
+			if (lv.clients == 8)
+				agg8 = lv.agg_tps;
+			if (o->json) {
+				printf("%s{\"clients\":%u,", li ? "," : "", lv.clients);
+				json_num("wall_s", lv.wall_s, true);
+				json_num("aggregate_tps", lv.agg_tps, true);
+				json_num("client_tps_mean", lv.client_tps_mean, true);
+				json_num("client_tps_min", lv.client_tps_min, true);
+				json_num("decode_tps_mean", lv.decode_tps_mean, true);
+				json_num("steady_tps", lv.steady_tps, true);
+				json_num("ttft_ms_p50", lv.ttft_p50_ms, true);
+				json_num("ttft_ms_p99", lv.ttft_p99_ms, true);
+				json_num("ipc_us_p50", lv.ipc_p50_us, true);
+				json_num("ipc_us_p99", lv.ipc_p99_us, true);
+				json_num("ipc_us_max", lv.ipc_max_us, true);
+				printf("\"ipc_samples\":%zu,\"per_client\":[", lv.n_ipc);
+				print_clients(o, &lv, slots);
+				printf("]}");
+			} else {
+				printf("%7u  %10.2f  %12.2f / %-9.2f  %12.2f  %12.2f  %7.1f / %-7.1f  "
+				       "%6.1f / %.1f / %.1f\n", lv.clients, lv.agg_tps,
+				       lv.client_tps_mean, lv.client_tps_min, lv.decode_tps_mean,
+				       lv.steady_tps, lv.ttft_p50_ms, lv.ttft_p99_ms, lv.ipc_p50_us, lv.ipc_p99_us,
+				       lv.ipc_max_us);
+				if (o->verbose)
+					print_clients(o, &lv, slots);
+			}
+			fflush(stdout);
+		}
+		if (slots)
+			munmap(slots, map_size);
+	}
+	double ratio = agg8 / agg1;
+	if (o->json) {
+		printf("],");
+		json_num("ratio_8_1", ratio, false);
+		printf("}\n");
+	} else if (!isnan(ratio)) {
+		printf("aggregate(8 clients) / aggregate(1 client) = %.2fx\n", ratio);
+	}
+	return status;
+}

@@ -1,0 +1,414 @@
+/* The loader's residency promises on the fixture models: a tied embedding/head stored once,
+ * weights in one arena region per packed type, RoPE sized by max_context and never by the
+ * file's advertised context (one table per distinct setting), a small load peak that the
+ * sampler measures (and a large transient it does see), KV budget errors that say what
+ * would fit, the page kind and NUMA placement reported, and the file let go after loading. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/arena.h"
+#include "daemon/kv.h"
+#include "daemon/ledger.h"
+#include "daemon/load.h"
+#include "daemon/memstat.h"
+#include "daemon/model_q4.h"
+#include "daemon/tokenizer.h"
+#include "kernels/dispatch.h"
+
+#define MiB ((size_t)1 << 20)
+
+static void fixture_path(const char *name, char *buf, size_t cap)
+{
+	const char *sh = getenv("HEARTH_SHARED");
+	if (!sh) {
+		fprintf(stderr, "HEARTH_SHARED is not set: run through make check\n");
+		exit(1);
+	}
+	snprintf(buf, cap, "%s/fixtures/%s", sh, name);
+}
+
+static void small_opts(struct load_opts *o)
+{
+	load_opts_default(o);
+	o->max_context = 128;
+	o->kv_budget = 1u << 20;
+	o->max_seqs = 2;
+	o->step_tokens = 32;
+	o->n_threads = 1;
+}
+
+static int load_path(const char *path, const struct load_opts *o, struct model_q4 **m,
+		     struct hearth_error *e)
+{
+	struct tok *tok = NULL;
+	int rc = load_q4(m, &tok, path, o, e);
+	tok_free(tok);
+	return rc;
+}
+
+static struct model_q4 *load_fixture(const char *name, const struct load_opts *o)
+{
+	char path[4096];
+	fixture_path(name, path, sizeof path);
+	struct model_q4 *m;
+	struct hearth_error e;
+	if (load_path(path, o, &m, &e) < 0)
+		fail_msg("load_q4 %s: %s", name, e.msg);
+	return m;
+}
+
+static const struct arena_region *region(const struct model_q4 *m, const char *name)
+{
+	return arena_region_find((struct arena *)&m->arena, name);
+}
+
+/* Bytes of the int4 layout for rows x cols at group 32, asymmetric (the fixtures' F32
+ * tensors are 64 wide, so group 128 does not divide them), from kernels/q4.h's description:
+ * per 16-row block, an fp16 d and m for each group and row (padded to 64 bytes), then the
+ * codes at 4 bits: 16 rows x cols / 2 bytes. */
+static size_t q4_bytes_g32_asym(size_t rows, size_t cols)
+{
+	size_t groups = cols / 32;
+	size_t scales = groups * 16 * 2 * 2;
+	scales = (scales + 63) / 64 * 64;
+	return (rows + 15) / 16 * (scales + 16 * cols / 2);
+}
+
+static void test_load_stores_tied_embedding_once(void **state)
+{
+	(void)state;
+	struct load_opts o;
+	small_opts(&o);
+	/* fx-qwen3: tied, vocab 50257 x 64. */
+	struct model_q4 *m = load_fixture("fx-qwen3.gguf", &o);
+	const struct arena_region *r = region(m, ARENA_REGION_EMBED_HEAD);
+	assert_non_null(r);
+	assert_null(m->output.data);
+	assert_int_equal(r->size, q4_bytes_g32_asym(50257, 64));
+	assert_int_equal(r->used, r->size);
+	assert_int_equal(m->bytes_embed_head, r->size);
+	model_q4_free(m);
+
+	/* fx-llama: untied, vocab 32000 x 64, embedding and head each stored. */
+	m = load_fixture("fx-llama.gguf", &o);
+	r = region(m, ARENA_REGION_EMBED_HEAD);
+	assert_non_null(r);
+	assert_non_null(m->output.data);
+	assert_int_equal(r->size, 2 * q4_bytes_g32_asym(32000, 64));
+	assert_int_equal(r->used, r->size);
+	model_q4_free(m);
+}
+
+/* One region per packed type: F32/BF16 rows that are a multiple of 128 are quantized at
+ * group 128; carried-over Q4_0/Q4_K codes stay at group 32; Q4_K_M mixes both. */
+static void test_load_puts_weights_in_one_region_per_type(void **state)
+{
+	(void)state;
+	struct load_opts o;
+	small_opts(&o);
+	static const struct {
+		const char *file;
+		bool g128, g32;
+	} cases[] = {
+		{ "fx-quant-bf16.gguf", true, false },  /* 256 / 512 wide: group 128 */
+		{ "fx-quant-q4_0.gguf", false, true },  /* carried over */
+		{ "fx-quant-q4_k_m.gguf", true, true }, /* Q4_K carried, Q6_K requantized */
+		{ "fx-llama.gguf", false, true },       /* 64 wide: group 32 */
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		struct model_q4 *m = load_fixture(cases[i].file, &o);
+		const struct arena_region *a = region(m, LOAD_REGION_WEIGHTS_G128);
+		const struct arena_region *b = region(m, LOAD_REGION_WEIGHTS_G32);
+		assert_true((a != NULL) == cases[i].g128);
+		assert_true((b != NULL) == cases[i].g32);
+		assert_null(region(m, ARENA_REGION_WEIGHTS));
+		size_t sum = (a ? a->size : 0) + (b ? b->size : 0);
+		assert_int_equal(sum, m->bytes_weights);
+		/* every planned byte was carved: the plan was exact */
+		assert_true(!a || a->used == a->size);
+		assert_true(!b || b->used == b->size);
+		/* each layer matrix sits in its type's region */
+		for (uint32_t l = 0; l < m->n_layer; l++) {
+			const struct q4_matrix *q = &m->layers[l].wq;
+			const struct arena_region *want = q->group == 128 ? a : b;
+			assert_non_null(want);
+			assert_true(q->data >= want->base && q->data < want->base + want->size);
+		}
+		model_q4_free(m);
+	}
+}
+
+/* A copy of src in a temporary file with the u32 value of key replaced: GGUF stores a kv
+ * as its key string, a u32 type, then the value. */
+static void copy_with_u32(const char *src, const char *key, uint32_t value, char *out, size_t cap)
+{
+	FILE *in = fopen(src, "rb");
+	assert_non_null(in);
+	fseek(in, 0, SEEK_END);
+	long n = ftell(in);
+	fseek(in, 0, SEEK_SET);
+	char *buf = malloc((size_t)n);
+	assert_non_null(buf);
+	assert_int_equal(fread(buf, 1, (size_t)n, in), (size_t)n);
+	fclose(in);
+	size_t klen = strlen(key);
+	char *at = memmem(buf, (size_t)n, key, klen);
+	assert_non_null(at);
+	uint32_t type;
+	memcpy(&type, at + klen, 4);
+	assert_int_equal(type, 4); /* GGUF_TYPE_UINT32 */
+	memcpy(at + klen + 4, &value, 4);
+	snprintf(out, cap, "%s/hearth-test-load-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+	int fd = mkstemp(out);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, buf, (size_t)n), n);
+	close(fd);
+	free(buf);
+}
+
+static void test_load_sizes_rope_by_max_context(void **state)
+{
+	(void)state;
+	struct load_opts o;
+	small_opts(&o);
+	/* fx-qwen3: 3 layers, head size 32 = n_rot, one theta: one cos and one sin table of
+	 * max_context x 16 floats, shared by every layer. */
+	o.max_context = 64;
+	struct model_q4 *m = load_fixture("fx-qwen3.gguf", &o);
+	assert_int_equal(m->n_ropes, 1);
+	for (uint32_t l = 0; l < m->n_layer; l++)
+		assert_ptr_equal(m->layers[l].rope, &m->ropes[0]);
+	size_t at64 = region(m, ARENA_REGION_ROPE)->size;
+	assert_int_equal(at64, 2 * 64 * 16 * sizeof(float));
+	uint32_t trained = m->hp.n_ctx_train;
+	model_q4_free(m);
+
+	o.max_context = 128;
+	m = load_fixture("fx-qwen3.gguf", &o);
+	size_t at128 = region(m, ARENA_REGION_ROPE)->size;
+	assert_int_equal(at128, 2 * at64);
+	model_q4_free(m);
+
+	/* The same model advertising 1,048,576 positions: the tables do not change. */
+	char src[4096], path[4096];
+	fixture_path("fx-qwen3.gguf", src, sizeof src);
+	copy_with_u32(src, "qwen3.context_length", 1u << 20, path, sizeof path);
+	struct hearth_error e;
+	int rc = load_path(path, &o, &m, &e);
+	unlink(path);
+	if (rc < 0)
+		fail_msg("load_q4 (patched context): %s", e.msg);
+	assert_int_equal(m->hp.n_ctx_train, 1u << 20);
+	assert_true(trained != m->hp.n_ctx_train);
+	assert_int_equal(region(m, ARENA_REGION_ROPE)->size, at128);
+	model_q4_free(m);
+}
+
+struct spike {
+	size_t bytes;
+	bool done;
+};
+
+/* Holds a touched 64 MiB buffer for 300 ms inside the loader's last progress call: long
+ * enough that a 10 ms sampler sees it even on a busy machine. */
+static void spike_progress(void *ctx, const char *phase, const char *what, uint64_t done,
+			   uint64_t total)
+{
+	(void)what;
+	struct spike *s = ctx;
+	if (s->done || strcmp(phase, "repacking") != 0 || done != total)
+		return;
+	char *p = malloc(s->bytes);
+	assert_non_null(p);
+	memset(p, 0x5a, s->bytes);
+	struct timespec ts = { 0, 300 * 1000000L };
+	nanosleep(&ts, NULL);
+	free(p);
+	s->done = true;
+}
+
+static void test_load_peak_is_small_and_the_sampler_sees_a_transient(void **state)
+{
+	(void)state;
+	char path[4096];
+	fixture_path("fx-quant-bf16.gguf", path, sizeof path);
+	struct load_opts o;
+	small_opts(&o);
+	/* RssAnon leaves hugetlb pages out: normal pages, so the arena is part of what the
+	 * sampler sees on any machine. */
+	o.arena.pages = ARENA_PAGES_NONE;
+	struct ledger_load rec;
+	o.load_record = &rec;
+	struct model_q4 *m = load_fixture("fx-quant-bf16.gguf", &o);
+	assert_true(rec.valid);
+	assert_true(rec.samples >= 1);
+	assert_true(rec.settled_anon >= m->arena.size);  /* the arena is all touched */
+	/* The file is 19 MB; the blocked repack's scratch is 16 rows of 512 floats. The peak
+	 * above the settled size must be a small fraction of the model. */
+	assert_true(rec.transient < 4 * MiB);
+	assert_true(rec.peak_anon - rec.baseline_anon < m->arena.size + 8 * MiB);
+	model_q4_free(m);
+
+	struct spike sp = { 64 * MiB, false };
+	o.progress = spike_progress;
+	o.progress_ctx = &sp;
+	m = load_fixture("fx-quant-bf16.gguf", &o);
+	assert_true(sp.done);
+	assert_true(rec.valid);
+	assert_true(rec.peak_anon - rec.baseline_anon >= 64 * MiB);
+	/* After the spike only norms, RoPE, the KV pool (1 MiB) and scratch are added. */
+	assert_true(rec.transient >= 56 * MiB);
+	assert_true(rec.kernel_peak_rss >= 64 * MiB);
+	/* and it was given back: settled is the arena plus the process, not the spike */
+	assert_true(rec.settled_anon < rec.peak_anon - 56 * MiB);
+	model_q4_free(m);
+}
+
+static void test_load_reports_a_kv_budget_too_small_for_one_block(void **state)
+{
+	(void)state;
+	char path[4096];
+	fixture_path("fx-qwen3.gguf", path, sizeof path);
+	struct load_opts o;
+	small_opts(&o);
+	/* fx-qwen3: 3 layers x (K + V) x 16 tokens x 2 KV heads x 32 dims x 2 bytes (f16). */
+	const size_t block = 3 * 2 * 16 * 2 * 32 * 2;
+	struct model_q4 *m = NULL;
+	struct hearth_error e;
+	struct ledger_load rec;
+	o.load_record = &rec;
+	o.kv_budget = block - 1;
+	assert_int_equal(load_path(path, &o, &m, &e), HEARTH_EINVAL);
+	assert_null(m);
+	assert_false(rec.valid);
+	assert_non_null(strstr(e.msg, "kv_budget"));
+	char num[32];
+	snprintf(num, sizeof num, "%zu", block);
+	assert_non_null(strstr(e.msg, num));    /* names the size one block needs */
+
+	/* Exactly one block loads, and a 17th token is refused with the budget named. */
+	o.kv_budget = block;
+	assert_int_equal(load_path(path, &o, &m, &e), 0);
+	assert_true(rec.valid);
+	assert_int_equal(m->kv.geo.n_blocks, 1);
+	assert_int_equal(m->kv.geo.block_bytes, block);
+	struct kv_seq *s;
+	assert_int_equal(kv_seq_new(&m->kv, &s, &e), 0);
+	assert_int_equal(kv_seq_reserve(&m->kv, s, 16, &e), 0);
+	assert_int_equal(kv_seq_reserve(&m->kv, s, 17, &e), HEARTH_EKVFULL);
+	assert_non_null(strstr(e.msg, "kv_budget"));
+	kv_seq_free(&m->kv, s);
+	model_q4_free(m);
+}
+
+static void test_load_reports_the_page_kind_it_got(void **state)
+{
+	(void)state;
+	char path[4096];
+	fixture_path("fx-qwen3.gguf", path, sizeof path);
+	struct load_opts o;
+	small_opts(&o);
+	struct hearth_error e;
+	struct model_q4 *m;
+
+	/* auto: whatever it fell back to is named, with the reason for each step */
+	o.arena.pages = ARENA_PAGES_AUTO;
+	assert_int_equal(load_path(path, &o, &m, &e), 0);
+	assert_true(m->arena.note[0] != '\0');
+	assert_non_null(strstr(m->arena.note, arena_backing_name(m->arena.backing)));
+	struct memstat_hugepages hp;
+	if (memstat_hugepages_2m(&hp, NULL) == 0 && hp.available * ARENA_HUGE_PAGE < m->arena.size) {
+		assert_int_not_equal(m->arena.backing, ARENA_BACKING_HUGETLB);
+		assert_non_null(strstr(m->arena.note, "hugetlb"));
+	}
+	model_q4_free(m);
+
+	o.arena.pages = ARENA_PAGES_NONE;
+	assert_int_equal(load_path(path, &o, &m, &e), 0);
+	assert_int_equal(m->arena.backing, ARENA_BACKING_NORMAL);
+	assert_non_null(strstr(m->arena.note, "normal"));
+	model_q4_free(m);
+
+	/* hugetlb demanded without a pool: the error names the knob, nothing is left loaded */
+	if (memstat_hugepages_2m(&hp, NULL) == 0 && hp.available == 0) {
+		o.arena.pages = ARENA_PAGES_HUGETLB;
+		m = NULL;
+		assert_int_equal(load_path(path, &o, &m, &e), HEARTH_ENOMEM);
+		assert_null(m);
+		assert_non_null(strstr(e.msg, "nr_hugepages"));
+	}
+}
+
+static void test_load_reports_numa_placement(void **state)
+{
+	(void)state;
+	struct load_opts o;
+	small_opts(&o);
+	struct arena_placement pl;
+	o.placement = &pl;
+	o.arena.numa_node = 0;    /* required: a page elsewhere would fail the load */
+	struct model_q4 *m = load_fixture("fx-qwen3.gguf", &o);
+	if (!pl.numa_known) {
+		model_q4_free(m);
+		skip();
+	}
+	assert_true(m->arena.numa_bound);
+	assert_int_equal(pl.bytes_other_node, 0);
+	size_t sum = pl.bytes_not_present;
+	for (int n = 0; n < pl.n_nodes; n++)
+		sum += pl.node_bytes[n];
+	assert_int_equal(sum, m->arena.size);
+	/* everything the loader wrote is present, on node 0 */
+	assert_true(pl.node_bytes[0] >= m->bytes_weights + m->bytes_embed_head + m->kv.geo.pool_bytes);
+	model_q4_free(m);
+}
+
+/* After load_q4 returns, no mapping of the model file remains. */
+static void test_load_lets_the_file_go(void **state)
+{
+	(void)state;
+	char path[4096];
+	fixture_path("fx-quant-bf16.gguf", path, sizeof path);
+	char real[4096];
+	assert_non_null(realpath(path, real));
+	struct load_opts o;
+	small_opts(&o);
+	struct model_q4 *m = load_fixture("fx-quant-bf16.gguf", &o);
+	FILE *maps = fopen("/proc/self/maps", "r");
+	assert_non_null(maps);
+	char line[8192];
+	bool mapped = false;
+	while (fgets(line, sizeof line, maps))
+		mapped |= strstr(line, real) != NULL;
+	fclose(maps);
+	assert_false(mapped);
+	model_q4_free(m);
+}
+
+int main(void)
+{
+	if (kern_select(getenv("HEARTH_KERNELS")) < 0) {
+		fprintf(stderr, "HEARTH_KERNELS names no usable kernel set\n");
+		return 1;
+	}
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_load_stores_tied_embedding_once),
+		cmocka_unit_test(test_load_puts_weights_in_one_region_per_type),
+		cmocka_unit_test(test_load_sizes_rope_by_max_context),
+		cmocka_unit_test(test_load_peak_is_small_and_the_sampler_sees_a_transient),
+		cmocka_unit_test(test_load_reports_a_kv_budget_too_small_for_one_block),
+		cmocka_unit_test(test_load_reports_the_page_kind_it_got),
+		cmocka_unit_test(test_load_reports_numa_placement),
+		cmocka_unit_test(test_load_lets_the_file_go),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
