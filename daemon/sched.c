@@ -484,6 +484,7 @@ static bool seq_try_emit(struct sched *s, struct sched_seq *q)
 		.top_logprobs = ev->top_logprobs,
 		.logits = ev->with_logits ? q->logits : NULL,
 		.n_vocab = s->eng.n_vocab,
+		.to_socket = m->req.to_socket,
 		.t_sampled_ns = ev->t_sampled_ns,
 	};
 	if (!m->client->emit(m->client->sink, &t))

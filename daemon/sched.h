@@ -49,6 +49,7 @@ struct sched_token {
 	const float *logits;    /* the full row (n_vocab) when asked, else NULL */
 	uint32_t n_vocab;
 	uint64_t t_sampled_ns;  /* CLOCK_MONOTONIC right after sampling (IPC latency) */
+	bool to_socket;         /* the request asked for token frames on the socket */
 };
 
 /* A client as the scheduler sees it. The loop thread creates it and sets emit/sink; the
@@ -83,6 +84,7 @@ struct sched_request {
 	uint32_t top_logprobs;          /* 0..SCHED_MAX_TOP */
 	bool full_logits;
 	bool ignore_eos;
+	bool to_socket;                 /* token events as socket frames (copied to each event) */
 };
 
 struct sched_result {

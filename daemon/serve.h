@@ -50,6 +50,14 @@ struct session {
 	bool handle_closed;
 	struct ring ring;          /* daemon side of the client's shared memory */
 	bool ring_open;
+	/* Token events for requests with `socket: true`: a private ring the compute thread
+	 * fills (sring) and the loop thread reads through a client-side view (speer), woken by
+	 * its eventfd (spoll), then sends as `token` frames. */
+	struct ring sring, speer;
+	bool sring_open;
+	uv_poll_t spoll;
+	bool spoll_open;
+	int closes_pending;        /* libuv handles still closing before the session is freed */
 	_Atomic bool ring_broken;  /* set by the compute thread when the client corrupted it */
 	struct sched_client client;
 	struct serve_req *reqs;    /* requests in the compute thread's hands */

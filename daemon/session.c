@@ -3,6 +3,7 @@
  * into the client's ring (session_emit). A session ends when its socket closes, and its
  * memory goes only after the compute thread has handed back every message naming it. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -433,6 +434,78 @@ static int session_prompt_tokens(struct session *ss, const struct msg_generate *
 	return 0;
 }
 
+/* Turns every token record the compute thread put in the private ring into a `token`
+ * frame. Called when its doorbell rings and before a `done`, so tokens precede it. */
+static void session_drain_socket_tokens(struct session *ss)
+{
+	if (!ss->sring_open)
+		return;
+	struct hearth_error e;
+	for (;;) {
+		uint32_t type;
+		const void *p;
+		size_t len;
+		int rc = ring_peek(&ss->speer, &type, &p, &len, &e);
+		if (rc <= 0)
+			break; /* both ends are the daemon's own: a broken ring cannot happen */
+		uint8_t copy[RING_TOKEN_TEXT_MAX + 64 + RING_TOKEN_TOP_MAX * 8];
+		struct ring_token t;
+		if (type == RING_REC_TOKEN && len <= sizeof copy) {
+			memcpy(copy, p, len);
+			if (ring_token_decode(copy, len, &t, &e) == 0) {
+				struct msg_top top[RING_TOKEN_TOP_MAX];
+				for (size_t i = 0; i < t.n_top && i < RING_TOKEN_TOP_MAX; i++)
+					top[i] = (struct msg_top){ t.top[i].token, t.top[i].logprob };
+				struct msg f;
+				msg_init(&f, MSG_TOKEN, t.request_id);
+				f.u.token.token = t.token;
+				f.u.token.text = (struct msg_bytes){ (const char *)t.text, t.text_len };
+				f.u.token.has_logprob = t.has_logprob;
+				f.u.token.logprob = t.logprob;
+				f.u.token.top = top;
+				f.u.token.n_top = t.n_top;
+				session_send(ss, &f);
+			}
+		}
+		ring_consume(&ss->speer);
+	}
+}
+
+static void session_on_socket_doorbell(uv_poll_t *h, int status, int events)
+{
+	struct session *ss = h->data;
+	(void)status;
+	(void)events;
+	ring_doorbell_clear(&ss->speer, NULL);
+	if (!ss->closing)
+		session_drain_socket_tokens(ss);
+}
+
+/* The private ring for socket-streamed tokens, made at the first request that wants it. */
+static int session_open_socket_ring(struct session *ss, struct hearth_error *e)
+{
+	if (ss->sring_open)
+		return 0;
+	int rc = ring_create(&ss->sring, 256u << 10, RING_CAP_MIN, e);
+	if (rc < 0)
+		return rc;
+	int fds[3], dups[3] = { -1, -1, -1 };
+	ring_fds(&ss->sring, fds);
+	for (int i = 0; i < 3; i++)
+		dups[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 0);
+	rc = ring_attach(&ss->speer, dups[0], dups[1], dups[2], e); /* takes the dups */
+	if (rc < 0) {
+		ring_close(&ss->sring);
+		return rc;
+	}
+	ss->sring_open = true;
+	uv_poll_init(&ss->srv->loop, &ss->spoll, ring_wait_fd(&ss->speer));
+	ss->spoll.data = ss;
+	ss->spoll_open = true;
+	uv_poll_start(&ss->spoll, UV_READABLE, session_on_socket_doorbell);
+	return 0;
+}
+
 static void session_on_generate(struct session *ss, const struct msg *m)
 {
 	struct server *srv = ss->srv;
@@ -447,9 +520,18 @@ static void session_on_generate(struct session *ss, const struct msg *m)
 		session_send_error(ss, m->id, MSG_ERR_SHUTTING_DOWN, false, "the daemon is shutting down");
 		return;
 	}
-	if (!ss->ring_open || g->stream_socket) {
+	if (!ss->ring_open && !g->stream_socket) {
 		session_send_error(ss, m->id, MSG_ERR_BAD_STATE, false,
-				   "token events travel through the shared-memory ring: hello with ring=true and leave stream_socket unset");
+				   "without a shared-memory ring (hello ring=false), ask for socket: true");
+		return;
+	}
+	if (g->stream_socket && g->logits) {
+		session_send_error(ss, m->id, MSG_ERR_BAD_FIELD, false,
+				   "logits rows travel only through the ring; they cannot come with socket: true");
+		return;
+	}
+	if (g->stream_socket && session_open_socket_ring(ss, &e) < 0) {
+		session_send_error(ss, m->id, MSG_ERR_INTERNAL, false, "socket streaming: %s", e.msg);
 		return;
 	}
 	if (session_find_req(ss, m->id)) {
@@ -539,6 +621,7 @@ static void session_on_generate(struct session *ss, const struct msg *m)
 	q->top_logprobs = g->top_logprobs;
 	q->full_logits = g->logits;
 	q->ignore_eos = g->ignore_eos;
+	q->to_socket = g->stream_socket;
 	sm->result.t_submit = serve_now_ns();
 	r->id = m->id;
 	r->tokens = cost;
@@ -850,7 +933,7 @@ static void session_on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
 static bool session_emit(void *sink, const struct sched_token *t)
 {
 	struct session *ss = sink;
-	struct ring *r = &ss->ring;
+	struct ring *r = t->to_socket ? &ss->sring : &ss->ring;
 	struct ring_token rt = {
 		.request_id = t->req_id,
 		.token = (uint32_t)t->token,
@@ -903,6 +986,8 @@ void session_deliver(struct server *srv, struct sched_msg *m)
 	ss->n_inflight--;
 	if (m->type == SCHED_MSG_SUBMIT) {
 		const struct sched_result *res = &m->result;
+		if (m->req.to_socket && !ss->closing)
+			session_drain_socket_tokens(ss); /* every token frame before the final one */
 		srv->prompt_tokens += res->n_prompt;
 		srv->gen_tokens += res->n_generated;
 		if (!ss->closing) {
@@ -988,14 +1073,30 @@ void session_accept(struct server *srv)
 	uv_read_start((uv_stream_t *)&ss->pipe, session_on_alloc, session_on_read);
 }
 
-static void session_on_closed(uv_handle_t *h)
+static void session_free(struct session *ss)
 {
-	struct session *ss = (struct session *)h;
 	if (ss->reader_open)
 		frame_reader_free(&ss->reader);
 	if (ss->ring_open)
 		ring_close(&ss->ring);
+	if (ss->sring_open) {
+		ring_close(&ss->speer);
+		ring_close(&ss->sring);
+	}
 	free(ss);
+}
+
+/* Each libuv handle of the session reports here once closed; the last one frees it. */
+static void session_on_handle_closed(uv_handle_t *h)
+{
+	struct session *ss = h->data;
+	if (--ss->closes_pending == 0)
+		session_free(ss);
+}
+
+static void session_on_closed(uv_handle_t *h)
+{
+	session_on_handle_closed(h);
 }
 
 static void session_on_shutdown(uv_shutdown_t *req, int status)
@@ -1025,6 +1126,12 @@ static void session_finalize(struct session *ss)
 		session_forget_req(ss, ss->reqs->id);
 	if (ss->welcomed)
 		log_info(srv->log, "client %s (pid %d) disconnected", ss->name, (int)ss->cred.pid);
+	ss->closes_pending = 1 + ss->spoll_open;
+	if (ss->spoll_open) {
+		ss->spoll_open = false;
+		uv_poll_stop(&ss->spoll);
+		uv_close((uv_handle_t *)&ss->spoll, session_on_handle_closed);
+	}
 	uv_shutdown_t *req = malloc(sizeof *req);
 	if (req) {
 		req->data = ss;

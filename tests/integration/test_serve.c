@@ -1044,6 +1044,78 @@ static void test_serve_sighup_swaps_models_after_draining(void **state)
 	check_swap("drain");
 }
 
+/* A client without shared memory (hello ring=false) asks for socket: true and gets every
+ * token as a `token` frame before `done`: the same tokens the ring delivers. */
+static void test_serve_socket_streaming_without_a_ring(void **state)
+{
+	(void)state;
+	int32_t prompt[10];
+	make_prompt(61, prompt, 10);
+	static struct gen_result via_ring;
+	struct tclient a;
+	assert_int_equal(tc_connect_path(&a, g_sock), 0);
+	tc_hello(&a, "ring-side");
+	tc_generate(&a, prompt, 10, 12, 0.0, 1, &via_ring);
+	assert_int_equal(via_ring.final.type, MSG_DONE);
+	msg_free(&via_ring.final);
+	tc_close(&a);
+
+	struct tclient c;
+	assert_int_equal(tc_connect_path(&c, g_sock), 0);
+	struct msg h;
+	msg_init(&h, MSG_HELLO, c.next_id++);
+	h.u.hello.proto_major = MSG_PROTO_MAJOR;
+	h.u.hello.name = (struct msg_bytes){ "no-ring", 7 };
+	h.u.hello.ring = false;
+	tc_send(&c, &h);
+	struct msg r;
+	do {
+		assert_int_equal(tc_recv(&c, &r, 10000), 1);
+		if (r.type != MSG_WELCOME)
+			msg_free(&r);
+	} while (r.type != MSG_WELCOME);
+	assert_false(r.u.welcome.ring);
+	assert_int_equal(c.n_fds, 0);
+	msg_free(&r);
+
+	/* Without socket: true there is nowhere to put the tokens. */
+	tc_generate_start(&c, prompt, 10, 12, 0.0, 1, false);
+	expect_error(&c, MSG_ERR_BAD_STATE, "generate without ring or socket");
+
+	struct msg g;
+	uint64_t id = c.next_id++;
+	msg_init(&g, MSG_GENERATE, id);
+	uint32_t ids[10];
+	for (int i = 0; i < 10; i++)
+		ids[i] = (uint32_t)prompt[i];
+	g.u.generate.tokens = ids;
+	g.u.generate.n_tokens = 10;
+	g.u.generate.max_tokens = 12;
+	g.u.generate.sampling.temperature = 0.0;
+	g.u.generate.stream_socket = true;
+	tc_send(&c, &g);
+	int32_t toks[64];
+	uint32_t n = 0;
+	for (;;) {
+		assert_int_equal(tc_recv(&c, &r, 20000), 1);
+		if (r.type == MSG_TOKEN) {
+			assert_int_equal(r.id, id);
+			assert_true(n < 64);
+			toks[n++] = (int32_t)r.u.token.token;
+			msg_free(&r);
+			continue;
+		}
+		assert_int_equal(r.type, MSG_DONE);
+		assert_int_equal(r.id, id);
+		assert_int_equal(r.u.done.n_gen, 12);
+		msg_free(&r);
+		break;
+	}
+	assert_int_equal(n, via_ring.n);
+	assert_memory_equal(toks, via_ring.tokens, n * sizeof(int32_t));
+	tc_close(&c);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1055,6 +1127,7 @@ int main(void)
 		cmocka_unit_test(test_serve_hostile_ring_indices_close_only_that_client),
 		cmocka_unit_test(test_serve_cancel_stops_a_generation),
 		cmocka_unit_test(test_serve_tokenize_and_detokenize_round_trip),
+		cmocka_unit_test(test_serve_socket_streaming_without_a_ring),
 		cmocka_unit_test(test_serve_systemd_notify_and_sigterm_drain),
 		cmocka_unit_test(test_serve_refuses_peers_outside_allow_users),
 		cmocka_unit_test(test_serve_socket_activation_uses_the_passed_socket),
