@@ -240,6 +240,31 @@ static struct mq4_rope *load_rope_slot(struct model_q4 *m, float base, float sca
 	return r;
 }
 
+/* The widest row of each kind of step buffer over all layers (layers may differ), which
+ * the plan sizes the scratch by and load_scratch carves it by. */
+struct load_widths {
+	size_t q, k, v, a, ff;     /* q, k, v, attention output, ffn hidden */
+	size_t rep, hd;            /* query heads per KV head, V head size (>= 16) */
+};
+
+static void load_widths(const struct model_q4 *m, struct load_widths *w)
+{
+	*w = (struct load_widths){ .rep = 1, .hd = 16 };
+	for (uint32_t l = 0; l < m->n_layer; l++) {
+		const struct mq4_layer *L = &m->layers[l];
+		size_t q = (size_t)L->n_head * L->head_dim, k = (size_t)L->n_head_kv * L->head_dim;
+		size_t v = (size_t)L->n_head_kv * L->head_dim_v, a = (size_t)L->n_head * L->head_dim_v;
+		size_t rep = L->n_head / L->n_head_kv;
+		w->q = q > w->q ? q : w->q;
+		w->k = k > w->k ? k : w->k;
+		w->v = v > w->v ? v : w->v;
+		w->a = a > w->a ? a : w->a;
+		w->ff = L->n_ff > w->ff ? L->n_ff : w->ff;
+		w->rep = rep > w->rep ? rep : w->rep;
+		w->hd = L->head_dim_v > w->hd ? L->head_dim_v : w->hd;
+	}
+}
+
 static int load_plan(struct load_ctx *c, struct arena_plan *plan, struct kv_config *kvc,
 		     struct hearth_error *err)
 {
@@ -321,20 +346,10 @@ static int load_plan(struct load_ctx *c, struct arena_plan *plan, struct kv_conf
 
 	/* Scratch for one step: activations, attention state, logits rows. */
 	size_t T = o->step_tokens, E = m->hp.n_embd;
-	size_t nq = 0, nk = 0, nv = 0, na = 0, ff = 0, widest = E, max_rep = 1, max_hd = 16;
-	for (uint32_t l = 0; l < m->n_layer; l++) {
-		const struct mq4_layer *L = &m->layers[l];
-		size_t q = (size_t)L->n_head * L->head_dim, k = (size_t)L->n_head_kv * L->head_dim;
-		size_t v = (size_t)L->n_head_kv * L->head_dim_v, a = (size_t)L->n_head * L->head_dim_v;
-		nq = q > nq ? q : nq;
-		nk = k > nk ? k : nk;
-		nv = v > nv ? v : nv;
-		na = a > na ? a : na;
-		ff = L->n_ff > ff ? L->n_ff : ff;
-		size_t rep = L->n_head / L->n_head_kv;
-		max_rep = rep > max_rep ? rep : max_rep;
-		max_hd = L->head_dim_v > max_hd ? L->head_dim_v : max_hd;
-	}
+	struct load_widths w;
+	load_widths(m, &w);
+	size_t nq = w.q, nk = w.k, nv = w.v, na = w.a, ff = w.ff, widest = E;
+	size_t max_rep = w.rep, max_hd = w.hd;
 	widest = ff > widest ? ff : widest;
 	widest = na > widest ? na : widest;
 	/* Activations are quantized once per group size the matrices use: the group-32 buffer
@@ -385,17 +400,9 @@ static int load_scratch(struct load_ctx *c, struct hearth_error *err)
 {
 	struct model_q4 *m = c->m;
 	size_t T = m->step_tokens, E = m->hp.n_embd;
-	size_t nq = 0, nk = 0, nv = 0, na = 0, ff = 0;
-	for (uint32_t l = 0; l < m->n_layer; l++) {
-		const struct mq4_layer *L = &m->layers[l];
-		size_t q = (size_t)L->n_head * L->head_dim, k = (size_t)L->n_head_kv * L->head_dim;
-		size_t v = (size_t)L->n_head_kv * L->head_dim_v, a = (size_t)L->n_head * L->head_dim_v;
-		nq = q > nq ? q : nq;
-		nk = k > nk ? k : nk;
-		nv = v > nv ? v : nv;
-		na = a > na ? a : na;
-		ff = L->n_ff > ff ? L->n_ff : ff;
-	}
+	struct load_widths w;
+	load_widths(m, &w);
+	size_t nq = w.q, nk = w.k, nv = w.v, na = w.a, ff = w.ff;
 	struct {
 		void **p;
 		size_t bytes;

@@ -966,8 +966,9 @@ static void test_serve_socket_activation_uses_the_passed_socket(void **state)
 static void check_swap(const char *mode)
 {
 	char conf[320], sock5[320], llama[4200];
-	snprintf(conf, sizeof conf, "%s/swap.conf", g_dir);
-	snprintf(sock5, sizeof sock5, "%s/swap.sock", g_dir);
+	/* Paths of its own per mode: a daemon left by a failed run must not answer the next. */
+	snprintf(conf, sizeof conf, "%s/swap-%s.conf", g_dir, mode);
+	snprintf(sock5, sizeof sock5, "%s/swap-%s.sock", g_dir, mode);
 	const char *sh = getenv("HEARTH_SHARED");
 	snprintf(llama, sizeof llama, "%s/fixtures/fx-llama.gguf", sh);
 	FILE *f = fopen(conf, "w");

@@ -252,9 +252,11 @@ static void test_load_peak_is_small_and_the_sampler_sees_a_transient(void **stat
 	assert_true(rec.valid);
 	assert_true(rec.samples >= 1);
 	assert_true(rec.settled_anon >= m->arena.size);  /* the arena is all touched */
-	/* The file is 19 MB; the blocked repack's scratch is 16 rows of 512 floats. The peak
-	 * above the settled size must be a small fraction of the model. */
-	assert_true(rec.transient < 4 * MiB);
+	/* The file is 19 MB; the blocked repack's scratch is 16 rows of 512 floats. Expanding
+	 * one whole matrix (token_embd, 32000 x 256 f32) would be 32 MiB above the settled
+	 * size; what is seen is the tokenizer's and the reader's short-lived tables, 2-5 MiB
+	 * depending on when the 10 ms sampler looks. */
+	assert_true(rec.transient < 8 * MiB);
 	assert_true(rec.peak_anon - rec.baseline_anon < m->arena.size + 8 * MiB);
 	model_q4_free(m);
 
