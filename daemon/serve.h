@@ -113,7 +113,6 @@ struct server {
 	struct hearth_error exit_err;
 
 	uint64_t start_ns;
-	uint64_t prompt_tokens, gen_tokens;
 	uint64_t watchdog_usec;
 	struct systemd_progress progress;
 };
@@ -125,7 +124,6 @@ void session_model_ready(struct session *ss);
 void session_model_failed(struct session *ss, const struct hearth_error *e);
 void session_send_loading(struct session *ss, const char *phase, uint64_t done, uint64_t total);
 void session_close(struct session *ss);
-void session_shutdown(struct session *ss);
 void session_check_ring(struct session *ss);
 
 /* server.c */

@@ -396,13 +396,12 @@ static void server_begin_stop(struct server *srv, const char *why)
 	}
 	m->type = SCHED_MSG_SHUTDOWN;
 	m->grace_ns = srv->cfg.shutdown_grace_usec * 1000ull;
+	/* Queued requests are told shutting_down at once; running ones get the grace period
+	 * (sched). Sessions stay open so their final frames reach the clients. */
 	if (!serve_post(srv, m)) {
 		free(m);
 		server_finish_stop(srv);
-		return;
 	}
-	for (struct session *ss = srv->sessions; ss; ss = ss->next)
-		session_shutdown(ss);
 }
 
 /* Whether the machine can hold a second model beside the first: the file's size bounds

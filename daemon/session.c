@@ -988,8 +988,6 @@ void session_deliver(struct server *srv, struct sched_msg *m)
 		const struct sched_result *res = &m->result;
 		if (m->req.to_socket && !ss->closing)
 			session_drain_socket_tokens(ss); /* every token frame before the final one */
-		srv->prompt_tokens += res->n_prompt;
-		srv->gen_tokens += res->n_generated;
 		if (!ss->closing) {
 			if (res->finish == SCHED_FINISH_ERROR) {
 				session_send_error(ss, m->req.id, msg_errcode_from_hearth(res->err.code),
@@ -1156,12 +1154,6 @@ void session_close(struct session *ss)
 		return;
 	}
 	session_finalize(ss);
-}
-
-/* SIGTERM: nothing new from this client; what is running finishes or is told. */
-void session_shutdown(struct session *ss)
-{
-	(void)ss;
 }
 
 /* Called by the server after a wake-up: sessions whose client broke the ring close. */
