@@ -92,7 +92,9 @@ void config_defaults(struct hearth_config *cfg)
 	cfg->max_context = 4096;
 	cfg->kv_budget = 256ull << 20;
 	cfg->kv_type = CONFIG_KV_F16;
-	cfg->weights = CONFIG_WEIGHTS_W4A16;
+	/* W4A8: on VNNI CPUs prefill runs at the int8 rate and decode is at least as fast, at
+	 * the same fidelity (doc/benchmarks.md); on AVX2-only CPUs W4A16 is compute-bound. */
+	cfg->weights = CONFIG_WEIGHTS_W4A8;
 	cfg->model_swap = CONFIG_SWAP_AUTO;
 	cfg->threads = 0;
 	cfg->numa_node = -1;

@@ -136,7 +136,7 @@ static void test_config_defaults_match_documentation(void **state)
 	assert_int_equal(c.max_context, 4096);
 	assert_int_equal(c.kv_budget, 256ull * 1024 * 1024);
 	assert_int_equal(c.kv_type, CONFIG_KV_F16);
-	assert_int_equal(c.weights, CONFIG_WEIGHTS_W4A16);
+	assert_int_equal(c.weights, CONFIG_WEIGHTS_W4A8);
 	assert_int_equal(c.threads, 0);
 	assert_int_equal(c.numa_node, -1);
 	assert_int_equal(c.hugepages, CONFIG_HUGEPAGES_AUTO);
@@ -397,7 +397,7 @@ static void test_config_format_reads_back_every_key(void **state)
 {
 	static const char *const settings[][2] = {
 		{ "model", "/srv/m #1.gguf" }, { "max_context", "777" }, { "kv_budget", "1536KiB" },
-		{ "kv_type", "f32" }, { "weights", "w4a8" }, { "threads", "3" }, { "numa_node", "1" },
+		{ "kv_type", "f32" }, { "weights", "w4a16" }, { "threads", "3" }, { "numa_node", "1" },
 		{ "hugepages", "none" }, { "lock_memory", "on" }, { "socket", "/tmp/x.sock" },
 		{ "socket_mode", "666" }, { "allow_users", "0,4242,nobody" },
 		{ "allow_groups", "nogroup,777" }, { "max_requests_per_client", "2" },
