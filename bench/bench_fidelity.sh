@@ -15,7 +15,7 @@ fx=$shared/fixtures
 lib=${HEARTH_LLAMA_LIB:-$srcdir/bench/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64}
 have_llama=1
 if [ ! -d "$lib" ]; then
-	echo "bench_fidelity: no libllama in $lib (npm ci in bench/, or set HEARTH_LLAMA_LIB): llama.cpp rows skipped"
+	echo "bench_fidelity: no libllama in $lib (make bench-deps, or set HEARTH_LLAMA_LIB): llama.cpp rows skipped"
 	have_llama=0
 fi
 

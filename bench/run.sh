@@ -26,7 +26,7 @@ for f in "$libdir"/libllama.v*.so "$libdir"/libllama.so; do
 	[ -f "$f" ] && { libllama=$f; break; }
 done
 if [ -z "$libllama" ] || ! command -v node >/dev/null; then
-	say "llama.cpp comparison needs node and node-llama-cpp (cd $srcdir/bench && npm ci)"
+	say "llama.cpp comparison needs node and node-llama-cpp: make bench-deps"
 	exit 1
 fi
 [ -f "$vocab" ] || { say "missing $vocab"; exit 1; }
