@@ -542,7 +542,9 @@ static void test_serve_killed_client_gives_its_kv_back(void **state)
 		tc_hello(&k, "doomed");
 		int32_t prompt[16];
 		make_prompt(77, prompt, 16);
-		tc_generate_start(&k, prompt, 16, 200, 0.0, 1, false);
+		/* Logits rows it never reads fill its ring: it stays running, holding KV, until
+		 * it is killed, however fast the model is. */
+		tc_generate_start(&k, prompt, 16, 200, 0.0, 1, true);
 		pause();
 		_exit(0);
 	}
@@ -765,13 +767,20 @@ static void test_serve_cancel_stops_a_generation(void **state)
 	int32_t prompt[8];
 	make_prompt(12, prompt, 8);
 	uint64_t id = tc_generate_start(&c, prompt, 8, 240, 0.0, 1, false);
-	usleep(30000);
+	/* Cancel as soon as the first token is out: the generation is running, and the tiny
+	 * model would finish all 240 tokens within tens of milliseconds of a fixed sleep. */
+	static struct gen_result g;
+	memset(&g, 0, sizeof g);
+	for (int i = 0; i < 5000 && g.n == 0; i++) {
+		tc_drain_ring(&c, id, &g);
+		if (g.n == 0)
+			usleep(100);
+	}
+	assert_true(g.n > 0);
 	struct msg m;
 	msg_init(&m, MSG_CANCEL, c.next_id++);
 	m.u.cancel.target = id;
 	tc_send(&c, &m);
-	static struct gen_result g;
-	memset(&g, 0, sizeof g);
 	tc_generate_wait(&c, id, &g, 10000);
 	assert_int_equal(g.final.type, MSG_DONE);
 	assert_int_equal(g.final.u.done.finish, MSG_FINISH_CANCEL);
