@@ -377,6 +377,31 @@ static void sched_on_client_gone(struct sched *s, struct sched_msg *m)
 	sched_hand_back(s, m);
 }
 
+/* Ends every request still queued, of every client, with the same outcome. */
+static void sched_end_waiting(struct sched *s, enum sched_finish f, const struct hearth_error *err)
+{
+	while (s->rr) {
+		struct sched_client *c = s->rr;
+		struct sched_msg *w;
+		while ((w = waiting_pop(s, c)))
+			sched_finish_msg(s, w, f, err);
+		rr_remove(s, c);
+	}
+}
+
+/* A shutdown or drain: m comes back once no sequence is left (or at once when one is
+ * already under way). Returns true when m now owns the ending. */
+static bool sched_begin_end(struct sched *s, struct sched_msg *m, uint64_t deadline)
+{
+	if (s->shutdown) {
+		sched_hand_back(s, m);
+		return false;
+	}
+	s->shutdown = m;
+	s->shutdown_deadline = deadline;
+	return true;
+}
+
 static void sched_drain_inbox(struct sched *s, uint64_t now)
 {
 	struct sched_msg *m;
@@ -392,29 +417,16 @@ static void sched_drain_inbox(struct sched *s, uint64_t now)
 			sched_on_client_gone(s, m);
 			break;
 		case SCHED_MSG_DRAIN:
-			if (s->shutdown) {
-				sched_hand_back(s, m);
-				break;
-			}
 			/* Like a shutdown without a deadline: nothing new arrives (the loop posts
 			 * to the new scheduler), and what is here runs to its end. */
-			s->shutdown = m;
-			s->shutdown_deadline = UINT64_MAX;
+			sched_begin_end(s, m, UINT64_MAX);
 			break;
 		case SCHED_MSG_SHUTDOWN:
-			if (s->shutdown) {
-				sched_hand_back(s, m);
-				break;
-			}
-			s->shutdown = m;
-			s->shutdown_deadline = now + m->grace_ns;
 			/* Queued requests have not started: they are told at once. */
-			while (s->rr) {
-				struct sched_client *c = s->rr;
-				struct sched_msg *w;
-				while ((w = waiting_pop(s, c)))
-					sched_fail_msg(s, w, HEARTH_ESHUTDOWN, "the daemon is shutting down");
-				rr_remove(s, c);
+			if (sched_begin_end(s, m, now + m->grace_ns)) {
+				struct hearth_error e;
+				hearth_error_set(&e, HEARTH_ESHUTDOWN, "the daemon is shutting down");
+				sched_end_waiting(s, SCHED_FINISH_ERROR, &e);
 			}
 			break;
 		}
@@ -970,13 +982,7 @@ void sched_stop(struct sched *s)
 	for (uint32_t i = 0; i < s->p.max_seqs; i++)
 		if (s->seqs[i].msg)
 			seq_end(s, &s->seqs[i], SCHED_FINISH_CANCELED, NULL);
-	while (s->rr) {
-		struct sched_client *c = s->rr;
-		struct sched_msg *w;
-		while ((w = waiting_pop(s, c)))
-			sched_finish_msg(s, w, SCHED_FINISH_CANCELED, NULL);
-		rr_remove(s, c);
-	}
+	sched_end_waiting(s, SCHED_FINISH_CANCELED, NULL);
 	if (s->shutdown) {
 		sched_hand_back(s, s->shutdown);
 		s->shutdown = NULL;

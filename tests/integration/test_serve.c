@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tests/support/prompt.h"
 #include "protocol/fdpass.h"
 #include "protocol/frame.h"
 #include "protocol/msg.h"
@@ -394,15 +395,10 @@ static int teardown(void **state)
 	return 0;
 }
 
+/* Ids below 50000: inside the fixture's vocabulary. */
 static void make_prompt(uint32_t seed, int32_t *p, uint32_t n)
 {
-	uint64_t x = 0x9e3779b97f4a7c15ull * (seed + 1);
-	for (uint32_t i = 0; i < n; i++) {
-		x ^= x << 13;
-		x ^= x >> 7;
-		x ^= x << 17;
-		p[i] = (int32_t)(x % 50000);
-	}
+	test_prompt(seed, p, n, 50000);
 }
 
 /* ---- tests ---- */

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tests/support/prompt.h"
 #include "daemon/gguf.h"
 #include "daemon/load.h"
 #include "daemon/model.h"
@@ -29,17 +30,6 @@ static void fixture_path(const char *name, char *buf, size_t cap)
 		exit(1);
 	}
 	snprintf(buf, cap, "%s/fixtures/%s", sh, name);
-}
-
-static void make_prompt(uint32_t seed, int32_t *p, uint32_t n, uint32_t n_vocab)
-{
-	uint64_t x = 0x9e3779b97f4a7c15ull * (seed + 1);
-	for (uint32_t i = 0; i < n; i++) {
-		x ^= x << 13;
-		x ^= x >> 7;
-		x ^= x << 17;
-		p[i] = (int32_t)(x % n_vocab);
-	}
 }
 
 static struct model_q4 *load(const char *file, enum q4_act_kind act, uint32_t max_seqs,
@@ -150,7 +140,7 @@ static void check_fidelity(const char *file, enum q4_act_kind act, double min_to
 {
 	struct model_q4 *m = load(file, act, 4, 64);
 	int32_t prompt[N_POS];
-	make_prompt(1, prompt, N_POS, m->hp.n_vocab);
+	test_prompt(1, prompt, N_POS, m->hp.n_vocab);
 	float *ref = reference_logits(file, prompt, N_POS);
 	float *q = q4_logits_stepwise(m, prompt, N_POS);
 	struct fidelity f = compare(ref, q, N_POS, m->hp.n_vocab);
@@ -244,7 +234,7 @@ static void check_exact(const char *file, enum q4_act_kind act, double min_top1,
 	ref->output = tied ? ref->tok_embd : unpacked(&m->output, ref->output);
 
 	int32_t prompt[N_POS];
-	make_prompt(4, prompt, N_POS, m->hp.n_vocab);
+	test_prompt(4, prompt, N_POS, m->hp.n_vocab);
 	struct model_ctx *c;
 	assert_int_equal(model_ctx_new(&c, ref, 128, &e), 0);
 	float *want = malloc((size_t)N_POS * ref->hp.n_vocab * sizeof(float));
@@ -294,7 +284,7 @@ static void test_q4_prefill_batch_equals_one_token_at_a_time(void **state)
 	struct engine eng;
 	model_q4_engine(m, &eng);
 	int32_t prompt[N_POS];
-	make_prompt(2, prompt, N_POS, m->hp.n_vocab);
+	test_prompt(2, prompt, N_POS, m->hp.n_vocab);
 	float *step = q4_logits_stepwise(m, prompt, N_POS);
 	struct engine_seq *s;
 	uint32_t cached;
@@ -324,7 +314,7 @@ static void test_q4_sequences_in_one_step_equal_each_alone(void **state)
 	uint32_t len[3] = { 10, 4, 7 };
 	float *alone[3], *together[3];
 	for (int i = 0; i < 3; i++) {
-		make_prompt(10u + (uint32_t)i, p[i], len[i], m->hp.n_vocab);
+		test_prompt(10u + (uint32_t)i, p[i], len[i], m->hp.n_vocab);
 		alone[i] = q4_logits_stepwise(m, p[i], len[i]);
 		together[i] = malloc(eng.n_vocab * sizeof(float));
 	}
@@ -354,7 +344,7 @@ static void test_q4_shared_prefix_gives_the_same_logits(void **state)
 	model_q4_engine(m, &eng);
 	struct hearth_error e;
 	int32_t prompt[40];
-	make_prompt(3, prompt, 40, m->hp.n_vocab);
+	test_prompt(3, prompt, 40, m->hp.n_vocab);
 	float *a = malloc(eng.n_vocab * sizeof(float)), *b = malloc(eng.n_vocab * sizeof(float));
 	struct engine_seq *s1, *s2;
 	uint32_t c1, c2;

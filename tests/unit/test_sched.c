@@ -17,6 +17,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "tests/support/prompt.h"
 #include "daemon/engine_ref.h"
 #include "daemon/gguf.h"
 #include "daemon/model.h"
@@ -202,17 +203,6 @@ static struct sched_msg *submit(struct harness *h, struct sched_client *c, uint6
 	return m;
 }
 
-static void make_prompt(uint32_t seed, int32_t *p, uint32_t n, uint32_t n_vocab)
-{
-	uint64_t x = 0x9e3779b97f4a7c15ull * (seed + 1);
-	for (uint32_t i = 0; i < n; i++) {
-		x ^= x << 13;
-		x ^= x >> 7;
-		x ^= x << 17;
-		p[i] = (int32_t)(x % n_vocab);
-	}
-}
-
 static void test_sched_batched_greedy_equals_each_request_alone(void **state)
 {
 	struct fixture *fx = *state;
@@ -228,7 +218,7 @@ static void test_sched_batched_greedy_equals_each_request_alone(void **state)
 	int32_t prompts[N][48];
 	uint32_t lens[N] = { 3, 17, 40, 1, 9, 26 };
 	for (int i = 0; i < N; i++) {
-		make_prompt((uint32_t)i, prompts[i], lens[i], fx->n_vocab);
+		test_prompt((uint32_t)i, prompts[i], lens[i], fx->n_vocab);
 		submit(&h, &c, (uint64_t)i, prompts[i], lens[i], 12, 0.0f, 1);
 	}
 	for (int i = 0; i < N; i++) {
@@ -252,7 +242,7 @@ static void test_sched_seeded_sampling_is_independent_of_batching(void **state)
 	struct fixture *fx = *state;
 	int32_t prompts[4][20];
 	for (int i = 0; i < 4; i++)
-		make_prompt(100u + (uint32_t)i, prompts[i], 20, fx->n_vocab);
+		test_prompt(100u + (uint32_t)i, prompts[i], 20, fx->n_vocab);
 	struct sink alone = { 0 }, together = { 0 };
 	struct harness h;
 	harness_start(&h, fx, 4096, NULL);
@@ -286,7 +276,7 @@ static void test_sched_cancel_ends_a_running_request(void **state)
 	struct sink sink = { 0 };
 	struct sched_client c = { .sink = &sink, .emit = sink_emit };
 	int32_t prompt[8];
-	make_prompt(7, prompt, 8, fx->n_vocab);
+	test_prompt(7, prompt, 8, fx->n_vocab);
 	submit(&h, &c, 1, prompt, 8, 200, 0.0f, 1);
 	while (atomic_load(&sink.emitted) < 3)
 		usleep(1000);
@@ -326,7 +316,7 @@ static void test_sched_reports_kv_full_and_queues_within_budget(void **state)
 	struct sink sink = { 0 };
 	struct sched_client c = { .sink = &sink, .emit = sink_emit };
 	int32_t prompt[40];
-	make_prompt(3, prompt, 40, fx->n_vocab);
+	test_prompt(3, prompt, 40, fx->n_vocab);
 
 	/* Needs 40 + 40 = 80 > 64: refused at once, naming both numbers. */
 	submit(&h, &c, 1, prompt, 40, 40, 0.0f, 1);
@@ -363,7 +353,7 @@ static void test_sched_full_ring_stalls_only_its_own_sequence(void **state)
 	struct sched_client cs = { .sink = &slow, .emit = sink_emit };
 	struct sched_client cf = { .sink = &fast, .emit = sink_emit };
 	int32_t prompt[10];
-	make_prompt(11, prompt, 10, fx->n_vocab);
+	test_prompt(11, prompt, 10, fx->n_vocab);
 	submit(&h, &cs, 1, prompt, 10, 8, 0.0f, 1);
 	submit(&h, &cf, 2, prompt, 10, 8, 0.0f, 1);
 	struct sched_msg *m = take(&h);
@@ -392,7 +382,7 @@ static void test_sched_client_gone_returns_its_kv_at_once(void **state)
 	atomic_store(&sink.refuse, 1);         /* stuck mid-stream, holding KV */
 	struct sched_client c = { .sink = &sink, .emit = sink_emit };
 	int32_t prompt[30];
-	make_prompt(5, prompt, 30, fx->n_vocab);
+	test_prompt(5, prompt, 30, fx->n_vocab);
 	submit(&h, &c, 1, prompt, 30, 100, 0.0f, 1);
 	submit(&h, &c, 2, prompt, 30, 100, 0.0f, 1);
 	uint64_t used = 0, total;
@@ -433,7 +423,7 @@ static void test_sched_stop_string_ends_and_is_withheld(void **state)
 	 * output: its text is then an unambiguous stop string. */
 	bool found = false;
 	for (uint32_t seed = 21; seed < 121 && !found; seed++) {
-		make_prompt(seed, prompt, 12, fx->n_vocab);
+		test_prompt(seed, prompt, 12, fx->n_vocab);
 		solo_greedy(fx, prompt, 12, 20, want);
 		pl = tok_piece(fx->tok, want[4], false, piece, sizeof piece);
 		bl = 0;
@@ -483,7 +473,7 @@ static void test_sched_admits_clients_round_robin(void **state)
 	struct sched_client a = { .sink = &sa, .emit = sink_emit };
 	struct sched_client b = { .sink = &sb, .emit = sink_emit };
 	int32_t prompt[4];
-	make_prompt(1, prompt, 4, fx->n_vocab);
+	test_prompt(1, prompt, 4, fx->n_vocab);
 	for (uint64_t i = 0; i < 3; i++)
 		submit(&h, &a, i, prompt, 4, 2, 0.0f, 1);
 	submit(&h, &b, 9, prompt, 4, 2, 0.0f, 1);
