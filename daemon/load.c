@@ -245,6 +245,7 @@ static struct mq4_rope *load_rope_slot(struct model_q4 *m, float base, float sca
 struct load_widths {
 	size_t q, k, v, a, ff;     /* q, k, v, attention output, ffn hidden */
 	size_t rep, hd;            /* query heads per KV head, V head size (>= 16) */
+	size_t heads;              /* query heads */
 };
 
 static void load_widths(const struct model_q4 *m, struct load_widths *w)
@@ -261,6 +262,7 @@ static void load_widths(const struct model_q4 *m, struct load_widths *w)
 		w->a = a > w->a ? a : w->a;
 		w->ff = L->n_ff > w->ff ? L->n_ff : w->ff;
 		w->rep = rep > w->rep ? rep : w->rep;
+		w->heads = L->n_head > w->heads ? L->n_head : w->heads;
 		w->hd = L->head_dim_v > w->hd ? L->head_dim_v : w->hd;
 	}
 }
@@ -349,7 +351,6 @@ static int load_plan(struct load_ctx *c, struct arena_plan *plan, struct kv_conf
 	struct load_widths w;
 	load_widths(m, &w);
 	size_t nq = w.q, nk = w.k, nv = w.v, na = w.a, ff = w.ff, widest = E;
-	size_t max_rep = w.rep, max_hd = w.hd;
 	widest = ff > widest ? ff : widest;
 	widest = na > widest ? na : widest;
 	/* Activations are quantized once per group size the matrices use: the group-32 buffer
@@ -368,7 +369,7 @@ static int load_plan(struct load_ctx *c, struct arena_plan *plan, struct kv_conf
 		return hearth_error_set(err, HEARTH_ERANGE, "scratch for %zu tokens overflows", T);
 	m->acts_bytes = align64(a32);
 	c->acts_total = m->acts_bytes + align64(a128);
-	m->attn_state_stride = align64((2 * max_rep + max_rep * max_hd) * sizeof(float)) / sizeof(float);
+	m->attn_state_stride = align64(2 * w.heads * sizeof(float)) / sizeof(float);
 	size_t n_threads_max = c->threads_max = load_threads_max(o);
 	size_t scratch = 0;
 	scratch += 2 * align64(T * E * sizeof(float));                     /* x, xb */

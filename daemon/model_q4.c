@@ -143,48 +143,76 @@ static void step_qkv_post(struct step *st, const struct mq4_layer *L, uint32_t l
 	}
 }
 
-/* Attention for (row, kv head) pairs: the n_rep query heads sharing a KV head read each of
- * its K/V rows once, block by block of the row's sequence. */
+/* Issues prefetches for n rows of bytes each, stride apart: the next page's slices of one
+ * KV head, asked for while the current page is computed so its misses overlap work. */
+static void prefetch_rows(const uint8_t *p, size_t n, size_t stride, size_t bytes)
+{
+	for (size_t j = 0; j < n; j++)
+		for (size_t o = 0; o < bytes; o += 64)
+			__builtin_prefetch(p + j * stride + o, 0, 2);
+}
+
+/* Attention for (row, KV head group) units. A unit walks its sequence page by page and
+ * runs every head of the group on a page before moving on, so a page's K/V rows are
+ * read while they are hot and the next page is prefetched meanwhile; the n_rep query
+ * heads of a KV head share each row read. The unnormalized sums accumulate straight in
+ * the row's output. Groups are whole sequences unless there are too few rows to keep
+ * every thread busy (one decoding sequence splits its KV heads). */
 static void step_attention(struct step *st, const struct mq4_layer *L, uint32_t l, size_t t,
 			   size_t nt)
 {
 	struct model_q4 *m = st->m;
 	const struct kv_cache *kv = &m->kv;
-	size_t n_rep = L->n_head / L->n_head_kv;
-	size_t hd = L->head_dim, hdv = L->head_dim_v;
+	size_t n_rep = L->n_head / L->n_head_kv, n_kv = L->n_head_kv;
+	size_t hd = L->head_dim, hdv = L->head_dim_v, eb = kv->geo.elem_bytes;
 	size_t nq = (size_t)L->n_head * hd;
-	size_t k_row = (size_t)L->n_head_kv * hd * kv->geo.elem_bytes;
-	size_t v_row = (size_t)L->n_head_kv * hdv * kv->geo.elem_bytes;
+	size_t k_row = n_kv * hd * eb, v_row = n_kv * hdv * eb;
 	enum vec_kv_type type = kv->elem_type == QTYPE_BF16 ? VEC_KV_BF16 : VEC_KV_F16;
 	float *mx = m->attn_state + t * m->attn_state_stride;
-	float *sm = mx + n_rep;
-	float *acc = sm + n_rep;
+	float *sm = mx + L->n_head;
+	size_t groups = (2 * nt + st->T - 1) / st->T;
+	if (groups > n_kv)
+		groups = n_kv;
 	size_t b, e;
-	split((size_t)st->T * L->n_head_kv, t, nt, &b, &e);
-	for (size_t pr = b; pr < e; pr++) {
-		size_t i = pr / L->n_head_kv, h = pr % L->n_head_kv;
+	split((size_t)st->T * groups, t, nt, &b, &e);
+	for (size_t u = b; u < e; u++) {
+		size_t i = u / groups, g = u % groups;
+		size_t h0 = g * n_kv / groups, h1 = (g + 1) * n_kv / groups;
 		const struct engine_seq *s = m->step_seq[i];
 		uint32_t pos = m->step_pos[i];
 		uint32_t first = 0;
 		if (L->window && pos + 1 > L->window)
 			first = pos + 1 - L->window;
-		const float *q = m->q + i * nq + h * n_rep * hd;
-		vec_attn_init(mx, sm, acc, n_rep, hdv);
+		const float *q = m->q + i * nq;
+		float *out = m->att + i * (size_t)L->n_head * hdv;
+		vec_attn_init(mx + h0 * n_rep, sm + h0 * n_rep, out + h0 * n_rep * hdv, (h1 - h0) * n_rep, hdv);
 		uint32_t bt = kv->block_tokens;
 		for (uint32_t p = first; p <= pos;) {
-			uint32_t blk = s->kv->blocks[p / bt];
-			uint32_t slot = p % bt;
-			uint32_t n = bt - slot;
+			uint32_t slot = p % bt, n = bt - slot;
 			if (p + n > pos + 1)
 				n = pos + 1 - p;
-			const uint8_t *kb = (const uint8_t *)kv_block_k(kv, blk, l) + slot * k_row +
-					    h * hd * kv->geo.elem_bytes;
-			const uint8_t *vb = (const uint8_t *)kv_block_v(kv, blk, l) + slot * v_row +
-					    h * hdv * kv->geo.elem_bytes;
-			m->kern->attn(q, n_rep, hd, type, kb, k_row, vb, v_row, n, L->attn_scale, mx, sm, acc);
+			const uint8_t *kb = (const uint8_t *)kv_block_k(kv, s->kv->blocks[p / bt], l) + slot * k_row;
+			const uint8_t *vb = (const uint8_t *)kv_block_v(kv, s->kv->blocks[p / bt], l) + slot * v_row;
+			const uint8_t *kn = NULL, *vn = NULL;
+			uint32_t nn = 0;
+			if (p + n <= pos) {
+				nn = pos + 1 - (p + n) < bt ? pos + 1 - (p + n) : bt;
+				kn = kv_block_k(kv, s->kv->blocks[(p + n) / bt], l);
+				vn = kv_block_v(kv, s->kv->blocks[(p + n) / bt], l);
+			}
+			for (size_t h = h0; h < h1; h++) {
+				if (nn) {
+					prefetch_rows(kn + h * hd * eb, nn, k_row, hd * eb);
+					prefetch_rows(vn + h * hdv * eb, nn, v_row, hdv * eb);
+				}
+				m->kern->attn(q + h * n_rep * hd, n_rep, hd, type, kb + h * hd * eb, k_row,
+					      vb + h * hdv * eb, v_row, n, L->attn_scale, mx + h * n_rep,
+					      sm + h * n_rep, out + h * n_rep * hdv);
+			}
 			p += n;
 		}
-		vec_attn_finish(m->att + i * (size_t)L->n_head * hdv + h * n_rep * hdv, sm, acc, n_rep, hdv);
+		vec_attn_finish(out + h0 * n_rep * hdv, sm + h0 * n_rep, out + h0 * n_rep * hdv,
+				(h1 - h0) * n_rep, hdv);
 	}
 }
 

@@ -69,7 +69,7 @@ struct model_q4 {
 	float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *logits;
 	void *acts_mem;
 	size_t acts_bytes;
-	float *attn_state;         /* per thread: (max, sum, acc[head_dim]) x max n_rep */
+	float *attn_state;         /* per thread: max[n_head], sum[n_head] of the online softmax */
 	size_t attn_state_stride;
 	int32_t *step_tokens_buf;  /* token, position and sequence of every batch row */
 	uint32_t *step_pos;

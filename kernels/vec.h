@@ -25,7 +25,7 @@ void vec_rope_table(float *cos_tab, float *sin_tab, size_t n_pos, size_t n_rot, 
 /* Online-softmax state of one query head: running max, running sum of exp, and the
  * unnormalized weighted sum of V rows in acc[head_dim]. */
 void vec_attn_init(float *max, float *sum, float *acc, size_t n_rep, size_t head_dim);
-/* out[r][i] = acc[r][i] / sum[r]; a head that saw no position gets zeros. */
+/* out[r][i] = acc[r][i] / sum[r]; a head that saw no position gets zeros. out may be acc. */
 void vec_attn_finish(float *out, const float *sum, const float *acc, size_t n_rep, size_t head_dim);
 
 /* Signatures of the dispatched ops (one implementation per ISA). */

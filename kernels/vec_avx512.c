@@ -119,58 +119,103 @@ static inline __m512 kv_load(enum vec_kv_type type, const uint8_t *row, size_t i
 }
 
 #define ATTN_POS 16   /* positions per block: one exp512 and one rescale per block */
+#define ATTN_HEADS 4  /* query heads that share one pass over a block's K/V rows */
 
-/* One query head against a block of up to 16 positions. K/V chunks are converted again
- * for each head of the group: that keeps every accumulator in a register (a per-head
- * array of accumulators would live on the stack and chain through store forwarding). */
-static void attn_block(const float *q, size_t head_dim, enum vec_kv_type type, const uint8_t *k,
-		       size_t k_stride, const uint8_t *v, size_t v_stride, size_t nb, float scale,
-		       float *max, float *sum, float *acc)
+/* Sums each of v[0..15] across its 16 lanes and returns the 16 sums in one vector, in
+ * the order position k + 4e at lane 4k + e (the permutation the shuffle tree leaves);
+ * 30 shuffles and 15 adds instead of 16 separate horizontal reductions. */
+static inline __m512 hsum16(const __m512 *v)
 {
-	float sc[ATTN_POS], e[ATTN_POS];
+	__m512 a[8], b[4], c[2];
+
+	/* 512 -> 256 bits: lanes 0-1 of a vector plus its lanes 2-3, two vectors at a time. */
+	for (int i = 0; i < 8; i++)
+		a[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+				     _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+	/* 256 -> 128: lane k of the result holds vector k's four partial sums. */
+	for (int i = 0; i < 4; i++)
+		b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x88),
+				     _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xDD));
+	/* Within each 128-bit lane: 4 -> 2 -> 1 partial sums per vector. */
+	for (int i = 0; i < 2; i++)
+		c[i] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0x44),
+				     _mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0xEE));
+	return _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x88), _mm512_shuffle_ps(c[0], c[1], 0xDD));
+}
+
+/* nr (<= ATTN_HEADS, a constant after inlining) query heads against a block of up to 16
+ * positions. Each K and V chunk is converted once and used by every head, the scores are
+ * reduced all at once, and the rescale for a new maximum rides on the V pass. */
+static inline __attribute__((always_inline)) void
+attn_heads(const float *q, size_t nr, size_t head_dim, enum vec_kv_type type, const uint8_t *k,
+	   size_t k_stride, const uint8_t *v, size_t v_stride, size_t nb, float scale, float *max,
+	   float *sum, float *acc)
+{
+	__m512 dots[ATTN_HEADS][ATTN_POS];
+	float e[ATTN_HEADS][ATTN_POS] __attribute__((aligned(64)));
+	__m512 vc[ATTN_HEADS];
 	__mmask16 live = tail_mask(nb);
+	/* Undoes hsum16's order: lane j takes the sum of position j from lane 4(j%4) + j/4. */
+	const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
 
-	for (size_t j = 0; j < nb; j++) {
-		const uint8_t *kr = k + j * k_stride;
-		__m512 d0 = _mm512_setzero_ps(), d1 = d0;
-		size_t i = 0;
+	for (size_t j = 0; j < ATTN_POS; j++) {
+		__m512 d[ATTN_HEADS];
 
-		for (; i + 32 <= head_dim; i += 32) {
-			d0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), kv_load(type, kr, i), d0);
-			d1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i + 16), kv_load(type, kr, i + 16), d1);
+		for (size_t r = 0; r < nr; r++)
+			d[r] = _mm512_setzero_ps();
+		if (j < nb) {
+			const uint8_t *kr = k + j * k_stride;
+
+			for (size_t i = 0; i < head_dim; i += 16) {
+				__m512 kc = kv_load(type, kr, i);
+
+				for (size_t r = 0; r < nr; r++)
+					d[r] = _mm512_fmadd_ps(_mm512_loadu_ps(q + r * head_dim + i), kc, d[r]);
+			}
 		}
-		if (i < head_dim)
-			d0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), kv_load(type, kr, i), d0);
-		sc[j] = _mm512_reduce_add_ps(_mm512_add_ps(d0, d1)) * scale;
+		for (size_t r = 0; r < nr; r++)
+			dots[r][j] = d[r];
 	}
-	__m512 s = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), live, sc);
-	float bmax = _mm512_reduce_max_ps(s);
+	for (size_t r = 0; r < nr; r++) {
+		__m512 s = _mm512_permutexvar_ps(order, hsum16(dots[r]));
 
-	if (bmax > *max) {
-		/* A new maximum rescales what was summed so far, once per block. */
-		float c = *max == -INFINITY ? 0.0f : expf(*max - bmax);
-		__m512 vc = _mm512_set1_ps(c);
+		s = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), live, s, _mm512_set1_ps(scale));
+		float bmax = _mm512_reduce_max_ps(s), c = 1.0f;
 
-		for (size_t i = 0; i < head_dim; i += 16)
-			_mm512_storeu_ps(acc + i, _mm512_mul_ps(_mm512_loadu_ps(acc + i), vc));
-		*sum *= c;
-		*max = bmax;
+		if (bmax > max[r]) {
+			c = max[r] == -INFINITY ? 0.0f : expf(max[r] - bmax);
+			max[r] = bmax;
+		}
+		__m512 ev = _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(s, _mm512_set1_ps(max[r]))));
+
+		sum[r] = sum[r] * c + _mm512_reduce_add_ps(ev);
+		_mm512_store_ps(e[r], ev);
+		vc[r] = _mm512_set1_ps(c);
 	}
-	__m512 ev = _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(s, _mm512_set1_ps(*max))));
-
-	*sum += _mm512_reduce_add_ps(ev);
-	_mm512_storeu_ps(e, ev);
 	for (size_t i = 0; i < head_dim; i += 16) {
-		__m512 a0 = _mm512_loadu_ps(acc + i), a1 = _mm512_setzero_ps();
+		__m512 a0[ATTN_HEADS], a1[ATTN_HEADS];
 		size_t j = 0;
 
-		for (; j + 2 <= nb; j += 2) {
-			a0 = _mm512_fmadd_ps(_mm512_set1_ps(e[j]), kv_load(type, v + j * v_stride, i), a0);
-			a1 = _mm512_fmadd_ps(_mm512_set1_ps(e[j + 1]), kv_load(type, v + (j + 1) * v_stride, i), a1);
+		for (size_t r = 0; r < nr; r++) {
+			a0[r] = _mm512_mul_ps(_mm512_loadu_ps(acc + r * head_dim + i), vc[r]);
+			a1[r] = _mm512_setzero_ps();
 		}
-		if (j < nb)
-			a0 = _mm512_fmadd_ps(_mm512_set1_ps(e[j]), kv_load(type, v + j * v_stride, i), a0);
-		_mm512_storeu_ps(acc + i, _mm512_add_ps(a0, a1));
+		for (; j + 2 <= nb; j += 2) {
+			__m512 v0 = kv_load(type, v + j * v_stride, i), v1 = kv_load(type, v + (j + 1) * v_stride, i);
+
+			for (size_t r = 0; r < nr; r++) {
+				a0[r] = _mm512_fmadd_ps(_mm512_set1_ps(e[r][j]), v0, a0[r]);
+				a1[r] = _mm512_fmadd_ps(_mm512_set1_ps(e[r][j + 1]), v1, a1[r]);
+			}
+		}
+		if (j < nb) {
+			__m512 v0 = kv_load(type, v + j * v_stride, i);
+
+			for (size_t r = 0; r < nr; r++)
+				a0[r] = _mm512_fmadd_ps(_mm512_set1_ps(e[r][j]), v0, a0[r]);
+		}
+		for (size_t r = 0; r < nr; r++)
+			_mm512_storeu_ps(acc + r * head_dim + i, _mm512_add_ps(a0[r], a1[r]));
 	}
 }
 
@@ -180,11 +225,29 @@ void vec_attn_avx512(const float *q, size_t n_rep, size_t head_dim, enum vec_kv_
 {
 	for (size_t p0 = 0; p0 < n_pos; p0 += ATTN_POS) {
 		size_t nb = n_pos - p0 < ATTN_POS ? n_pos - p0 : ATTN_POS;
+		const uint8_t *kb = (const uint8_t *)k + p0 * k_stride, *vb = (const uint8_t *)v + p0 * v_stride;
 
-		/* The block's K/V rows (16 x head_dim x 2 bytes) stay in L1 for every head. */
-		for (size_t r = 0; r < n_rep; r++)
-			attn_block(q + r * head_dim, head_dim, type, (const uint8_t *)k + p0 * k_stride, k_stride,
-				   (const uint8_t *)v + p0 * v_stride, v_stride, nb, scale, &max[r], &sum[r],
-				   acc + r * head_dim);
+		/* Heads in groups of up to four, each group one pass over the block's rows; the
+		 * switch gives every group size its own unrolled copy. */
+		for (size_t r = 0; r < n_rep; r += ATTN_HEADS) {
+			size_t nr = n_rep - r < ATTN_HEADS ? n_rep - r : ATTN_HEADS;
+			const float *qr = q + r * head_dim;
+			float *ar = acc + r * head_dim;
+
+			switch (nr) {
+			case 1:
+				attn_heads(qr, 1, head_dim, type, kb, k_stride, vb, v_stride, nb, scale, max + r, sum + r, ar);
+				break;
+			case 2:
+				attn_heads(qr, 2, head_dim, type, kb, k_stride, vb, v_stride, nb, scale, max + r, sum + r, ar);
+				break;
+			case 3:
+				attn_heads(qr, 3, head_dim, type, kb, k_stride, vb, v_stride, nb, scale, max + r, sum + r, ar);
+				break;
+			default:
+				attn_heads(qr, 4, head_dim, type, kb, k_stride, vb, v_stride, nb, scale, max + r, sum + r, ar);
+				break;
+			}
+		}
 	}
 }
