@@ -5,7 +5,7 @@
  *                       [--act a16|a8|both] [--ablate] [--json] MODEL.gguf   (F32/F16/BF16)
  * --ablate also runs the f32 reference on the int4 model's own weights, part by part, to
  * show where the distance comes from (layers or the embedding/head) and what an 8-bit head
- * would buy. */
+ * or other int4 layouts (group 64 asym, group 32 sym, simulated in f32) would buy. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -170,18 +170,30 @@ static void int4_bpw(const struct model_q4 *m, struct fidelity_bpw *b)
 
 /* Ablations: the reference engine with some of its matrices swapped for what the int4 model
  * multiplies by (q4_unpack_rows), activations left in f32. */
-enum { ABLATE_LAYERS = 1, ABLATE_HEAD = 2, ABLATE_HEAD_Q8 = 4, ABLATE_LAYERS_G32 = 8 };
+enum {
+	ABLATE_LAYERS = 1, ABLATE_HEAD = 2, ABLATE_HEAD_Q8 = 4, ABLATE_LAYERS_G32 = 8,
+	ABLATE_LAYERS_SIM = 16, ABLATE_HEAD_SIM = 32
+};
+#define SIM_BOTH (ABLATE_LAYERS_SIM | ABLATE_HEAD_SIM)
 
 static const struct fidelity_ablation {
 	const char *label;
 	unsigned parts;
+	unsigned lg, lrule, hg, hrule;  /* ABLATE_*_SIM: group and rule of layers / head */
 } fidelity_ablations[] = {
-	{ "int4 all, f32 act", ABLATE_LAYERS | ABLATE_HEAD },
-	{ "int4 layers only", ABLATE_LAYERS },
-	{ "int4 embd/head only", ABLATE_HEAD },
-	{ "int4 layers+q8 head", ABLATE_LAYERS | ABLATE_HEAD_Q8 },
+	{ "int4 all, f32 act", ABLATE_LAYERS | ABLATE_HEAD, 0, 0, 0, 0 },
+	{ "int4 layers only", ABLATE_LAYERS, 0, 0, 0, 0 },
+	{ "int4 embd/head only", ABLATE_HEAD, 0, 0, 0, 0 },
+	{ "int4 layers+q8 head", ABLATE_LAYERS | ABLATE_HEAD_Q8, 0, 0, 0, 0 },
 	/* the same layout at group 32 (4.5 / 5 bits): what finer groups would buy */
-	{ "int4 g32 layers+q8 head", ABLATE_LAYERS_G32 | ABLATE_HEAD_Q8 },
+	{ "int4 g32 layers+q8 head", ABLATE_LAYERS_G32 | ABLATE_HEAD_Q8, 0, 0, 0, 0 },
+	/* Layouts with no kernel, simulated in f32 (q4_quantize_group_f32): what group 64
+	 * asym (4.5 bpw) or sym group 32 with a scale search (4.5 bpw, Q4_0's bits) would buy */
+	{ "sim g64a L, g128a H", SIM_BOTH, 64, Q4_RULE_ASYM, 128, Q4_RULE_ASYM },
+	{ "sim g64a L+H", SIM_BOTH, 64, Q4_RULE_ASYM, 64, Q4_RULE_ASYM },
+	{ "sim g32 Q4_0 rule L+H", SIM_BOTH, 32, Q4_RULE_SYM_Q4_0, 32, Q4_RULE_SYM_Q4_0 },
+	{ "sim g32 sym search L+H", SIM_BOTH, 32, Q4_RULE_SYM_SEARCH, 32, Q4_RULE_SYM_SEARCH },
+	{ "sim g64a L, q8 H", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q8, 64, Q4_RULE_ASYM, 0, 0 },
 };
 #define N_ABLATIONS (sizeof fidelity_ablations / sizeof fidelity_ablations[0])
 
@@ -284,14 +296,46 @@ static const struct gguf_tensor *view_g32(struct fidelity_views *v, const struct
 	return t;
 }
 
+/* The source matrix quantized by `rule` at `group` (halved while rows do not divide), as
+ * f32: a layout the kernels may not have, for comparison only. */
+static const struct gguf_tensor *view_sim(struct fidelity_views *v, const struct gguf_tensor *src,
+					  unsigned group, unsigned rule, struct hearth_error *err)
+{
+	size_t cols = (size_t)src->ne[0], rows = (size_t)(src->n_elems / src->ne[0]), rb;
+	while (group > 32 && cols % group) /* as the loader: narrower groups where rows do not fit */
+		group /= 2;
+	if (!qtype_row_bytes(src->type, cols, &rb) || cols % group) {
+		hearth_error_set(err, HEARTH_EINVAL, "ablation: %zu x %zu at group %u", rows, cols, group);
+		return NULL;
+	}
+	struct gguf_tensor *t = view_new(v, src, err);
+	if (!t)
+		return NULL;
+	float *w = (float *)t->data;
+	uint8_t q[256];
+	for (size_t r = 0; r < rows; r++) {
+		float *x = w + r * cols;
+		quant_dequant_row(src->type, (const uint8_t *)src->data + r * rb, x, cols);
+		for (size_t g = 0; g < cols; g += group) {
+			float d, m;
+			q4_quantize_group_f32(x + g, group, (enum q4_rule)rule, q, &d, &m);
+			for (size_t k = 0; k < group; k++)
+				x[g + k] = rule != Q4_RULE_ASYM ? ((float)q[k] - 8.0f) * d : d * (float)q[k] + m;
+		}
+	}
+	return t;
+}
+
 /* builds[k] (NULL when not run) are the int4 engine's logits over the corpus; with
  * act_acc they are compared with this variant's, which isolates activation rounding when
  * the variant holds exactly the int4 weights. */
-static int ablate_run(const struct model *ref, const struct model_q4 *q, unsigned parts,
+static int ablate_run(const struct model *ref, const struct model_q4 *q,
+		      const struct fidelity_ablation *sim,
 		      const struct fidelity_corpus *c, const float *ref_logits, float *scratch,
 		      struct fidelity_acc *acc, float *const builds[2], struct fidelity_acc *act_acc,
 		      struct hearth_error *err)
 {
+	unsigned parts = sim->parts;
 	struct model v = *ref;
 	struct fidelity_views views = { .n = 0 };
 	struct model_ctx *ctx = NULL;
@@ -321,6 +365,23 @@ static int ablate_run(const struct model *ref, const struct model_q4 *q, unsigne
 		    !(R->ffn_up = view_g32(&views, R->ffn_up, err)) ||
 		    !(R->ffn_down = view_g32(&views, R->ffn_down, err)))
 			rc = err->code ? err->code : HEARTH_ENOMEM;
+	}
+	for (uint32_t l = 0; (parts & ABLATE_LAYERS_SIM) && l < ref->hp.n_layer && rc == 0; l++) {
+		struct model_layer *R = &v.layers[l];
+		unsigned g = sim->lg, ru = sim->lrule;
+		if (!(R->wq = view_sim(&views, R->wq, g, ru, err)) ||
+		    !(R->wk = view_sim(&views, R->wk, g, ru, err)) ||
+		    !(R->wv = view_sim(&views, R->wv, g, ru, err)) ||
+		    !(R->wo = view_sim(&views, R->wo, g, ru, err)) ||
+		    !(R->ffn_gate = view_sim(&views, R->ffn_gate, g, ru, err)) ||
+		    !(R->ffn_up = view_sim(&views, R->ffn_up, g, ru, err)) ||
+		    !(R->ffn_down = view_sim(&views, R->ffn_down, g, ru, err)))
+			rc = err->code ? err->code : HEARTH_ENOMEM;
+	}
+	if (rc == 0 && (parts & ABLATE_HEAD_SIM)) {
+		if (!(v.tok_embd = view_sim(&views, ref->tok_embd, sim->hg, sim->hrule, err)) ||
+		    !(v.output = tied ? v.tok_embd : view_sim(&views, ref->output, sim->hg, sim->hrule, err)))
+			rc = HEARTH_EINVAL;
 	}
 	if (rc == 0 && (parts & ABLATE_HEAD)) {
 		if (!(v.tok_embd = view_int4(&views, &q->embd, ref->tok_embd, err)) ||
@@ -481,7 +542,7 @@ int main(int argc, char **argv)
 	if (a.ablate) {
 		double t0 = now_ms();
 		for (size_t i = 0; i < N_ABLATIONS; i++) {
-			if ((rc = ablate_run(ref, q[0] ? q[0] : q[1], fidelity_ablations[i].parts, &corpus,
+			if ((rc = ablate_run(ref, q[0] ? q[0] : q[1], &fidelity_ablations[i], &corpus,
 					     ref_logits, q_logits, &abl_acc[i], q_all, i == 0 ? act_acc : NULL,
 					     &e)) < 0)
 				goto out;

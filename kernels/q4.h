@@ -41,11 +41,25 @@ size_t q4_matrix_bytes(const struct q4_matrix *m);
 double q4_matrix_bpw(const struct q4_matrix *m);
 
 /* Quantize and pack rows [row0, row0 + n_rows) from f32 (row i at src + i*ld). Asym:
- * per group min/max, d = (max-min)/15, m = min (both rounded to fp16 before the codes are
- * chosen). Sym: llama.cpp's Q4_0 rule (d = signed absmax / -8). Rows can be packed in
- * any order and any number per call; the call that packs the last row zeroes the pad
- * rows. Only the rows named are touched, so the loader streams a few rows at a time. */
+ * per group, the d and m of least squared error found by a small search: min/max
+ * (d = (max-min)/15, m = min) is the first candidate, then grids of 14..15.75 steps over
+ * the range whose codes get a least-squares d and m, the best refit over its own codes
+ * twice more. Every candidate's d and m are rounded to fp16 and the codes re-chosen
+ * (nearest, clamped to 0..15) before its error is measured, so the error is that of the
+ * values the kernels multiply by, and the result is never worse than min/max. Same
+ * input, same bytes. Sym: llama.cpp's Q4_0 rule (d = signed absmax / -8). Rows can be
+ * packed in any order and any number per call; the call that packs the last row zeroes
+ * the pad rows. Only the rows named are touched, so the loader streams a few rows at a
+ * time. */
 void q4_pack_rows_f32(struct q4_matrix *m, const float *src, size_t ld, size_t row0, size_t n_rows);
+
+/* One group of n values (a multiple of 8, at most 256) by a rule, for tools that simulate
+ * other layouts in f32 (bench/fidelity --ablate): codes into q, d and m as stored (fp16
+ * values; sym: m = -8d, value (q-8)*d). ASYM is the rule q4_pack_rows_f32 uses, SYM_Q4_0
+ * its sym rule, SYM_SEARCH a sym rule with the same kind of scale search (no packer
+ * uses it). */
+enum q4_rule { Q4_RULE_ASYM, Q4_RULE_SYM_Q4_0, Q4_RULE_SYM_SEARCH };
+void q4_quantize_group_f32(const float *x, size_t n, enum q4_rule rule, uint8_t *q, float *d, float *m);
 
 /* Carry-over from pre-quantized files without re-rounding the codes. src holds n_rows
  * rows of cols/32 (Q4_0, Q4_1) or cols/256 (Q4_K) blocks each, row after row.

@@ -163,8 +163,9 @@ static void test_q4_plan_reports_size_and_rejects_bad_shapes(void **state)
 	assert_int_equal(q4_acts_bytes(Q4_ACT_A8, SIZE_MAX / 2, 1u << 20, 128), 0);
 }
 
-/* Each value is within half a step of its code, plus the fp16 rounding of d and m. */
-static void test_q4_pack_f32_asym_round_trips_within_half_step(void **state)
+/* Codes are the nearest for the scales as stored: each value is within half a step
+ * (plus float rounding) of d*q + m, or lies beyond the end code it was clamped to. */
+static void test_q4_pack_f32_asym_codes_nearest_for_stored_scales(void **state)
 {
 	uint64_t s = 11;
 
@@ -182,18 +183,160 @@ static void test_q4_pack_f32_asym_round_trips_within_half_step(void **state)
 			for (size_t k = 0; k < c.cols; k++) {
 				size_t g = k / c.group;
 				double d = q4_scale_d(&m, r, g), mn = q4_scale_m(&m, r, g);
-				double bound = 0.5 * d + 16.0 * d / 2048.0 + fabs(mn) / 2048.0 + 1e-6;
+				double x = w[r * c.cols + k], v = u[r * c.cols + k], eps = 1e-6;
+				unsigned q = q4_code(&m, r, k);
 
-				assert_true(q4_code(&m, r, k) <= 15);
-				if (fabs((double)u[r * c.cols + k] - w[r * c.cols + k]) > bound)
-					fail_msg("row %zu col %zu: %g vs %g (bound %g)", r, k, u[r * c.cols + k],
-						 w[r * c.cols + k], bound);
+				assert_true(q <= 15);
+				assert_true(d > 0.0);
+				/* Below the first code or above the last is clamping, not rounding. */
+				bool clamped = (q == 0 && x < v) || (q == 15 && x > v);
+
+				if (!clamped && fabs(v - x) > 0.5 * d + eps)
+					fail_msg("row %zu col %zu code %u: %g vs %g (d %g m %g)", r, k, q, v, x, d, mn);
 			}
 		}
 		free(u);
 		free(w);
 		free(m.data);
 	}
+}
+
+/* Plain min/max asym quantization of one group, computed here as the rule was before the
+ * search: d = (max-min)/15, m = min, both rounded to fp16, nearest codes against them.
+ * Returns the sum of squared errors of d*q + m (float) against x, in double. */
+static double minmax_group_sse(const float *x, size_t n)
+{
+	float lo = x[0], hi = x[0];
+
+	for (size_t i = 1; i < n; i++) {
+		lo = fminf(lo, x[i]);
+		hi = fmaxf(hi, x[i]);
+	}
+	float d = quant_fp16_to_f32(quant_f32_to_fp16((hi - lo) / 15.0f));
+	float m = quant_fp16_to_f32(quant_f32_to_fp16(lo));
+	float id = d != 0.0f ? 1.0f / d : 0.0f;
+	double e = 0.0;
+
+	for (size_t i = 0; i < n; i++) {
+		float v = nearbyintf((x[i] - m) * id);
+		float q = v < 0.0f ? 0.0f : v > 15.0f ? 15.0f : v;
+		double t = (double)x[i] - (double)(d * q + m);
+
+		e += t * t;
+	}
+	return e;
+}
+
+enum group_kind {
+	GROUP_UNIFORM, GROUP_NORMALISH, GROUP_CONSTANT, GROUP_OUTLIER, GROUP_NEGATIVE, GROUP_TINY,
+	GROUP_FP16_SUBNORMAL, GROUP_F32_DENORMAL, GROUP_TWO_VALUES, GROUP_KINDS
+};
+
+static void fill_group(uint64_t *s, enum group_kind kind, float *x, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		float u = rng_unit(s);
+		float g = (rng_unit(s) + rng_unit(s) + rng_unit(s) + rng_unit(s)) * 0.866f;
+
+		switch (kind) {
+		case GROUP_UNIFORM: x[i] = u * 0.7f + 0.1f; break;
+		case GROUP_NORMALISH: x[i] = g * 0.02f; break;
+		case GROUP_CONSTANT: x[i] = 0.3125f; break;
+		case GROUP_OUTLIER: x[i] = i == n / 3 ? 9.0f : g * 0.05f; break;
+		case GROUP_NEGATIVE: x[i] = -1.5f - fabsf(g); break;
+		case GROUP_TINY: x[i] = g * 1e-3f; break;
+		case GROUP_FP16_SUBNORMAL: x[i] = g * 2e-6f; break;       /* d below fp16's 6.1e-5 */
+		case GROUP_F32_DENORMAL: x[i] = g * 1e-39f; break;
+		case GROUP_TWO_VALUES: x[i] = (i & 1) ? 0.25f : -0.75f; break;
+		default: x[i] = 0.0f; break;
+		}
+	}
+}
+
+/* The scale search never ends with more squared error per group than plain min/max, on
+ * random groups and on the cases that break naive searches. */
+static void test_q4_pack_f32_asym_search_never_worse_than_min_max(void **state)
+{
+	uint64_t s = 21;
+	size_t groups = 0, better = 0;
+	double sse_search = 0, sse_plain = 0;
+
+	(void)state;
+	for (size_t gi = 0; gi < 2; gi++) {
+		const size_t group = gi ? 128 : 32, rows = 16, cols = 2 * group;
+		float *w = xalloc(rows * cols * sizeof(float)), *u = xalloc(rows * cols * sizeof(float));
+		struct q4_matrix m;
+
+		assert_int_equal(q4_matrix_plan(&m, rows, cols, group, true), 0);
+		m.data = xalloc(q4_matrix_bytes(&m));
+		for (int it = 0; it < 24; it++) {
+			/* Each row a kind; the two groups of a row differ (second one random). */
+			for (size_t r = 0; r < rows; r++) {
+				fill_group(&s, (enum group_kind)((r + (size_t)it) % GROUP_KINDS), w + r * cols, group);
+				fill_group(&s, it % 2 ? GROUP_NORMALISH : GROUP_UNIFORM, w + r * cols + group, group);
+			}
+			q4_pack_rows_f32(&m, w, cols, 0, rows);
+			q4_unpack_rows(&m, 0, rows, u, cols);
+			for (size_t r = 0; r < rows; r++) {
+				for (size_t g = 0; g < 2; g++) {
+					const float *x = w + r * cols + g * group, *v = u + r * cols + g * group;
+					double e = 0.0, p = minmax_group_sse(x, group);
+
+					for (size_t i = 0; i < group; i++)
+						e += ((double)x[i] - v[i]) * ((double)x[i] - v[i]);
+					if (!(e <= p * (1.0 + 1e-12)))
+						fail_msg("group %zu, row %zu (kind %zu) half %zu: search %.9g > min/max %.9g",
+							 group, r, (r + (size_t)it) % GROUP_KINDS, g, e, p);
+					groups++;
+					better += e < p * (1.0 - 1e-6);
+					sse_search += e;
+					sse_plain += p;
+				}
+			}
+		}
+		free(m.data);
+		free(w);
+		free(u);
+	}
+	/* And it does find better fits: most random groups improve, the total clearly. */
+	assert_true(better > groups / 2);
+	assert_true(sse_search < 0.95 * sse_plain);
+}
+
+/* The per-group entry bench/fidelity simulates layouts with is the packer's own rule. */
+static void test_q4_quantize_group_matches_pack(void **state)
+{
+	uint64_t s = 22;
+	const size_t rows = 3, cols = 256;
+	float *w = random_floats(&s, rows * cols, 2.0f);
+	struct q4_matrix m;
+	uint8_t q[128];
+
+	(void)state;
+	assert_int_equal(q4_matrix_plan(&m, rows, cols, 128, true), 0);
+	m.data = xalloc(q4_matrix_bytes(&m));
+	q4_pack_rows_f32(&m, w, cols, 0, rows);
+	for (size_t r = 0; r < rows; r++) {
+		for (size_t g = 0; g < 2; g++) {
+			float d, mn;
+
+			q4_quantize_group_f32(w + r * cols + g * 128, 128, Q4_RULE_ASYM, q, &d, &mn);
+			assert_true(d == q4_scale_d(&m, r, g) && mn == q4_scale_m(&m, r, g));
+			for (size_t k = 0; k < 128; k++)
+				assert_int_equal(q[k], q4_code(&m, r, g * 128 + k));
+		}
+	}
+	/* SYM_Q4_0 is llama.cpp's Q4_0 rule: the same values as a Q4_0 round trip. */
+	struct block_q4_0 blk;
+	float truth[32], d, mn;
+
+	assert_true(quant_quantize_row(QTYPE_Q4_0, w, &blk, 32));
+	quant_dequant_row(QTYPE_Q4_0, &blk, truth, 32);
+	q4_quantize_group_f32(w, 32, Q4_RULE_SYM_Q4_0, q, &d, &mn);
+	for (size_t k = 0; k < 32; k++)
+		assert_true(((float)q[k] - 8.0f) * d == truth[k]);
+	free(m.data);
+	free(w);
 }
 
 /* Sym packing from f32 follows quantize_row_q4_0_ref: same values as a Q4_0 round trip. */
@@ -1105,7 +1248,9 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_q4_plan_reports_size_and_rejects_bad_shapes),
-		cmocka_unit_test(test_q4_pack_f32_asym_round_trips_within_half_step),
+		cmocka_unit_test(test_q4_pack_f32_asym_codes_nearest_for_stored_scales),
+		cmocka_unit_test(test_q4_pack_f32_asym_search_never_worse_than_min_max),
+		cmocka_unit_test(test_q4_quantize_group_matches_pack),
 		cmocka_unit_test(test_q4_pack_f32_sym_matches_llama_q4_0),
 		cmocka_unit_test(test_q4_0_carry_over_matches_llama_dequant_exactly),
 		cmocka_unit_test(test_q4_1_carry_over_matches_llama_dequant_exactly),
