@@ -9,6 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -375,6 +378,77 @@ static void print_clients(const struct bench_opts *o, const struct bench_level *
 	}
 }
 
+#define WAKE_SAMPLES 400
+
+/* The machine's floor under the IPC figure: how long a process sleeping in poll() on an
+ * eventfd takes to run after another process writes it, with nothing else in the path.
+ * A client that blocks for its tokens can do no better than this. Ping-pong (the child
+ * acks each wake) so no two writes coalesce; 1 ms apart so the sleeper really sleeps. */
+static void pin_to(int cpu)
+{
+	cpu_set_t set;
+	CPU_ZERO(&set);
+	CPU_SET(cpu, &set);
+	sched_setaffinity(0, sizeof set, &set); /* best effort: unpinned still measures */
+}
+
+static int bench_wake_floor(int cpu_waker, int cpu_sleeper, double *p50, double *p99)
+{
+	int ping = eventfd(0, EFD_CLOEXEC), pong = eventfd(0, EFD_CLOEXEC);
+	size_t size = (WAKE_SAMPLES + 1) * sizeof(uint64_t);
+	uint64_t *t = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	int rc = -1;
+	if (ping < 0 || pong < 0 || t == MAP_FAILED)
+		goto out;
+	pid_t pid = fork();
+	if (pid < 0)
+		goto out;
+	if (pid == 0) {
+		pin_to(cpu_sleeper);
+		for (int i = 0; i < WAKE_SAMPLES; i++) {
+			struct pollfd pf = { .fd = ping, .events = POLLIN };
+			uint64_t v = 1;
+			if (poll(&pf, 1, 5000) != 1)
+				_exit(1);
+			t[i] = now_ns() - t[i];
+			if (read(ping, &v, sizeof v) != sizeof v || write(pong, &v, sizeof v) != sizeof v)
+				_exit(1);
+		}
+		_exit(0);
+	}
+	cpu_set_t saved;
+	sched_getaffinity(0, sizeof saved, &saved);
+	pin_to(cpu_waker);
+	double lat[WAKE_SAMPLES];
+	int n = 0;
+	for (; n < WAKE_SAMPLES; n++) {
+		uint64_t v = 1;
+		struct timespec gap = { 0, 1000000 };
+		nanosleep(&gap, NULL);
+		t[n] = now_ns();
+		if (write(ping, &v, sizeof v) != sizeof v || read(pong, &v, sizeof v) != sizeof v)
+			break;
+		lat[n] = (double)t[n] / 1e3;
+	}
+	sched_setaffinity(0, sizeof saved, &saved);
+	int status;
+	waitpid(pid, &status, 0);
+	if (n == WAKE_SAMPLES && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+		qsort(lat, n, sizeof lat[0], cmp_double);
+		*p50 = pct(lat, n, 50);
+		*p99 = pct(lat, n, 99);
+		rc = 0;
+	}
+out:
+	if (t != MAP_FAILED)
+		munmap(t, size);
+	if (ping >= 0)
+		close(ping);
+	if (pong >= 0)
+		close(pong);
+	return rc;
+}
+
 int bench_run(const struct bench_opts *o)
 {
 	struct hearth_err e = { 0 };
@@ -404,21 +478,39 @@ int bench_run(const struct bench_opts *o)
 		return 1;
 	}
 	hearth_close(h);
+	/* Waker and sleeper on the first two cpus this process may use (one cpu: the same). */
+	cpu_set_t mine;
+	int cpus[2] = { 0, 0 }, n_cpus = 0;
+	if (sched_getaffinity(0, sizeof mine, &mine) == 0)
+		for (int c = 0; c < CPU_SETSIZE && n_cpus < 2; c++)
+			if (CPU_ISSET(c, &mine))
+				cpus[n_cpus++] = c;
+	double same50 = NAN, same99 = NAN, cross50 = NAN, cross99 = NAN;
+	if (bench_wake_floor(cpus[0], cpus[0], &same50, &same99) < 0 ||
+	    (n_cpus > 1 && bench_wake_floor(cpus[0], cpus[1], &cross50, &cross99) < 0))
+		fprintf(stderr, "hearth: bench: the wake-latency probe failed; its figures are left out\n");
 
 	if (o->json) {
 		printf("{\"model\":{");
 		json_str("arch", m.arch);
 		json_str("quant", m.quant);
 		printf("\"n_params\":%" PRIu64 ",\"n_vocab\":%u},\"prompt_tokens\":%u,"
-		       "\"tokens\":%u,\"seed\":%" PRIu64 ",\"levels\":[", m.n_params, m.n_vocab,
+		       "\"tokens\":%u,\"seed\":%" PRIu64 ",", m.n_params, m.n_vocab,
 		       o->prompt_tokens, o->tokens, o->seed);
+		json_num("wake_same_cpu_us_p50", same50, true);
+		json_num("wake_same_cpu_us_p99", same99, true);
+		json_num("wake_other_cpu_us_p50", cross50, true);
+		json_num("wake_other_cpu_us_p99", cross99, true);
+		printf("\"levels\":[");
 	} else {
 		printf("hearth bench: %s (%s, %.2fB params), prompt %u tokens, %u generated per "
 		       "client, greedy, seed %" PRIu64 "\n"
+		       "wake floor (eventfd write -> a sleeping process runs; idle daemon): same cpu "
+		       "p50 %.1f / p99 %.1f us, other cpu p50 %.1f / p99 %.1f us\n"
 		       "clients   agg tok/s  client tok/s (mean/min)  decode tok/s  steady tok/s  "
 		       "TTFT p50/p99 ms   IPC p50/p99/max us\n",
 		       m.arch, m.quant, (double)m.n_params / 1e9, o->prompt_tokens, o->tokens,
-		       o->seed);
+		       o->seed, same50, same99, cross50, cross99);
 	}
 	fflush(stdout);
 

@@ -23,7 +23,7 @@ ok() { n=$((n + 1)); echo "ok $n - $1"; }
 not_ok() { n=$((n + 1)); failed=1; echo "not ok $n - $1"; [ -n "${2:-}" ] && printf '%s\n' "$2" | sed 's/^/# /'; }
 check() { if eval "$2"; then ok "$1"; else not_ok "$1" "$out"; fi; }
 
-echo "1..5"
+echo "1..6"
 out=$(HEARTH_BENCH_SERVE_MODEL=$model HEARTH_BENCH_KV_BUDGET=16MiB HEARTH_BUILDDIR=$builddir \
 	sh "$srcdir/bench/serve_bench.sh" --clients 1,3 --prompt-tokens 8 --tokens 8 --json 2>&1)
 rc=$?
@@ -40,4 +40,9 @@ check "IPC latencies are positive" \
 	'[ -n "$p50s" ] && ! printf "%s\n" $p50s | grep -q "^-"'
 check "IPC latencies are below a minute" \
 	'[ -n "$maxs" ] && [ "$(printf "%s\n" $maxs | awk "\$1 >= 60000000 || \$1 < 0" | wc -l)" -eq 0 ]'
+# The wake-latency probe ran: a same-cpu figure (and another-cpu one when there are two)
+# between zero and a second.
+wake=$(printf '%s' "$json" | grep -o '"wake_same_cpu_us_p50":[0-9.]*' | cut -d: -f2)
+check "the wake floor is measured alongside" \
+	'[ -n "$wake" ] && awk -v w="$wake" "BEGIN { exit !(w > 0 && w < 1000000) }"'
 exit $failed
