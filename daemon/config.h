@@ -37,7 +37,8 @@ enum config_weights {
 /* How matrices read from F32/F16/BF16 files are quantized at load (weights_group). */
 enum config_weights_group {
 	CONFIG_GROUP_128,          /* asymmetric group 128, searched scales: 4.25 bpw */
-	CONFIG_GROUP_32,           /* symmetric group 32, searched scales: 4.5 bpw (Q4_0's format) */
+	CONFIG_GROUP_32,           /* symmetric group 32, searched scales: 4.5 bpw (Q4_0's format),
+				    * embedding/head included */
 };
 
 /* How SIGHUP replaces the model when its settings changed. */
