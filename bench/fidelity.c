@@ -2,7 +2,9 @@
  * away from the unquantized model, measured against the f32 scalar reference over a corpus
  * of positions (top-1 agreement, mean / p99 / max KL), with the bits per weight each spends.
  * usage: bench/fidelity [--seqs N] [--len L] [--seed S] [--no-text] [--threads T]
- *                       [--act a16|a8|both] [--ablate] [--json] MODEL.gguf   (F32/F16/BF16)
+ *                       [--act a16|a8|both] [--weights-group 128|32] [--head-group 128|32]
+ *                       [--ablate] [--json] MODEL.gguf   (F32/F16/BF16)
+ * The int4 builds come from the daemon's loader with the same options (weights_group).
  * --ablate also runs the f32 reference on the int4 model's own weights, part by part, to
  * show where the distance comes from (layers or the embedding/head) and what an 8-bit head
  * or other int4 layouts (group 64 asym, group 32 sym, simulated in f32) would buy. */
@@ -24,6 +26,7 @@
 struct fidelity_args {
 	const char *path;
 	uint32_t n_seqs, len, seed, threads;
+	uint32_t group, head_group;     /* load_opts weights_group / head_group (0: default) */
 	bool text, json, a16, a8, ablate;
 };
 
@@ -46,8 +49,11 @@ static double now_ms(void)
 static void usage(FILE *to)
 {
 	fprintf(to, "usage: bench/fidelity [--seqs N] [--len L] [--seed S] [--no-text] [--threads T]\n"
-		    "                      [--act a16|a8|both] [--ablate] [--json] MODEL.gguf\n"
+		    "                      [--act a16|a8|both] [--weights-group 128|32] [--head-group 128|32]\n"
+		    "                      [--ablate] [--json] MODEL.gguf\n"
 		    "  MODEL is an unquantized GGUF (F32, F16 or BF16 matrices).\n"
+		    "  --weights-group is the daemon's weights_group key (the loader's layout for it);\n"
+		    "  --head-group overrides the loader's choice for the embedding/head.\n"
 		    "  Defaults: 4 sequences x 64 positions (the built-in paragraph, then random ids\n"
 		    "  from seed 1), 2 threads, both activation paths.\n");
 }
@@ -86,6 +92,12 @@ static int parse_args(int argc, char **argv, struct fidelity_args *a)
 			i++;
 		else if (!strcmp(o, "--threads") && v && !parse_u32(v, 1, 256, &a->threads))
 			i++;
+		else if (!strcmp(o, "--weights-group") && v && !parse_u32(v, 32, 128, &a->group) &&
+			 (a->group == 32 || a->group == 128))
+			i++;
+		else if (!strcmp(o, "--head-group") && v && !parse_u32(v, 32, 128, &a->head_group) &&
+			 (a->head_group == 32 || a->head_group == 128))
+			i++;
 		else if (!strcmp(o, "--act") && v) {
 			a->a16 = !strcmp(v, "a16") || !strcmp(v, "both");
 			a->a8 = !strcmp(v, "a8") || !strcmp(v, "both");
@@ -111,6 +123,8 @@ static int load_int4(struct model_q4 **m, const struct fidelity_args *a, enum q4
 	o.step_tokens = 16;
 	o.act = act;
 	o.n_threads = a->threads;
+	o.weights_group = a->group;
+	o.head_group = a->head_group;
 	struct tok *tok;
 	int rc = load_q4(m, &tok, a->path, &o, err);
 	if (rc == 0)
@@ -415,7 +429,7 @@ static int ablate_run(const struct model *ref, const struct model_q4 *q,
 static void print_row(const char *label, const char *quant, const struct fidelity_bpw *b,
 		      const struct fidelity_summary *s)
 {
-	printf("%-16s %-10s %8.3f %8.3f", label, quant, fidelity_bpw_of(b->bytes_all, b->params_all),
+	printf("%-16s %-17s %8.3f %8.3f", label, quant, fidelity_bpw_of(b->bytes_all, b->params_all),
 	       fidelity_bpw_of(b->bytes_mat, b->params_mat));
 	if (s)
 		printf("  %6.4f  %9.6f  %9.6f  %9.6f\n", s->top1, s->kl_mean, s->kl_p99, s->kl_max);
@@ -602,7 +616,7 @@ int main(int argc, char **argv)
 		printf("corpus: %u sequences x %u positions = %zu positions (%u text, %u random from seed %u)\n",
 		       a.n_seqs, a.len, (size_t)a.n_seqs * a.len, n_text, a.n_seqs - n_text, a.seed);
 		printf("KL(reference || build) in nats over the full vocabulary; reference: f32 scalar engine\n\n");
-		printf("%-16s %-10s %8s %8s  %6s  %9s  %9s  %9s\n", "build", "quant", "bpw", "bpw-mat",
+		printf("%-16s %-17s %8s %8s  %6s  %9s  %9s  %9s\n", "build", "quant", "bpw", "bpw-mat",
 		       "top-1", "KL mean", "KL p99", "KL max");
 		print_row("source", "f32/f16", &src_bpw, NULL);
 		for (int k = 0; k < 2; k++)
@@ -611,12 +625,12 @@ int main(int argc, char **argv)
 		if (a.ablate) {
 			printf("\nablation (f32 reference engine, f32 activations, weights swapped):\n");
 			for (size_t i = 0; i < N_ABLATIONS; i++)
-				printf("%-27s %17s  %6.4f  %9.6f  %9.6f  %9.6f\n", fidelity_ablations[i].label, "",
+				printf("%-27s %24s  %6.4f  %9.6f  %9.6f  %9.6f\n", fidelity_ablations[i].label, "",
 				       abl_sum[i].top1, abl_sum[i].kl_mean, abl_sum[i].kl_p99, abl_sum[i].kl_max);
 			printf("activation rounding alone (build vs the f32 engine on the same int4 weights):\n");
 			for (int k = 0; k < 2; k++)
 				if (want[k])
-					printf("%-27s %17s  %6.4f  %9.6f  %9.6f  %9.6f\n", builds[k].label, "",
+					printf("%-27s %24s  %6.4f  %9.6f  %9.6f  %9.6f\n", builds[k].label, "",
 					       act_sum[k].top1, act_sum[k].kl_mean, act_sum[k].kl_p99, act_sum[k].kl_max);
 		}
 		printf("\ntime: reference %.0f ms", ref_ms);

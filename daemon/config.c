@@ -45,6 +45,7 @@ struct key {
 
 static const char *const hugepages_words[] = { "auto", "hugetlb", "thp", "none", NULL };
 static const char *const weights_words[] = { "w4a16", "w4a8", NULL };
+static const char *const weights_group_words[] = { "128", "32", NULL };
 static const char *const model_swap_words[] = { "auto", "beside", "drain", NULL };
 static const char *const kv_type_words[] = { "f16", "bf16", "f32", NULL };
 
@@ -57,6 +58,7 @@ static const struct key keys[] = {
 	{ "kv_budget", KIND_SIZE, F(kv_budget), 1ull << 20, 1ull << 40, NULL, false },
 	{ "kv_type", KIND_ENUM, F(kv_type), 0, 0, kv_type_words, false },
 	{ "weights", KIND_ENUM, F(weights), 0, 0, weights_words, false },
+	{ "weights_group", KIND_ENUM, F(weights_group), 0, 0, weights_group_words, false },
 	{ "threads", KIND_THREADS, F(threads), 0, 1024, NULL, false },
 	{ "numa_node", KIND_NODE, F(numa_node), 0, 1023, NULL, false },
 	{ "hugepages", KIND_ENUM, F(hugepages), 0, 0, hugepages_words, false },
@@ -95,6 +97,7 @@ void config_defaults(struct hearth_config *cfg)
 	/* W4A8: on VNNI CPUs prefill runs at the int8 rate and decode is at least as fast, at
 	 * the same fidelity (doc/benchmarks.md); on AVX2-only CPUs W4A16 is compute-bound. */
 	cfg->weights = CONFIG_WEIGHTS_W4A8;
+	cfg->weights_group = CONFIG_GROUP_128;
 	cfg->model_swap = CONFIG_SWAP_AUTO;
 	cfg->threads = 0;
 	cfg->numa_node = -1;
@@ -469,6 +472,8 @@ static int set_value(struct hearth_config *cfg, const struct key *k, const char 
 			cfg->hugepages = (enum config_hugepages)i;
 		else if (k->offset == F(weights))
 			cfg->weights = (enum config_weights)i;
+		else if (k->offset == F(weights_group))
+			cfg->weights_group = (enum config_weights_group)i;
 		else if (k->offset == F(model_swap))
 			cfg->model_swap = (enum config_model_swap)i;
 		else
@@ -768,6 +773,7 @@ int config_format(const struct hearth_config *cfg, const char *key, char *buf, s
 	case KIND_ENUM: {
 		int i = k->offset == F(hugepages) ? (int)cfg->hugepages
 			: k->offset == F(weights) ? (int)cfg->weights
+			: k->offset == F(weights_group) ? (int)cfg->weights_group
 			: k->offset == F(model_swap) ? (int)cfg->model_swap
 			: (int)cfg->kv_type;
 		snprintf(buf, size, "%s", k->words[i]);

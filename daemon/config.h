@@ -34,6 +34,13 @@ enum config_weights {
 	CONFIG_WEIGHTS_W4A8,       /* int4 weights, int8 activations (VNNI) */
 };
 
+/* How matrices read from F32/F16/BF16 files are quantized at load (weights_group). */
+enum config_weights_group {
+	CONFIG_GROUP_128,          /* asymmetric group 128, searched scales: 4.25 bpw */
+	CONFIG_GROUP_32,           /* symmetric group 32, searched scales: 4.5 bpw (Q4_0's format),
+				    * embedding/head included */
+};
+
 /* How SIGHUP replaces the model when its settings changed. */
 enum config_model_swap {
 	CONFIG_SWAP_AUTO,          /* beside when MemAvailable holds both models, else drain */
@@ -68,6 +75,7 @@ struct hearth_config {
 	uint32_t max_requests_per_uid;          /* concurrent requests of one uid, all connections */
 	enum log_level log_level;
 	enum config_weights weights;
+	enum config_weights_group weights_group;
 	enum config_kv_type kv_type;
 	uint64_t shutdown_grace_usec;  /* how long SIGTERM waits for running requests */
 	enum config_model_swap model_swap;

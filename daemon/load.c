@@ -17,7 +17,10 @@
 #include "kernels/dispatch.h"
 #include "kernels/pool.h"
 
-#define LOAD_ROWS Q4_ROWS          /* rows dequantized and packed per step */
+#define LOAD_ROWS Q4_ROWS          /* rows one thread dequantizes and packs per step */
+/* Threads the repack uses at most: each holds LOAD_ROWS rows of f32 scratch, and two to
+ * eight of them already turn the repack from compute into reading the file. */
+#define LOAD_REPACK_THREADS_MAX 8
 /* Source bytes read between two releases of the file's pages. The repack reads each tensor
  * once, front to back; giving its pages back every few MiB (rather than per tensor) keeps
  * the file's share of RSS and of the page cache at a few MiB even for the 600 MB bf16
@@ -35,11 +38,24 @@ void load_opts_default(struct load_opts *o)
 	o->step_tokens = 256;
 	o->arena = (struct arena_config)ARENA_CONFIG_DEFAULT;
 	o->act = Q4_ACT_A16;
+	o->weights_group = LOAD_GROUP_128;
+}
+
+/* The embedding/head follows the layers. Measured (doc/benchmarks.md, Fidelity) with
+ * group-32 layers: a group-32 head brings the 0.6B shape from 0.100 to 0.093 mean KL and
+ * fx-quant from 0.130 to 0.119, for 4.50 instead of 4.44 / 4.29 bits per weight overall,
+ * still Q4_0's bits. */
+uint32_t load_head_group(uint32_t weights_group)
+{
+	return weights_group == LOAD_GROUP_32 ? LOAD_GROUP_32 : LOAD_GROUP_128;
 }
 
 /* How a source tensor enters the layout: carried-over codes where the layout holds them
- * exactly (or, for Q4_K, with only its scales rounded to fp16), else quantized afresh. */
-static void load_choose(enum qtype src, size_t cols, uint32_t *group, bool *asym, bool *carry)
+ * exactly (or, for Q4_K, with only its scales rounded to fp16), else quantized afresh at
+ * `want`: group 128 asymmetric (group 32 asymmetric where rows are not a multiple of
+ * 128), or group 32 symmetric. */
+static void load_choose(enum qtype src, size_t cols, uint32_t want, uint32_t *group, bool *asym,
+			bool *carry)
 {
 	*carry = false;
 	*asym = true;
@@ -55,6 +71,11 @@ static void load_choose(enum qtype src, size_t cols, uint32_t *group, bool *asym
 		*carry = true;
 		return;
 	default:
+		if (want == LOAD_GROUP_32) {
+			*group = 32;
+			*asym = false;
+			return;
+		}
 		*group = cols % 128 == 0 ? 128 : 32;
 		return;
 	}
@@ -77,8 +98,10 @@ struct load_ctx {
 	struct load_mat *mats;
 	size_t n_mats, cap_mats;
 	uint64_t total_bytes, done_bytes;
-	float *rows;                    /* LOAD_ROWS x widest row: the only big transient */
+	float *rows;                    /* per repack thread, LOAD_ROWS x widest row: the only
+					 * big transient */
 	size_t rows_cap;
+	size_t repack_threads;          /* pool threads that take part in the repack */
 	size_t acts_total;              /* both activation buffers (group 32, group 128) */
 	size_t threads_max;             /* compute threads the scratch is planned for */
 };
@@ -93,7 +116,7 @@ static size_t load_threads_max(const struct load_opts *o)
 }
 
 static int load_add_mat(struct load_ctx *c, const struct gguf_tensor *t, struct q4_matrix *dst,
-			const char *region, struct hearth_error *err)
+			const char *region, uint32_t want, struct hearth_error *err)
 {
 	if (c->n_mats == c->cap_mats) {
 		size_t cap = c->cap_mats ? c->cap_mats * 2 : 64;
@@ -106,7 +129,7 @@ static int load_add_mat(struct load_ctx *c, const struct gguf_tensor *t, struct 
 	struct load_mat *lm = &c->mats[c->n_mats++];
 	lm->t = t;
 	lm->dst = dst;
-	load_choose(t->type, t->ne[0], &lm->group, &lm->asym, &lm->carry);
+	load_choose(t->type, t->ne[0], want, &lm->group, &lm->asym, &lm->carry);
 	/* Layer matrices go to one region per packed type, so the ledger shows them apart. */
 	lm->region = region ? region : lm->group == 128 ? LOAD_REGION_WEIGHTS_G128 : LOAD_REGION_WEIGHTS_G32;
 	if (t->ne[0] % lm->group)
@@ -173,6 +196,45 @@ static int load_vec(struct load_ctx *c, const struct gguf_tensor *t, const float
 	return 0;
 }
 
+/* One step of the repack: row blocks [blk0, blk0 + n_blk) of one matrix, one block per
+ * thread, each dequantized into that thread's own scratch rows. Blocks own whole cache
+ * lines of the packed matrix, so the threads never write the same bytes. */
+struct load_step {
+	struct load_ctx *c;
+	const struct load_mat *lm;
+	size_t row_bytes, blk0, n_blk;
+	int rc;                         /* set by a thread whose carry-over failed */
+};
+
+static void load_step_run(void *arg, size_t t, size_t nt)
+{
+	struct load_step *st = arg;
+	const struct load_mat *lm = st->lm;
+	struct q4_matrix *q = lm->dst;
+	const struct gguf_tensor *tn = lm->t;
+	for (size_t b = st->blk0 + t; b < st->blk0 + st->n_blk; b += nt) {
+		size_t r0 = b * LOAD_ROWS;
+		size_t n = q->rows - r0 < LOAD_ROWS ? q->rows - r0 : LOAD_ROWS;
+		const uint8_t *s = (const uint8_t *)tn->data + r0 * st->row_bytes;
+		int rc = 0;
+		if (lm->carry) {
+			if (tn->type == QTYPE_Q4_0)
+				rc = q4_pack_rows_q4_0(q, s, r0, n);
+			else if (tn->type == QTYPE_Q4_1)
+				rc = q4_pack_rows_q4_1(q, s, r0, n);
+			else
+				rc = q4_pack_rows_q4_k(q, s, r0, n);
+		} else {
+			float *rows = st->c->rows + t * LOAD_ROWS * st->c->rows_cap;
+			for (size_t i = 0; i < n; i++)
+				quant_dequant_row(tn->type, s + i * st->row_bytes, rows + i * q->cols, q->cols);
+			q4_pack_rows_f32(q, rows, q->cols, r0, n);
+		}
+		if (rc < 0)
+			__atomic_store_n(&st->rc, rc, __ATOMIC_RELAXED);
+	}
+}
+
 static int load_repack(struct load_ctx *c, struct load_mat *lm, struct hearth_error *err)
 {
 	struct q4_matrix *q = lm->dst;
@@ -184,25 +246,22 @@ static int load_repack(struct load_ctx *c, struct load_mat *lm, struct hearth_er
 	qtype_row_bytes(t->type, t->ne[0], &row_bytes);
 	const uint8_t *src = t->data;
 	const uint8_t *released = src;
-	for (size_t r0 = 0; r0 < q->rows; r0 += LOAD_ROWS) {
-		size_t n = q->rows - r0 < LOAD_ROWS ? q->rows - r0 : LOAD_ROWS;
-		const uint8_t *s = src + r0 * row_bytes;
-		if (lm->carry) {
-			if (t->type == QTYPE_Q4_0)
-				rc = q4_pack_rows_q4_0(q, s, r0, n);
-			else if (t->type == QTYPE_Q4_1)
-				rc = q4_pack_rows_q4_1(q, s, r0, n);
-			else
-				rc = q4_pack_rows_q4_k(q, s, r0, n);
-			if (rc < 0)
-				return hearth_error_set(err, HEARTH_EINVAL, "tensor '%.*s': carry-over failed",
-							(int)t->name.len, t->name.ptr);
-		} else {
-			for (size_t i = 0; i < n; i++)
-				quant_dequant_row(t->type, s + i * row_bytes, c->rows + i * q->cols, q->cols);
-			q4_pack_rows_f32(q, c->rows, q->cols, r0, n);
-		}
-		const uint8_t *done = s + n * row_bytes;
+	struct load_step st = { .c = c, .lm = lm, .row_bytes = row_bytes };
+	/* A step is one row block per repack thread; the file's pages are given back between
+	 * steps, so what is mapped at once stays LOAD_RELEASE_BYTES plus one step. */
+	for (size_t b0 = 0; b0 < q->n_row_blocks; b0 += c->repack_threads) {
+		st.blk0 = b0;
+		st.n_blk = q->n_row_blocks - b0 < c->repack_threads ? q->n_row_blocks - b0 : c->repack_threads;
+		if (st.n_blk > 1 && c->m->pool)
+			pool_run(c->m->pool, load_step_run, &st);
+		else
+			load_step_run(&st, 0, 1);
+		if (st.rc < 0)
+			return hearth_error_set(err, HEARTH_EINVAL, "tensor '%.*s': carry-over failed",
+						(int)t->name.len, t->name.ptr);
+		size_t r_end = (b0 + st.n_blk) * LOAD_ROWS;
+		r_end = r_end < q->rows ? r_end : q->rows;
+		const uint8_t *done = src + r_end * row_bytes;
 		if ((size_t)(done - released) >= LOAD_RELEASE_BYTES) {
 			load_release(c, released, done, true);
 			released = done;
@@ -274,6 +333,8 @@ static int load_plan(struct load_ctx *c, struct arena_plan *plan, struct kv_conf
 	struct model_q4 *m = c->m;
 	const struct load_opts *o = c->o;
 	size_t w_bytes = 0, w_g128 = 0, w_g32 = 0, eh_bytes = 0, norm_bytes = 0, rope_bytes = 0;
+	uint32_t want = o->weights_group ? o->weights_group : LOAD_GROUP_128;
+	uint32_t want_head = o->head_group ? o->head_group : load_head_group(want);
 	int rc;
 	for (uint32_t l = 0; l < m->n_layer; l++) {
 		const struct model_layer *R = &ref->layers[l];
@@ -281,7 +342,7 @@ static int load_plan(struct load_ctx *c, struct arena_plan *plan, struct kv_conf
 		const struct gguf_tensor *ts[7] = { R->wq, R->wk, R->wv, R->wo, R->ffn_gate, R->ffn_up, R->ffn_down };
 		struct q4_matrix *ds[7] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down };
 		for (int i = 0; i < 7; i++) {
-			if ((rc = load_add_mat(c, ts[i], ds[i], NULL, err)) < 0)
+			if ((rc = load_add_mat(c, ts[i], ds[i], NULL, want, err)) < 0)
 				return rc;
 			size_t b = align64(q4_matrix_bytes(ds[i]));
 			w_bytes += b;
@@ -313,11 +374,12 @@ static int load_plan(struct load_ctx *c, struct arena_plan *plan, struct kv_conf
 			return hearth_error_set(err, HEARTH_EUNSUPPORTED, "more than 8 distinct RoPE settings");
 		L->rope = r;
 	}
-	if ((rc = load_add_mat(c, ref->tok_embd, &m->embd, ARENA_REGION_EMBED_HEAD, err)) < 0)
+	if ((rc = load_add_mat(c, ref->tok_embd, &m->embd, ARENA_REGION_EMBED_HEAD, want_head, err)) < 0)
 		return rc;
 	eh_bytes += align64(q4_matrix_bytes(&m->embd));
 	if (!ref->hp.tied_output) {
-		if ((rc = load_add_mat(c, ref->output, &m->output, ARENA_REGION_EMBED_HEAD, err)) < 0)
+		if ((rc = load_add_mat(c, ref->output, &m->output, ARENA_REGION_EMBED_HEAD, want_head,
+					err)) < 0)
 			return rc;
 		eh_bytes += align64(q4_matrix_bytes(&m->output));
 	}
@@ -453,6 +515,22 @@ static int load_threads(struct model_q4 *m, const struct load_opts *o, struct he
 	return 0;
 }
 
+/* "q4_g128", "q4_g32" or "q4_mixed" for the layer matrices, and "+head_gN" when they are
+ * all at one group and the embedding/head (the notes after the layers') is at another. */
+static void load_quant_name(struct model_q4 *m)
+{
+	uint32_t n_layer_notes = m->n_layer * 7;
+	bool g32 = false, g128 = false, h32 = false, h128 = false;
+	for (uint32_t i = 0; i < m->n_notes; i++) {
+		bool head = i >= n_layer_notes;
+		*(head ? &h32 : &g32) |= m->notes[i].group == 32;
+		*(head ? &h128 : &g128) |= m->notes[i].group == 128;
+	}
+	const char *layers = g32 && g128 ? "q4_mixed" : g32 ? "q4_g32" : "q4_g128";
+	const char *head = g128 && !g32 && h32 ? "+head_g32" : g32 && !g128 && h128 ? "+head_g128" : "";
+	snprintf(m->quant_name, sizeof m->quant_name, "%s%s", layers, head);
+}
+
 static uint64_t load_count_params(const struct model *ref)
 {
 	uint64_t n = 0;
@@ -483,6 +561,10 @@ int load_q4(struct model_q4 **out, struct tok **tok_out, const char *path,
 		memset(o->placement, 0, sizeof *o->placement);
 	if (o->kv_type != QTYPE_F16 && o->kv_type != QTYPE_BF16)
 		return hearth_error_set(err, HEARTH_EINVAL, "kv_type must be f16 or bf16 for the int4 engine");
+	if ((o->weights_group && o->weights_group != LOAD_GROUP_128 && o->weights_group != LOAD_GROUP_32) ||
+	    (o->head_group && o->head_group != LOAD_GROUP_128 && o->head_group != LOAD_GROUP_32))
+		return hearth_error_set(err, HEARTH_EINVAL, "weights group %u / head group %u: use 128 or 32",
+					o->weights_group, o->head_group);
 	/* The peak is what a small machine must hold to reach the settled size, so it is
 	 * measured from before the file is mapped to after every transient is given back. */
 	if (o->load_record) {
@@ -552,7 +634,11 @@ int load_q4(struct model_q4 **out, struct tok **tok_out, const char *path,
 	}
 	if ((rc = load_vec(&c, ref->output_norm, &m->output_norm, err)) < 0)
 		goto fail;
-	c.rows = malloc(LOAD_ROWS * c.rows_cap * sizeof(float));
+	/* The compute threads are started before the repack so it can use them. */
+	if ((rc = load_threads(m, o, err)) < 0)
+		goto fail;
+	c.repack_threads = m->n_threads < LOAD_REPACK_THREADS_MAX ? m->n_threads : LOAD_REPACK_THREADS_MAX;
+	c.rows = malloc(c.repack_threads * LOAD_ROWS * c.rows_cap * sizeof(float));
 	if (!c.rows) {
 		rc = hearth_error_set(err, HEARTH_ENOMEM, "loader: out of memory for the repack scratch");
 		goto fail;
@@ -574,18 +660,9 @@ int load_q4(struct model_q4 **out, struct tok **tok_out, const char *path,
 		goto fail;
 	free((void *)kvc.layer_shapes);
 	kvc.layer_shapes = NULL;
-	if ((rc = load_scratch(&c, err)) < 0 || (rc = model_q4_prepare(m, err)) < 0 ||
-	    (rc = load_threads(m, o, err)) < 0)
+	if ((rc = load_scratch(&c, err)) < 0 || (rc = model_q4_prepare(m, err)) < 0)
 		goto fail;
-	snprintf(m->quant_name, sizeof m->quant_name, "q4");
-	{
-		bool g32 = false, g128 = false;
-		for (uint32_t i = 0; i < m->n_notes; i++) {
-			g32 |= m->notes[i].group == 32;
-			g128 |= m->notes[i].group == 128;
-		}
-		snprintf(m->quant_name, sizeof m->quant_name, "%s", g32 && g128 ? "q4_mixed" : g32 ? "q4_g32" : "q4_g128");
-	}
+	load_quant_name(m);
 	/* Release: the model no longer needs the file. */
 	model_free(ref);
 	ref = NULL;

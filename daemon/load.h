@@ -16,9 +16,10 @@
 struct tok;
 struct ledger_load;
 
-/* The layer matrices' arena regions, one per packed type (arena.h's "weights.<type>"):
- * group 128 for weights quantized at load, group 32 for codes carried over from Q4_0,
- * Q4_1 and Q4_K files (and rows whose width is not a multiple of 128). The token
+/* The layer matrices' arena regions, one per packed group size (arena.h's
+ * "weights.<type>"): group 128 for weights quantized at load (weights_group 128), group 32
+ * for weights quantized at load with weights_group 32, for codes carried over from Q4_0,
+ * Q4_1 and Q4_K files, and for rows whose width is not a multiple of 128. The token
  * embedding and an untied head live in ARENA_REGION_EMBED_HEAD whatever their type. */
 #define LOAD_REGION_WEIGHTS_G128 ARENA_REGION_WEIGHTS ".q4g128"
 #define LOAD_REGION_WEIGHTS_G32 ARENA_REGION_WEIGHTS ".q4g32"
@@ -32,6 +33,14 @@ struct load_opts {
 	struct arena_config arena;
 	enum q4_act_kind act;          /* Q4_ACT_A16 (W4A16) or Q4_ACT_A8 (W4A8) */
 	size_t n_threads;              /* 0: every CPU of the arena's NUMA node */
+	/* How matrices read from F32/F16/BF16 are quantized (carried-over Q4_0/Q4_1/Q4_K codes
+	 * keep their own layout): LOAD_GROUP_128, asymmetric group 128 with the scale search
+	 * (4.25 bpw), or LOAD_GROUP_32, symmetric group 32 with the scale search (4.5 bpw,
+	 * Q4_0's format). 0 reads as 128. The embedding/head follows load_head_group(). */
+	uint32_t weights_group;
+	/* 0: the embedding/head as load_head_group() says; 128 or 32 forces that layout for
+	 * it (bench/fidelity measures the alternatives with this). */
+	uint32_t head_group;
 	/* Called between tensors; phase is "repacking" etc., what names the tensor. */
 	void (*progress)(void *ctx, const char *phase, const char *what, uint64_t done,
 			 uint64_t total);
@@ -46,7 +55,14 @@ struct load_opts {
 	struct arena_placement *placement;
 };
 
+#define LOAD_GROUP_128 128u
+#define LOAD_GROUP_32 32u
+
 void load_opts_default(struct load_opts *o);
+
+/* The group the embedding/head is quantized at for a weights_group (doc/benchmarks.md has
+ * the measurements behind the choice). */
+uint32_t load_head_group(uint32_t weights_group);
 
 /* Loads path into a resident model and its tokenizer. Errors name the file and what was
  * wrong; nothing is left allocated on failure. */

@@ -36,6 +36,7 @@ struct bench_opts {
 	bool act_a16, act_a8;
 	size_t probe_mib;           /* 0: no probe */
 	enum qtype kv_type;
+	uint32_t weights_group;     /* load_opts.weights_group: 128 or 32 */
 	bool json;
 };
 
@@ -307,6 +308,7 @@ static int bench_act(const struct bench_opts *o, enum q4_act_kind act, struct be
 	lo.act = act;
 	lo.n_threads = o->threads;
 	lo.kv_type = o->kv_type;
+	lo.weights_group = o->weights_group;
 	lo.max_seqs = 2;
 	lo.step_tokens = o->pp > BENCH_WARM_TOKENS ? o->pp : BENCH_WARM_TOKENS;
 	lo.max_context = (o->pp + o->tg + 15) / 16 * 16;
@@ -492,6 +494,8 @@ static void bench_usage(FILE *to)
 		"      --act a16|a8|both activation path(s) (default both)\n"
 		"      --probe-mib N     streaming-read probe buffer, 0 = no probe (default 1024)\n"
 		"      --kv f16|bf16     KV cache type (default f16, as llama.cpp's)\n"
+		"      --weights-group 128|32  layout of matrices quantized at load, as the\n"
+		"                        weights_group key of hearthd.conf(5) (default 128)\n"
 		"      --kernels NAME    auto|ref|avx2|avx512 (default auto)\n"
 		"      --json            one JSON object instead of the table\n");
 }
@@ -512,7 +516,7 @@ static int bench_parse_num(const char *name, const char *s, long lo, long hi, lo
 /* Returns 0, 1 for --help (exit 0), or -1. */
 static int bench_parse(int argc, char **argv, struct bench_opts *o)
 {
-	enum { OPT_BENCH = 256, OPT_PP, OPT_TG, OPT_ACT, OPT_PROBE, OPT_KV, OPT_KERNELS, OPT_JSON };
+	enum { OPT_BENCH = 256, OPT_PP, OPT_TG, OPT_ACT, OPT_PROBE, OPT_KV, OPT_KERNELS, OPT_JSON, OPT_GROUP };
 	static const struct option longopts[] = {
 		{ "bench", no_argument, NULL, OPT_BENCH },
 		{ "model", required_argument, NULL, 'm' },
@@ -524,6 +528,7 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
 		{ "probe-mib", required_argument, NULL, OPT_PROBE },
 		{ "kv", required_argument, NULL, OPT_KV },
 		{ "kernels", required_argument, NULL, OPT_KERNELS },
+		{ "weights-group", required_argument, NULL, OPT_GROUP },
 		{ "json", no_argument, NULL, OPT_JSON },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -538,6 +543,7 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
 	o->act_a16 = o->act_a8 = true;
 	o->probe_mib = 1024;
 	o->kv_type = QTYPE_F16;
+	o->weights_group = LOAD_GROUP_128;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "m:t:r:h", longopts, NULL)) != -1) {
 		switch (c) {
@@ -587,6 +593,16 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
 			}
 			break;
 		case OPT_KERNELS: o->kernels = optarg; break;
+		case OPT_GROUP:
+			if (!strcmp(optarg, "128")) {
+				o->weights_group = LOAD_GROUP_128;
+			} else if (!strcmp(optarg, "32")) {
+				o->weights_group = LOAD_GROUP_32;
+			} else {
+				fprintf(stderr, "hearthd: --weights-group '%s' is not 128 or 32\n", optarg);
+				return -1;
+			}
+			break;
 		case OPT_JSON: o->json = true; break;
 		case 'h': bench_usage(stdout); return 1;
 		default: bench_usage(stderr); return -1;

@@ -298,7 +298,7 @@ static void quantize_group_asym(const float *x, size_t n, uint8_t *q, qfp16 *dh,
 	}
 }
 
-/* llama.cpp's quantize_row_q4_0_ref rule, so sym packing of f32 matches Q4_0 files. */
+/* llama.cpp's quantize_row_q4_0_ref rule: the sym search's first candidate. */
 static void quantize_group_sym(const float *x, size_t n, uint8_t *q, qfp16 *dh)
 {
 	float amax = 0.0f, max = 0.0f;
@@ -319,45 +319,51 @@ static void quantize_group_sym(const float *x, size_t n, uint8_t *q, qfp16 *dh)
 	}
 }
 
-/* Sym with a search, for tools only (Q4_RULE_SYM_SEARCH; no packer uses it): the Q4_0 rule
- * as the first candidate, then scales that put the absmax at -8-t or +7+t, a least-squares
- * refit of d over each one's codes. */
-static double sym_codes(const float *x, size_t n, float d, uint8_t *q)
+/* The codes nearest x / d + 8 (clamped to 0..15) into q, and the squared error of the
+ * values the kernels multiply by, (q - 8) * d in float. amax bounds |x|. Eight lanes and
+ * integer clamps, so the compiler vectorizes it. */
+static double sym_codes(const float *x, size_t n, float amax, float d, uint8_t *q)
 {
 	float id = d != 0.0f ? 1.0f / d : 0.0f;
-	double e = 0.0;
+	double e[8] = { 0 };
 
-	for (size_t i = 0; i < n; i++) {
-		float v = x[i] * id + 8.0f;
+	if (amax * fabsf(id) < 0x1p20f) {
+		for (size_t i = 0; i < n; i++) {
+			int c = (int)round_small(x[i] * id + 8.0f);
 
-		v = v > 0.0f ? v : 0.0f;
-		v = v < 15.0f ? v : 15.0f;
-		q[i] = (uint8_t)round_small(v);
-		double t = (double)x[i] - (double)(((float)q[i] - 8.0f) * d);
+			c = c > 0 ? c : 0;
+			c = c < 15 ? c : 15;
+			q[i] = (uint8_t)c;
+		}
+	} else {
+		/* Only a refit over degenerate codes gets here: a scale far below the absmax. */
+		for (size_t i = 0; i < n; i++) {
+			float v = x[i] * id + 8.0f;
 
-		e += t * t;
+			v = v > 0.0f ? v : 0.0f;
+			v = v < 15.0f ? v : 15.0f;
+			q[i] = (uint8_t)round_small(v);
+		}
 	}
-	return e;
+	for (size_t i = 0; i < n; i += 8)
+		for (size_t j = 0; j < 8; j++) {
+			double t = (double)x[i + j] - (double)(((float)q[i + j] - 8.0f) * d);
+
+			e[j] += t * t;
+		}
+	return ((e[0] + e[1]) + (e[2] + e[3])) + ((e[4] + e[5]) + (e[6] + e[7]));
 }
 
-static void sym_try(const float *x, size_t n, const uint8_t *l, uint8_t *q, uint8_t *tmp, qfp16 *dh,
-		    double *best)
+/* Keeps d (rounded to fp16) and its codes when they give less error than *best. */
+static void sym_try(const float *x, size_t n, float amax, float d, uint8_t *q, uint8_t *tmp,
+		    qfp16 *dh, double *best)
 {
-	double sxl = 0, sll = 0;
-
-	for (size_t i = 0; i < n; i++) {
-		double c = (double)l[i] - 8.0;
-
-		sxl += x[i] * c;
-		sll += c * c;
-	}
-	if (!(sll > 0))
-		return;
-	qfp16 cd = quant_f32_to_fp16((float)(sxl / sll));
+	qfp16 cd = quant_f32_to_fp16(d);
 	float fd = quant_fp16_to_f32(cd);
-	if (!isfinite(fd))
+
+	if (!isfinite(fd) || fd == 0.0f)
 		return;
-	double e = sym_codes(x, n, fd, tmp);
+	double e = sym_codes(x, n, amax, fd, tmp);
 	if (e < *best) {
 		*best = e;
 		*dh = cd;
@@ -365,10 +371,40 @@ static void sym_try(const float *x, size_t n, const uint8_t *l, uint8_t *q, uint
 	}
 }
 
+/* Least squares x ~ (q - 8) * d over fixed codes. False when every code is 8. */
+static bool sym_refit(const float *x, size_t n, const uint8_t *q, float *d)
+{
+	float lxl[8] = { 0 }, lll[8] = { 0 };
+
+	for (size_t i = 0; i < n; i += 8)
+		for (size_t j = 0; j < 8; j++) {
+			float l = (float)q[i + j] - 8.0f;
+
+			lxl[j] += x[i + j] * l;
+			lll[j] += l * l;
+		}
+	double sxl = 0, sll = 0;
+	for (size_t j = 0; j < 8; j++) {
+		sxl += lxl[j];
+		sll += lll[j];
+	}
+	if (!(sll > 0.0))
+		return false;
+	*d = (float)(sxl / sll);
+	return true;
+}
+
+/* Sym (the searched rule of q4_pack_rows_f32; n a multiple of 8, at most 256): llama.cpp's
+ * Q4_0 rule is the first candidate, measured as stored. Then scales that put the signed
+ * absmax at code -8-t or at +7+t, for the grid of t the asym search uses: each one's codes,
+ * the least-squares d over them, ranked by the fit's residual (sum x^2 - (sum xl)^2 /
+ * sum l^2, no second pass). The best is rounded to fp16, its codes re-chosen and measured,
+ * and refit over its own codes while that helps. A candidate replaces Q4_0 only when its
+ * measured error is lower: never worse than Q4_0, deterministic. */
 static void quantize_group_sym_search(const float *x, size_t n, uint8_t *q, qfp16 *dh)
 {
 	float amax = 0.0f, max = 0.0f;
-	uint8_t tmp[256], l[256];
+	uint8_t tmp[256];
 
 	for (size_t i = 0; i < n; i++) {
 		if (fabsf(x[i]) > amax) {
@@ -377,24 +413,67 @@ static void quantize_group_sym_search(const float *x, size_t n, uint8_t *q, qfp1
 		}
 	}
 	quantize_group_sym(x, n, q, dh);
-	double best = sym_codes(x, n, quant_fp16_to_f32(*dh), tmp);
-	if (amax == 0.0f)
-		return;
-	for (int side = 0; side < 2; side++) {
-		for (int k = 0; k <= Q4_SEARCH_STEPS; k++) {
-			float t = Q4_SEARCH_RDELTA * (float)k + Q4_SEARCH_RMIN;
-			float d = side == 0 ? max / (-8.0f - t) : max / (7.0f + t);
+	float d0 = quant_fp16_to_f32(*dh);
+	double best = 0.0;
+	for (size_t i = 0; i < n; i++) {
+		double t = (double)x[i] - (double)(((float)q[i] - 8.0f) * d0);
 
-			sym_codes(x, n, d, l);
-			sym_try(x, n, l, q, tmp, dh, &best);
+		best += t * t;
+	}
+	/* Nothing to search for an all-zero group, or when 9/absmax is not a float. */
+	if (!(amax > 0.0f) || !isfinite(9.0f / amax))
+		return;
+	float lxx[8] = { 0 };
+	for (size_t i = 0; i < n; i += 8)
+		for (size_t j = 0; j < 8; j++)
+			lxx[j] += x[i + j] * x[i + j];
+	double sxx = 0;
+	for (size_t j = 0; j < 8; j++)
+		sxx += lxx[j];
+	double best_res = INFINITY, bd = 0;
+	for (int side = 0; side < 2; side++) {
+		for (int k = 0; k < Q4_SEARCH_STEPS; k++) {
+			float t = Q4_SEARCH_RMIN + Q4_SEARCH_RDELTA * (float)k;
+			/* The inverse scale: x * is lies in [-9, 9], so the rounding trick holds. */
+			float is = (side == 0 ? -8.0f - t : 7.0f + t) / max;
+			float lxl[8] = { 0 }, lll[8] = { 0 };
+
+			/* Rounded half up and clamped as integers (x * is + 8.5 lies in
+			 * [-0.5, 17.5]; truncation of a negative there gives 0 as the clamp
+			 * would): no branches, and the compiler vectorizes it. */
+			for (size_t i = 0; i < n; i += 8)
+				for (size_t j = 0; j < 8; j++) {
+					int c = (int)(x[i + j] * is + 8.5f);
+
+					c = c < 15 ? c : 15;
+					c = c > 0 ? c : 0;
+					float l = (float)(c - 8);
+
+					lxl[j] += x[i + j] * l;
+					lll[j] += l * l;
+				}
+			double sxl = 0, sll = 0;
+			for (size_t j = 0; j < 8; j++) {
+				sxl += lxl[j];
+				sll += lll[j];
+			}
+			if (!(sll > 0.0))
+				continue;
+			double res = sxx - sxl * sxl / sll;
+			if (res < best_res) {
+				best_res = res;
+				bd = sxl / sll;
+			}
 		}
 	}
-	for (int r = 0; r < Q4_SEARCH_REFITS; r++) {
+	if (!(best_res < INFINITY))
+		return;
+	float d = (float)bd;
+	for (int r = 0; r <= Q4_SEARCH_REFITS; r++) {
 		double before = best;
 
-		memcpy(l, q, n);
-		sym_try(x, n, l, q, tmp, dh, &best);
-		if (!(best < before))
+		sym_try(x, n, amax, d, q, tmp, dh, &best);
+		if (!(best < before) || !sym_refit(x, n, q, &d))
 			break;
 	}
 }
@@ -431,7 +510,7 @@ void q4_pack_rows_f32(struct q4_matrix *m, const float *src, size_t ld, size_t r
 			if (m->asym)
 				quantize_group_asym(xg, m->group, q, d_slot(m, row, g), m_slot(m, row, g));
 			else
-				quantize_group_sym(xg, m->group, q, d_slot(m, row, g));
+				quantize_group_sym_search(xg, m->group, q, d_slot(m, row, g));
 			put_codes(m, row, g * m->group, q, m->group);
 		}
 	}

@@ -47,7 +47,10 @@ double q4_matrix_bpw(const struct q4_matrix *m);
  * twice more. Every candidate's d and m are rounded to fp16 and the codes re-chosen
  * (nearest, clamped to 0..15) before its error is measured, so the error is that of the
  * values the kernels multiply by, and the result is never worse than min/max. Same
- * input, same bytes. Sym: llama.cpp's Q4_0 rule (d = signed absmax / -8). Rows can be
+ * input, same bytes. Sym (group 32 is Q4_0's format): llama.cpp's Q4_0 rule (d = signed
+ * absmax / -8) is the first candidate, then scales that put the absmax at -8-t or 7+t on
+ * the same grid of t, ranked by their least-squares fit, the best refit over its own codes;
+ * measured on the fp16 d as stored, so never worse than Q4_0's rule. Rows can be
  * packed in any order and any number per call; the call that packs the last row zeroes
  * the pad rows. Only the rows named are touched, so the loader streams a few rows at a
  * time. */
@@ -55,9 +58,9 @@ void q4_pack_rows_f32(struct q4_matrix *m, const float *src, size_t ld, size_t r
 
 /* One group of n values (a multiple of 8, at most 256) by a rule, for tools that simulate
  * other layouts in f32 (bench/fidelity --ablate): codes into q, d and m as stored (fp16
- * values; sym: m = -8d, value (q-8)*d). ASYM is the rule q4_pack_rows_f32 uses, SYM_Q4_0
- * its sym rule, SYM_SEARCH a sym rule with the same kind of scale search (no packer
- * uses it). */
+ * values; sym: m = -8d, value (q-8)*d). ASYM and SYM_SEARCH are the rules
+ * q4_pack_rows_f32 uses for asym and sym matrices; SYM_Q4_0 is llama.cpp's Q4_0 rule (for
+ * comparison). */
 enum q4_rule { Q4_RULE_ASYM, Q4_RULE_SYM_Q4_0, Q4_RULE_SYM_SEARCH };
 void q4_quantize_group_f32(const float *x, size_t n, enum q4_rule rule, uint8_t *q, float *d, float *m);
 

@@ -109,7 +109,8 @@ static void test_load_stores_tied_embedding_once(void **state)
 }
 
 /* One region per packed type: F32/BF16 rows that are a multiple of 128 are quantized at
- * group 128; carried-over Q4_0/Q4_K codes stay at group 32; Q4_K_M mixes both. */
+ * group 128 (at group 32 with weights_group 32); carried-over Q4_0/Q4_K codes stay at group
+ * 32; Q4_K_M mixes both unless its Q6_K matrices go to group 32 too. */
 static void test_load_puts_weights_in_one_region_per_type(void **state)
 {
 	(void)state;
@@ -117,14 +118,19 @@ static void test_load_puts_weights_in_one_region_per_type(void **state)
 	small_opts(&o);
 	static const struct {
 		const char *file;
+		uint32_t group;
 		bool g128, g32;
 	} cases[] = {
-		{ "fx-quant-bf16.gguf", true, false },  /* 256 / 512 wide: group 128 */
-		{ "fx-quant-q4_0.gguf", false, true },  /* carried over */
-		{ "fx-quant-q4_k_m.gguf", true, true }, /* Q4_K carried, Q6_K requantized */
-		{ "fx-llama.gguf", false, true },       /* 64 wide: group 32 */
+		{ "fx-quant-bf16.gguf", 0, true, false },  /* 256 / 512 wide: group 128 */
+		{ "fx-quant-q4_0.gguf", 0, false, true },  /* carried over */
+		{ "fx-quant-q4_k_m.gguf", 0, true, true }, /* Q4_K carried, Q6_K requantized */
+		{ "fx-llama.gguf", 0, false, true },       /* 64 wide: group 32 */
+		{ "fx-quant-bf16.gguf", LOAD_GROUP_32, false, true },
+		{ "fx-quant-q4_k_m.gguf", LOAD_GROUP_32, false, true },
+		{ "fx-quant-q4_0.gguf", LOAD_GROUP_32, false, true },
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		o.weights_group = cases[i].group;
 		struct model_q4 *m = load_fixture(cases[i].file, &o);
 		const struct arena_region *a = region(m, LOAD_REGION_WEIGHTS_G128);
 		const struct arena_region *b = region(m, LOAD_REGION_WEIGHTS_G32);
@@ -144,6 +150,78 @@ static void test_load_puts_weights_in_one_region_per_type(void **state)
 			assert_true(q->data >= want->base && q->data < want->base + want->size);
 		}
 		model_q4_free(m);
+	}
+}
+
+/* weights_group 32 on a BF16 file: every layer matrix symmetric group 32, sized as
+ * kernels/q4.h describes it (per 16-row block: one fp16 d per group and row, padded to
+ * 64 bytes, then cols/2 code bytes per row), i.e. 4.5 bits per weight for these widths;
+ * the embedding stays asymmetric group 128 (load_head_group) in embed_head. A group the
+ * layout does not have is refused. */
+static void test_load_weights_group_32_packs_layers_sym_group_32(void **state)
+{
+	(void)state;
+	struct load_opts o;
+	small_opts(&o);
+	o.weights_group = LOAD_GROUP_32;
+	struct model_q4 *m = load_fixture("fx-quant-bf16.gguf", &o);
+	size_t bytes = 0;
+	for (uint32_t l = 0; l < m->n_layer; l++) {
+		const struct mq4_layer *L = &m->layers[l];
+		const struct q4_matrix *ws[7] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down };
+		for (int i = 0; i < 7; i++) {
+			const struct q4_matrix *q = ws[i];
+			assert_int_equal(q->group, 32);
+			assert_false(q->asym);
+			size_t scales = (q->cols / 32 * 16 * 2 + 63) / 64 * 64;
+			size_t want = (q->rows + 15) / 16 * (scales + q->cols * 8);
+			assert_int_equal(q4_matrix_bytes(q), want);
+			assert_true(q4_matrix_bpw(q) == 4.5);
+			bytes += (want + 63) / 64 * 64;
+		}
+	}
+	assert_int_equal(bytes, m->bytes_weights);
+	assert_int_equal(region(m, LOAD_REGION_WEIGHTS_G32)->size, bytes);
+	assert_int_equal(m->embd.group, load_head_group(LOAD_GROUP_32));
+	assert_true(m->embd.asym == (m->embd.group == 128));
+	const struct arena_region *eh = region(m, ARENA_REGION_EMBED_HEAD);
+	assert_true(m->embd.data >= eh->base && m->embd.data < eh->base + eh->size);
+	model_q4_free(m);
+
+	char path[4096];
+	fixture_path("fx-quant-bf16.gguf", path, sizeof path);
+	struct hearth_error e;
+	o.weights_group = 64;
+	assert_int_equal(load_path(path, &o, &m, &e), HEARTH_EINVAL);
+	assert_non_null(strstr(e.msg, "use 128 or 32"));
+	assert_null(m);
+}
+
+/* The repack splits row blocks over the pool's threads: the packed bytes are the same as
+ * one thread's, for both layouts. */
+static void test_load_repack_on_threads_gives_the_same_bytes(void **state)
+{
+	(void)state;
+	static const uint32_t groups[2] = { LOAD_GROUP_128, LOAD_GROUP_32 };
+	for (int g = 0; g < 2; g++) {
+		struct load_opts o;
+		small_opts(&o);
+		o.weights_group = groups[g];
+		o.n_threads = 1;
+		struct model_q4 *one = load_fixture("fx-quant-bf16.gguf", &o);
+		o.n_threads = 2;
+		struct model_q4 *two = load_fixture("fx-quant-bf16.gguf", &o);
+		const char *names[3] = { LOAD_REGION_WEIGHTS_G128, LOAD_REGION_WEIGHTS_G32, ARENA_REGION_EMBED_HEAD };
+		for (int i = 0; i < 3; i++) {
+			const struct arena_region *a = region(one, names[i]), *b = region(two, names[i]);
+			assert_true((a == NULL) == (b == NULL));
+			if (!a)
+				continue;
+			assert_int_equal(a->used, b->used);
+			assert_memory_equal(a->base, b->base, a->used);
+		}
+		model_q4_free(one);
+		model_q4_free(two);
 	}
 }
 
@@ -405,6 +483,8 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_load_stores_tied_embedding_once),
 		cmocka_unit_test(test_load_puts_weights_in_one_region_per_type),
+		cmocka_unit_test(test_load_weights_group_32_packs_layers_sym_group_32),
+		cmocka_unit_test(test_load_repack_on_threads_gives_the_same_bytes),
 		cmocka_unit_test(test_load_sizes_rope_by_max_context),
 		cmocka_unit_test(test_load_peak_is_small_and_the_sampler_sees_a_transient),
 		cmocka_unit_test(test_load_reports_a_kv_budget_too_small_for_one_block),

@@ -326,6 +326,22 @@ static void test_q4_quantize_group_matches_pack(void **state)
 				assert_int_equal(q[k], q4_code(&m, r, g * 128 + k));
 		}
 	}
+	/* SYM_SEARCH is the sym packer's rule: same codes and scale. */
+	struct q4_matrix ms;
+	assert_int_equal(q4_matrix_plan(&ms, rows, cols, 32, false), 0);
+	ms.data = xalloc(q4_matrix_bytes(&ms));
+	q4_pack_rows_f32(&ms, w, cols, 0, rows);
+	for (size_t r = 0; r < rows; r++) {
+		for (size_t g = 0; g < cols / 32; g++) {
+			float d, mn;
+
+			q4_quantize_group_f32(w + r * cols + g * 32, 32, Q4_RULE_SYM_SEARCH, q, &d, &mn);
+			assert_true(d == q4_scale_d(&ms, r, g) && mn == q4_scale_m(&ms, r, g));
+			for (size_t k = 0; k < 32; k++)
+				assert_int_equal(q[k], q4_code(&ms, r, g * 32 + k));
+		}
+	}
+	free(ms.data);
 	/* SYM_Q4_0 is llama.cpp's Q4_0 rule: the same values as a Q4_0 round trip. */
 	struct block_q4_0 blk;
 	float truth[32], d, mn;
@@ -339,28 +355,75 @@ static void test_q4_quantize_group_matches_pack(void **state)
 	free(w);
 }
 
-/* Sym packing from f32 follows quantize_row_q4_0_ref: same values as a Q4_0 round trip. */
-static void test_q4_pack_f32_sym_matches_llama_q4_0(void **state)
+/* Squared error of one group quantized by llama.cpp's Q4_0 rule, computed here from a Q4_0
+ * round trip through kernels/quant.c (quantize_row_q4_0_ref's rule), independent of q4.c. */
+static double q4_0_group_sse(const float *x)
+{
+	struct block_q4_0 blk;
+	float v[QK4_0];
+	double e = 0.0;
+
+	assert_true(quant_quantize_row(QTYPE_Q4_0, x, &blk, QK4_0));
+	quant_dequant_row(QTYPE_Q4_0, &blk, v, QK4_0);
+	for (size_t i = 0; i < QK4_0; i++)
+		e += ((double)x[i] - v[i]) * ((double)x[i] - v[i]);
+	return e;
+}
+
+/* Sym packing from f32 (the weights_group 32 layout) searches each group's scale and never
+ * ends with more squared error than llama.cpp's Q4_0 rule, per group, on random groups and
+ * on the cases that break naive searches; the values are (q - 8) * d with d as stored. */
+static void test_q4_pack_f32_sym_search_never_worse_than_q4_0(void **state)
 {
 	uint64_t s = 12;
-	const size_t rows = 21, cols = 256;
-	float *w = random_floats(&s, rows * cols, 3.0f);
-	struct block_q4_0 *blocks = xalloc(rows * cols / 32 * sizeof(*blocks));
-	float *truth = xalloc(rows * cols * sizeof(float)), *u = xalloc(rows * cols * sizeof(float));
+	const size_t rows = 16, cols = 4 * 32;
+	float *w = xalloc(rows * cols * sizeof(float)), *u = xalloc(rows * cols * sizeof(float));
+	size_t groups = 0, better = 0;
+	double sse_search = 0, sse_q4_0 = 0;
 	struct q4_matrix m;
 
 	(void)state;
-	assert_true(quant_quantize_row(QTYPE_Q4_0, w, blocks, rows * cols));
-	quant_dequant_row(QTYPE_Q4_0, blocks, truth, rows * cols);
 	assert_int_equal(q4_matrix_plan(&m, rows, cols, 32, false), 0);
 	m.data = xalloc(q4_matrix_bytes(&m));
-	q4_pack_rows_f32(&m, w, cols, 0, rows);
-	q4_unpack_rows(&m, 0, rows, u, cols);
-	assert_memory_equal(u, truth, rows * cols * sizeof(float));
+	for (int it = 0; it < 40; it++) {
+		/* Each row: a special kind, then three random groups of two scales. */
+		for (size_t r = 0; r < rows; r++) {
+			fill_group(&s, (enum group_kind)((r + (size_t)it) % GROUP_KINDS), w + r * cols, 32);
+			for (size_t g = 1; g < 4; g++)
+				fill_group(&s, (it + g) % 2 ? GROUP_NORMALISH : GROUP_UNIFORM, w + r * cols + g * 32, 32);
+			if (it % 3 == 0) /* negate: Q4_0's scale sign follows the absmax */
+				for (size_t k = 0; k < cols; k++)
+					w[r * cols + k] = -w[r * cols + k];
+		}
+		q4_pack_rows_f32(&m, w, cols, 0, rows);
+		q4_unpack_rows(&m, 0, rows, u, cols);
+		for (size_t r = 0; r < rows; r++) {
+			for (size_t g = 0; g < 4; g++) {
+				const float *x = w + r * cols + g * 32, *v = u + r * cols + g * 32;
+				double e = 0.0, p = q4_0_group_sse(x);
+
+				for (size_t k = 0; k < 32; k++) {
+					unsigned q = q4_code(&m, r, g * 32 + k);
+					float d = q4_scale_d(&m, r, g);
+
+					assert_true(v[k] == ((float)q - 8.0f) * d);
+					assert_true(q4_scale_m(&m, r, g) == -8.0f * d);
+					e += ((double)x[k] - v[k]) * ((double)x[k] - v[k]);
+				}
+				if (!(e <= p))
+					fail_msg("row %zu group %zu (it %d): search %.9g > Q4_0 %.9g", r, g, it, e, p);
+				groups++;
+				better += e < p * (1.0 - 1e-6);
+				sse_search += e;
+				sse_q4_0 += p;
+			}
+		}
+	}
+	/* And the search pays: most random groups improve, the total by several percent. */
+	assert_true(better > groups / 2);
+	assert_true(sse_search < 0.93 * sse_q4_0);
 	free(m.data);
 	free(w);
-	free(blocks);
-	free(truth);
 	free(u);
 }
 
@@ -1251,7 +1314,7 @@ int main(void)
 		cmocka_unit_test(test_q4_pack_f32_asym_codes_nearest_for_stored_scales),
 		cmocka_unit_test(test_q4_pack_f32_asym_search_never_worse_than_min_max),
 		cmocka_unit_test(test_q4_quantize_group_matches_pack),
-		cmocka_unit_test(test_q4_pack_f32_sym_matches_llama_q4_0),
+		cmocka_unit_test(test_q4_pack_f32_sym_search_never_worse_than_q4_0),
 		cmocka_unit_test(test_q4_0_carry_over_matches_llama_dequant_exactly),
 		cmocka_unit_test(test_q4_1_carry_over_matches_llama_dequant_exactly),
 		cmocka_unit_test(test_q4_k_carry_over_within_fp16_scale_rounding),
