@@ -10,7 +10,7 @@ if (!dir) {
 	process.exit(2);
 }
 const read = (f) => existsSync(join(dir, f)) ? readFileSync(join(dir, f), "utf8").trim() : null;
-const ours = ["hearth_bf16.json", "hearth_q4_0.json"].map(read).filter(Boolean).map(JSON.parse);
+const ours = ["hearth_bf16.json", "hearth_bf16_g32.json", "hearth_q4_0.json"].map(read).filter(Boolean).map(JSON.parse);
 const llama = (read("llama.json") ?? "").split("\n").filter(Boolean).map(JSON.parse);
 if (!ours.length || !llama.length) {
 	console.error(`bench_report: ${dir} lacks hearth_bf16.json or llama.json`);
@@ -28,7 +28,7 @@ const rows = [];
 for (const o of ours) {
 	for (const r of o.runs) {
 		rows.push({
-			name: `hearth ${r.act === "a8" ? "W4A8" : "W4A16"}`, file: basename(o.model),
+			name: `hearth ${r.act === "a8" ? "W4A8" : "W4A16"}`, file: `${basename(o.model)} ${o.layout}`,
 			layout: o.layout, bpw: o.bpw, pp: r.pp_tps, tg: r.tg_tps, gbs: r.tg_gbs.median,
 		});
 	}
@@ -48,10 +48,10 @@ if (probe)
 	console.log(`stream probe (${ours[0].probe_mib} MiB on the pool threads): median ` +
 		`${probe.median.toFixed(1)} GB/s (min ${probe.min.toFixed(1)}, max ${probe.max.toFixed(1)})`);
 const pad = (s, n) => String(s).padEnd(n);
-console.log(`\n${pad("engine", 14)}${pad("file", 26)}${pad("bpw", 6)}${pad(`pp${ours[0].pp} tok/s`, 24)}` +
+console.log(`\n${pad("engine", 14)}${pad("file", 44)}${pad("bpw", 6)}${pad(`pp${ours[0].pp} tok/s`, 24)}` +
 	`${pad(`tg${ours[0].tg} tok/s`, 22)}${pad("decode GB/s", 12)}% probe`);
 for (const r of rows)
-	console.log(`${pad(r.name, 14)}${pad(r.file, 26)}${pad(r.bpw.toFixed(2), 6)}${pad(f1(r.pp), 24)}` +
+	console.log(`${pad(r.name, 14)}${pad(r.file, 44)}${pad(r.bpw.toFixed(2), 6)}${pad(f1(r.pp), 24)}` +
 		`${pad(f2(r.tg), 22)}${pad(r.gbs.toFixed(1), 12)}${pct(r.gbs)}`);
 
 const ratio = (a, b) => (a / b).toFixed(2);
@@ -66,7 +66,7 @@ const line = (what, a, b, target) => {
 	console.log(`  ${pad(what, 56)} ${ratio(a, b)}x${verdict}`);
 };
 for (const o of ours) {
-	const tag = o === main ? "" : ` [${basename(o.model)}]`;
+	const tag = o === main ? "" : ` [${basename(o.model)} ${o.layout}]`;
 	if (q40) {
 		line(`decode W4A16${tag} / llama.cpp Q4_0`, run(o, "a16")?.tg_tps.median, q40.tg_tps.median, 1.15);
 		line(`decode W4A8${tag} / llama.cpp Q4_0`, run(o, "a8")?.tg_tps.median, q40.tg_tps.median, 1.15);

@@ -129,7 +129,7 @@ static void bench_child(const struct bench_opts *o, uint32_t idx, uint32_t n_voc
 	char name[32];
 	snprintf(name, sizeof name, "bench-%u", idx);
 	struct hearth_connect_opts co = { .socket_path = o->socket, .client_name = name,
-					  .timeout_ms = o->timeout_ms };
+					  .timeout_ms = o->timeout_ms, .spin_us = o->spin_us };
 	uint32_t *ids = malloc((size_t)o->prompt_tokens * sizeof *ids);
 	if (!ids) {
 		s->rc = HEARTH_ENOMEM;
@@ -454,7 +454,7 @@ int bench_run(const struct bench_opts *o)
 	struct hearth_err e = { 0 };
 	struct hearth *h;
 	struct hearth_connect_opts co = { .socket_path = o->socket, .client_name = "bench",
-					  .timeout_ms = o->timeout_ms };
+					  .timeout_ms = o->timeout_ms, .spin_us = o->spin_us };
 	if (hearth_connect_with(&h, &co, &e) < 0) {
 		fprintf(stderr, "hearth: %s\n", e.msg[0] ? e.msg : hearth_strerror(e.code));
 		return 1;

@@ -20,6 +20,7 @@ struct bench_opts {
 	uint64_t seed;
 	bool json;
 	int verbose;              /* > 0: one line per client too */
+	unsigned spin_us;         /* each client's hearth_connect_opts.spin_us */
 };
 
 /* Runs every level and prints the report on stdout. Returns the CLI's exit status: 0 ok,

@@ -52,6 +52,7 @@ static void usage(FILE *f)
 		"  ledger [--json]                  where the daemon's memory went\n"
 		"  ping [-c N]                      round trip to the daemon, in microseconds\n"
 		"  bench [--clients LIST] [--prompt-tokens N] [--tokens N] [--seed S] [--json]\n"
+		"        [--spin-us N]\n"
 		"                                   N concurrent client processes (LIST default\n"
 		"                                   1,2,4,8,16; 128 + 128 tokens): tokens/s, time\n"
 		"                                   to first token, IPC latency per token\n"
@@ -269,7 +270,8 @@ static int cli_connect(struct cli *c, bool hello, struct hearth **h, struct hear
 
 enum {
 	OPT_SOCKET = 1000, OPT_TIMEOUT, OPT_JSON, OPT_TEMP, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P,
-	OPT_REPEAT_PENALTY, OPT_REPEAT_LAST_N, OPT_SEED, OPT_STOP, OPT_NO_BOS, OPT_SPECIAL,
+	OPT_REPEAT_PENALTY, OPT_REPEAT_LAST_N, OPT_SEED,
+	OPT_SPIN_US, OPT_STOP, OPT_NO_BOS, OPT_SPECIAL,
 	OPT_CLIENTS, OPT_PROMPT_TOKENS, OPT_TOKENS,
 };
 
@@ -894,6 +896,7 @@ static int cmd_bench(struct cli *c, int argc, char **argv)
 		{ "tokens", required_argument, NULL, OPT_TOKENS },
 		{ "seed", required_argument, NULL, OPT_SEED },
 		{ "json", no_argument, NULL, OPT_JSON },
+		{ "spin-us", required_argument, NULL, OPT_SPIN_US },
 		{ 0 },
 	};
 	struct bench_opts o = { .prompt_tokens = 128, .tokens = 128, .seed = 1 };
@@ -930,6 +933,12 @@ static int cmd_bench(struct cli *c, int argc, char **argv)
 			break;
 		case OPT_JSON:
 			o.json = true;
+			break;
+		case OPT_SPIN_US:
+			if (!parse_u64(optarg, 1000000, &v))
+				return usage_error("--spin-us wants 0..1000000 microseconds, not \"%s\"",
+						   optarg);
+			o.spin_us = (unsigned)v;
 			break;
 		}
 	}

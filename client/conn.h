@@ -64,6 +64,7 @@ struct conn_req {
 struct hearth {
 	int fd;
 	int timeout_ms;           /* idle timeout, < 0 none */
+	unsigned spin_us;         /* ring watch before each sleep (hearth_connect_opts) */
 	pthread_mutex_t mu;       /* request table, reader flag, death */
 	pthread_cond_t cv;        /* something was dispatched, or the reader role freed up */
 	pthread_mutex_t wmu;      /* socket writes and client->daemon ring pushes */

@@ -99,6 +99,11 @@ struct hearth_connect_opts {
 	/* Called during hearth_connect for each `loading` progress frame, if set. */
 	void (*on_loading)(void *user, const char *phase, uint64_t done, uint64_t total);
 	void *user;
+	/* Before sleeping for the next event, watch the shared-memory ring for up to this
+	 * many microseconds (0: never). A token then reaches the callback without a wake-up
+	 * (the machine's eventfd wake-up floor is what `hearth bench` prints), at the price
+	 * of a core that spins while it waits: for clients with a core to spare. */
+	unsigned spin_us;
 };
 
 /* Connects, says hello and waits for the welcome (through the model's load, if it is still

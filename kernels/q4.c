@@ -169,6 +169,17 @@ static double group_codes(const float *x, size_t n, float lo, float hi, float d,
 	return ((e[0] + e[1]) + (e[2] + e[3])) + ((e[4] + e[5]) + (e[6] + e[7]));
 }
 
+/* The 8 lane sums of a vectorizable loop folded in lane order (one order everywhere, so
+ * a group quantizes the same way in every caller). */
+static inline double lanes_sum(const float l[8])
+{
+	double s = 0;
+
+	for (size_t j = 0; j < 8; j++)
+		s += l[j];
+	return s;
+}
+
 /* Least squares x ~ d*q + m over fixed codes. False when that gives no positive d. */
 static bool group_refit(const float *x, size_t n, const uint8_t *q, float *d, float *m)
 {
@@ -183,13 +194,7 @@ static bool group_refit(const float *x, size_t n, const uint8_t *q, float *d, fl
 			lx[j] += x[i + j];
 			lxq[j] += x[i + j] * l;
 		}
-	double sq = 0, sqq = 0, sx = 0, sxq = 0, cn = (double)n;
-	for (size_t j = 0; j < 8; j++) {
-		sq += lq[j];
-		sqq += lqq[j];
-		sx += lx[j];
-		sxq += lxq[j];
-	}
+	double sq = lanes_sum(lq), sqq = lanes_sum(lqq), sx = lanes_sum(lx), sxq = lanes_sum(lxq), cn = (double)n;
 	double den = cn * sqq - sq * sq;
 	if (!(den > 0.0))
 		return false;
@@ -245,11 +250,7 @@ static void quantize_group_asym(const float *x, size_t n, uint8_t *q, qfp16 *dh,
 			lx[j] += x[i + j];
 			lxx[j] += x[i + j] * x[i + j];
 		}
-	double sx = 0, sxx = 0, cn = (double)n;
-	for (size_t j = 0; j < 8; j++) {
-		sx += lx[j];
-		sxx += lxx[j];
-	}
+	double sx = lanes_sum(lx), sxx = lanes_sum(lxx), cn = (double)n;
 	double best_res = INFINITY, bd = 0, bm = 0;
 	for (int k = 0; k < Q4_SEARCH_STEPS; k++) {
 		float is = (15.0f + Q4_SEARCH_RMIN + Q4_SEARCH_RDELTA * (float)k) / (hi - lo);
@@ -268,12 +269,7 @@ static void quantize_group_asym(const float *x, size_t n, uint8_t *q, qfp16 *dh,
 				lll[j] += l * l;
 				lxl[j] += x[i + j] * l;
 			}
-		double sl = 0, sll = 0, sxl = 0;
-		for (size_t j = 0; j < 8; j++) {
-			sl += ll[j];
-			sll += lll[j];
-			sxl += lxl[j];
-		}
+		double sl = lanes_sum(ll), sll = lanes_sum(lll), sxl = lanes_sum(lxl);
 		double den = cn * sll - sl * sl;
 		if (!(den > 0.0))
 			continue;
@@ -383,11 +379,7 @@ static bool sym_refit(const float *x, size_t n, const uint8_t *q, float *d)
 			lxl[j] += x[i + j] * l;
 			lll[j] += l * l;
 		}
-	double sxl = 0, sll = 0;
-	for (size_t j = 0; j < 8; j++) {
-		sxl += lxl[j];
-		sll += lll[j];
-	}
+	double sxl = lanes_sum(lxl), sll = lanes_sum(lll);
 	if (!(sll > 0.0))
 		return false;
 	*d = (float)(sxl / sll);
@@ -427,9 +419,7 @@ static void quantize_group_sym_search(const float *x, size_t n, uint8_t *q, qfp1
 	for (size_t i = 0; i < n; i += 8)
 		for (size_t j = 0; j < 8; j++)
 			lxx[j] += x[i + j] * x[i + j];
-	double sxx = 0;
-	for (size_t j = 0; j < 8; j++)
-		sxx += lxx[j];
+	double sxx = lanes_sum(lxx);
 	double best_res = INFINITY, bd = 0;
 	for (int side = 0; side < 2; side++) {
 		for (int k = 0; k < Q4_SEARCH_STEPS; k++) {
@@ -452,11 +442,7 @@ static void quantize_group_sym_search(const float *x, size_t n, uint8_t *q, qfp1
 					lxl[j] += x[i + j] * l;
 					lll[j] += l * l;
 				}
-			double sxl = 0, sll = 0;
-			for (size_t j = 0; j < 8; j++) {
-				sxl += lxl[j];
-				sll += lll[j];
-			}
+			double sxl = lanes_sum(lxl), sll = lanes_sum(lll);
 			if (!(sll > 0.0))
 				continue;
 			double res = sxx - sxl * sxl / sll;

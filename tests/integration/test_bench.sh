@@ -23,7 +23,7 @@ ok() { n=$((n + 1)); echo "ok $n - $1"; }
 not_ok() { n=$((n + 1)); failed=1; echo "not ok $n - $1"; [ -n "${2:-}" ] && printf '%s\n' "$2" | sed 's/^/# /'; }
 check() { if eval "$2"; then ok "$1"; else not_ok "$1" "$out"; fi; }
 
-echo "1..6"
+echo "1..7"
 out=$(HEARTH_BENCH_SERVE_MODEL=$model HEARTH_BENCH_KV_BUDGET=16MiB HEARTH_BUILDDIR=$builddir \
 	sh "$srcdir/bench/serve_bench.sh" --clients 1,3 --prompt-tokens 8 --tokens 8 --json 2>&1)
 rc=$?
@@ -45,4 +45,13 @@ check "IPC latencies are below a minute" \
 wake=$(printf '%s' "$json" | grep -o '"wake_same_cpu_us_p50":[0-9.]*' | cut -d: -f2)
 check "the wake floor is measured alongside" \
 	'[ -n "$wake" ] && awk -v w="$wake" "BEGIN { exit !(w > 0 && w < 1000000) }"'
+# Clients that watch their ring before sleeping (--spin-us) get every token the same way.
+out=$(HEARTH_BENCH_SERVE_MODEL=$model HEARTH_BENCH_KV_BUDGET=16MiB HEARTH_BUILDDIR=$builddir \
+	sh "$srcdir/bench/serve_bench.sh" --clients 2 --prompt-tokens 8 --tokens 8 --spin-us 5000 \
+	--json 2>&1)
+rc=$?
+json=$(printf '%s\n' "$out" | grep '^{"model"')
+check "spinning clients (--spin-us) get exactly --tokens tokens each" \
+	'[ $rc -eq 0 ] && [ "$(printf "%s" "$json" | grep -o "\"n_gen\":8}" | wc -l)" -eq 2 ] &&
+	printf "%s" "$json" | grep -q "\"ipc_samples\":16,"'
 exit $failed
