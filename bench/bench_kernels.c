@@ -59,6 +59,21 @@ static void run_matmul(void *arg, size_t t, size_t n)
 		j->k->matmul(m, j->acts, j->y, m->rows, b, e);
 }
 
+/* Runs the matmul over the rotating copies (so the weights come from memory) until the
+ * budget is spent from t0; returns the end time and the count in *reps. */
+static double time_rotating(struct pool *p, struct job *j, double t0, double budget, int *reps)
+{
+	double t1;
+
+	do {
+		j->cur = (size_t)*reps % j->n_mats;
+		pool_run(p, run_matmul, j);
+		(*reps)++;
+		t1 = now();
+	} while (t1 - t0 < budget);
+	return t1;
+}
+
 static void run_prepare(void *arg, size_t t, size_t n)
 {
 	struct job *j = arg;
@@ -193,14 +208,7 @@ int main(int argc, char **argv)
 				int reps = 0;
 
 				j.acts = &a1;
-				double t0 = now(), c0 = cpu_now(), t1;
-
-				do {
-					j.cur = (size_t)reps % n_mats;
-					pool_run(pools[th], run_matmul, &j);
-					reps++;
-					t1 = now();
-				} while (t1 - t0 < budget);
+				double t0 = now(), c0 = cpu_now(), t1 = time_rotating(pools[th], &j, t0, budget, &reps);
 				double c = (cpu_now() - c0) / (th + 1);
 
 				printf("  gemv %s %d thr: %6.1f GB/s wall, %6.1f GB/s per cpu-time (%.1f us/matvec)\n",
@@ -236,14 +244,7 @@ int main(int argc, char **argv)
 			j.acts = &as;
 			for (int th = 0; th < 2; th++) {
 				int reps = 0;
-				double t0 = now(), t1;
-
-				do {
-					j.cur = (size_t)reps % n_mats;
-					pool_run(pools[th], run_matmul, &j);
-					reps++;
-					t1 = now();
-				} while (t1 - t0 < budget);
+				double t0 = now(), t1 = time_rotating(pools[th], &j, t0, budget, &reps);
 				double ops = 2.0 * rows * cols * SMALL_TOK * reps;
 
 				printf("  gemm %s %d thr: %6.1f GOP/s wall, %6.1f GB/s of weights (%d tokens from memory, %.1f us)\n",
