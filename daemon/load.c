@@ -303,26 +303,22 @@ static struct mq4_rope *load_rope_slot(struct model_q4 *m, float base, float sca
  * the plan sizes the scratch by and load_scratch carves it by. */
 struct load_widths {
 	size_t q, k, v, a, ff;     /* q, k, v, attention output, ffn hidden */
-	size_t rep, hd;            /* query heads per KV head, V head size (>= 16) */
-	size_t heads;              /* query heads */
+	size_t heads;              /* query heads: the attention state per thread */
 };
 
 static void load_widths(const struct model_q4 *m, struct load_widths *w)
 {
-	*w = (struct load_widths){ .rep = 1, .hd = 16 };
+	*w = (struct load_widths){ 0 };
 	for (uint32_t l = 0; l < m->n_layer; l++) {
 		const struct mq4_layer *L = &m->layers[l];
 		size_t q = (size_t)L->n_head * L->head_dim, k = (size_t)L->n_head_kv * L->head_dim;
 		size_t v = (size_t)L->n_head_kv * L->head_dim_v, a = (size_t)L->n_head * L->head_dim_v;
-		size_t rep = L->n_head / L->n_head_kv;
 		w->q = q > w->q ? q : w->q;
 		w->k = k > w->k ? k : w->k;
 		w->v = v > w->v ? v : w->v;
 		w->a = a > w->a ? a : w->a;
 		w->ff = L->n_ff > w->ff ? L->n_ff : w->ff;
-		w->rep = rep > w->rep ? rep : w->rep;
 		w->heads = L->n_head > w->heads ? L->n_head : w->heads;
-		w->hd = L->head_dim_v > w->hd ? L->head_dim_v : w->hd;
 	}
 }
 

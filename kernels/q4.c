@@ -132,6 +132,12 @@ static inline float round_small(float v)
 	return (v + 0x1.8p23f) - 0x1.8p23f;
 }
 
+/* Eight per-lane squared errors summed pairwise (the order both error measures share). */
+static inline double pairs_sum8(const double e[8])
+{
+	return ((e[0] + e[1]) + (e[2] + e[3])) + ((e[4] + e[5]) + (e[6] + e[7]));
+}
+
 /* The nearest code for each x against the stored d and m (clamped to 0..15) into q, and
  * the squared error of exactly the values the kernels multiply by (d*q + m, in float).
  * x lies in [lo, hi]. */
@@ -166,7 +172,7 @@ static double group_codes(const float *x, size_t n, float lo, float hi, float d,
 
 			e[j] += t * t;
 		}
-	return ((e[0] + e[1]) + (e[2] + e[3])) + ((e[4] + e[5]) + (e[6] + e[7]));
+	return pairs_sum8(e);
 }
 
 /* The 8 lane sums of a vectorizable loop folded in lane order (one order everywhere, so
@@ -347,7 +353,7 @@ static double sym_codes(const float *x, size_t n, float amax, float d, uint8_t *
 
 			e[j] += t * t;
 		}
-	return ((e[0] + e[1]) + (e[2] + e[3])) + ((e[4] + e[5]) + (e[6] + e[7]));
+	return pairs_sum8(e);
 }
 
 /* Keeps d (rounded to fp16) and its codes when they give less error than *best. */
