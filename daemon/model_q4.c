@@ -32,6 +32,8 @@ struct step {
 	uint32_t T;                /* rows (tokens) in the step */
 	uint32_t L;                /* rows whose logits are wanted */
 	uint8_t *acts_mem32, *acts_mem128;
+	bool row_per_seq;          /* every row is the only row of its sequence */
+	enum vec_kv_type kv_type;  /* the cache's element type, as the vec kernels name it */
 };
 
 /* ---- the pieces of a step, each run by every thread on its share ---- */
@@ -88,59 +90,45 @@ static bool any_group(const struct q4_matrix *const *ws, size_t n, size_t group)
 	return false;
 }
 
-static void store_kv_row(void *dst, const float *src, size_t n, enum qtype type)
-{
-	uint16_t *d = dst;
-	if (type == QTYPE_BF16) {
-		for (size_t i = 0; i < n; i++)
-			d[i] = quant_f32_to_bf16(src[i]);
-	} else {
-		for (size_t i = 0; i < n; i++)
-			d[i] = quant_f32_to_fp16(src[i]);
-	}
-}
-
-/* Bias, per-head q/k norm, RoPE at the row's position, then K and V into the row's
- * sequence's cache. */
-static void step_qkv_post(struct step *st, const struct mq4_layer *L, uint32_t l, size_t t,
-			  size_t nt)
+/* Bias, per-head q/k norm and RoPE at row i's position for KV heads [h0, h1) and the
+ * query heads that share them, then their K and V into the row's sequence's cache. */
+static void qkv_post(struct step *st, const struct mq4_layer *L, uint32_t l, size_t i, size_t h0,
+		     size_t h1)
 {
 	struct model_q4 *m = st->m;
 	const struct kern_table *k = m->kern;
-	size_t nq = (size_t)L->n_head * L->head_dim, nk = (size_t)L->n_head_kv * L->head_dim;
-	size_t nv = (size_t)L->n_head_kv * L->head_dim_v;
-	size_t b, e;
-	split(st->T, t, nt, &b, &e);
-	for (size_t i = b; i < e; i++) {
-		float *q = m->q + i * nq, *kk = m->k + i * nk, *v = m->v + i * nv;
-		if (L->bq)
-			for (size_t j = 0; j < nq; j++)
-				q[j] += L->bq[j];
-		if (L->bk)
-			for (size_t j = 0; j < nk; j++)
-				kk[j] += L->bk[j];
-		if (L->bv)
-			for (size_t j = 0; j < nv; j++)
-				v[j] += L->bv[j];
-		if (L->q_norm)
-			for (uint32_t h = 0; h < L->n_head; h++)
-				k->rmsnorm(q + (size_t)h * L->head_dim, q + (size_t)h * L->head_dim,
-					   L->q_norm, L->head_dim, m->hp.norm_eps);
-		if (L->k_norm)
-			for (uint32_t h = 0; h < L->n_head_kv; h++)
-				k->rmsnorm(kk + (size_t)h * L->head_dim, kk + (size_t)h * L->head_dim,
-					   L->k_norm, L->head_dim, m->hp.norm_eps);
-		uint32_t pos = m->step_pos[i];
-		const struct mq4_rope *r = L->rope;
-		const float *cs = r->cos + (size_t)pos * (r->n_rot / 2);
-		const float *sn = r->sin + (size_t)pos * (r->n_rot / 2);
-		enum vec_rope_style style = m->hp.rope_style == OPS_ROPE_NEOX ? VEC_ROPE_NEOX : VEC_ROPE_NORM;
-		k->rope(q, L->n_head, L->head_dim, L->n_rot, style, cs, sn);
-		k->rope(kk, L->n_head_kv, L->head_dim, L->n_rot, style, cs, sn);
-		struct engine_seq *s = m->step_seq[i];
-		store_kv_row(kv_seq_k(&m->kv, s->kv, l, pos), kk, nk, m->kv.elem_type);
-		store_kv_row(kv_seq_v(&m->kv, s->kv, l, pos), v, nv, m->kv.elem_type);
-	}
+	size_t n_rep = L->n_head / L->n_head_kv, hd = L->head_dim, hdv = L->head_dim_v;
+	size_t nq = (size_t)L->n_head * hd, nk = (size_t)L->n_head_kv * hd, nv = (size_t)L->n_head_kv * hdv;
+	size_t q0 = h0 * n_rep * hd, q1 = h1 * n_rep * hd;
+	float *q = m->q + i * nq, *kk = m->k + i * nk, *v = m->v + i * nv;
+	if (L->bq)
+		for (size_t j = q0; j < q1; j++)
+			q[j] += L->bq[j];
+	if (L->bk)
+		for (size_t j = h0 * hd; j < h1 * hd; j++)
+			kk[j] += L->bk[j];
+	if (L->bv)
+		for (size_t j = h0 * hdv; j < h1 * hdv; j++)
+			v[j] += L->bv[j];
+	if (L->q_norm)
+		for (size_t h = h0 * n_rep; h < h1 * n_rep; h++)
+			k->rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, m->hp.norm_eps);
+	if (L->k_norm)
+		for (size_t h = h0; h < h1; h++)
+			k->rmsnorm(kk + h * hd, kk + h * hd, L->k_norm, hd, m->hp.norm_eps);
+	uint32_t pos = m->step_pos[i];
+	const struct mq4_rope *r = L->rope;
+	const float *cs = r->cos + (size_t)pos * (r->n_rot / 2);
+	const float *sn = r->sin + (size_t)pos * (r->n_rot / 2);
+	enum vec_rope_style style = m->hp.rope_style == OPS_ROPE_NEOX ? VEC_ROPE_NEOX : VEC_ROPE_NORM;
+	k->rope(q + q0, (h1 - h0) * n_rep, hd, L->n_rot, style, cs, sn);
+	k->rope(kk + h0 * hd, h1 - h0, hd, L->n_rot, style, cs, sn);
+	struct engine_seq *s = m->step_seq[i];
+	size_t eb = m->kv.geo.elem_bytes;
+	k->to_half((uint8_t *)kv_seq_k(&m->kv, s->kv, l, pos) + h0 * hd * eb, kk + h0 * hd, (h1 - h0) * hd,
+		   st->kv_type);
+	k->to_half((uint8_t *)kv_seq_v(&m->kv, s->kv, l, pos) + h0 * hdv * eb, v + h0 * hdv, (h1 - h0) * hdv,
+		   st->kv_type);
 }
 
 /* Issues prefetches for n rows of bytes each, stride apart: the next page's slices of one
@@ -152,88 +140,116 @@ static void prefetch_rows(const uint8_t *p, size_t n, size_t stride, size_t byte
 			__builtin_prefetch(p + j * stride + o, 0, 2);
 }
 
-/* Attention for (row, KV head group) units. A unit walks its sequence page by page and
- * runs every head of the group on a page before moving on, so a page's K/V rows are
- * read while they are hot and the next page is prefetched meanwhile; the n_rep query
- * heads of a KV head share each row read. The unnormalized sums accumulate straight in
- * the row's output. Groups are whole sequences unless there are too few rows to keep
- * every thread busy (one decoding sequence splits its KV heads). */
-static void step_attention(struct step *st, const struct mq4_layer *L, uint32_t l, size_t t,
-			   size_t nt)
+/* Attention units are (row, KV head group): whole rows unless there are too few rows to
+ * keep every thread busy (one decoding sequence splits its KV heads). */
+static size_t attn_groups(const struct step *st, const struct mq4_layer *L, size_t nt)
+{
+	size_t groups = (2 * nt + st->T - 1) / st->T;
+	return groups > L->n_head_kv ? L->n_head_kv : groups;
+}
+
+/* Attention of row i over KV heads [h0, h1). It walks the sequence page by page and runs
+ * every head of the range on a page before moving on, so a page's K/V rows are read while
+ * they are hot and the next page is prefetched meanwhile; the n_rep query heads of a KV
+ * head share each row read. The unnormalized sums accumulate straight in the row's
+ * output. */
+static void attend(struct step *st, const struct mq4_layer *L, uint32_t l, size_t i, size_t h0,
+		   size_t h1, float *mx, float *sm)
 {
 	struct model_q4 *m = st->m;
 	const struct kv_cache *kv = &m->kv;
 	size_t n_rep = L->n_head / L->n_head_kv, n_kv = L->n_head_kv;
 	size_t hd = L->head_dim, hdv = L->head_dim_v, eb = kv->geo.elem_bytes;
-	size_t nq = (size_t)L->n_head * hd;
 	size_t k_row = n_kv * hd * eb, v_row = n_kv * hdv * eb;
-	enum vec_kv_type type = kv->elem_type == QTYPE_BF16 ? VEC_KV_BF16 : VEC_KV_F16;
+	const struct engine_seq *s = m->step_seq[i];
+	uint32_t pos = m->step_pos[i];
+	uint32_t first = 0;
+	if (L->window && pos + 1 > L->window)
+		first = pos + 1 - L->window;
+	const float *q = m->q + i * (size_t)L->n_head * hd;
+	float *out = m->att + i * (size_t)L->n_head * hdv;
+	vec_attn_init(mx + h0 * n_rep, sm + h0 * n_rep, out + h0 * n_rep * hdv, (h1 - h0) * n_rep, hdv);
+	uint32_t bt = kv->block_tokens;
+	for (uint32_t p = first; p <= pos;) {
+		uint32_t slot = p % bt, n = bt - slot;
+		if (p + n > pos + 1)
+			n = pos + 1 - p;
+		const uint8_t *kb = (const uint8_t *)kv_block_k(kv, s->kv->blocks[p / bt], l) + slot * k_row;
+		const uint8_t *vb = (const uint8_t *)kv_block_v(kv, s->kv->blocks[p / bt], l) + slot * v_row;
+		const uint8_t *kn = NULL, *vn = NULL;
+		uint32_t nn = 0;
+		if (p + n <= pos) {
+			nn = pos + 1 - (p + n) < bt ? pos + 1 - (p + n) : bt;
+			kn = kv_block_k(kv, s->kv->blocks[(p + n) / bt], l);
+			vn = kv_block_v(kv, s->kv->blocks[(p + n) / bt], l);
+		}
+		for (size_t h = h0; h < h1; h++) {
+			if (nn) {
+				prefetch_rows(kn + h * hd * eb, nn, k_row, hd * eb);
+				prefetch_rows(vn + h * hdv * eb, nn, v_row, hdv * eb);
+			}
+			m->kern->attn(q + h * n_rep * hd, n_rep, hd, st->kv_type, kb + h * hd * eb, k_row,
+				      vb + h * hdv * eb, v_row, n, L->attn_scale, mx + h * n_rep, sm + h * n_rep,
+				      out + h * n_rep * hdv);
+		}
+		p += n;
+	}
+	vec_attn_finish(out + h0 * n_rep * hdv, sm + h0 * n_rep, out + h0 * n_rep * hdv, (h1 - h0) * n_rep,
+			hdv);
+}
+
+/* This thread's attention units. When every row is its own sequence's only row, a unit
+ * also does its own q/k post-processing and K/V store first: it reads nothing another
+ * unit writes, so no barrier separates the two. When units are whole rows (split by
+ * rows, as acts_fill splits them) it also prepares the row's output for the o matmul. */
+static void step_attention(struct step *st, const struct mq4_layer *L, uint32_t l, struct step_acts *o,
+			   size_t t, size_t nt)
+{
+	struct model_q4 *m = st->m;
+	size_t n_kv = L->n_head_kv, na = (size_t)L->n_head * L->head_dim_v;
 	float *mx = m->attn_state + t * m->attn_state_stride;
 	float *sm = mx + L->n_head;
-	size_t groups = (2 * nt + st->T - 1) / st->T;
-	if (groups > n_kv)
-		groups = n_kv;
-	size_t b, e;
+	size_t groups = attn_groups(st, L, nt), b, e;
 	split((size_t)st->T * groups, t, nt, &b, &e);
 	for (size_t u = b; u < e; u++) {
 		size_t i = u / groups, g = u % groups;
 		size_t h0 = g * n_kv / groups, h1 = (g + 1) * n_kv / groups;
-		const struct engine_seq *s = m->step_seq[i];
-		uint32_t pos = m->step_pos[i];
-		uint32_t first = 0;
-		if (L->window && pos + 1 > L->window)
-			first = pos + 1 - L->window;
-		const float *q = m->q + i * nq;
-		float *out = m->att + i * (size_t)L->n_head * hdv;
-		vec_attn_init(mx + h0 * n_rep, sm + h0 * n_rep, out + h0 * n_rep * hdv, (h1 - h0) * n_rep, hdv);
-		uint32_t bt = kv->block_tokens;
-		for (uint32_t p = first; p <= pos;) {
-			uint32_t slot = p % bt, n = bt - slot;
-			if (p + n > pos + 1)
-				n = pos + 1 - p;
-			const uint8_t *kb = (const uint8_t *)kv_block_k(kv, s->kv->blocks[p / bt], l) + slot * k_row;
-			const uint8_t *vb = (const uint8_t *)kv_block_v(kv, s->kv->blocks[p / bt], l) + slot * v_row;
-			const uint8_t *kn = NULL, *vn = NULL;
-			uint32_t nn = 0;
-			if (p + n <= pos) {
-				nn = pos + 1 - (p + n) < bt ? pos + 1 - (p + n) : bt;
-				kn = kv_block_k(kv, s->kv->blocks[(p + n) / bt], l);
-				vn = kv_block_v(kv, s->kv->blocks[(p + n) / bt], l);
-			}
-			for (size_t h = h0; h < h1; h++) {
-				if (nn) {
-					prefetch_rows(kn + h * hd * eb, nn, k_row, hd * eb);
-					prefetch_rows(vn + h * hdv * eb, nn, v_row, hdv * eb);
-				}
-				m->kern->attn(q + h * n_rep * hd, n_rep, hd, type, kb + h * hd * eb, k_row,
-					      vb + h * hdv * eb, v_row, n, L->attn_scale, mx + h * n_rep,
-					      sm + h * n_rep, out + h * n_rep * hdv);
-			}
-			p += n;
+		if (st->row_per_seq)
+			qkv_post(st, L, l, i, h0, h1);
+		attend(st, L, l, i, h0, h1, mx, sm);
+		if (groups == 1) {
+			if (o->have32)
+				m->kern->acts_prepare(&o->g32, m->att, na, i, i + 1);
+			if (o->have128)
+				m->kern->acts_prepare(&o->g128, m->att, na, i, i + 1);
 		}
-		vec_attn_finish(out + h0 * n_rep * hdv, sm + h0 * n_rep, out + h0 * n_rep * hdv,
-				(h1 - h0) * n_rep, hdv);
 	}
 }
 
-static void step_rmsnorm(struct step *st, const float *w, size_t t, size_t nt)
+/* Rows of this thread's share (split by rows, as acts_fill splits them, so the ops below
+ * need no barrier between them): add the last sublayer's output into the residual stream
+ * when asked, then normalize into xb. */
+static void step_rows_norm(struct step *st, const float *w, bool residual, size_t t, size_t nt)
 {
 	struct model_q4 *m = st->m;
 	size_t E = m->hp.n_embd, b, e;
 	split(st->T, t, nt, &b, &e);
-	for (size_t i = b; i < e; i++)
-		m->kern->rmsnorm(m->xb + i * E, m->x + i * E, w, E, m->hp.norm_eps);
+	for (size_t i = b; i < e; i++) {
+		float *x = m->x + i * E;
+		const float *d = m->xb + i * E;
+		if (residual)
+			for (size_t j = 0; j < E; j++)
+				x[j] += d[j];
+		if (w)
+			m->kern->rmsnorm(m->xb + i * E, x, w, E, m->hp.norm_eps);
+	}
 }
 
-static void step_residual(struct step *st, size_t t, size_t nt)
-{
-	struct model_q4 *m = st->m;
-	size_t E = m->hp.n_embd, b, e;
-	split(st->T, t, nt, &b, &e);
-	for (size_t i = b * E; i < e * E; i++)
-		m->x[i] += m->xb[i];
-}
-
+/* Barriers are where the step loses bandwidth (both threads wait for the slower one), so
+ * every op that works on whole rows runs on the same row split as the one before it and
+ * the two share a phase. Per layer: norm+acts | qkv | (post) | attention(+acts) | (acts) |
+ * o | residual+norm+acts | gate,up | silu+acts | down; the bracketed barriers only when
+ * a sequence has several rows in the step or a row's heads are split across threads. */
 static void step_run(void *arg, size_t t, size_t nt)
 {
 	struct step *st = arg;
@@ -245,36 +261,37 @@ static void step_run(void *arg, size_t t, size_t nt)
 	split(T, t, nt, &b, &e);
 	for (size_t i = b; i < e; i++)
 		q4_unpack_rows(&m->embd, (size_t)m->step_tokens_buf[i], 1, m->x + i * E, E);
-	pool_barrier(p);
 
 	for (uint32_t l = 0; l < m->n_layer; l++) {
 		const struct mq4_layer *L = &m->layers[l];
 		size_t na = (size_t)L->n_head * L->head_dim_v;
 
-		step_rmsnorm(st, L->attn_norm, t, nt);
+		step_rows_norm(st, L->attn_norm, l > 0, t, nt);
 		const struct q4_matrix *qkv[3] = { &L->wq, &L->wk, &L->wv };
 		acts_setup(st, &a, T, E, any_group(qkv, 3, 32), any_group(qkv, 3, 128));
-		pool_barrier(p);
 		acts_fill(st, &a, m->xb, E, T, t, nt);
 		pool_barrier(p);
 		matmul(st, &L->wq, &a, m->q, t, nt);
 		matmul(st, &L->wk, &a, m->k, t, nt);
 		matmul(st, &L->wv, &a, m->v, t, nt);
 		pool_barrier(p);
-		step_qkv_post(st, L, l, t, nt);
-		pool_barrier(p);
-		step_attention(st, L, l, t, nt);
-		pool_barrier(p);
+		if (!st->row_per_seq) {
+			split(T, t, nt, &b, &e);
+			for (size_t i = b; i < e; i++)
+				qkv_post(st, L, l, i, 0, L->n_head_kv);
+			pool_barrier(p);
+		}
 		const struct q4_matrix *o[1] = { &L->wo };
 		acts_setup(st, &a, T, na, any_group(o, 1, 32), any_group(o, 1, 128));
-		acts_fill(st, &a, m->att, na, T, t, nt);
+		step_attention(st, L, l, &a, t, nt);
 		pool_barrier(p);
+		if (attn_groups(st, L, nt) > 1) {
+			acts_fill(st, &a, m->att, na, T, t, nt);
+			pool_barrier(p);
+		}
 		matmul(st, &L->wo, &a, m->xb, t, nt);
 		pool_barrier(p);
-		step_residual(st, t, nt);
-		pool_barrier(p);
-		step_rmsnorm(st, L->ffn_norm, t, nt);
-		pool_barrier(p);
+		step_rows_norm(st, L->ffn_norm, true, t, nt);
 		const struct q4_matrix *gu[2] = { &L->gate, &L->up };
 		acts_setup(st, &a, T, E, any_group(gu, 2, 32), any_group(gu, 2, 128));
 		acts_fill(st, &a, m->xb, E, T, t, nt);
@@ -287,19 +304,18 @@ static void step_run(void *arg, size_t t, size_t nt)
 			m->kern->silu_mul(m->hb + i * L->n_ff, m->hb2 + i * L->n_ff, L->n_ff);
 		const struct q4_matrix *d[1] = { &L->down };
 		acts_setup(st, &a, T, L->n_ff, any_group(d, 1, 32), any_group(d, 1, 128));
-		pool_barrier(p);
 		acts_fill(st, &a, m->hb, L->n_ff, T, t, nt);
 		pool_barrier(p);
 		matmul(st, &L->down, &a, m->xb, t, nt);
 		pool_barrier(p);
-		step_residual(st, t, nt);
-		pool_barrier(p);
 	}
 
 	/* The head only for the rows whose logits someone wants; none (a prefill chunk or
-	 * the warm-up) skips it. */
+	 * the warm-up) skips it. Its rows split differently, hence the barrier. */
 	if (st->L == 0)
 		return;
+	step_rows_norm(st, NULL, true, t, nt);
+	pool_barrier(p);
 	split(st->L, t, nt, &b, &e);
 	for (size_t j = b; j < e; j++)
 		m->kern->rmsnorm(m->xb + j * E, m->x + (size_t)m->logit_rows[j] * E, m->output_norm, E,
@@ -343,10 +359,18 @@ int model_q4_forward(struct model_q4 *m, const struct engine_span *spans, size_t
 	}
 	if (T == 0)
 		return 0;
+	bool row_per_seq = true;
+	for (size_t i = 0; i < n_spans && row_per_seq; i++) {
+		row_per_seq = spans[i].n == 1;
+		for (size_t j = 0; j < i && row_per_seq; j++)
+			row_per_seq = spans[j].seq != spans[i].seq;
+	}
 	struct step st = {
 		.m = m, .spans = spans, .n_spans = n_spans, .T = T, .L = L,
 		.acts_mem32 = m->acts_mem,
 		.acts_mem128 = (uint8_t *)m->acts_mem + m->acts_bytes,
+		.row_per_seq = row_per_seq,
+		.kv_type = m->kv.elem_type == QTYPE_BF16 ? VEC_KV_BF16 : VEC_KV_F16,
 	};
 	pool_run(m->pool, step_run, &st);
 

@@ -4,6 +4,7 @@
  * multiplies with vdpbf16ps, taking 128*sum(x) back out per group. Built with AVX-512
  * target flags; only called when cpuid says the machine has them (kernels/dispatch.c). */
 #include "kernels/q4.h"
+#include "kernels/dot_avx512.h"
 
 #include <immintrin.h>
 #include <stdbool.h>
@@ -160,8 +161,8 @@ gemv_a8(const struct q4_matrix *w, const struct q4_acts *a, const uint8_t *blk, 
 				 * 12288x1024 10-12 -> 19-21). Past the last block it is a
 				 * harmless prefetch. */
 				_mm_prefetch((const char *)codes[b] + c * Q4_CHUNK_BYTES + NB * w->block_bytes, _MM_HINT_T1);
-				acc0[b] = _mm512_dpbusd_epi32(acc0[b], _mm512_and_si512(v, low), alo);
-				acc1[b] = _mm512_dpbusd_epi32(acc1[b], _mm512_and_si512(_mm512_srli_epi16(v, 4), low), ahi);
+				acc0[b] = dot_dpbusd(acc0[b], _mm512_and_si512(v, low), alo);
+				acc1[b] = dot_dpbusd(acc1[b], _mm512_and_si512(_mm512_srli_epi16(v, 4), low), ahi);
 			}
 		}
 		__m512 vs = _mm512_set1_ps(a->scale[g]), vsum = _mm512_set1_ps(a->sum[g]);
@@ -219,9 +220,8 @@ gemm_a8_tile(const struct q4_matrix *w, const struct q4_acts *a, const uint8_t *
 
 #pragma GCC unroll 8
 			for (int t = 0; t < NT; t++) {
-				acc[t] = _mm512_dpbusd_epi32(acc[t], lo, _mm512_set1_epi32((int)load_u32(act[t] + k)));
-				acc[t] = _mm512_dpbusd_epi32(acc[t], hi,
-							     _mm512_set1_epi32((int)load_u32(act[t] + k + 4)));
+				acc[t] = dot_dpbusd_bcast(acc[t], lo, act[t] + k);
+				acc[t] = dot_dpbusd_bcast(acc[t], hi, act[t] + k + 4);
 			}
 		}
 		codes += chunks * Q4_CHUNK_BYTES;
@@ -251,17 +251,6 @@ static inline __m512i nib_bf16(__m512i v, const __m512i mask, const __m512i bias
 {
 	return _mm512_ternarylogic_epi32(v, mask, bias, 0xEA);
 }
-
-static inline __m512 bcast_pair(const uint16_t *p)
-{
-	return _mm512_castsi512_ps(_mm512_set1_epi32((int)load_u32(p)));
-}
-
-static inline __m512 dp(__m512 acc, __m512i w, __m512 x)
-{
-	return _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)x);
-}
-
 
 /* sum((128+q)*x) - 128*sum(x) = sum(q*x); 128*sx is exact (a power of two). */
 static inline __m512 finish_a16(__m512 f, __m512 acc, __m512 d, __m512 m, float sx)
@@ -300,17 +289,17 @@ gemv_a16(const struct q4_matrix *w, const struct q4_acts *a, const uint8_t *blk,
 			acc0[b] = acc1[b] = _mm512_setzero_ps();
 		for (size_t c = 0; c < chunks; c++) {
 			const uint16_t *xc = xg + 8 * c;
-			__m512 x0 = bcast_pair(xc), x1 = bcast_pair(xc + 2), x2 = bcast_pair(xc + 4), x3 = bcast_pair(xc + 6);
+			__m512 x0 = dot_bcast_pair(xc), x1 = dot_bcast_pair(xc + 2), x2 = dot_bcast_pair(xc + 4), x3 = dot_bcast_pair(xc + 6);
 
 #pragma GCC unroll 2
 			for (int b = 0; b < NB; b++) {
 				__m512i v = _mm512_load_si512(codes[b] + c * Q4_CHUNK_BYTES);
 
 				_mm_prefetch((const char *)codes[b] + c * Q4_CHUNK_BYTES + GEMV_PREFETCH, _MM_HINT_T0);
-				acc0[b] = dp(acc0[b], nib_bf16(v, mask, bias), x0);
-				acc1[b] = dp(acc1[b], nib_bf16(_mm512_srli_epi32(v, 8), mask, bias), x2);
-				acc0[b] = dp(acc0[b], nib_bf16(_mm512_srli_epi32(v, 4), mask, bias), x1);
-				acc1[b] = dp(acc1[b], nib_bf16(_mm512_srli_epi32(v, 12), mask, bias), x3);
+				acc0[b] = dot_dpbf16(acc0[b], nib_bf16(v, mask, bias), x0);
+				acc1[b] = dot_dpbf16(acc1[b], nib_bf16(_mm512_srli_epi32(v, 8), mask, bias), x2);
+				acc0[b] = dot_dpbf16(acc0[b], nib_bf16(_mm512_srli_epi32(v, 4), mask, bias), x1);
+				acc1[b] = dot_dpbf16(acc1[b], nib_bf16(_mm512_srli_epi32(v, 12), mask, bias), x3);
 			}
 		}
 #pragma GCC unroll 2
@@ -359,10 +348,10 @@ gemm_a16_tile(const struct q4_matrix *w, const struct q4_acts *a, const uint8_t 
 
 #pragma GCC unroll 8
 			for (int t = 0; t < NT; t++) {
-				acc0[t] = dp(acc0[t], w0, bcast_pair(x[t] + k));
-				acc1[t] = dp(acc1[t], w2, bcast_pair(x[t] + k + 4));
-				acc0[t] = dp(acc0[t], w1, bcast_pair(x[t] + k + 2));
-				acc1[t] = dp(acc1[t], w3, bcast_pair(x[t] + k + 6));
+				acc0[t] = dot_dpbf16_bcast(acc0[t], w0, x[t] + k);
+				acc1[t] = dot_dpbf16_bcast(acc1[t], w2, x[t] + k + 4);
+				acc0[t] = dot_dpbf16_bcast(acc0[t], w1, x[t] + k + 2);
+				acc1[t] = dot_dpbf16_bcast(acc1[t], w3, x[t] + k + 6);
 			}
 		}
 		codes += chunks * Q4_CHUNK_BYTES;

@@ -3,6 +3,7 @@
  * (row, group), back out, so the integer dot is exact. W8A16 splits codes into nibbles
  * and uses vdpbf16ps like the q4 kernels. */
 #include "kernels/q8.h"
+#include "kernels/dot_avx512.h"
 
 #include <immintrin.h>
 #include <string.h>
@@ -55,7 +56,7 @@ tile_a8(const struct q8_matrix *w, const struct q4_acts *a, const uint8_t *blk, 
 			for (int t = 0; t < NT; t++) {
 				__m512i x = _mm512_xor_si512(_mm512_set1_epi32((int)load_u32(act[t] + k)), flip);
 
-				acc[t] = _mm512_dpbusd_epi32(acc[t], x, v);
+				acc[t] = dot_dpbusd(acc[t], x, v);
 			}
 		}
 		codes += chunks * Q4_CHUNK_BYTES;
@@ -75,16 +76,6 @@ tile_a8(const struct q8_matrix *w, const struct q4_acts *a, const uint8_t *blk, 
 #pragma GCC unroll 8
 	for (int t = 0; t < NT; t++)
 		store_rows(y + (t0 + t) * ldy, f[t], valid);
-}
-
-static inline __m512 bcast_pair(const uint16_t *p)
-{
-	return _mm512_castsi512_ps(_mm512_set1_epi32((int)load_u32(p)));
-}
-
-static inline __m512 dp(__m512 acc, __m512i w, __m512 x)
-{
-	return _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)x);
 }
 
 /* W8A16 on vdpbf16ps: u = q + 128 (q ^ 0x80) splits into nibbles u = 16h + l, and each
@@ -130,16 +121,16 @@ tile_a16(const struct q8_matrix *w, const struct q4_acts *a, const uint8_t *blk,
 
 #pragma GCC unroll 8
 			for (int t = 0; t < NT; t++) {
-				__m512 x02 = bcast_pair(x[t] + p), x13 = bcast_pair(x[t] + p + 4);
+				__m512 x02 = dot_bcast_pair(x[t] + p), x13 = dot_bcast_pair(x[t] + p + 4);
 
-				accl[t] = dp(accl[t], l02, x02);
-				acch[t] = dp(acch[t], h02, x02);
+				accl[t] = dot_dpbf16(accl[t], l02, x02);
+				acch[t] = dot_dpbf16(acch[t], h02, x02);
 				if (NT == 1) {
-					accl2 = dp(accl2, l13, x13);
-					acch2 = dp(acch2, h13, x13);
+					accl2 = dot_dpbf16(accl2, l13, x13);
+					acch2 = dot_dpbf16(acch2, h13, x13);
 				} else {
-					accl[t] = dp(accl[t], l13, x13);
-					acch[t] = dp(acch[t], h13, x13);
+					accl[t] = dot_dpbf16(accl[t], l13, x13);
+					acch[t] = dot_dpbf16(acch[t], h13, x13);
 				}
 			}
 		}
@@ -183,8 +174,8 @@ static void gemv_a8_pair(const struct q8_matrix *w, const struct q4_acts *a, con
 		for (size_t c = 0; c < chunks; c++) {
 			__m512i x = _mm512_xor_si512(_mm512_set1_epi32((int)load_u32(act + g * w->group + 4 * c)), flip);
 
-			acc0 = _mm512_dpbusd_epi32(acc0, x, _mm512_load_si512(c0 + c * Q4_CHUNK_BYTES));
-			acc1 = _mm512_dpbusd_epi32(acc1, x, _mm512_load_si512(c1 + c * Q4_CHUNK_BYTES));
+			acc0 = dot_dpbusd(acc0, x, _mm512_load_si512(c0 + c * Q4_CHUNK_BYTES));
+			acc1 = dot_dpbusd(acc1, x, _mm512_load_si512(c1 + c * Q4_CHUNK_BYTES));
 		}
 		c0 += chunks * Q4_CHUNK_BYTES;
 		c1 += chunks * Q4_CHUNK_BYTES;

@@ -1,5 +1,5 @@
 /* The SIMD-dispatched vector ops around the matmuls: RMSNorm, RoPE from a precomputed
- * table, SwiGLU's silu(gate)*up, and attention over a KV span with an online softmax
+ * table, SwiGLU's silu(gate)*up, K/V rows to f16/bf16, and attention over a KV span with an online softmax
  * (GQA: the query heads that share one KV head read each K/V row once). Declared here,
  * implemented per ISA in vec_ref.c / vec_avx2.c / vec_avx512.c, reached through
  * kernels/dispatch.h. Pure compute: caller-owned buffers, no allocation. */
@@ -41,6 +41,11 @@ typedef void (*vec_rope_fn)(float *x, size_t n_heads, size_t head_dim, size_t n_
 /* gate[i] = silu(gate[i]) * up[i]. */
 typedef void (*vec_silu_mul_fn)(float *gate, const float *up, size_t n);
 
+/* dst[i] = src[i] rounded to the cache's 16-bit type (nearest even, as
+ * quant_f32_to_fp16 / quant_f32_to_bf16, bit for bit, NaN included): a K or V row into
+ * the cache. */
+typedef void (*vec_to_half_fn)(void *dst, const float *src, size_t n, enum vec_kv_type type);
+
 /* Folds n_pos positions into the online-softmax state of n_rep query heads q
  * (n_rep x head_dim floats) that share one KV head: score = scale * q.k for the K row
  * at k + p*k_stride bytes, V row at v + p*v_stride bytes. Causal masking is the
@@ -54,6 +59,7 @@ void vec_rmsnorm_ref(float *out, const float *x, const float *w, size_t n, float
 void vec_rope_ref(float *x, size_t n_heads, size_t head_dim, size_t n_rot, enum vec_rope_style style,
 		  const float *cos_row, const float *sin_row);
 void vec_silu_mul_ref(float *gate, const float *up, size_t n);
+void vec_to_half_ref(void *dst, const float *src, size_t n, enum vec_kv_type type);
 void vec_attn_ref(const float *q, size_t n_rep, size_t head_dim, enum vec_kv_type type,
 		  const void *k, size_t k_stride, const void *v, size_t v_stride,
 		  size_t n_pos, float scale, float *max, float *sum, float *acc);
@@ -62,6 +68,7 @@ void vec_rmsnorm_avx2(float *out, const float *x, const float *w, size_t n, floa
 void vec_rope_avx2(float *x, size_t n_heads, size_t head_dim, size_t n_rot, enum vec_rope_style style,
 		   const float *cos_row, const float *sin_row);
 void vec_silu_mul_avx2(float *gate, const float *up, size_t n);
+void vec_to_half_avx2(void *dst, const float *src, size_t n, enum vec_kv_type type);
 void vec_attn_avx2(const float *q, size_t n_rep, size_t head_dim, enum vec_kv_type type,
 		   const void *k, size_t k_stride, const void *v, size_t v_stride,
 		   size_t n_pos, float scale, float *max, float *sum, float *acc);
@@ -70,6 +77,7 @@ void vec_rmsnorm_avx512(float *out, const float *x, const float *w, size_t n, fl
 void vec_rope_avx512(float *x, size_t n_heads, size_t head_dim, size_t n_rot, enum vec_rope_style style,
 		     const float *cos_row, const float *sin_row);
 void vec_silu_mul_avx512(float *gate, const float *up, size_t n);
+void vec_to_half_avx512(void *dst, const float *src, size_t n, enum vec_kv_type type);
 void vec_attn_avx512(const float *q, size_t n_rep, size_t head_dim, enum vec_kv_type type,
 		     const void *k, size_t k_stride, const void *v, size_t v_stride,
 		     size_t n_pos, float scale, float *max, float *sum, float *acc);

@@ -208,3 +208,31 @@ void vec_attn_avx2(const float *q, size_t n_rep, size_t head_dim, enum vec_kv_ty
 				   acc + r * head_dim);
 	}
 }
+
+/* f16 by vcvtps2ph (round to nearest even), bf16 rounded in integers; NaN (rare: a
+ * broken row) goes through the scalar reference so the bits match it. */
+void vec_to_half_avx2(void *dst, const float *src, size_t n, enum vec_kv_type type)
+{
+	uint16_t *d = dst;
+	size_t i = 0;
+
+	for (; i + 8 <= n; i += 8) {
+		__m256 x = _mm256_loadu_ps(src + i);
+
+		if (_mm256_movemask_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)))
+			break;
+		if (type == VEC_KV_BF16) {
+			__m256i b = _mm256_castps_si256(x);
+			__m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+			__m256i h = _mm256_srli_epi32(
+				_mm256_add_epi32(b, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), lsb)), 16);
+			__m128i p = _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+
+			_mm_storeu_si128((__m128i *)(d + i), p);
+		} else {
+			_mm_storeu_si128((__m128i *)(d + i), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+		}
+	}
+	for (; i < n; i++)
+		d[i] = type == VEC_KV_BF16 ? quant_f32_to_bf16(src[i]) : quant_f32_to_fp16(src[i]);
+}

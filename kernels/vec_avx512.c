@@ -251,3 +251,39 @@ void vec_attn_avx512(const float *q, size_t n_rep, size_t head_dim, enum vec_kv_
 		}
 	}
 }
+
+/* f16 by vcvtps2ph (round to nearest even), with NaN made the reference's 0x7E00; bf16
+ * rounded in integers like q4_avx512.c's A16 activations (vcvtneps2bf16 would flush
+ * subnormals). */
+static inline __m256i half16(__m512 x, enum vec_kv_type type)
+{
+	__m512i b = _mm512_castps_si512(x);
+	__mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+
+	if (type == VEC_KV_BF16) {
+		__m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+		__m512i h = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb)), 16);
+
+		h = _mm512_mask_or_epi32(h, nan, _mm512_srli_epi32(b, 16), _mm512_set1_epi32(64));
+		return _mm512_cvtepi32_epi16(h);
+	}
+	__m256i h = _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	__m256i canon = _mm256_or_si256(_mm512_cvtepi32_epi16(_mm512_srli_epi32(b, 16)), _mm256_set1_epi16(0x7E00));
+
+	canon = _mm256_and_si256(canon, _mm256_set1_epi16((short)0xFE00));
+	return _mm256_mask_blend_epi16(nan, h, canon);
+}
+
+void vec_to_half_avx512(void *dst, const float *src, size_t n, enum vec_kv_type type)
+{
+	uint16_t *d = dst;
+	size_t i = 0;
+
+	for (; i + 16 <= n; i += 16)
+		_mm256_storeu_si256((__m256i *)(d + i), half16(_mm512_loadu_ps(src + i), type));
+	if (i < n) {
+		__mmask16 m = tail_mask(n - i);
+
+		_mm256_mask_storeu_epi16(d + i, m, half16(_mm512_maskz_loadu_ps(m, src + i), type));
+	}
+}

@@ -118,3 +118,11 @@ void vec_attn_ref(const float *q, size_t n_rep, size_t head_dim, enum vec_kv_typ
 		}
 	}
 }
+
+void vec_to_half_ref(void *dst, const float *src, size_t n, enum vec_kv_type type)
+{
+	uint16_t *d = dst;
+
+	for (size_t i = 0; i < n; i++)
+		d[i] = type == VEC_KV_BF16 ? quant_f32_to_bf16(src[i]) : quant_f32_to_fp16(src[i]);
+}

@@ -394,6 +394,59 @@ static void test_q4_sequences_in_one_step_equal_each_alone(void **state)
 	model_q4_free(m);
 }
 
+/* Decode steps of one row per sequence skip barriers: each (row, KV head group) does its
+ * own q/k post-processing and K/V store, and whole rows prepare the o matmul's input
+ * themselves. Steps of 5, 3 and 1 rows on 2 threads take both ways (heads split across
+ * threads and not); every row must equal its sequence run alone, bit for bit. */
+static void check_decode_rows_equal_each_alone(const char *file)
+{
+	struct model_q4 *m = load(file, Q4_ACT_A8, 5, 64);
+	struct engine eng;
+	model_q4_engine(m, &eng);
+	struct hearth_error e;
+	enum { N = 5 };
+	int32_t p[N][16];
+	uint32_t len[N];
+	float *alone[N], *got = malloc(N * eng.n_vocab * sizeof(float));
+	struct engine_seq *s[N];
+	struct engine_span sp[N];
+	for (int i = 0; i < N; i++) {
+		len[i] = 9u + (uint32_t)i;
+		test_prompt(20u + (uint32_t)i, p[i], len[i], m->hp.n_vocab);
+		alone[i] = q4_logits_stepwise(m, p[i], len[i]);
+	}
+	for (int i = 0; i < N; i++) {
+		uint32_t cached;
+		assert_int_equal(eng.seq_open(eng.impl, p[i], len[i], len[i], &s[i], &cached, &e), 0);
+		sp[i] = (struct engine_span){ s[i], p[i], len[i] - 3, NULL };
+	}
+	assert_int_equal(eng.forward(eng.impl, sp, N, &e), 0);
+	static const int rows[3] = { 5, 3, 1 };
+	for (int k = 0; k < 3; k++) {
+		for (int i = 0; i < rows[k]; i++)
+			sp[i] = (struct engine_span){ s[i], p[i] + len[i] - 3 + k, 1,
+						      got + (size_t)i * eng.n_vocab };
+		assert_int_equal(eng.forward(eng.impl, sp, (size_t)rows[k], &e), 0);
+		for (int i = 0; i < rows[k]; i++)
+			assert_memory_equal(got + (size_t)i * eng.n_vocab,
+					    alone[i] + (size_t)(len[i] - 3 + k) * eng.n_vocab,
+					    eng.n_vocab * sizeof(float));
+	}
+	for (int i = 0; i < N; i++) {
+		eng.seq_close(eng.impl, s[i]);
+		free(alone[i]);
+	}
+	free(got);
+	model_q4_free(m);
+}
+
+static void test_q4_decode_rows_equal_each_alone(void **state)
+{
+	(void)state;
+	check_decode_rows_equal_each_alone("fx-qwen2.gguf"); /* q/k/v biases */
+	check_decode_rows_equal_each_alone("fx-qwen3.gguf"); /* q/k norms */
+}
+
 static void test_q4_shared_prefix_gives_the_same_logits(void **state)
 {
 	(void)state;
@@ -457,6 +510,7 @@ int main(void)
 		cmocka_unit_test(test_q4_carried_over_quants_stay_within_int4_fidelity),
 		cmocka_unit_test(test_q4_prefill_batch_equals_one_token_at_a_time),
 		cmocka_unit_test(test_q4_sequences_in_one_step_equal_each_alone),
+		cmocka_unit_test(test_q4_decode_rows_equal_each_alone),
 		cmocka_unit_test(test_q4_shared_prefix_gives_the_same_logits),
 		cmocka_unit_test(test_q4_loader_refuses_context_beyond_training),
 	};

@@ -1193,6 +1193,55 @@ static void test_vec_silu_mul_every_isa_matches_double(void **state)
 	free(u);
 }
 
+/* K/V rows into the cache: every variant equals the scalar conversions bit for bit, over
+ * ties, subnormals on both sides, overflow, infinities and NaNs of either sign, at every
+ * tail length. */
+static void test_vec_to_half_every_isa_matches_scalar(void **state)
+{
+	static const uint32_t special[] = {
+		0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000, 0x7F800001,
+		0xFFA00001, 0x00000001, 0x807FFFFF, /* f32 subnormals */
+		0x33800000, 0x33000000, 0x33000001, 0x387FC000, /* f16 subnormal range and ties */
+		0x477FE000, 0x477FF000, 0x477FEFFF, 0x47800000, 0x7F7FFFFF, /* f16 max, tie, overflow */
+		0x3F808000, 0x3F818000, 0x3F800001, 0x3F7FFFFF, /* bf16 ties, both parities */
+	};
+	const size_t n_special = sizeof special / sizeof special[0];
+	uint64_t s = 47;
+	const size_t n_max = 100;
+	float *x = xalloc(n_max * sizeof(float));
+
+	(void)state;
+	for (size_t i = 0; i < n_max; i++) {
+		float f = rng_unit(&s);
+		uint32_t u;
+
+		memcpy(&u, &f, 4);
+		/* Spread exponents over the whole range, keeping random mantissa bits. */
+		u = (u & 0x807FFFFFu) | ((uint32_t)((i * 37) % 255) << 23);
+		if (i < n_special)
+			u = special[i];
+		memcpy(&x[i], &u, 4);
+	}
+	for (int type = 0; type < 2; type++) {
+		enum vec_kv_type kt = type ? VEC_KV_BF16 : VEC_KV_F16;
+		uint16_t want[100], got[102];
+
+		for (size_t i = 0; i < n_max; i++)
+			want[i] = kt == VEC_KV_BF16 ? quant_f32_to_bf16(x[i]) : quant_f32_to_fp16(x[i]);
+		for (size_t v = 0; v <= n_variants; v++) {
+			const struct kern_table *k = v < n_variants ? variants[v] : kern_table_for(KERN_REF);
+
+			for (size_t n = 0; n <= n_max; n += n < 40 ? 1 : 20) {
+				memset(got, 0xA5, sizeof got);
+				k->to_half(got, x, n, kt);
+				assert_memory_equal(got, want, n * sizeof(uint16_t));
+				assert_int_equal(got[n], 0xA5A5); /* nothing past the row */
+			}
+		}
+	}
+	free(x);
+}
+
 /* Attention over a KV span given in pieces (a paged cache), against a plain softmax in
  * double over the same f16/bf16 values; shapes cover ragged position blocks, more query
  * heads per KV head than one pass takes, and head_dim 16..128. */
@@ -1333,6 +1382,7 @@ int main(void)
 		cmocka_unit_test(test_vec_rope_every_isa_matches_double),
 		cmocka_unit_test(test_vec_rope_table_matches_ops_ref_rope),
 		cmocka_unit_test(test_vec_silu_mul_every_isa_matches_double),
+		cmocka_unit_test(test_vec_to_half_every_isa_matches_scalar),
 		cmocka_unit_test(test_vec_attn_every_isa_matches_double_softmax),
 		cmocka_unit_test(test_kern_select_forces_and_rejects),
 	};
