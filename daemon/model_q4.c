@@ -124,20 +124,18 @@ static void qkv_post(struct step *st, const struct mq4_layer *L, uint32_t l, siz
 	k->rope(q + q0, (h1 - h0) * n_rep, hd, L->n_rot, style, cs, sn);
 	k->rope(kk + h0 * hd, h1 - h0, hd, L->n_rot, style, cs, sn);
 	struct engine_seq *s = m->step_seq[i];
-	size_t eb = m->kv.geo.elem_bytes;
-	k->to_half((uint8_t *)kv_seq_k(&m->kv, s->kv, l, pos) + h0 * hd * eb, kk + h0 * hd, (h1 - h0) * hd,
-		   st->kv_type);
-	k->to_half((uint8_t *)kv_seq_v(&m->kv, s->kv, l, pos) + h0 * hdv * eb, v + h0 * hdv, (h1 - h0) * hdv,
-		   st->kv_type);
+	for (size_t h = h0; h < h1; h++) {
+		k->to_half(kv_seq_k(&m->kv, s->kv, l, pos, (uint32_t)h), kk + h * hd, hd, st->kv_type);
+		k->to_half(kv_seq_v(&m->kv, s->kv, l, pos, (uint32_t)h), v + h * hdv, hdv, st->kv_type);
+	}
 }
 
-/* Issues prefetches for n rows of bytes each, stride apart: the next page's slices of one
- * KV head, asked for while the current page is computed so its misses overlap work. */
-static void prefetch_rows(const uint8_t *p, size_t n, size_t stride, size_t bytes)
+/* Prefetches a run of bytes: the next page of one KV head, asked for while the current
+ * page is computed so its misses overlap work. */
+static void prefetch_run(const uint8_t *p, size_t bytes)
 {
-	for (size_t j = 0; j < n; j++)
-		for (size_t o = 0; o < bytes; o += 64)
-			__builtin_prefetch(p + j * stride + o, 0, 2);
+	for (size_t o = 0; o < bytes; o += 64)
+		__builtin_prefetch(p + o, 0, 2);
 }
 
 /* Attention units are (row, KV head group): whole rows unless there are too few rows to
@@ -149,8 +147,8 @@ static size_t attn_groups(const struct step *st, const struct mq4_layer *L, size
 }
 
 /* Attention of row i over KV heads [h0, h1). It walks the sequence page by page and runs
- * every head of the range on a page before moving on, so a page's K/V rows are read while
- * they are hot and the next page is prefetched meanwhile; the n_rep query heads of a KV
+ * every head of the range on a page before moving on (a head's rows of a page are one
+ * contiguous run, kv.h) while the next page is prefetched; the n_rep query heads of a KV
  * head share each row read. The unnormalized sums accumulate straight in the row's
  * output. */
 static void attend(struct step *st, const struct mq4_layer *L, uint32_t l, size_t i, size_t h0,
@@ -158,9 +156,9 @@ static void attend(struct step *st, const struct mq4_layer *L, uint32_t l, size_
 {
 	struct model_q4 *m = st->m;
 	const struct kv_cache *kv = &m->kv;
-	size_t n_rep = L->n_head / L->n_head_kv, n_kv = L->n_head_kv;
+	size_t n_rep = L->n_head / L->n_head_kv, bt = kv->block_tokens;
 	size_t hd = L->head_dim, hdv = L->head_dim_v, eb = kv->geo.elem_bytes;
-	size_t k_row = n_kv * hd * eb, v_row = n_kv * hdv * eb;
+	size_t k_row = hd * eb, v_row = hdv * eb;   /* one head's row; its next slot follows */
 	const struct engine_seq *s = m->step_seq[i];
 	uint32_t pos = m->step_pos[i];
 	uint32_t first = 0;
@@ -169,28 +167,27 @@ static void attend(struct step *st, const struct mq4_layer *L, uint32_t l, size_
 	const float *q = m->q + i * (size_t)L->n_head * hd;
 	float *out = m->att + i * (size_t)L->n_head * hdv;
 	vec_attn_init(mx + h0 * n_rep, sm + h0 * n_rep, out + h0 * n_rep * hdv, (h1 - h0) * n_rep, hdv);
-	uint32_t bt = kv->block_tokens;
 	for (uint32_t p = first; p <= pos;) {
-		uint32_t slot = p % bt, n = bt - slot;
+		uint32_t slot = p % bt, n = (uint32_t)bt - slot;
 		if (p + n > pos + 1)
 			n = pos + 1 - p;
-		const uint8_t *kb = (const uint8_t *)kv_block_k(kv, s->kv->blocks[p / bt], l) + slot * k_row;
-		const uint8_t *vb = (const uint8_t *)kv_block_v(kv, s->kv->blocks[p / bt], l) + slot * v_row;
+		const uint8_t *kb = kv_block_k(kv, s->kv->blocks[p / bt], l);
+		const uint8_t *vb = kv_block_v(kv, s->kv->blocks[p / bt], l);
 		const uint8_t *kn = NULL, *vn = NULL;
 		uint32_t nn = 0;
 		if (p + n <= pos) {
-			nn = pos + 1 - (p + n) < bt ? pos + 1 - (p + n) : bt;
+			nn = pos + 1 - (p + n) < bt ? pos + 1 - (p + n) : (uint32_t)bt;
 			kn = kv_block_k(kv, s->kv->blocks[(p + n) / bt], l);
 			vn = kv_block_v(kv, s->kv->blocks[(p + n) / bt], l);
 		}
 		for (size_t h = h0; h < h1; h++) {
 			if (nn) {
-				prefetch_rows(kn + h * hd * eb, nn, k_row, hd * eb);
-				prefetch_rows(vn + h * hdv * eb, nn, v_row, hdv * eb);
+				prefetch_run(kn + h * bt * k_row, nn * k_row);
+				prefetch_run(vn + h * bt * v_row, nn * v_row);
 			}
-			m->kern->attn(q + h * n_rep * hd, n_rep, hd, st->kv_type, kb + h * hd * eb, k_row,
-				      vb + h * hdv * eb, v_row, n, L->attn_scale, mx + h * n_rep, sm + h * n_rep,
-				      out + h * n_rep * hdv);
+			m->kern->attn(q + h * n_rep * hd, n_rep, hd, st->kv_type, kb + (h * bt + slot) * k_row,
+				      k_row, vb + (h * bt + slot) * v_row, v_row, n, L->attn_scale, mx + h * n_rep,
+				      sm + h * n_rep, out + h * n_rep * hdv);
 		}
 		p += n;
 	}

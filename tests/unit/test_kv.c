@@ -211,10 +211,15 @@ static void test_kv_block_addresses_are_disjoint_and_inside_the_pool(void **stat
 	struct hearth_error err;
 	assert_int_equal(kv_seq_new(kv, &seq, &err), 0);
 	assert_int_equal(kv_seq_reserve(kv, seq, 6, &err), 0);
-	assert_ptr_equal(kv_seq_k(kv, seq, 1, 5),
-			 (uint8_t *)kv_block_k(kv, seq->blocks[1], 1) + 1 * row);
-	assert_ptr_equal(kv_seq_v(kv, seq, 0, 3),
-			 (uint8_t *)kv_block_v(kv, seq->blocks[0], 0) + 3 * row);
+	/* head-major: head h's rows of a block follow each other, BT of them per head */
+	size_t head_row = 8 * 2;
+	assert_ptr_equal(kv_seq_k(kv, seq, 1, 5, 0),
+			 (uint8_t *)kv_block_k(kv, seq->blocks[1], 1) + 1 * head_row);
+	assert_ptr_equal(kv_seq_k(kv, seq, 1, 5, 1),
+			 (uint8_t *)kv_block_k(kv, seq->blocks[1], 1) + (BT + 1) * head_row);
+	assert_ptr_equal(kv_seq_v(kv, seq, 0, 3, 1),
+			 (uint8_t *)kv_block_v(kv, seq->blocks[0], 0) + (BT + 3) * head_row);
+	assert_ptr_equal((uint8_t *)kv_seq_v(kv, seq, 0, 2, 1) + head_row, kv_seq_v(kv, seq, 0, 3, 1));
 	kv_seq_free(kv, seq);
 }
 
@@ -316,10 +321,12 @@ static void write_positions(struct kv_cache *kv, struct kv_seq *seq, const int32
 	for (uint32_t p = from; p < to; p++)
 		for (uint32_t l = 0; l < kv->n_layer; l++)
 			for (int v = 0; v < 2; v++) {
-				uint8_t *row = v ? kv_seq_v(kv, seq, l, p) : kv_seq_k(kv, seq, l, p);
 				uint64_t h = prefix_print(tok, p, l, v);
-				for (int i = 0; i < 32; i += 8)
-					memcpy(row + i, &h, 8);
+				for (uint32_t hd = 0; hd < 2; hd++) {
+					uint8_t *row = v ? kv_seq_v(kv, seq, l, p, hd) : kv_seq_k(kv, seq, l, p, hd);
+					for (int i = 0; i < 16; i += 8)
+						memcpy(row + i, &h, 8);
+				}
 			}
 }
 
@@ -329,11 +336,13 @@ static bool positions_hold(struct kv_cache *kv, struct kv_seq *seq, const int32_
 	for (uint32_t p = from; p < to; p++)
 		for (uint32_t l = 0; l < kv->n_layer; l++)
 			for (int v = 0; v < 2; v++) {
-				const uint8_t *row = v ? kv_seq_v(kv, seq, l, p) : kv_seq_k(kv, seq, l, p);
 				uint64_t h = prefix_print(tok, p, l, v);
-				for (int i = 0; i < 32; i += 8)
-					if (memcmp(row + i, &h, 8) != 0)
-						return false;
+				for (uint32_t hd = 0; hd < 2; hd++) {
+					const uint8_t *row = v ? kv_seq_v(kv, seq, l, p, hd) : kv_seq_k(kv, seq, l, p, hd);
+					for (int i = 0; i < 16; i += 8)
+						if (memcmp(row + i, &h, 8) != 0)
+							return false;
+				}
 			}
 	return true;
 }
