@@ -2,7 +2,7 @@
  * service's options), with the ledger sampler around the load, prints the ledger and checks
  * the residency targets of doc/memory.md ("Measured"), one PASS/FAIL line each.
  * Usage: bench_memory MODEL.gguf [--kv-budget SIZE] [--max-context N] [--hugepages P]
- *        [--json] [--smaps]. Exit status 0 when every target passes, 1 when one fails, 2 on error. */
+ *        [--head int4|int8] [--json] [--smaps]. Exit status 0 when every target passes, 1 when one fails, 2 on error. */
 #include <getopt.h>
 #include <stdarg.h>
 #include <inttypes.h>
@@ -78,8 +78,9 @@ static int smaps_print(const struct memstat_vma *v, void *ctx)
 static void usage(FILE *to)
 {
 	fprintf(to, "usage: bench_memory MODEL.gguf [--kv-budget SIZE] [--max-context N]\n"
-		    "                    [--hugepages auto|hugetlb|thp|none] [--json] [--smaps]\n"
-		    "defaults: --kv-budget 192MiB --max-context 2048 --hugepages auto\n");
+		    "                    [--hugepages auto|hugetlb|thp|none] [--head int4|int8]\n"
+		    "                    [--json] [--smaps]\n"
+		    "defaults: --kv-budget 192MiB --max-context 2048 --hugepages auto --head int4\n");
 }
 
 int main(int argc, char **argv)
@@ -88,6 +89,7 @@ int main(int argc, char **argv)
 		{ "kv-budget", required_argument, NULL, 'k' },
 		{ "max-context", required_argument, NULL, 'c' },
 		{ "hugepages", required_argument, NULL, 'p' },
+		{ "head", required_argument, NULL, 'H' },
 		{ "json", no_argument, NULL, 'j' },
 		{ "smaps", no_argument, NULL, 's' },
 		{ "help", no_argument, NULL, 'h' },
@@ -96,6 +98,7 @@ int main(int argc, char **argv)
 	uint64_t kv_budget = 192 * MIB;
 	unsigned long max_context = 2048;
 	enum arena_pages pages = ARENA_PAGES_AUTO;
+	uint32_t head_bits = LOAD_HEAD_INT4;
 	bool json = false, smaps = false;
 	struct hearth_error e;
 	int ch;
@@ -119,6 +122,13 @@ int main(int argc, char **argv)
 				fprintf(stderr, "bench_memory: --hugepages: %s\n", e.msg);
 				return 2;
 			}
+			break;
+		case 'H':
+			if (strcmp(optarg, "int4") && strcmp(optarg, "int8")) {
+				fprintf(stderr, "bench_memory: --head: '%s' is not int4 or int8\n", optarg);
+				return 2;
+			}
+			head_bits = strcmp(optarg, "int8") ? LOAD_HEAD_INT4 : LOAD_HEAD_INT8;
 			break;
 		case 'j':
 			json = true;
@@ -155,6 +165,7 @@ int main(int argc, char **argv)
 	o.kv_type = QTYPE_F16;
 	o.act = Q4_ACT_A16;
 	o.arena.pages = pages;
+	o.head_bits = head_bits;
 	o.max_seqs = sp.max_seqs;
 	o.step_tokens = sp.step_tokens;
 	struct ledger_load rec;

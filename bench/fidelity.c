@@ -3,6 +3,7 @@
  * of positions (top-1 agreement, mean / p99 / max KL), with the bits per weight each spends.
  * usage: bench/fidelity [--seqs N] [--len L] [--seed S] [--no-text] [--threads T]
  *                       [--act a16|a8|both] [--weights-group 128|32] [--head-group 128|32]
+ *                       [--head int4|int8]
  *                       [--ablate] [--json] MODEL.gguf   (F32/F16/BF16)
  * The int4 builds come from the daemon's loader with the same options (weights_group).
  * --ablate also runs the f32 reference on the int4 model's own weights, part by part, to
@@ -27,6 +28,7 @@ struct fidelity_args {
 	const char *path;
 	uint32_t n_seqs, len, seed, threads;
 	uint32_t group, head_group;     /* load_opts weights_group / head_group (0: default) */
+	uint32_t head_bits;             /* load_opts head_bits: 4 or 8 */
 	bool text, json, a16, a8, ablate;
 };
 
@@ -50,10 +52,11 @@ static void usage(FILE *to)
 {
 	fprintf(to, "usage: bench/fidelity [--seqs N] [--len L] [--seed S] [--no-text] [--threads T]\n"
 		    "                      [--act a16|a8|both] [--weights-group 128|32] [--head-group 128|32]\n"
-		    "                      [--ablate] [--json] MODEL.gguf\n"
+		    "                      [--head int4|int8] [--ablate] [--json] MODEL.gguf\n"
 		    "  MODEL is an unquantized GGUF (F32, F16 or BF16 matrices).\n"
 		    "  --weights-group is the daemon's weights_group key (the loader's layout for it);\n"
-		    "  --head-group overrides the loader's choice for the embedding/head.\n"
+		    "  --head-group overrides the loader's choice for the embedding/head;\n"
+		    "  --head int8 stores the embedding/head as int8 (the daemon's head key).\n"
 		    "  Defaults: 4 sequences x 64 positions (the built-in paragraph, then random ids\n"
 		    "  from seed 1), 2 threads, both activation paths.\n");
 }
@@ -72,7 +75,7 @@ static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
 static int parse_args(int argc, char **argv, struct fidelity_args *a)
 {
 	*a = (struct fidelity_args){ .n_seqs = 4, .len = 64, .seed = 1, .threads = 2,
-				     .text = true, .a16 = true, .a8 = true };
+				     .text = true, .a16 = true, .a8 = true, .head_bits = LOAD_HEAD_INT4 };
 	for (int i = 1; i < argc; i++) {
 		const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 		if (!strcmp(o, "--json"))
@@ -98,7 +101,10 @@ static int parse_args(int argc, char **argv, struct fidelity_args *a)
 		else if (!strcmp(o, "--head-group") && v && !parse_u32(v, 32, 128, &a->head_group) &&
 			 (a->head_group == 32 || a->head_group == 128))
 			i++;
-		else if (!strcmp(o, "--act") && v) {
+		else if (!strcmp(o, "--head") && v && (!strcmp(v, "int4") || !strcmp(v, "int8"))) {
+			a->head_bits = !strcmp(v, "int8") ? LOAD_HEAD_INT8 : LOAD_HEAD_INT4;
+			i++;
+		} else if (!strcmp(o, "--act") && v) {
 			a->a16 = !strcmp(v, "a16") || !strcmp(v, "both");
 			a->a8 = !strcmp(v, "a8") || !strcmp(v, "both");
 			if (!a->a16 && !a->a8)
@@ -125,6 +131,7 @@ static int load_int4(struct model_q4 **m, const struct fidelity_args *a, enum q4
 	o.n_threads = a->threads;
 	o.weights_group = a->group;
 	o.head_group = a->head_group;
+	o.head_bits = a->head_bits;
 	struct tok *tok;
 	int rc = load_q4(m, &tok, a->path, &o, err);
 	if (rc == 0)
@@ -167,9 +174,17 @@ static void int4_bpw(const struct model_q4 *m, struct fidelity_bpw *b)
 	b->params_all = m->n_params;
 	const struct q4_matrix *mats[2 + 7 * 256];
 	size_t n = 0;
-	mats[n++] = &m->embd;
-	if (m->output.data)
-		mats[n++] = &m->output;
+	if (m->head_bits == LOAD_HEAD_INT8) {
+		const struct q8_matrix *h8[2] = { &m->embd8, &m->output8 };
+		for (int k = 0; k < 2 && h8[k]->data; k++) {
+			b->bytes_mat += q8_matrix_bytes(h8[k]);
+			b->params_mat += (uint64_t)h8[k]->rows * h8[k]->cols;
+		}
+	} else {
+		mats[n++] = &m->embd;
+		if (m->output.data)
+			mats[n++] = &m->output;
+	}
 	for (uint32_t l = 0; l < m->n_layer && l < 256; l++) {
 		const struct mq4_layer *L = &m->layers[l];
 		const struct q4_matrix *lm[7] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down };
@@ -254,6 +269,25 @@ static const struct gguf_tensor *view_int4(struct fidelity_views *v, const struc
 	if (t)
 		q4_unpack_rows(q, 0, q->rows, (float *)t->data, q->cols);
 	return t;
+}
+
+static const struct gguf_tensor *view_int8(struct fidelity_views *v, const struct q8_matrix *q,
+					   const struct gguf_tensor *like, struct hearth_error *err)
+{
+	struct gguf_tensor *t = view_new(v, like, err);
+	if (t)
+		q8_unpack_rows(q, 0, q->rows, (float *)t->data, q->cols);
+	return t;
+}
+
+/* The model's embedding or head as f32, int4 or int8 (head_bits). */
+static const struct gguf_tensor *view_head(struct fidelity_views *v, const struct model_q4 *q,
+					   bool output, const struct gguf_tensor *like,
+					   struct hearth_error *err)
+{
+	if (q->head_bits == LOAD_HEAD_INT8)
+		return view_int8(v, output ? &q->output8 : &q->embd8, like, err);
+	return view_int4(v, output ? &q->output : &q->embd, like, err);
 }
 
 /* The source matrix rounded through Q8_0 (llama.cpp's 8.5-bit rows), as f32. */
@@ -398,8 +432,8 @@ static int ablate_run(const struct model *ref, const struct model_q4 *q,
 			rc = HEARTH_EINVAL;
 	}
 	if (rc == 0 && (parts & ABLATE_HEAD)) {
-		if (!(v.tok_embd = view_int4(&views, &q->embd, ref->tok_embd, err)) ||
-		    !(v.output = tied ? v.tok_embd : view_int4(&views, &q->output, ref->output, err)))
+		if (!(v.tok_embd = view_head(&views, q, false, ref->tok_embd, err)) ||
+		    !(v.output = tied ? v.tok_embd : view_head(&views, q, true, ref->output, err)))
 			rc = HEARTH_ENOMEM;
 	}
 	if (rc == 0 && (parts & ABLATE_HEAD_Q8)) {

@@ -46,6 +46,7 @@ struct key {
 static const char *const hugepages_words[] = { "auto", "hugetlb", "thp", "none", NULL };
 static const char *const weights_words[] = { "w4a16", "w4a8", NULL };
 static const char *const weights_group_words[] = { "128", "32", NULL };
+static const char *const head_words[] = { "int4", "int8", NULL };
 static const char *const model_swap_words[] = { "auto", "beside", "drain", NULL };
 static const char *const kv_type_words[] = { "f16", "bf16", "f32", NULL };
 
@@ -59,6 +60,7 @@ static const struct key keys[] = {
 	{ "kv_type", KIND_ENUM, F(kv_type), 0, 0, kv_type_words, false },
 	{ "weights", KIND_ENUM, F(weights), 0, 0, weights_words, false },
 	{ "weights_group", KIND_ENUM, F(weights_group), 0, 0, weights_group_words, false },
+	{ "head", KIND_ENUM, F(head), 0, 0, head_words, false },
 	{ "threads", KIND_THREADS, F(threads), 0, 1024, NULL, false },
 	{ "numa_node", KIND_NODE, F(numa_node), 0, 1023, NULL, false },
 	{ "hugepages", KIND_ENUM, F(hugepages), 0, 0, hugepages_words, false },
@@ -98,6 +100,7 @@ void config_defaults(struct hearth_config *cfg)
 	 * the same fidelity (doc/benchmarks.md); on AVX2-only CPUs W4A16 is compute-bound. */
 	cfg->weights = CONFIG_WEIGHTS_W4A8;
 	cfg->weights_group = CONFIG_GROUP_128;
+	cfg->head = CONFIG_HEAD_INT4;
 	cfg->model_swap = CONFIG_SWAP_AUTO;
 	cfg->threads = 0;
 	cfg->numa_node = -1;
@@ -474,6 +477,8 @@ static int set_value(struct hearth_config *cfg, const struct key *k, const char 
 			cfg->weights = (enum config_weights)i;
 		else if (k->offset == F(weights_group))
 			cfg->weights_group = (enum config_weights_group)i;
+		else if (k->offset == F(head))
+			cfg->head = (enum config_head)i;
 		else if (k->offset == F(model_swap))
 			cfg->model_swap = (enum config_model_swap)i;
 		else
@@ -774,6 +779,7 @@ int config_format(const struct hearth_config *cfg, const char *key, char *buf, s
 		int i = k->offset == F(hugepages) ? (int)cfg->hugepages
 			: k->offset == F(weights) ? (int)cfg->weights
 			: k->offset == F(weights_group) ? (int)cfg->weights_group
+			: k->offset == F(head) ? (int)cfg->head
 			: k->offset == F(model_swap) ? (int)cfg->model_swap
 			: (int)cfg->kv_type;
 		snprintf(buf, size, "%s", k->words[i]);

@@ -41,6 +41,12 @@ enum config_weights_group {
 				    * embedding/head included */
 };
 
+/* How the token embedding and the output head are stored (head). */
+enum config_head {
+	CONFIG_HEAD_INT4,          /* the layers' int4 layout */
+	CONFIG_HEAD_INT8,          /* int8 (group 128; Q8_0 carried over at group 32) */
+};
+
 /* How SIGHUP replaces the model when its settings changed. */
 enum config_model_swap {
 	CONFIG_SWAP_AUTO,          /* beside when MemAvailable holds both models, else drain */
@@ -76,6 +82,7 @@ struct hearth_config {
 	enum log_level log_level;
 	enum config_weights weights;
 	enum config_weights_group weights_group;
+	enum config_head head;
 	enum config_kv_type kv_type;
 	uint64_t shutdown_grace_usec;  /* how long SIGTERM waits for running requests */
 	enum config_model_swap model_swap;

@@ -1,6 +1,7 @@
 /* Plan, map, repack, release. The reference model (daemon/model.c) reads and validates the
- * file's structure; this file turns its tensor views into the int4 layout inside the arena,
- * 16 rows at a time, and then lets the file go so the settled process holds only the arena. */
+ * file's structure; this file turns its tensor views into the int4 layout (the embedding/head
+ * int8 with head_bits 8) inside the arena, 16 rows at a time, and then lets the file go so
+ * the settled process holds only the arena. */
 #include "daemon/load.h"
 
 #include <fcntl.h>
@@ -81,14 +82,35 @@ static void load_choose(enum qtype src, size_t cols, uint32_t want, uint32_t *gr
 	}
 }
 
-/* What one matrix will need, before the arena exists. */
+/* How a source tensor enters the int8 layout (an int8 embedding/head): Q8_0 carried over
+ * exactly at group 32; anything else dequantized and packed at `want` (group 32 where rows
+ * are not a multiple of 128). */
+static void load_choose8(enum qtype src, size_t cols, uint32_t want, uint32_t *group, bool *carry)
+{
+	*carry = src == QTYPE_Q8_0;
+	*group = *carry || want == LOAD_GROUP_32 || cols % 128 ? 32 : 128;
+}
+
+/* What one matrix will need, before the arena exists: dst for the int4 layout, or dst8
+ * for the int8 one (the other NULL). */
 struct load_mat {
 	const struct gguf_tensor *t;
 	struct q4_matrix *dst;
+	struct q8_matrix *dst8;
 	const char *region;
 	uint32_t group;
 	bool asym, carry;
 };
+
+static size_t load_mat_rows(const struct load_mat *lm)
+{
+	return lm->dst8 ? lm->dst8->rows : lm->dst->rows;
+}
+
+static size_t load_mat_blocks(const struct load_mat *lm)
+{
+	return lm->dst8 ? lm->dst8->n_row_blocks : lm->dst->n_row_blocks;
+}
 
 struct load_ctx {
 	const struct load_opts *o;
@@ -115,19 +137,34 @@ static size_t load_threads_max(const struct load_opts *o)
 	return n > 256 ? 256 : n;
 }
 
-static int load_add_mat(struct load_ctx *c, const struct gguf_tensor *t, struct q4_matrix *dst,
-			const char *region, uint32_t want, struct hearth_error *err)
+static struct load_mat *load_mat_new(struct load_ctx *c, const struct gguf_tensor *t,
+				     struct hearth_error *err)
 {
 	if (c->n_mats == c->cap_mats) {
 		size_t cap = c->cap_mats ? c->cap_mats * 2 : 64;
 		struct load_mat *n = realloc(c->mats, cap * sizeof *n);
-		if (!n)
-			return hearth_error_set(err, HEARTH_ENOMEM, "loader: out of memory");
+		if (!n) {
+			hearth_error_set(err, HEARTH_ENOMEM, "loader: out of memory");
+			return NULL;
+		}
 		c->mats = n;
 		c->cap_mats = cap;
 	}
 	struct load_mat *lm = &c->mats[c->n_mats++];
+	memset(lm, 0, sizeof *lm);
 	lm->t = t;
+	c->total_bytes += t->size;
+	if (t->ne[0] > c->rows_cap)
+		c->rows_cap = t->ne[0];
+	return lm;
+}
+
+static int load_add_mat(struct load_ctx *c, const struct gguf_tensor *t, struct q4_matrix *dst,
+			const char *region, uint32_t want, struct hearth_error *err)
+{
+	struct load_mat *lm = load_mat_new(c, t, err);
+	if (!lm)
+		return HEARTH_ENOMEM;
 	lm->dst = dst;
 	load_choose(t->type, t->ne[0], want, &lm->group, &lm->asym, &lm->carry);
 	/* Layer matrices go to one region per packed type, so the ledger shows them apart. */
@@ -140,9 +177,26 @@ static int load_add_mat(struct load_ctx *c, const struct gguf_tensor *t, struct 
 	if (rc < 0)
 		return hearth_error_set(err, HEARTH_ERANGE, "tensor '%.*s': cannot plan its int4 layout",
 					(int)t->name.len, t->name.ptr);
-	c->total_bytes += t->size;
-	if (t->ne[0] > c->rows_cap)
-		c->rows_cap = t->ne[0];
+	return 0;
+}
+
+/* The embedding/head in the int8 layout (ARENA_REGION_EMBED_HEAD). */
+static int load_add_mat8(struct load_ctx *c, const struct gguf_tensor *t, struct q8_matrix *dst,
+			 uint32_t want, struct hearth_error *err)
+{
+	struct load_mat *lm = load_mat_new(c, t, err);
+	if (!lm)
+		return HEARTH_ENOMEM;
+	lm->dst8 = dst;
+	lm->region = ARENA_REGION_EMBED_HEAD;
+	load_choose8(t->type, t->ne[0], want, &lm->group, &lm->carry);
+	if (t->ne[0] % lm->group)
+		return hearth_error_set(err, HEARTH_EUNSUPPORTED,
+					"tensor '%.*s': rows of %llu are not a multiple of 32, which the int8 layout needs",
+					(int)t->name.len, t->name.ptr, (unsigned long long)t->ne[0]);
+	if (q8_matrix_plan(dst, t->ne[1] * t->ne[2] * t->ne[3], t->ne[0], lm->group) < 0)
+		return hearth_error_set(err, HEARTH_ERANGE, "tensor '%.*s': cannot plan its int8 layout",
+					(int)t->name.len, t->name.ptr);
 	return 0;
 }
 
@@ -212,12 +266,20 @@ static void load_step_run(void *arg, size_t t, size_t nt)
 	const struct load_mat *lm = st->lm;
 	struct q4_matrix *q = lm->dst;
 	const struct gguf_tensor *tn = lm->t;
+	size_t n_rows = load_mat_rows(lm), cols = (size_t)tn->ne[0];
 	for (size_t b = st->blk0 + t; b < st->blk0 + st->n_blk; b += nt) {
 		size_t r0 = b * LOAD_ROWS;
-		size_t n = q->rows - r0 < LOAD_ROWS ? q->rows - r0 : LOAD_ROWS;
+		size_t n = n_rows - r0 < LOAD_ROWS ? n_rows - r0 : LOAD_ROWS;
 		const uint8_t *s = (const uint8_t *)tn->data + r0 * st->row_bytes;
 		int rc = 0;
-		if (lm->carry) {
+		if (lm->dst8 && lm->carry) {
+			rc = q8_pack_rows_q8_0(lm->dst8, s, r0, n);
+		} else if (lm->dst8) {
+			float *f = st->c->rows + t * LOAD_ROWS * st->c->rows_cap;
+			for (size_t i = 0; i < n; i++)
+				quant_dequant_row(tn->type, s + i * st->row_bytes, f + i * cols, cols);
+			q8_pack_rows_f32(lm->dst8, f, cols, r0, n);
+		} else if (lm->carry) {
 			if (tn->type == QTYPE_Q4_0)
 				rc = q4_pack_rows_q4_0(q, s, r0, n);
 			else if (tn->type == QTYPE_Q4_1)
@@ -237,10 +299,13 @@ static void load_step_run(void *arg, size_t t, size_t nt)
 
 static int load_repack(struct load_ctx *c, struct load_mat *lm, struct hearth_error *err)
 {
-	struct q4_matrix *q = lm->dst;
-	int rc = arena_alloc(&c->m->arena, lm->region, q4_matrix_bytes(q), Q4_ALIGN, (void **)&q->data, err);
+	int rc = lm->dst8 ? arena_alloc(&c->m->arena, lm->region, q8_matrix_bytes(lm->dst8), Q4_ALIGN,
+					(void **)&lm->dst8->data, err)
+			  : arena_alloc(&c->m->arena, lm->region, q4_matrix_bytes(lm->dst), Q4_ALIGN,
+					(void **)&lm->dst->data, err);
 	if (rc < 0)
 		return rc;
+	size_t n_blocks = load_mat_blocks(lm), rows = load_mat_rows(lm);
 	const struct gguf_tensor *t = lm->t;
 	size_t row_bytes;
 	qtype_row_bytes(t->type, t->ne[0], &row_bytes);
@@ -249,9 +314,9 @@ static int load_repack(struct load_ctx *c, struct load_mat *lm, struct hearth_er
 	struct load_step st = { .c = c, .lm = lm, .row_bytes = row_bytes };
 	/* A step is one row block per repack thread; the file's pages are given back between
 	 * steps, so what is mapped at once stays LOAD_RELEASE_BYTES plus one step. */
-	for (size_t b0 = 0; b0 < q->n_row_blocks; b0 += c->repack_threads) {
+	for (size_t b0 = 0; b0 < n_blocks; b0 += c->repack_threads) {
 		st.blk0 = b0;
-		st.n_blk = q->n_row_blocks - b0 < c->repack_threads ? q->n_row_blocks - b0 : c->repack_threads;
+		st.n_blk = n_blocks - b0 < c->repack_threads ? n_blocks - b0 : c->repack_threads;
 		if (st.n_blk > 1 && c->m->pool)
 			pool_run(c->m->pool, load_step_run, &st);
 		else
@@ -260,7 +325,7 @@ static int load_repack(struct load_ctx *c, struct load_mat *lm, struct hearth_er
 			return hearth_error_set(err, HEARTH_EINVAL, "tensor '%.*s': carry-over failed",
 						(int)t->name.len, t->name.ptr);
 		size_t r_end = (b0 + st.n_blk) * LOAD_ROWS;
-		r_end = r_end < q->rows ? r_end : q->rows;
+		r_end = r_end < rows ? r_end : rows;
 		const uint8_t *done = src + r_end * row_bytes;
 		if ((size_t)(done - released) >= LOAD_RELEASE_BYTES) {
 			load_release(c, released, done, true);
@@ -277,6 +342,7 @@ static int load_repack(struct load_ctx *c, struct load_mat *lm, struct hearth_er
 		nt->group = lm->group;
 		nt->carried = lm->carry;
 		nt->asym = lm->asym;
+		nt->bits = lm->dst8 ? 8 : 4;
 	}
 	c->done_bytes += t->size;
 	if (c->o->progress)
@@ -370,14 +436,29 @@ static int load_plan(struct load_ctx *c, struct arena_plan *plan, struct kv_conf
 			return hearth_error_set(err, HEARTH_EUNSUPPORTED, "more than 8 distinct RoPE settings");
 		L->rope = r;
 	}
-	if ((rc = load_add_mat(c, ref->tok_embd, &m->embd, ARENA_REGION_EMBED_HEAD, want_head, err)) < 0)
-		return rc;
-	eh_bytes += align64(q4_matrix_bytes(&m->embd));
-	if (!ref->hp.tied_output) {
-		if ((rc = load_add_mat(c, ref->output, &m->output, ARENA_REGION_EMBED_HEAD, want_head,
+	if (m->head_bits == LOAD_HEAD_INT8) {
+		/* int8 keeps group 128 whatever the layers use (8 bits leave little for a finer
+		 * group to win) unless head_group asks for 32. */
+		uint32_t want8 = o->head_group ? o->head_group : LOAD_GROUP_128;
+		if ((rc = load_add_mat8(c, ref->tok_embd, &m->embd8, want8, err)) < 0)
+			return rc;
+		eh_bytes += align64(q8_matrix_bytes(&m->embd8));
+		if (!ref->hp.tied_output) {
+			if ((rc = load_add_mat8(c, ref->output, &m->output8, want8, err)) < 0)
+				return rc;
+			eh_bytes += align64(q8_matrix_bytes(&m->output8));
+		}
+	} else {
+		if ((rc = load_add_mat(c, ref->tok_embd, &m->embd, ARENA_REGION_EMBED_HEAD, want_head,
 					err)) < 0)
 			return rc;
-		eh_bytes += align64(q4_matrix_bytes(&m->output));
+		eh_bytes += align64(q4_matrix_bytes(&m->embd));
+		if (!ref->hp.tied_output) {
+			if ((rc = load_add_mat(c, ref->output, &m->output, ARENA_REGION_EMBED_HEAD, want_head,
+						err)) < 0)
+				return rc;
+			eh_bytes += align64(q4_matrix_bytes(&m->output));
+		}
 	}
 	norm_bytes += vec_bytes(ref->output_norm);
 	for (uint32_t i = 0; i < m->n_ropes; i++)
@@ -511,8 +592,9 @@ static int load_threads(struct model_q4 *m, const struct load_opts *o, struct he
 	return 0;
 }
 
-/* "q4_g128", "q4_g32" or "q4_mixed" for the layer matrices, and "+head_gN" when they are
- * all at one group and the embedding/head (the notes after the layers') is at another. */
+/* "q4_g128", "q4_g32" or "q4_mixed" for the layer matrices, then "+head_gN" when they are
+ * all at one group and an int4 embedding/head (the notes after the layers') is at another,
+ * or "+head_q8" for an int8 one ("+head_q8_g32" when it is at group 32). */
 static void load_quant_name(struct model_q4 *m)
 {
 	uint32_t n_layer_notes = m->n_layer * 7;
@@ -524,6 +606,8 @@ static void load_quant_name(struct model_q4 *m)
 	}
 	const char *layers = g32 && g128 ? "q4_mixed" : g32 ? "q4_g32" : "q4_g128";
 	const char *head = g128 && !g32 && h32 ? "+head_g32" : g32 && !g128 && h128 ? "+head_g128" : "";
+	if (m->head_bits == LOAD_HEAD_INT8)
+		head = h32 ? "+head_q8_g32" : "+head_q8";
 	snprintf(m->quant_name, sizeof m->quant_name, "%s%s", layers, head);
 }
 
@@ -561,6 +645,8 @@ int load_q4(struct model_q4 **out, struct tok **tok_out, const char *path,
 	    (o->head_group && o->head_group != LOAD_GROUP_128 && o->head_group != LOAD_GROUP_32))
 		return hearth_error_set(err, HEARTH_EINVAL, "weights group %u / head group %u: use 128 or 32",
 					o->weights_group, o->head_group);
+	if (o->head_bits && o->head_bits != LOAD_HEAD_INT4 && o->head_bits != LOAD_HEAD_INT8)
+		return hearth_error_set(err, HEARTH_EINVAL, "head bits %u: use 4 or 8", o->head_bits);
 	/* The peak is what a small machine must hold to reach the settled size, so it is
 	 * measured from before the file is mapped to after every transient is given back. */
 	if (o->load_record) {
@@ -594,6 +680,7 @@ int load_q4(struct model_q4 **out, struct tok **tok_out, const char *path,
 	m->max_seqs = o->max_seqs;
 	m->step_tokens = o->step_tokens;
 	m->act = o->act;
+	m->head_bits = o->head_bits == LOAD_HEAD_INT8 ? LOAD_HEAD_INT8 : LOAD_HEAD_INT4;
 	m->kern = kern_active();
 	snprintf(m->arch_name, sizeof m->arch_name, "%s", model_arch_name(ref->hp.arch));
 	struct gguf_str gname;

@@ -20,7 +20,8 @@ struct ledger_load;
  * "weights.<type>"): group 128 for weights quantized at load (weights_group 128), group 32
  * for weights quantized at load with weights_group 32, for codes carried over from Q4_0,
  * Q4_1 and Q4_K files, and for rows whose width is not a multiple of 128. The token
- * embedding and an untied head live in ARENA_REGION_EMBED_HEAD whatever their type. */
+ * embedding and an untied head live in ARENA_REGION_EMBED_HEAD whatever their type (int4 or
+ * int8). */
 #define LOAD_REGION_WEIGHTS_G128 ARENA_REGION_WEIGHTS ".q4g128"
 #define LOAD_REGION_WEIGHTS_G32 ARENA_REGION_WEIGHTS ".q4g32"
 
@@ -41,6 +42,11 @@ struct load_opts {
 	/* 0: the embedding/head as load_head_group() says; 128 or 32 forces that layout for
 	 * it (bench/fidelity measures the alternatives with this). */
 	uint32_t head_group;
+	/* LOAD_HEAD_INT4 (0 reads as it) or LOAD_HEAD_INT8: the token embedding and the head
+	 * (once when tied) as int8 (kernels/q8.h), where 4 bits cost the most quality. int8
+	 * packs F32/F16/BF16 and types it cannot carry over at group 128 (head_group 32, or
+	 * rows not a multiple of 128: group 32) and carries Q8_0 over exactly at group 32. */
+	uint32_t head_bits;
 	/* Called between tensors; phase is "repacking" etc., what names the tensor. */
 	void (*progress)(void *ctx, const char *phase, const char *what, uint64_t done,
 			 uint64_t total);
@@ -57,6 +63,8 @@ struct load_opts {
 
 #define LOAD_GROUP_128 128u
 #define LOAD_GROUP_32 32u
+#define LOAD_HEAD_INT4 4u
+#define LOAD_HEAD_INT8 8u
 
 void load_opts_default(struct load_opts *o);
 

@@ -37,6 +37,7 @@ struct bench_opts {
 	size_t probe_mib;           /* 0: no probe */
 	enum qtype kv_type;
 	uint32_t weights_group;     /* load_opts.weights_group: 128 or 32 */
+	uint32_t head_bits;         /* load_opts.head_bits: 4 or 8 */
 	bool json;
 };
 
@@ -219,7 +220,6 @@ static int32_t bench_argmax(const float *v, uint32_t n)
 
 static void bench_describe(const struct model_q4 *m, enum qtype kv_type, struct bench_model *d)
 {
-	const struct q4_matrix *head = m->output.data ? &m->output : &m->embd;
 	size_t kv_elem = kv_type == QTYPE_F16 || kv_type == QTYPE_BF16 ? 2 : 4;
 
 	memset(d, 0, sizeof *d);
@@ -243,15 +243,28 @@ static void bench_describe(const struct model_q4 *m, enum qtype kv_type, struct 
 		}
 		d->kv_bytes_per_pos += (uint64_t)L->n_head_kv * (L->head_dim + L->head_dim_v) * kv_elem;
 	}
-	d->matrix_bytes = d->decode_weight_bytes + q4_matrix_bytes(&m->embd);
-	d->matrix_params += (uint64_t)m->embd.rows * m->embd.cols;
-	if (m->output.data) {
-		d->matrix_bytes += q4_matrix_bytes(&m->output);
-		d->matrix_params += (uint64_t)m->output.rows * m->output.cols;
+	/* The embedding and an untied head, int4 or int8 (head_bits). */
+	uint64_t embd_bytes, head_bytes;
+	if (m->head_bits == LOAD_HEAD_INT8) {
+		const struct q8_matrix *head = m->output8.data ? &m->output8 : &m->embd8;
+		embd_bytes = q8_matrix_bytes(&m->embd8);
+		head_bytes = q8_matrix_bytes(head);
+		d->matrix_params += (uint64_t)m->embd8.rows * m->embd8.cols;
+		if (m->output8.data)
+			d->matrix_params += (uint64_t)head->rows * head->cols;
+	} else {
+		const struct q4_matrix *head = m->output.data ? &m->output : &m->embd;
+		embd_bytes = q4_matrix_bytes(&m->embd);
+		head_bytes = q4_matrix_bytes(head);
+		d->matrix_params += (uint64_t)m->embd.rows * m->embd.cols;
+		if (m->output.data)
+			d->matrix_params += (uint64_t)head->rows * head->cols;
 	}
+	bool untied = m->output.data || m->output8.data;
+	d->matrix_bytes = d->decode_weight_bytes + embd_bytes + (untied ? head_bytes : 0);
 	/* Decode streams every layer matrix and the head once per step; the embedding lookup
 	 * reads one row (counted as nothing). */
-	d->decode_weight_bytes += q4_matrix_bytes(head);
+	d->decode_weight_bytes += head_bytes;
 }
 
 static void bench_prompt(int32_t *ids, uint32_t n, uint32_t n_vocab, uint64_t seed)
@@ -314,6 +327,7 @@ static int bench_act(const struct bench_opts *o, enum q4_act_kind act, struct be
 	lo.n_threads = o->threads;
 	lo.kv_type = o->kv_type;
 	lo.weights_group = o->weights_group;
+	lo.head_bits = o->head_bits;
 	lo.max_seqs = 2;
 	lo.step_tokens = o->pp > BENCH_WARM_TOKENS ? o->pp : BENCH_WARM_TOKENS;
 	lo.max_context = (o->pp + o->tg + 15) / 16 * 16;
@@ -501,6 +515,8 @@ static void bench_usage(FILE *to)
 		"      --kv f16|bf16     KV cache type (default f16, as llama.cpp's)\n"
 		"      --weights-group 128|32  layout of matrices quantized at load, as the\n"
 		"                        weights_group key of hearthd.conf(5) (default 128)\n"
+		"      --head int4|int8  embedding/head weights, as the head key of\n"
+		"                        hearthd.conf(5) (default int4)\n"
 		"      --kernels NAME    auto|ref|avx2|avx512 (default auto)\n"
 		"      --json            one JSON object instead of the table\n");
 }
@@ -521,7 +537,8 @@ static int bench_parse_num(const char *name, const char *s, long lo, long hi, lo
 /* Returns 0, 1 for --help (exit 0), or -1. */
 static int bench_parse(int argc, char **argv, struct bench_opts *o)
 {
-	enum { OPT_BENCH = 256, OPT_PP, OPT_TG, OPT_ACT, OPT_PROBE, OPT_KV, OPT_KERNELS, OPT_JSON, OPT_GROUP };
+	enum { OPT_BENCH = 256, OPT_PP, OPT_TG, OPT_ACT, OPT_PROBE, OPT_KV, OPT_KERNELS, OPT_JSON, OPT_GROUP,
+	       OPT_HEAD };
 	static const struct option longopts[] = {
 		{ "bench", no_argument, NULL, OPT_BENCH },
 		{ "model", required_argument, NULL, 'm' },
@@ -534,6 +551,7 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
 		{ "kv", required_argument, NULL, OPT_KV },
 		{ "kernels", required_argument, NULL, OPT_KERNELS },
 		{ "weights-group", required_argument, NULL, OPT_GROUP },
+		{ "head", required_argument, NULL, OPT_HEAD },
 		{ "json", no_argument, NULL, OPT_JSON },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -549,6 +567,7 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
 	o->probe_mib = 1024;
 	o->kv_type = QTYPE_F16;
 	o->weights_group = LOAD_GROUP_128;
+	o->head_bits = LOAD_HEAD_INT4;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "m:t:r:h", longopts, NULL)) != -1) {
 		switch (c) {
@@ -605,6 +624,16 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
 				o->weights_group = LOAD_GROUP_32;
 			} else {
 				fprintf(stderr, "hearthd: --weights-group '%s' is not 128 or 32\n", optarg);
+				return -1;
+			}
+			break;
+		case OPT_HEAD:
+			if (!strcmp(optarg, "int4")) {
+				o->head_bits = LOAD_HEAD_INT4;
+			} else if (!strcmp(optarg, "int8")) {
+				o->head_bits = LOAD_HEAD_INT8;
+			} else {
+				fprintf(stderr, "hearthd: --head '%s' is not int4 or int8\n", optarg);
 				return -1;
 			}
 			break;

@@ -68,6 +68,7 @@ static void *loader_main(void *arg)
 	o.kv_type = cfg->kv_type == CONFIG_KV_BF16 ? QTYPE_BF16 : QTYPE_F16;
 	o.act = cfg->weights == CONFIG_WEIGHTS_W4A8 ? Q4_ACT_A8 : Q4_ACT_A16;
 	o.weights_group = cfg->weights_group == CONFIG_GROUP_32 ? LOAD_GROUP_32 : LOAD_GROUP_128;
+	o.head_bits = cfg->head == CONFIG_HEAD_INT8 ? LOAD_HEAD_INT8 : LOAD_HEAD_INT4;
 	o.n_threads = cfg->threads;
 	o.arena.numa_node = cfg->numa_node;
 	o.arena.lock_memory = cfg->lock_memory;
@@ -85,9 +86,9 @@ static void *loader_main(void *arg)
 	o.load_record = &ld->load_record;
 
 	struct hearth_error e;
-	log_info(ld->log, "loading %s (max_context %u, kv_budget %llu bytes, %s, weights_group %u)",
+	log_info(ld->log, "loading %s (max_context %u, kv_budget %llu bytes, %s, weights_group %u, head int%u)",
 		 cfg->model, cfg->max_context, (unsigned long long)cfg->kv_budget,
-		 cfg->weights == CONFIG_WEIGHTS_W4A8 ? "w4a8" : "w4a16", o.weights_group);
+		 cfg->weights == CONFIG_WEIGHTS_W4A8 ? "w4a8" : "w4a16", o.weights_group, o.head_bits);
 	if (load_q4(&ld->model, &ld->tok, cfg->model, &o, &e) < 0) {
 		server_model_failed(ld->srv, &e);
 		free(ld);
@@ -172,7 +173,7 @@ static void serve_usage(FILE *to)
 		"  -V, --version\n"
 		"  -h, --help\n"
 		"Keys are those of hearthd.conf(5): model, max_context, kv_budget, weights,\n"
-		"weights_group (128|32), threads, ... e.g. --weights-group=32\n"
+		"weights_group (128|32), head (int4|int8), threads, ... e.g. --weights-group=32\n"
 		"In-process modes: hearthd --model M --prompt TEXT [-n N]; hearthd --bench ...\n",
 		config_default_path());
 }

@@ -82,6 +82,16 @@ static void matmul(struct step *st, const struct q4_matrix *w, const struct step
 		st->m->kern->matmul(w, acts_for(a, w), y, w->rows, b, e);
 }
 
+/* An int8 embedding/head (kernels/q8.h) reads the same activations as the int4 matrices. */
+static void matmul8(struct step *st, const struct q8_matrix *w, const struct step_acts *a, float *y,
+		    size_t t, size_t nt)
+{
+	size_t b, e;
+	pool_split(w->rows, Q4_ROWS, t, nt, &b, &e);
+	if (b < e)
+		st->m->kern->q8_matmul(w, w->group == 32 ? &a->g32 : &a->g128, y, w->rows, b, e);
+}
+
 static bool any_group(const struct q4_matrix *const *ws, size_t n, size_t group)
 {
 	for (size_t i = 0; i < n; i++)
@@ -255,9 +265,14 @@ static void step_run(void *arg, size_t t, size_t nt)
 	size_t E = m->hp.n_embd, T = st->T, b, e;
 	struct step_acts a;
 
+	bool int8 = m->head_bits == 8;
 	split(T, t, nt, &b, &e);
-	for (size_t i = b; i < e; i++)
-		q4_unpack_rows(&m->embd, (size_t)m->step_tokens_buf[i], 1, m->x + i * E, E);
+	for (size_t i = b; i < e; i++) {
+		if (int8)
+			q8_unpack_rows(&m->embd8, (size_t)m->step_tokens_buf[i], 1, m->x + i * E, E);
+		else
+			q4_unpack_rows(&m->embd, (size_t)m->step_tokens_buf[i], 1, m->x + i * E, E);
+	}
 
 	for (uint32_t l = 0; l < m->n_layer; l++) {
 		const struct mq4_layer *L = &m->layers[l];
@@ -318,12 +333,16 @@ static void step_run(void *arg, size_t t, size_t nt)
 		m->kern->rmsnorm(m->xb + j * E, m->x + (size_t)m->logit_rows[j] * E, m->output_norm, E,
 				 m->hp.norm_eps);
 	const struct q4_matrix *head = m->output.data ? &m->output : &m->embd;
-	const struct q4_matrix *hs[1] = { head };
-	acts_setup(st, &a, st->L, E, any_group(hs, 1, 32), any_group(hs, 1, 128));
+	const struct q8_matrix *head8 = m->output8.data ? &m->output8 : &m->embd8;
+	size_t hg = int8 ? head8->group : head->group;
+	acts_setup(st, &a, st->L, E, hg == 32, hg == 128);
 	pool_barrier(p);
 	acts_fill(st, &a, m->xb, E, st->L, t, nt);
 	pool_barrier(p);
-	matmul(st, head, &a, m->logits, t, nt);
+	if (int8)
+		matmul8(st, head8, &a, m->logits, t, nt);
+	else
+		matmul(st, head, &a, m->logits, t, nt);
 }
 
 int model_q4_forward(struct model_q4 *m, const struct engine_span *spans, size_t n_spans,

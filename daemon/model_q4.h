@@ -1,7 +1,8 @@
 /* The resident model the daemon serves: every matrix in the kernels' one int4 layout inside
- * the arena, norms and RoPE tables beside them, the paged KV cache, and a forward pass that
- * runs one step for many sequences at once on the pinned thread pool, so the weights stream
- * from memory once per step for everyone. Built by load_q4 (daemon/load.h). */
+ * the arena (the embedding/head optionally int8), norms and RoPE tables beside them, the
+ * paged KV cache, and a forward pass that runs one step for many sequences at once on the
+ * pinned thread pool, so the weights stream from memory once per step for everyone. Built
+ * by load_q4 (daemon/load.h). */
 #ifndef HEARTH_DAEMON_MODEL_Q4_H
 #define HEARTH_DAEMON_MODEL_Q4_H
 
@@ -15,6 +16,7 @@
 #include "kernels/dispatch.h"
 #include "kernels/pool.h"
 #include "kernels/q4.h"
+#include "kernels/q8.h"
 
 /* A distinct (theta, rotary dims, scale) among the layers: one cos/sin table each,
  * max_context rows. */
@@ -41,6 +43,7 @@ struct mq4_tensor_note {
 	uint32_t group;
 	bool carried;              /* codes taken over without re-rounding */
 	bool asym;
+	uint8_t bits;              /* 4, or 8 for an int8 embedding/head */
 };
 
 struct model_q4 {
@@ -50,8 +53,12 @@ struct model_q4 {
 	uint64_t n_params;
 	uint32_t n_layer;
 	struct mq4_layer *layers;
+	/* The embedding and head are int4 (embd, output) or, with head_bits 8, int8 (embd8,
+	 * output8); the other pair is unused (data NULL). */
+	uint32_t head_bits;
 	struct q4_matrix embd;     /* token_embd: also the head when tied */
 	struct q4_matrix output;   /* untied head; data NULL when tied */
+	struct q8_matrix embd8, output8;
 	const float *output_norm;
 	struct mq4_rope ropes[8];
 	uint32_t n_ropes;
@@ -80,7 +87,7 @@ struct model_q4 {
 	struct mq4_tensor_note *notes;
 	uint32_t n_notes;
 	uint64_t bytes_weights, bytes_embed_head, bytes_norms, bytes_rope, bytes_scratch;
-	char quant_name[32];       /* "q4_g128", "q4_g32", "q4_mixed" */
+	char quant_name[32];       /* "q4_g128", "q4_g32", "q4_mixed", "q4_g128+head_q8" ... */
 };
 
 /* Allocates the per-step bookkeeping (rows, positions, sequence slots) once the loader

@@ -162,7 +162,7 @@ static bool server_model_keys_differ(const struct hearth_config *a, const struct
 {
 	return strcmp(a->model, b->model) != 0 || a->max_context != b->max_context ||
 	       a->kv_budget != b->kv_budget || a->kv_type != b->kv_type ||
-	       a->weights != b->weights || a->weights_group != b->weights_group ||
+	       a->weights != b->weights || a->weights_group != b->weights_group || a->head != b->head ||
 	       a->threads != b->threads ||
 	       a->numa_node != b->numa_node || a->hugepages != b->hugepages ||
 	       a->lock_memory != b->lock_memory;

@@ -138,6 +138,7 @@ static void test_config_defaults_match_documentation(void **state)
 	assert_int_equal(c.kv_type, CONFIG_KV_F16);
 	assert_int_equal(c.weights, CONFIG_WEIGHTS_W4A8);
 	assert_int_equal(c.weights_group, CONFIG_GROUP_128);
+	assert_int_equal(c.head, CONFIG_HEAD_INT4);
 	assert_int_equal(c.threads, 0);
 	assert_int_equal(c.numa_node, -1);
 	assert_int_equal(c.hugepages, CONFIG_HUGEPAGES_AUTO);
@@ -167,6 +168,7 @@ static void test_config_file_sets_every_key(void **state)
 		"kv_type = bf16\n"
 		"weights = w4a8\n"
 		"weights_group = 32\n"
+		"head = int8\n"
 		"threads = 2\n"
 		"numa_node = 0\n"
 		"hugepages = thp\n"
@@ -193,6 +195,7 @@ static void test_config_file_sets_every_key(void **state)
 	assert_int_equal(c.kv_type, CONFIG_KV_BF16);
 	assert_int_equal(c.weights, CONFIG_WEIGHTS_W4A8);
 	assert_int_equal(c.weights_group, CONFIG_GROUP_32);
+	assert_int_equal(c.head, CONFIG_HEAD_INT8);
 	assert_int_equal(c.threads, 2);
 	assert_int_equal(c.numa_node, 0);
 	assert_int_equal(c.hugepages, CONFIG_HUGEPAGES_THP);
@@ -233,15 +236,17 @@ static void test_config_flags_override_file(void **state)
 static void test_config_build_applies_defaults_file_then_flags(void **state)
 {
 	const char *path = write_conf("model = /m.gguf\nkv_budget = 192MiB\nthreads = 2\n");
-	const char *sets[] = { "kv-budget=1GiB", "log_level=debug", "log-level=notice", "weights-group=32" };
+	const char *sets[] = { "kv-budget=1GiB", "log_level=debug", "log-level=notice", "weights-group=32",
+			       "head=int8" };
 	struct hearth_config c;
 	struct hearth_error err;
 	config_defaults(&c);
 	c.max_context = 77; /* stale value from a previous build: must not survive */
-	if (config_build(&c, path, sets, 4, &err))
+	if (config_build(&c, path, sets, 5, &err))
 		fail_msg("%s", err.msg);
 	assert_int_equal(c.kv_budget, 1ull << 30);
 	assert_int_equal(c.weights_group, CONFIG_GROUP_32);
+	assert_int_equal(c.head, CONFIG_HEAD_INT8);
 	assert_int_equal(c.threads, 2);
 	assert_int_equal(c.max_context, 4096);
 	assert_int_equal(c.log_level, LOG_LEVEL_NOTICE);
@@ -318,6 +323,9 @@ static const struct bad_line bad_lines[] = {
 	{ "weights_group = 64", HEARTH_EINVAL, "weights_group: bad value '64' (use 128, 32)" },
 	{ "weights_group = g32", HEARTH_EINVAL, "weights_group: bad value 'g32' (use 128, 32)" },
 	{ "weights_groups = 32", HEARTH_ENOTFOUND, "(did you mean 'weights_group'?)" },
+	{ "head = q8", HEARTH_EINVAL, "head: bad value 'q8' (use int4, int8)" },
+	{ "head = 8", HEARTH_EINVAL, "head: bad value '8' (use int4, int8)" },
+	{ "head =", HEARTH_EINVAL, "head: empty value" },
 	{ "hugepages = always", HEARTH_EINVAL, "use auto, hugetlb, thp, none" },
 	{ "lock_memory = maybe", HEARTH_EINVAL, "lock_memory: bad boolean 'maybe'" },
 	{ "numa_node = 1024", HEARTH_ERANGE, "numa_node" },
@@ -409,7 +417,7 @@ static void test_config_format_reads_back_every_key(void **state)
 	static const char *const settings[][2] = {
 		{ "model", "/srv/m #1.gguf" }, { "max_context", "777" }, { "kv_budget", "1536KiB" },
 		{ "kv_type", "f32" }, { "weights", "w4a16" }, { "weights_group", "32" },
-		{ "threads", "3" }, { "numa_node", "1" },
+		{ "head", "int8" }, { "threads", "3" }, { "numa_node", "1" },
 		{ "hugepages", "none" }, { "lock_memory", "on" }, { "socket", "/tmp/x.sock" },
 		{ "socket_mode", "666" }, { "allow_users", "0,4242,nobody" },
 		{ "allow_groups", "nogroup,777" }, { "max_requests_per_client", "2" },

@@ -197,16 +197,74 @@ static void test_load_weights_group_32_packs_layers_sym_group_32(void **state)
 	assert_null(m);
 }
 
+/* Bytes of the int8 layout for rows x cols at group g, from kernels/q8.h's description: per
+ * 16-row block, an fp16 d and an int16 code sum for each group and row (64 bytes a group),
+ * then the codes at 8 bits: 16 rows x cols bytes. */
+static size_t q8_bytes(size_t rows, size_t cols, size_t g)
+{
+	return (rows + 15) / 16 * (cols / g * 64 + 16 * cols);
+}
+
+/* head_bits 8: the embedding (and an untied head) as int8 in embed_head, sized exactly as
+ * the layout says and planned exactly (the region is full), the tied tensor once; group 128
+ * from BF16, group 32 where rows are 64 wide and for a carried-over Q8_0 tensor; int4 head
+ * fields left empty. Bits other than 4 or 8 are refused. */
+static void test_load_int8_head_sizes_embed_head_exactly(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *file;
+		size_t rows, cols, group, copies;
+	} cases[] = {
+		{ "fx-quant-bf16.gguf", 32000, 256, 128, 1 },
+		{ "fx-quant-q8_0.gguf", 32000, 256, 32, 1 },
+		{ "fx-qwen3.gguf", 50257, 64, 32, 1 },
+		{ "fx-llama.gguf", 32000, 64, 32, 2 },
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		struct load_opts o;
+		small_opts(&o);
+		o.head_bits = LOAD_HEAD_INT8;
+		struct model_q4 *m = load_fixture(cases[i].file, &o);
+		const struct arena_region *r = region(m, ARENA_REGION_EMBED_HEAD);
+		size_t want = cases[i].copies * q8_bytes(cases[i].rows, cases[i].cols, cases[i].group);
+		assert_int_equal(m->head_bits, 8);
+		assert_null(m->embd.data);
+		assert_null(m->output.data);
+		assert_int_equal(m->embd8.group, cases[i].group);
+		assert_true((m->output8.data != NULL) == (cases[i].copies == 2));
+		assert_int_equal(r->size, want);
+		assert_int_equal(r->used, r->size);
+		assert_int_equal(m->bytes_embed_head, r->size);
+		assert_true(m->embd8.data >= r->base && m->embd8.data < r->base + r->size);
+		assert_int_equal(m->notes[m->n_notes - 1].bits, 8);
+		assert_true(m->notes[m->n_notes - 1].carried == (cases[i].group == 32 && cases[i].cols == 256));
+		model_q4_free(m);
+	}
+
+	char path[4096];
+	fixture_path("fx-qwen3.gguf", path, sizeof path);
+	struct load_opts o;
+	small_opts(&o);
+	o.head_bits = 6;
+	struct model_q4 *m;
+	struct hearth_error e;
+	assert_int_equal(load_path(path, &o, &m, &e), HEARTH_EINVAL);
+	assert_non_null(strstr(e.msg, "use 4 or 8"));
+	assert_null(m);
+}
+
 /* The repack splits row blocks over the pool's threads: the packed bytes are the same as
- * one thread's, for both layouts. */
+ * one thread's, for both layouts (and an int8 head). */
 static void test_load_repack_on_threads_gives_the_same_bytes(void **state)
 {
 	(void)state;
-	static const uint32_t groups[2] = { LOAD_GROUP_128, LOAD_GROUP_32 };
-	for (int g = 0; g < 2; g++) {
+	static const uint32_t groups[3] = { LOAD_GROUP_128, LOAD_GROUP_32, LOAD_GROUP_128 };
+	for (int g = 0; g < 3; g++) {
 		struct load_opts o;
 		small_opts(&o);
 		o.weights_group = groups[g];
+		o.head_bits = g == 2 ? LOAD_HEAD_INT8 : LOAD_HEAD_INT4;
 		o.n_threads = 1;
 		struct model_q4 *one = load_fixture("fx-quant-bf16.gguf", &o);
 		o.n_threads = 2;
@@ -484,6 +542,7 @@ int main(void)
 		cmocka_unit_test(test_load_stores_tied_embedding_once),
 		cmocka_unit_test(test_load_puts_weights_in_one_region_per_type),
 		cmocka_unit_test(test_load_weights_group_32_packs_layers_sym_group_32),
+		cmocka_unit_test(test_load_int8_head_sizes_embed_head_exactly),
 		cmocka_unit_test(test_load_repack_on_threads_gives_the_same_bytes),
 		cmocka_unit_test(test_load_sizes_rope_by_max_context),
 		cmocka_unit_test(test_load_peak_is_small_and_the_sampler_sees_a_transient),

@@ -32,9 +32,9 @@ static void fixture_path(const char *name, char *buf, size_t cap)
 	snprintf(buf, cap, "%s/fixtures/%s", sh, name);
 }
 
-/* group: load_opts.weights_group (0: the default). */
-static struct model_q4 *load_group(const char *file, enum q4_act_kind act, uint32_t max_seqs,
-				   uint32_t step_tokens, uint32_t group)
+/* group: load_opts.weights_group (0: the default); head_bits: load_opts.head_bits. */
+static struct model_q4 *load_head(const char *file, enum q4_act_kind act, uint32_t max_seqs,
+				  uint32_t step_tokens, uint32_t group, uint32_t head_bits)
 {
 	char path[4096];
 	fixture_path(file, path, sizeof path);
@@ -47,13 +47,21 @@ static struct model_q4 *load_group(const char *file, enum q4_act_kind act, uint3
 	o.act = act;
 	o.n_threads = 2;
 	o.weights_group = group;
+	o.head_bits = head_bits;
 	struct model_q4 *m;
 	struct tok *tok;
 	struct hearth_error e;
 	if (load_q4(&m, &tok, path, &o, &e) < 0)
 		fail_msg("load_q4 %s: %s", file, e.msg);
 	tok_free(tok);
+	assert_int_equal(m->head_bits, head_bits ? head_bits : LOAD_HEAD_INT4);
 	return m;
+}
+
+static struct model_q4 *load_group(const char *file, enum q4_act_kind act, uint32_t max_seqs,
+				   uint32_t step_tokens, uint32_t group)
+{
+	return load_head(file, act, max_seqs, step_tokens, group, 0);
 }
 
 static struct model_q4 *load(const char *file, enum q4_act_kind act, uint32_t max_seqs,
@@ -105,11 +113,12 @@ struct fidelity {
 	double top1;     /* fraction of positions with the same argmax */
 	double kl_mean;  /* mean KL(reference || int4) in nats */
 	double kl_max;
+	double abs_max;  /* largest |logit difference| anywhere */
 };
 
 static struct fidelity compare(const float *ref, const float *q, uint32_t n, uint32_t n_vocab)
 {
-	struct fidelity f = { 0, 0, 0 };
+	struct fidelity f = { 0, 0, 0, 0 };
 	for (uint32_t t = 0; t < n; t++) {
 		const float *a = ref + (size_t)t * n_vocab, *b = q + (size_t)t * n_vocab;
 		uint32_t ia = 0, ib = 0;
@@ -134,6 +143,9 @@ static struct fidelity compare(const float *ref, const float *q, uint32_t n, uin
 			double la = a[i] - ma - log(za), lb = b[i] - mb - log(zb);
 			kl += exp(la) * (la - lb);
 		}
+		for (uint32_t i = 0; i < n_vocab; i++)
+			if (fabs((double)a[i] - b[i]) > f.abs_max)
+				f.abs_max = fabs((double)a[i] - b[i]);
 		f.top1 += ia == ib;
 		f.kl_mean += kl;
 		if (kl > f.kl_max)
@@ -144,23 +156,30 @@ static struct fidelity compare(const float *ref, const float *q, uint32_t n, uin
 	return f;
 }
 
-static struct fidelity check_fidelity_group(const char *file, enum q4_act_kind act, uint32_t group,
-					    double min_top1, double max_kl)
+static struct fidelity check_fidelity_head(const char *file, enum q4_act_kind act, uint32_t group,
+					   uint32_t head_bits, double min_top1, double max_kl)
 {
-	struct model_q4 *m = load_group(file, act, 4, 64, group);
+	struct model_q4 *m = load_head(file, act, 4, 64, group, head_bits);
 	int32_t prompt[N_POS];
 	test_prompt(1, prompt, N_POS, m->hp.n_vocab);
 	float *ref = reference_logits(file, prompt, N_POS);
 	float *q = q4_logits_stepwise(m, prompt, N_POS);
 	struct fidelity f = compare(ref, q, N_POS, m->hp.n_vocab);
-	print_message("%-24s %s (%s): top-1 %.3f, KL mean %.5f max %.5f nats\n", file,
-		      act == Q4_ACT_A8 ? "W4A8 " : "W4A16", m->quant_name, f.top1, f.kl_mean, f.kl_max);
+	print_message("%-24s %s (%s): top-1 %.3f, KL mean %.5f max %.5f nats, logits within %.4f\n",
+		      file, act == Q4_ACT_A8 ? "W4A8 " : "W4A16", m->quant_name, f.top1, f.kl_mean, f.kl_max,
+		      f.abs_max);
 	assert_true(f.top1 >= min_top1);
 	assert_true(f.kl_mean <= max_kl);
 	free(ref);
 	free(q);
 	model_q4_free(m);
 	return f;
+}
+
+static struct fidelity check_fidelity_group(const char *file, enum q4_act_kind act, uint32_t group,
+					    double min_top1, double max_kl)
+{
+	return check_fidelity_head(file, act, group, 0, min_top1, max_kl);
 }
 
 static void check_fidelity(const char *file, enum q4_act_kind act, double min_top1, double max_kl)
@@ -213,6 +232,18 @@ static struct gguf_tensor *unpacked(const struct q4_matrix *q, const struct gguf
 	return t;
 }
 
+static struct gguf_tensor *unpacked8(const struct q8_matrix *q, const struct gguf_tensor *like)
+{
+	struct gguf_tensor *t = malloc(sizeof *t);
+	*t = *like;
+	float *w = malloc(q->rows * q->cols * sizeof(float));
+	q8_unpack_rows(q, 0, q->rows, w, q->cols);
+	t->type = QTYPE_F32;
+	t->size = q->rows * q->cols * sizeof(float);
+	t->data = w;
+	return t;
+}
+
 static void free_unpacked(const struct gguf_tensor *t)
 {
 	free((void *)t->data);
@@ -223,10 +254,10 @@ static void free_unpacked(const struct gguf_tensor *t)
  * weights computes what the int4 forward should: only activation rounding (bf16 for W4A16,
  * int8 for W4A8) and the f16 KV cache separate them. This holds every piece of the batched
  * forward (embedding, norms, RoPE tables, GQA attention over paged KV, head) to the oracle. */
-static void check_exact_group(const char *file, enum q4_act_kind act, uint32_t group,
-			      double min_top1, double max_kl)
+static void check_exact_head(const char *file, enum q4_act_kind act, uint32_t group, uint32_t head_bits,
+			     double min_top1, double max_kl)
 {
-	struct model_q4 *m = load_group(file, act, 4, 64, group);
+	struct model_q4 *m = load_head(file, act, 4, 64, group, head_bits);
 	char path[4096];
 	fixture_path(file, path, sizeof path);
 	struct gguf_file *f;
@@ -246,8 +277,14 @@ static void check_exact_group(const char *file, enum q4_act_kind act, uint32_t g
 		R->ffn_down = unpacked(&L->down, R->ffn_down);
 	}
 	bool tied = ref->output == ref->tok_embd;
-	ref->tok_embd = unpacked(&m->embd, ref->tok_embd);
-	ref->output = tied ? ref->tok_embd : unpacked(&m->output, ref->output);
+	if (m->head_bits == LOAD_HEAD_INT8) {
+		assert_null(m->embd.data);
+		ref->tok_embd = unpacked8(&m->embd8, ref->tok_embd);
+		ref->output = tied ? ref->tok_embd : unpacked8(&m->output8, ref->output);
+	} else {
+		ref->tok_embd = unpacked(&m->embd, ref->tok_embd);
+		ref->output = tied ? ref->tok_embd : unpacked(&m->output, ref->output);
+	}
 
 	int32_t prompt[N_POS];
 	test_prompt(4, prompt, N_POS, m->hp.n_vocab);
@@ -281,6 +318,12 @@ static void check_exact_group(const char *file, enum q4_act_kind act, uint32_t g
 	model_free(ref);
 	gguf_close(f);
 	model_q4_free(m);
+}
+
+static void check_exact_group(const char *file, enum q4_act_kind act, uint32_t group,
+			      double min_top1, double max_kl)
+{
+	check_exact_head(file, act, group, 0, min_top1, max_kl);
 }
 
 static void check_exact(const char *file, enum q4_act_kind act, double min_top1, double max_kl)
@@ -335,10 +378,79 @@ static void test_q4_weights_group_32_is_closer_than_group_128(void **state)
 	assert_true(g32.kl_mean < g128.kl_mean);
 }
 
-static void test_q4_prefill_batch_equals_one_token_at_a_time(void **state)
+/* An int8 embedding/head (head_bits 8): the lookup (q8_unpack_rows) and the head
+ * (q8_matmul) compute what the model's own int8 weights say, for tied and untied heads, at
+ * group 128 (256-wide rows) and 32 (64-wide rows, or weights_group 32 layers with a
+ * group-128 head: both activation buffers), packed from F32/F16, carried over from Q8_0,
+ * or requantized from Q6_K. */
+static void test_q4_int8_head_forward_equals_the_reference_on_its_own_weights(void **state)
 {
 	(void)state;
-	struct model_q4 *m = load("fx-qwen3.gguf", Q4_ACT_A8, 4, 64);
+	struct model_q4 *m = load_head("fx-quant-f16.gguf", Q4_ACT_A8, 4, 64, 0, LOAD_HEAD_INT8);
+	assert_int_equal(m->embd8.group, 128);
+	assert_string_equal(m->quant_name, "q4_g128+head_q8");
+	model_q4_free(m);
+	m = load_head("fx-qwen3.gguf", Q4_ACT_A8, 4, 64, 0, LOAD_HEAD_INT8);
+	assert_int_equal(m->embd8.group, 32);
+	model_q4_free(m);
+	check_exact_head("fx-quant-f16.gguf", Q4_ACT_A16, 0, LOAD_HEAD_INT8, 0.9, 0.002);
+	check_exact_head("fx-quant-f16.gguf", Q4_ACT_A8, 0, LOAD_HEAD_INT8, 0.8, 0.02);
+	check_exact_head("fx-quant-f16.gguf", Q4_ACT_A8, LOAD_GROUP_32, LOAD_HEAD_INT8, 0.8, 0.02);
+	check_exact_head("fx-qwen3.gguf", Q4_ACT_A16, 0, LOAD_HEAD_INT8, 0.9, 0.002);
+	check_exact_head("fx-llama.gguf", Q4_ACT_A16, 0, LOAD_HEAD_INT8, 0.9, 0.002);
+	check_exact_head("fx-llama.gguf", Q4_ACT_A8, 0, LOAD_HEAD_INT8, 0.8, 0.02);
+	check_exact_head("fx-quant-q8_0.gguf", Q4_ACT_A16, 0, LOAD_HEAD_INT8, 0.9, 0.002);
+	check_exact_head("fx-quant-q4_k_m.gguf", Q4_ACT_A16, 0, LOAD_HEAD_INT8, 0.9, 0.002);
+}
+
+/* A Q8_0 embedding is carried over exactly: the int8 layout unpacks to the file's own
+ * dequantized rows, bit for bit. */
+static void test_q4_int8_head_carries_q8_0_over_exactly(void **state)
+{
+	(void)state;
+	struct model_q4 *m = load_head("fx-quant-q8_0.gguf", Q4_ACT_A8, 4, 64, 0, LOAD_HEAD_INT8);
+	assert_int_equal(m->embd8.group, 32);
+	assert_string_equal(m->quant_name, "q4_g128+head_q8_g32");
+	char path[4096];
+	fixture_path("fx-quant-q8_0.gguf", path, sizeof path);
+	struct gguf_file *f;
+	struct hearth_error e;
+	assert_int_equal(gguf_open(&f, path, &e), 0);
+	const struct gguf_tensor *t = gguf_tensor_find(f, "token_embd.weight");
+	assert_non_null(t);
+	assert_int_equal(t->type, QTYPE_Q8_0);
+	size_t cols = (size_t)t->ne[0], rb;
+	assert_true(qtype_row_bytes(t->type, cols, &rb));
+	float *want = malloc(cols * sizeof(float)), *got = malloc(cols * sizeof(float));
+	for (size_t r = 0; r < m->embd8.rows; r += 97) {
+		quant_dequant_row(t->type, (const uint8_t *)t->data + r * rb, want, cols);
+		q8_unpack_rows(&m->embd8, r, 1, got, cols);
+		assert_memory_equal(got, want, cols * sizeof(float));
+	}
+	free(want);
+	free(got);
+	gguf_close(f);
+	model_q4_free(m);
+}
+
+/* Against the unquantized model an int8 embedding/head is measurably closer than the int4
+ * one on the same positions: a lower mean KL and a smaller largest logit error, for a tied
+ * head at group 128 (fx-quant) and an untied one at group 32 (fx-llama). */
+static void test_q4_int8_head_is_closer_than_int4(void **state)
+{
+	(void)state;
+	static const char *const files[] = { "fx-quant-f16.gguf", "fx-llama.gguf" };
+	for (int i = 0; i < 2; i++) {
+		struct fidelity h4 = check_fidelity_head(files[i], Q4_ACT_A8, 0, 0, 0.2, 0.25);
+		struct fidelity h8 = check_fidelity_head(files[i], Q4_ACT_A8, 0, LOAD_HEAD_INT8, 0.2, 0.25);
+		assert_true(h8.kl_mean < 0.9 * h4.kl_mean);
+		assert_true(h8.abs_max < h4.abs_max);
+	}
+}
+
+static void check_prefill_batch_equals_one_token_at_a_time(uint32_t head_bits)
+{
+	struct model_q4 *m = load_head("fx-qwen3.gguf", Q4_ACT_A8, 4, 64, 0, head_bits);
 	struct engine eng;
 	model_q4_engine(m, &eng);
 	int32_t prompt[N_POS];
@@ -361,10 +473,15 @@ static void test_q4_prefill_batch_equals_one_token_at_a_time(void **state)
 	model_q4_free(m);
 }
 
-static void test_q4_sequences_in_one_step_equal_each_alone(void **state)
+static void test_q4_prefill_batch_equals_one_token_at_a_time(void **state)
 {
 	(void)state;
-	struct model_q4 *m = load("fx-qwen2.gguf", Q4_ACT_A8, 4, 64);
+	check_prefill_batch_equals_one_token_at_a_time(0);
+}
+
+static void check_sequences_in_one_step_equal_each_alone(uint32_t head_bits)
+{
+	struct model_q4 *m = load_head("fx-qwen2.gguf", Q4_ACT_A8, 4, 64, 0, head_bits);
 	struct engine eng;
 	model_q4_engine(m, &eng);
 	struct hearth_error e;
@@ -394,13 +511,19 @@ static void test_q4_sequences_in_one_step_equal_each_alone(void **state)
 	model_q4_free(m);
 }
 
+static void test_q4_sequences_in_one_step_equal_each_alone(void **state)
+{
+	(void)state;
+	check_sequences_in_one_step_equal_each_alone(0);
+}
+
 /* Decode steps of one row per sequence skip barriers: each (row, KV head group) does its
  * own q/k post-processing and K/V store, and whole rows prepare the o matmul's input
  * themselves. Steps of 5, 3 and 1 rows on 2 threads take both ways (heads split across
  * threads and not); every row must equal its sequence run alone, bit for bit. */
-static void check_decode_rows_equal_each_alone(const char *file)
+static void check_decode_rows_equal_each_alone(const char *file, uint32_t head_bits)
 {
-	struct model_q4 *m = load(file, Q4_ACT_A8, 5, 64);
+	struct model_q4 *m = load_head(file, Q4_ACT_A8, 5, 64, 0, head_bits);
 	struct engine eng;
 	model_q4_engine(m, &eng);
 	struct hearth_error e;
@@ -443,8 +566,21 @@ static void check_decode_rows_equal_each_alone(const char *file)
 static void test_q4_decode_rows_equal_each_alone(void **state)
 {
 	(void)state;
-	check_decode_rows_equal_each_alone("fx-qwen2.gguf"); /* q/k/v biases */
-	check_decode_rows_equal_each_alone("fx-qwen3.gguf"); /* q/k norms */
+	check_decode_rows_equal_each_alone("fx-qwen2.gguf", 0); /* q/k/v biases */
+	check_decode_rows_equal_each_alone("fx-qwen3.gguf", 0); /* q/k norms */
+}
+
+/* With an int8 embedding/head, W8A8's integer dots keep batching exact: a prefill in one
+ * step, several sequences in one step and decode steps of several rows each equal the
+ * tokens run one at a time, bit for bit (group 32 heads here, and group 128 for
+ * fx-quant's 256-wide rows). */
+static void test_q4_int8_head_batches_equal_one_at_a_time(void **state)
+{
+	(void)state;
+	check_prefill_batch_equals_one_token_at_a_time(LOAD_HEAD_INT8);
+	check_sequences_in_one_step_equal_each_alone(LOAD_HEAD_INT8);
+	check_decode_rows_equal_each_alone("fx-qwen3.gguf", LOAD_HEAD_INT8);
+	check_decode_rows_equal_each_alone("fx-quant-f16.gguf", LOAD_HEAD_INT8);
 }
 
 static void test_q4_shared_prefix_gives_the_same_logits(void **state)
@@ -512,6 +648,10 @@ int main(void)
 		cmocka_unit_test(test_q4_sequences_in_one_step_equal_each_alone),
 		cmocka_unit_test(test_q4_decode_rows_equal_each_alone),
 		cmocka_unit_test(test_q4_shared_prefix_gives_the_same_logits),
+		cmocka_unit_test(test_q4_int8_head_forward_equals_the_reference_on_its_own_weights),
+		cmocka_unit_test(test_q4_int8_head_carries_q8_0_over_exactly),
+		cmocka_unit_test(test_q4_int8_head_is_closer_than_int4),
+		cmocka_unit_test(test_q4_int8_head_batches_equal_one_at_a_time),
 		cmocka_unit_test(test_q4_loader_refuses_context_beyond_training),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
