@@ -183,9 +183,8 @@ static struct sched_msg *take(struct harness *h)
 	return NULL;
 }
 
-static struct sched_msg *submit(struct harness *h, struct sched_client *c, uint64_t id,
-				const int32_t *prompt, uint32_t n, uint32_t max_tokens, float temp,
-				uint64_t seed)
+static struct sched_msg *submit_msg(struct sched_client *c, uint64_t id, const int32_t *prompt,
+				    uint32_t n, uint32_t max_tokens, float temp, uint64_t seed)
 {
 	struct sched_msg *m = calloc(1, sizeof *m);
 	m->type = SCHED_MSG_SUBMIT;
@@ -199,6 +198,14 @@ static struct sched_msg *submit(struct harness *h, struct sched_client *c, uint6
 	m->req.sampling.temperature = temp;
 	m->req.seed = seed;
 	m->req.ignore_eos = true;
+	return m;
+}
+
+static struct sched_msg *submit(struct harness *h, struct sched_client *c, uint64_t id,
+				const int32_t *prompt, uint32_t n, uint32_t max_tokens, float temp,
+				uint64_t seed)
+{
+	struct sched_msg *m = submit_msg(c, id, prompt, n, max_tokens, temp, seed);
 	assert_true(sched_post(h->s, m));
 	return m;
 }
@@ -474,9 +481,15 @@ static void test_sched_admits_clients_round_robin(void **state)
 	struct sched_client b = { .sink = &sb, .emit = sink_emit };
 	int32_t prompt[4];
 	test_prompt(1, prompt, 4, fx->n_vocab);
+	/* Built first and posted back to back, each of A's long enough that the scheduler
+	 * cannot finish two of them between two posts: a test thread preempted there once
+	 * let A's third request in before B existed (seen under load). */
+	struct sched_msg *ms[4];
 	for (uint64_t i = 0; i < 3; i++)
-		submit(&h, &a, i, prompt, 4, 2, 0.0f, 1);
-	submit(&h, &b, 9, prompt, 4, 2, 0.0f, 1);
+		ms[i] = submit_msg(&a, i, prompt, 4, 16, 0.0f, 1);
+	ms[3] = submit_msg(&b, 9, prompt, 4, 2, 0.0f, 1);
+	for (int i = 0; i < 4; i++)
+		assert_true(sched_post(h.s, ms[i]));
 	struct sched_client *order[4];
 	for (int i = 0; i < 4; i++) {
 		struct sched_msg *m = take(&h);
