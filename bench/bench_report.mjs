@@ -10,7 +10,7 @@ if (!dir) {
 	process.exit(2);
 }
 const read = (f) => existsSync(join(dir, f)) ? readFileSync(join(dir, f), "utf8").trim() : null;
-const ours = ["hearth_bf16.json", "hearth_bf16_g32.json", "hearth_q4_0.json"].map(read).filter(Boolean).map(JSON.parse);
+const ours = ["hearth_bf16.json", "hearth_bf16_g32.json", "hearth_bf16_g32_q8.json", "hearth_q4_0.json"].map(read).filter(Boolean).map(JSON.parse);
 const llama = (read("llama.json") ?? "").split("\n").filter(Boolean).map(JSON.parse);
 if (!ours.length || !llama.length) {
 	console.error(`bench_report: ${dir} lacks hearth_bf16.json or llama.json`);

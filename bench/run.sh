@@ -63,6 +63,9 @@ say "hearthd --bench on the BF16 file (quantized at load: group 128)"
 say "hearthd --bench on the BF16 file with weights_group 32 (searched group 32 sym, head included)"
 "$builddir/hearthd" --bench --json -m "$bf16" -t "$threads" -r "$reps" \
 	--pp "$pp" --tg "$tg" --probe-mib 0 --weights-group 32 >"$res/hearth_bf16_g32.json"
+say "hearthd --bench on the BF16 file with weights_group 32 and head int8 (the closest to the f32 model)"
+"$builddir/hearthd" --bench --json -m "$bf16" -t "$threads" -r "$reps" \
+	--pp "$pp" --tg "$tg" --probe-mib 0 --weights-group 32 --head int8 >"$res/hearth_bf16_g32_q8.json"
 say "llama.cpp on Q4_0 and Q4_K_M"
 node "$srcdir/bench/llama_bench.mjs" --json --threads "$threads" --reps "$reps" \
 	--pp "$pp" --tg "$tg" "$q40" "$q4km" \
