@@ -220,27 +220,31 @@ static void test_q4_carried_over_quants_stay_within_int4_fidelity(void **state)
 
 /* A view of an int4 matrix as the f32 tensor it stands for (q4_unpack_rows: the exact
  * values every kernel multiplies by). */
-static struct gguf_tensor *unpacked(const struct q4_matrix *q, const struct gguf_tensor *like)
+static struct gguf_tensor *f32_like(const struct gguf_tensor *like, size_t rows, size_t cols, float **w)
 {
 	struct gguf_tensor *t = malloc(sizeof *t);
 	*t = *like;
-	float *w = malloc(q->rows * q->cols * sizeof(float));
-	q4_unpack_rows(q, 0, q->rows, w, q->cols);
+	*w = malloc(rows * cols * sizeof(float));
 	t->type = QTYPE_F32;
-	t->size = q->rows * q->cols * sizeof(float);
-	t->data = w;
+	t->size = rows * cols * sizeof(float);
+	t->data = *w;
 	return t;
 }
 
+static struct gguf_tensor *unpacked(const struct q4_matrix *q, const struct gguf_tensor *like)
+{
+	float *w;
+	struct gguf_tensor *t = f32_like(like, q->rows, q->cols, &w);
+	q4_unpack_rows(q, 0, q->rows, w, q->cols);
+	return t;
+}
+
+/* The same for an int8 embedding/head (q8_unpack_rows). */
 static struct gguf_tensor *unpacked8(const struct q8_matrix *q, const struct gguf_tensor *like)
 {
-	struct gguf_tensor *t = malloc(sizeof *t);
-	*t = *like;
-	float *w = malloc(q->rows * q->cols * sizeof(float));
+	float *w;
+	struct gguf_tensor *t = f32_like(like, q->rows, q->cols, &w);
 	q8_unpack_rows(q, 0, q->rows, w, q->cols);
-	t->type = QTYPE_F32;
-	t->size = q->rows * q->cols * sizeof(float);
-	t->data = w;
 	return t;
 }
 
