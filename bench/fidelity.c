@@ -3,7 +3,7 @@
  * of positions (top-1 agreement, mean / p99 / max KL), with the bits per weight each spends.
  * usage: bench/fidelity [--seqs N] [--len L] [--seed S] [--no-text] [--threads T]
  *                       [--act a16|a8|both] [--weights-group 128|32] [--head-group 128|32]
- *                       [--head int4|int8]
+ *                       [--head int4|int8] [--kv f16|bf16|q8]
  *                       [--ablate] [--json] MODEL.gguf   (F32/F16/BF16)
  * The int4 builds come from the daemon's loader with the same options (weights_group).
  * --ablate also runs the f32 reference on the int4 model's own weights, part by part, to
@@ -29,6 +29,7 @@ struct fidelity_args {
 	uint32_t n_seqs, len, seed, threads;
 	uint32_t group, head_group;     /* load_opts weights_group / head_group (0: default) */
 	uint32_t head_bits;             /* load_opts head_bits: 4 or 8 */
+	enum qtype kv_type;             /* load_opts kv_type: QTYPE_F16, QTYPE_BF16, QTYPE_KV_Q8 */
 	bool text, json, a16, a8, ablate;
 };
 
@@ -52,11 +53,12 @@ static void usage(FILE *to)
 {
 	fprintf(to, "usage: bench/fidelity [--seqs N] [--len L] [--seed S] [--no-text] [--threads T]\n"
 		    "                      [--act a16|a8|both] [--weights-group 128|32] [--head-group 128|32]\n"
-		    "                      [--head int4|int8] [--ablate] [--json] MODEL.gguf\n"
+		    "                      [--head int4|int8] [--kv f16|bf16|q8] [--ablate] [--json] MODEL.gguf\n"
 		    "  MODEL is an unquantized GGUF (F32, F16 or BF16 matrices).\n"
 		    "  --weights-group is the daemon's weights_group key (the loader's layout for it);\n"
 		    "  --head-group overrides the loader's choice for the embedding/head;\n"
 		    "  --head int8 stores the embedding/head as int8 (the daemon's head key).\n"
+		    "  --kv is the int4 builds' KV cache type (the daemon's kv_type key; default f16).\n"
 		    "  Defaults: 4 sequences x 64 positions (the built-in paragraph, then random ids\n"
 		    "  from seed 1), 2 threads, both activation paths.\n");
 }
@@ -75,7 +77,8 @@ static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
 static int parse_args(int argc, char **argv, struct fidelity_args *a)
 {
 	*a = (struct fidelity_args){ .n_seqs = 4, .len = 64, .seed = 1, .threads = 2,
-				     .text = true, .a16 = true, .a8 = true, .head_bits = LOAD_HEAD_INT4 };
+				     .text = true, .a16 = true, .a8 = true, .head_bits = LOAD_HEAD_INT4,
+				     .kv_type = QTYPE_F16 };
 	for (int i = 1; i < argc; i++) {
 		const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 		if (!strcmp(o, "--json"))
@@ -103,6 +106,10 @@ static int parse_args(int argc, char **argv, struct fidelity_args *a)
 			i++;
 		else if (!strcmp(o, "--head") && v && (!strcmp(v, "int4") || !strcmp(v, "int8"))) {
 			a->head_bits = !strcmp(v, "int8") ? LOAD_HEAD_INT8 : LOAD_HEAD_INT4;
+			i++;
+		} else if (!strcmp(o, "--kv") && v &&
+			   (!strcmp(v, "f16") || !strcmp(v, "bf16") || !strcmp(v, "q8"))) {
+			a->kv_type = !strcmp(v, "q8") ? QTYPE_KV_Q8 : !strcmp(v, "bf16") ? QTYPE_BF16 : QTYPE_F16;
 			i++;
 		} else if (!strcmp(o, "--act") && v) {
 			a->a16 = !strcmp(v, "a16") || !strcmp(v, "both");
@@ -132,6 +139,7 @@ static int load_int4(struct model_q4 **m, const struct fidelity_args *a, enum q4
 	o.weights_group = a->group;
 	o.head_group = a->head_group;
 	o.head_bits = a->head_bits;
+	o.kv_type = a->kv_type;
 	struct tok *tok;
 	int rc = load_q4(m, &tok, a->path, &o, err);
 	if (rc == 0)
@@ -605,11 +613,12 @@ int main(int argc, char **argv)
 
 	const char *name = strrchr(a.path, '/') ? strrchr(a.path, '/') + 1 : a.path;
 	uint32_t n_text = a.text ? 1 : 0;
+	const char *kv_name = a.kv_type == QTYPE_KV_Q8 ? "q8" : a.kv_type == QTYPE_BF16 ? "bf16" : "f16";
 	if (a.json) {
 		printf("{\"model\":\"%s\",\"arch\":\"%s\",\"n_vocab\":%u,\"seqs\":%u,\"len\":%u,"
-		       "\"text_seqs\":%u,\"seed\":%u,\"positions\":%zu,\"source\":{",
+		       "\"text_seqs\":%u,\"seed\":%u,\"positions\":%zu,\"kv\":\"%s\",\"source\":{",
 		       name, model_arch_name(ref->hp.arch), n_vocab, a.n_seqs, a.len, n_text, a.seed,
-		       (size_t)a.n_seqs * a.len);
+		       (size_t)a.n_seqs * a.len, kv_name);
 		json_bpw(&src_bpw);
 		printf("},\"builds\":[");
 		bool first = true;
@@ -649,7 +658,8 @@ int main(int argc, char **argv)
 		       (unsigned long long)src_bpw.params_all, n_vocab);
 		printf("corpus: %u sequences x %u positions = %zu positions (%u text, %u random from seed %u)\n",
 		       a.n_seqs, a.len, (size_t)a.n_seqs * a.len, n_text, a.n_seqs - n_text, a.seed);
-		printf("KL(reference || build) in nats over the full vocabulary; reference: f32 scalar engine\n\n");
+		printf("KL(reference || build) in nats over the full vocabulary; reference: f32 scalar engine;"
+		       " builds' KV cache %s\n\n", kv_name);
 		printf("%-16s %-17s %8s %8s  %6s  %9s  %9s  %9s\n", "build", "quant", "bpw", "bpw-mat",
 		       "top-1", "KL mean", "KL p99", "KL max");
 		print_row("source", "f32/f16", &src_bpw, NULL);

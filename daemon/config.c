@@ -48,7 +48,7 @@ static const char *const weights_words[] = { "w4a16", "w4a8", NULL };
 static const char *const weights_group_words[] = { "128", "32", NULL };
 static const char *const head_words[] = { "int4", "int8", NULL };
 static const char *const model_swap_words[] = { "auto", "beside", "drain", NULL };
-static const char *const kv_type_words[] = { "f16", "bf16", "f32", NULL };
+static const char *const kv_type_words[] = { "f16", "bf16", "f32", "q8", NULL };
 
 #define F(field) offsetof(struct hearth_config, field)
 

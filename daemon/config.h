@@ -58,6 +58,7 @@ enum config_kv_type {
 	CONFIG_KV_F16,
 	CONFIG_KV_BF16,
 	CONFIG_KV_F32,
+	CONFIG_KV_Q8,              /* int8 codes + one f32 scale per head row (int4 engine) */
 };
 
 /* Plain values: no pointers, so a config is copied with `=` and compared field by field;

@@ -44,16 +44,18 @@ static bool elem_bytes_of(enum qtype t, size_t *out)
 	case QTYPE_F32: *out = 4; return true;
 	case QTYPE_F16: *out = 2; return true;
 	case QTYPE_BF16: *out = 2; return true;
+	case QTYPE_KV_Q8: *out = 1; return true;   /* plus the row's scale: kv_row_bytes */
 	default: return false;
 	}
 }
 
 static bool chunk_bytes(uint32_t block_tokens, uint32_t n_head, uint32_t dim, size_t elem,
-			size_t *out)
+			size_t extra, size_t *out)
 {
-	size_t v;
-	if (__builtin_mul_overflow((size_t)block_tokens, (size_t)n_head, &v) ||
-	    __builtin_mul_overflow(v, (size_t)dim, &v) || __builtin_mul_overflow(v, elem, &v) ||
+	size_t v, row;
+	if (__builtin_mul_overflow((size_t)dim, elem, &row) || __builtin_add_overflow(row, extra, &row) ||
+	    __builtin_mul_overflow((size_t)block_tokens, (size_t)n_head, &v) ||
+	    __builtin_mul_overflow(v, row, &v) ||
 	    __builtin_add_overflow(v, (size_t)KV_CHUNK_ALIGN - 1, &v))
 		return false;
 	*out = v & ~((size_t)KV_CHUNK_ALIGN - 1);
@@ -74,8 +76,9 @@ int kv_plan(const struct kv_config *cfg, struct kv_geometry *geo, struct hearth_
 	uint32_t bt = cfg->block_tokens ? cfg->block_tokens : KV_DEFAULT_BLOCK_TOKENS;
 	if (!elem_bytes_of(cfg->elem_type, &geo->elem_bytes))
 		return hearth_error_set(err, HEARTH_EINVAL,
-					"kv element type %s: expected F16, BF16 or F32",
+					"kv element type %s: expected F16, BF16, F32 or KV_Q8",
 					qtype_name(cfg->elem_type));
+	geo->row_extra_bytes = cfg->elem_type == QTYPE_KV_Q8 ? KV_Q8_SCALE_BYTES : 0;
 	if (bt > KV_MAX_BLOCK_TOKENS)
 		return hearth_error_set(err, HEARTH_EINVAL, "kv block_tokens %u: at most %u", bt,
 					KV_MAX_BLOCK_TOKENS);
@@ -95,8 +98,8 @@ int kv_plan(const struct kv_config *cfg, struct kv_geometry *geo, struct hearth_
 						"kv layer %u: n_head_kv %u, head_dim k %u v %u must be > 0",
 						l, s.n_head_kv, s.head_dim_k, s.head_dim_v);
 		size_t k, v;
-		if (!chunk_bytes(bt, s.n_head_kv, s.head_dim_k, geo->elem_bytes, &k) ||
-		    !chunk_bytes(bt, s.n_head_kv, s.head_dim_v, geo->elem_bytes, &v) ||
+		if (!chunk_bytes(bt, s.n_head_kv, s.head_dim_k, geo->elem_bytes, geo->row_extra_bytes, &k) ||
+		    !chunk_bytes(bt, s.n_head_kv, s.head_dim_v, geo->elem_bytes, geo->row_extra_bytes, &v) ||
 		    __builtin_add_overflow(block, k, &block) || __builtin_add_overflow(block, v, &block))
 			return hearth_error_set(err, HEARTH_ERANGE, "kv block size overflows at layer %u", l);
 	}
@@ -105,8 +108,8 @@ int kv_plan(const struct kv_config *cfg, struct kv_geometry *geo, struct hearth_
 	if (n_blocks == 0)
 		return hearth_error_set(err, HEARTH_EINVAL,
 					"kv_budget of %zu bytes holds no block: one block of %u tokens is "
-					"%zu bytes (%u layers, K+V, %zu-byte elements)",
-					budget, bt, block, cfg->n_layer, geo->elem_bytes);
+					"%zu bytes (%u layers, K+V, %s elements)",
+					budget, bt, block, cfg->n_layer, qtype_name(cfg->elem_type));
 	if (n_blocks > UINT32_MAX - 1)
 		n_blocks = UINT32_MAX - 1;
 	geo->n_blocks = (uint32_t)n_blocks;
@@ -302,8 +305,10 @@ int kv_create(struct kv_cache *kv, const struct kv_config *cfg, struct arena *ar
 	for (uint32_t l = 0; l < cfg->n_layer; l++) {
 		struct kv_layer_shape s = layer_shape(cfg, l);
 		size_t k = 0, v = 0;
-		chunk_bytes(kv->block_tokens, s.n_head_kv, s.head_dim_k, kv->geo.elem_bytes, &k);
-		chunk_bytes(kv->block_tokens, s.n_head_kv, s.head_dim_v, kv->geo.elem_bytes, &v);
+		chunk_bytes(kv->block_tokens, s.n_head_kv, s.head_dim_k, kv->geo.elem_bytes,
+			    kv->geo.row_extra_bytes, &k);
+		chunk_bytes(kv->block_tokens, s.n_head_kv, s.head_dim_v, kv->geo.elem_bytes,
+			    kv->geo.row_extra_bytes, &v);
 		kv->shapes[l] = s;
 		kv->layer_k_off[l] = off;
 		kv->layer_v_off[l] = off + k;

@@ -18,6 +18,7 @@
 #define KV_DEFAULT_BLOCK_TOKENS 16
 #define KV_CHUNK_ALIGN 64       /* every (block, layer, K|V) chunk starts on a cache line */
 #define KV_NO_BLOCK UINT32_MAX
+#define KV_Q8_SCALE_BYTES 4     /* a QTYPE_KV_Q8 row: head_dim int8 codes, then an f32 scale */
 
 /* One layer's cached shape; layers may differ (per-layer KV heads, a V head size unlike K). */
 struct kv_layer_shape {
@@ -29,7 +30,7 @@ struct kv_layer_shape {
 struct kv_config {
 	size_t budget_bytes;          /* the pool: whole blocks that fit; 0 = KV_DEFAULT_BUDGET */
 	uint32_t block_tokens;        /* 0 = KV_DEFAULT_BLOCK_TOKENS */
-	enum qtype elem_type;         /* QTYPE_F16, QTYPE_BF16 or QTYPE_F32 */
+	enum qtype elem_type;         /* QTYPE_F16, QTYPE_BF16, QTYPE_F32 or QTYPE_KV_Q8 */
 	uint32_t n_layer;
 	/* Uniform shape (head_dim for K and V) unless layer_shapes is set: then n_layer entries
 	 * of it are used and these two are ignored. Copied by kv_create. */
@@ -44,11 +45,13 @@ struct kv_config {
  *
  * Block layout (block-major so one block is one contiguous run; see doc/memory.md):
  *   block b at pool + b * block_bytes, then for each layer l:
- *     K chunk at layer_k_off[l]: [block_tokens][n_head_kv][head_dim_k] elements
- *     V chunk at layer_v_off[l]: [block_tokens][n_head_kv][head_dim_v] elements
+ *     K chunk at layer_k_off[l]: [n_head_kv][block_tokens] rows of head_dim_k elements
+ *     V chunk at layer_v_off[l]: [n_head_kv][block_tokens] rows of head_dim_v elements
+ *   each row head_dim * elem_bytes + row_extra_bytes (QTYPE_KV_Q8: its scale) bytes,
  *   each chunk padded to KV_CHUNK_ALIGN bytes. */
 struct kv_geometry {
-	size_t elem_bytes;
+	size_t elem_bytes;            /* 1 for QTYPE_KV_Q8 (the codes) */
+	size_t row_extra_bytes;       /* bytes after a row's elements: KV_Q8_SCALE_BYTES or 0 */
 	size_t block_bytes;
 	uint32_t n_blocks;            /* floor(budget / block_bytes) */
 	size_t pool_bytes;            /* n_blocks * block_bytes: the arena region's size */
@@ -188,13 +191,19 @@ static inline void *kv_block_v(const struct kv_cache *kv, uint32_t block, uint32
 	return kv->pool + (size_t)block * kv->geo.block_bytes + kv->layer_v_off[layer];
 }
 
-/* The K (or V) row of one kv head at one position: head_dim elements; the head's next
- * position in the same block follows it directly. */
+/* Bytes of one stored row of dim values (kv_plan checked every layer's for overflow). */
+static inline size_t kv_row_bytes(const struct kv_cache *kv, uint32_t dim)
+{
+	return (size_t)dim * kv->geo.elem_bytes + kv->geo.row_extra_bytes;
+}
+
+/* The K (or V) row of one kv head at one position (kv_row_bytes of head_dim); the head's
+ * next position in the same block follows it directly. */
 static inline void *kv_seq_k(const struct kv_cache *kv, const struct kv_seq *seq, uint32_t layer,
 			     uint32_t pos, uint32_t head)
 {
 	uint32_t b = seq->blocks[pos / kv->block_tokens];
-	size_t row = (size_t)kv->shapes[layer].head_dim_k * kv->geo.elem_bytes;
+	size_t row = kv_row_bytes(kv, kv->shapes[layer].head_dim_k);
 	return (uint8_t *)kv_block_k(kv, b, layer) +
 	       ((size_t)head * kv->block_tokens + pos % kv->block_tokens) * row;
 }
@@ -203,7 +212,7 @@ static inline void *kv_seq_v(const struct kv_cache *kv, const struct kv_seq *seq
 			     uint32_t pos, uint32_t head)
 {
 	uint32_t b = seq->blocks[pos / kv->block_tokens];
-	size_t row = (size_t)kv->shapes[layer].head_dim_v * kv->geo.elem_bytes;
+	size_t row = kv_row_bytes(kv, kv->shapes[layer].head_dim_v);
 	return (uint8_t *)kv_block_v(kv, b, layer) +
 	       ((size_t)head * kv->block_tokens + pos % kv->block_tokens) * row;
 }

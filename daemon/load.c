@@ -639,8 +639,9 @@ int load_q4(struct model_q4 **out, struct tok **tok_out, const char *path,
 		memset(o->load_record, 0, sizeof *o->load_record);
 	if (o->placement)
 		memset(o->placement, 0, sizeof *o->placement);
-	if (o->kv_type != QTYPE_F16 && o->kv_type != QTYPE_BF16)
-		return hearth_error_set(err, HEARTH_EINVAL, "kv_type must be f16 or bf16 for the int4 engine");
+	if (o->kv_type != QTYPE_F16 && o->kv_type != QTYPE_BF16 && o->kv_type != QTYPE_KV_Q8)
+		return hearth_error_set(err, HEARTH_EINVAL,
+					"kv_type must be f16, bf16 or q8 for the int4 engine");
 	if ((o->weights_group && o->weights_group != LOAD_GROUP_128 && o->weights_group != LOAD_GROUP_32) ||
 	    (o->head_group && o->head_group != LOAD_GROUP_128 && o->head_group != LOAD_GROUP_32))
 		return hearth_error_set(err, HEARTH_EINVAL, "weights group %u / head group %u: use 128 or 32",

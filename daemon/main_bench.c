@@ -218,10 +218,8 @@ static int32_t bench_argmax(const float *v, uint32_t n)
 	return (int32_t)best;
 }
 
-static void bench_describe(const struct model_q4 *m, enum qtype kv_type, struct bench_model *d)
+static void bench_describe(const struct model_q4 *m, struct bench_model *d)
 {
-	size_t kv_elem = kv_type == QTYPE_F16 || kv_type == QTYPE_BF16 ? 2 : 4;
-
 	memset(d, 0, sizeof *d);
 	snprintf(d->arch, sizeof d->arch, "%s", m->arch_name);
 	snprintf(d->name, sizeof d->name, "%s", m->name);
@@ -241,7 +239,9 @@ static void bench_describe(const struct model_q4 *m, enum qtype kv_type, struct 
 			d->decode_weight_bytes += q4_matrix_bytes(ws[i]);
 			d->matrix_params += (uint64_t)ws[i]->rows * ws[i]->cols;
 		}
-		d->kv_bytes_per_pos += (uint64_t)L->n_head_kv * (L->head_dim + L->head_dim_v) * kv_elem;
+		/* The cache's own row sizes (q8: codes + scale), so the figure is what attention reads. */
+		d->kv_bytes_per_pos += (uint64_t)L->n_head_kv *
+				       (kv_row_bytes(&m->kv, L->head_dim) + kv_row_bytes(&m->kv, L->head_dim_v));
 	}
 	/* The embedding and an untied head, int4 or int8 (head_bits). */
 	uint64_t embd_bytes, head_bytes;
@@ -349,7 +349,7 @@ static int bench_act(const struct bench_opts *o, enum q4_act_kind act, struct be
 	/* The bench thread is the step thread: pinned to cpus[0] like the daemon's. */
 	if (eng.thread_init)
 		eng.thread_init(eng.impl);
-	bench_describe(m, o->kv_type, desc);
+	bench_describe(m, desc);
 
 	ids = malloc((size_t)lo.step_tokens * sizeof *ids);
 	logits = malloc((size_t)eng.n_vocab * sizeof *logits);
@@ -403,7 +403,8 @@ static void bench_print_table(const struct bench_opts *o, const struct bench_mod
 	printf("kernels %s, %zu threads on cpus", d->isa, d->n_threads);
 	for (size_t i = 0; i < d->n_threads; i++)
 		printf("%s%d", i ? "," : " ", d->cpus[i]);
-	printf(", arena %s, KV %s\n", d->backing, o->kv_type == QTYPE_BF16 ? "bf16" : "f16");
+	printf(", arena %s, KV %s\n", d->backing,
+	       o->kv_type == QTYPE_BF16 ? "bf16" : o->kv_type == QTYPE_KV_Q8 ? "q8" : "f16");
 	printf("layout %s: %.1f MB of packed matrices, %.3f bits/weight over %.3f B matrix "
 	       "params; decode reads %.1f MB of weights per token + %.1f KB KV per position\n",
 	       d->quant, (double)d->matrix_bytes * 1e-6,
@@ -512,7 +513,8 @@ static void bench_usage(FILE *to)
 		"      --tg N            tokens decoded after the prompt (default 128)\n"
 		"      --act a16|a8|both activation path(s) (default both)\n"
 		"      --probe-mib N     streaming-read probe buffer, 0 = no probe (default 1024)\n"
-		"      --kv f16|bf16     KV cache type (default f16, as llama.cpp's)\n"
+		"      --kv f16|bf16|q8  KV cache type (default f16, as llama.cpp's; q8: int8 rows\n"
+		"                        with one f32 scale each)\n"
 		"      --weights-group 128|32  layout of matrices quantized at load, as the\n"
 		"                        weights_group key of hearthd.conf(5) (default 128)\n"
 		"      --head int4|int8  embedding/head weights, as the head key of\n"
@@ -611,8 +613,10 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
 				o->kv_type = QTYPE_F16;
 			} else if (!strcmp(optarg, "bf16")) {
 				o->kv_type = QTYPE_BF16;
+			} else if (!strcmp(optarg, "q8")) {
+				o->kv_type = QTYPE_KV_Q8;
 			} else {
-				fprintf(stderr, "hearthd: --kv '%s' is not f16 or bf16\n", optarg);
+				fprintf(stderr, "hearthd: --kv '%s' is not f16, bf16 or q8\n", optarg);
 				return -1;
 			}
 			break;

@@ -65,7 +65,9 @@ static void *loader_main(void *arg)
 	load_opts_default(&o);
 	o.max_context = cfg->max_context;
 	o.kv_budget = cfg->kv_budget;
-	o.kv_type = cfg->kv_type == CONFIG_KV_BF16 ? QTYPE_BF16 : QTYPE_F16;
+	o.kv_type = cfg->kv_type == CONFIG_KV_BF16 ? QTYPE_BF16
+		    : cfg->kv_type == CONFIG_KV_Q8 ? QTYPE_KV_Q8
+						   : QTYPE_F16;
 	o.act = cfg->weights == CONFIG_WEIGHTS_W4A8 ? Q4_ACT_A8 : Q4_ACT_A16;
 	o.weights_group = cfg->weights_group == CONFIG_GROUP_32 ? LOAD_GROUP_32 : LOAD_GROUP_128;
 	o.head_bits = cfg->head == CONFIG_HEAD_INT8 ? LOAD_HEAD_INT8 : LOAD_HEAD_INT4;

@@ -135,8 +135,8 @@ static void qkv_post(struct step *st, const struct mq4_layer *L, uint32_t l, siz
 	k->rope(kk + h0 * hd, h1 - h0, hd, L->n_rot, style, cs, sn);
 	struct engine_seq *s = m->step_seq[i];
 	for (size_t h = h0; h < h1; h++) {
-		k->to_half(kv_seq_k(&m->kv, s->kv, l, pos, (uint32_t)h), kk + h * hd, hd, st->kv_type);
-		k->to_half(kv_seq_v(&m->kv, s->kv, l, pos, (uint32_t)h), v + h * hdv, hdv, st->kv_type);
+		k->to_kv(kv_seq_k(&m->kv, s->kv, l, pos, (uint32_t)h), kk + h * hd, hd, st->kv_type);
+		k->to_kv(kv_seq_v(&m->kv, s->kv, l, pos, (uint32_t)h), v + h * hdv, hdv, st->kv_type);
 	}
 }
 
@@ -167,8 +167,9 @@ static void attend(struct step *st, const struct mq4_layer *L, uint32_t l, size_
 	struct model_q4 *m = st->m;
 	const struct kv_cache *kv = &m->kv;
 	size_t n_rep = L->n_head / L->n_head_kv, bt = kv->block_tokens;
-	size_t hd = L->head_dim, hdv = L->head_dim_v, eb = kv->geo.elem_bytes;
-	size_t k_row = hd * eb, v_row = hdv * eb;   /* one head's row; its next slot follows */
+	size_t hd = L->head_dim, hdv = L->head_dim_v;
+	/* one head's row (Q8: codes + scale); its next slot follows */
+	size_t k_row = kv_row_bytes(kv, (uint32_t)hd), v_row = kv_row_bytes(kv, (uint32_t)hdv);
 	const struct engine_seq *s = m->step_seq[i];
 	uint32_t pos = m->step_pos[i];
 	uint32_t first = 0;
@@ -386,7 +387,9 @@ int model_q4_forward(struct model_q4 *m, const struct engine_span *spans, size_t
 		.acts_mem32 = m->acts_mem,
 		.acts_mem128 = (uint8_t *)m->acts_mem + m->acts_bytes,
 		.row_per_seq = row_per_seq,
-		.kv_type = m->kv.elem_type == QTYPE_BF16 ? VEC_KV_BF16 : VEC_KV_F16,
+		.kv_type = m->kv.elem_type == QTYPE_BF16    ? VEC_KV_BF16
+			   : m->kv.elem_type == QTYPE_KV_Q8 ? VEC_KV_Q8
+							    : VEC_KV_F16,
 	};
 	pool_run(m->pool, step_run, &st);
 

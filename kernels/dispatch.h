@@ -21,7 +21,7 @@ struct kern_table {
 	vec_rope_fn rope;
 	vec_silu_mul_fn silu_mul;
 	vec_attn_fn attn;
-	vec_to_half_fn to_half;
+	vec_to_kv_fn to_kv;
 };
 
 /* The table for isa, or NULL when this CPU cannot run it. Tests and A/B runs use this

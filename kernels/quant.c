@@ -50,6 +50,8 @@ bool qtype_known(uint32_t type)
 const char *qtype_name(uint32_t type)
 {
 	const struct qtype_info *info = qtype_info(type);
+	if (type == QTYPE_KV_Q8)
+		return "KV_Q8";
 	return info ? info->name : "?";
 }
 
@@ -362,6 +364,7 @@ void quant_dequant_row(enum qtype type, const void *src, float *dst, size_t n)
 	case QTYPE_Q4_K: dequant_q4_K(s, dst, nb); break;
 	case QTYPE_Q5_K: dequant_q5_K(s, dst, nb); break;
 	case QTYPE_Q6_K: dequant_q6_K(s, dst, nb); break;
+	case QTYPE_KV_Q8: break;  /* a KV cache row, never a tensor: kernels/vec.h reads it */
 	}
 }
 

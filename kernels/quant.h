@@ -21,6 +21,10 @@ enum qtype {
 	QTYPE_Q5_K = 13,
 	QTYPE_Q6_K = 14,
 	QTYPE_BF16 = 30,
+	/* Not a GGUF type: hearth's int8 KV cache row (kernels/vec.h VEC_KV_Q8: head_dim int8
+	 * codes, then one f32 scale). Numbered outside ggml's range so no file can name it;
+	 * qtype_known() is false for it. */
+	QTYPE_KV_Q8 = 1024,
 };
 
 #define QK4_0 32

@@ -1,5 +1,5 @@
 /* The SIMD-dispatched vector ops around the matmuls: RMSNorm, RoPE from a precomputed
- * table, SwiGLU's silu(gate)*up, K/V rows to f16/bf16, and attention over a KV span with an online softmax
+ * table, SwiGLU's silu(gate)*up, K/V rows to f16/bf16/int8, and attention over a KV span with an online softmax
  * (GQA: the query heads that share one KV head read each K/V row once). Declared here,
  * implemented per ISA in vec_ref.c / vec_avx2.c / vec_avx512.c, reached through
  * kernels/dispatch.h. Pure compute: caller-owned buffers, no allocation. */
@@ -9,8 +9,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* How a KV cache stores its rows. */
-enum vec_kv_type { VEC_KV_F16 = 1, VEC_KV_BF16 = 30 };
+/* How a KV cache stores its rows: f16 or bf16 elements, or (VEC_KV_Q8) head_dim int8
+ * codes followed by one f32 scale, x ~ scale * code, scale = absmax/127 per row. The
+ * values follow kernels/quant.h's QTYPE_F16, QTYPE_BF16 and QTYPE_KV_Q8. */
+enum vec_kv_type { VEC_KV_F16 = 1, VEC_KV_BF16 = 30, VEC_KV_Q8 = 1024 };
+
+#define VEC_KV_Q8_SCALE_BYTES 4
+
+/* Bytes of one stored row of dim values. */
+static inline size_t vec_kv_row_bytes(enum vec_kv_type type, size_t dim)
+{
+	return type == VEC_KV_Q8 ? dim + VEC_KV_Q8_SCALE_BYTES : 2 * dim;
+}
 
 /* RoPE pairing, as kernels/ops.h (llama.cpp's NORM = adjacent, NEOX = halves). */
 enum vec_rope_style { VEC_ROPE_NORM = 0, VEC_ROPE_NEOX = 2 };
@@ -41,14 +51,17 @@ typedef void (*vec_rope_fn)(float *x, size_t n_heads, size_t head_dim, size_t n_
 /* gate[i] = silu(gate[i]) * up[i]. */
 typedef void (*vec_silu_mul_fn)(float *gate, const float *up, size_t n);
 
-/* dst[i] = src[i] rounded to the cache's 16-bit type (nearest even, as
- * quant_f32_to_fp16 / quant_f32_to_bf16, bit for bit, NaN included): a K or V row into
- * the cache. */
-typedef void (*vec_to_half_fn)(void *dst, const float *src, size_t n, enum vec_kv_type type);
+/* A K or V row of n values into the cache (vec_kv_row_bytes(type, n) bytes at dst).
+ * f16/bf16: each value rounded to nearest even, as quant_f32_to_fp16 / quant_f32_to_bf16,
+ * bit for bit, NaN included. Q8: amax = max |x|, scale = amax / 127, codes
+ * round-to-nearest-even(x * (127 / amax)) clamped to [-127, 127] (all 0 when amax is 0;
+ * a NaN's code is 0, and a NaN never is the amax), then the f32 scale; every ISA writes the reference's bytes. */
+typedef void (*vec_to_kv_fn)(void *dst, const float *src, size_t n, enum vec_kv_type type);
 
 /* Folds n_pos positions into the online-softmax state of n_rep query heads q
  * (n_rep x head_dim floats) that share one KV head: score = scale * q.k for the K row
- * at k + p*k_stride bytes, V row at v + p*v_stride bytes. Causal masking is the
+ * at k + p*k_stride bytes, V row at v + p*v_stride bytes (for Q8 each row's values are
+ * its codes times its trailing scale). Causal masking is the
  * caller's: it passes only the positions a query may see. Paged caches call this once
  * per page. head_dim is a multiple of 16. */
 typedef void (*vec_attn_fn)(const float *q, size_t n_rep, size_t head_dim, enum vec_kv_type type,
@@ -59,7 +72,7 @@ void vec_rmsnorm_ref(float *out, const float *x, const float *w, size_t n, float
 void vec_rope_ref(float *x, size_t n_heads, size_t head_dim, size_t n_rot, enum vec_rope_style style,
 		  const float *cos_row, const float *sin_row);
 void vec_silu_mul_ref(float *gate, const float *up, size_t n);
-void vec_to_half_ref(void *dst, const float *src, size_t n, enum vec_kv_type type);
+void vec_to_kv_ref(void *dst, const float *src, size_t n, enum vec_kv_type type);
 void vec_attn_ref(const float *q, size_t n_rep, size_t head_dim, enum vec_kv_type type,
 		  const void *k, size_t k_stride, const void *v, size_t v_stride,
 		  size_t n_pos, float scale, float *max, float *sum, float *acc);
@@ -68,7 +81,7 @@ void vec_rmsnorm_avx2(float *out, const float *x, const float *w, size_t n, floa
 void vec_rope_avx2(float *x, size_t n_heads, size_t head_dim, size_t n_rot, enum vec_rope_style style,
 		   const float *cos_row, const float *sin_row);
 void vec_silu_mul_avx2(float *gate, const float *up, size_t n);
-void vec_to_half_avx2(void *dst, const float *src, size_t n, enum vec_kv_type type);
+void vec_to_kv_avx2(void *dst, const float *src, size_t n, enum vec_kv_type type);
 void vec_attn_avx2(const float *q, size_t n_rep, size_t head_dim, enum vec_kv_type type,
 		   const void *k, size_t k_stride, const void *v, size_t v_stride,
 		   size_t n_pos, float scale, float *max, float *sum, float *acc);
@@ -77,7 +90,7 @@ void vec_rmsnorm_avx512(float *out, const float *x, const float *w, size_t n, fl
 void vec_rope_avx512(float *x, size_t n_heads, size_t head_dim, size_t n_rot, enum vec_rope_style style,
 		     const float *cos_row, const float *sin_row);
 void vec_silu_mul_avx512(float *gate, const float *up, size_t n);
-void vec_to_half_avx512(void *dst, const float *src, size_t n, enum vec_kv_type type);
+void vec_to_kv_avx512(void *dst, const float *src, size_t n, enum vec_kv_type type);
 void vec_attn_avx512(const float *q, size_t n_rep, size_t head_dim, enum vec_kv_type type,
 		     const void *k, size_t k_stride, const void *v, size_t v_stride,
 		     size_t n_pos, float scale, float *max, float *sum, float *acc);

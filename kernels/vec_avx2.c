@@ -125,6 +125,8 @@ void vec_silu_mul_avx2(float *gate, const float *up, size_t n)
 
 static inline __m256 kv_load(enum vec_kv_type type, const uint8_t *row, size_t i)
 {
+	if (type == VEC_KV_Q8)  /* codes only: the row's scale is applied outside */
+		return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + i))));
 	__m128i h = _mm_loadu_si128((const __m128i *)(row + 2 * i));
 
 	if (type == VEC_KV_BF16)
@@ -160,7 +162,11 @@ static void attn_block(const float *q, size_t head_dim, enum vec_kv_type type, c
 			d0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), kv_load(type, kr, i), d0);
 			d1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), kv_load(type, kr, i + 8), d1);
 		}
-		sc[j] = hsum(_mm256_add_ps(d0, d1)) * scale;
+		float ks = 1.0f;
+
+		if (type == VEC_KV_Q8)
+			memcpy(&ks, kr + head_dim, sizeof ks);
+		sc[j] = hsum(_mm256_add_ps(d0, d1)) * ks * scale;
 	}
 	__m256 s = _mm256_loadu_ps(sc);
 	float bmax = hmax(s);
@@ -181,6 +187,13 @@ static void attn_block(const float *q, size_t head_dim, enum vec_kv_type type, c
 
 	*sum += hsum(ev);
 	_mm256_storeu_ps(e, ev);
+	if (type == VEC_KV_Q8)  /* the V row's scale rides on its weight */
+		for (size_t j = 0; j < nb; j++) {
+			float vs;
+
+			memcpy(&vs, v + j * v_stride + head_dim, sizeof vs);
+			e[j] *= vs;
+		}
 	for (size_t i = 0; i < head_dim; i += 8) {
 		__m256 a0 = _mm256_loadu_ps(acc + i), a1 = _mm256_setzero_ps();
 		size_t j = 0;
@@ -209,13 +222,57 @@ void vec_attn_avx2(const float *q, size_t n_rep, size_t head_dim, enum vec_kv_ty
 	}
 }
 
+/* The Q8 row exactly as vec_ref.c's to_kv_q8: vmaxps returns its second operand when
+ * either is NaN, so max(|x|, amax) skips NaNs as the reference's comparison does; max is
+ * exact, so lane order does not matter; the same two divisions; cvtps2dq rounds to nearest
+ * even like rintf; NaN codes masked to 0 after the clamp; tails in the reference's
+ * scalar operations. */
+static void to_kv_q8(int8_t *d, const float *src, size_t n)
+{
+	const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+	__m256 vmax = _mm256_setzero_ps();
+	size_t i = 0;
+
+	for (; i + 8 <= n; i += 8)
+		vmax = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(src + i), abs_mask), vmax);
+	float amax = hmax(vmax);
+
+	for (; i < n; i++) {
+		float a = fabsf(src[i]);
+
+		amax = a > amax ? a : amax;
+	}
+	float scale = amax / 127.0f, inv = amax != 0.0f ? 127.0f / amax : 0.0f;
+	const __m256 vinv = _mm256_set1_ps(inv), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+
+	for (i = 0; i + 8 <= n; i += 8) {
+		__m256 x = _mm256_mul_ps(_mm256_loadu_ps(src + i), vinv);
+		__m256i num = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_ORD_Q));
+		__m256i c = _mm256_and_si256(_mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(x, lo), hi)), num);
+		__m128i w = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+
+		_mm_storel_epi64((__m128i *)(d + i), _mm_packs_epi16(w, w));
+	}
+	for (; i < n; i++) {
+		float v = src[i] * inv;
+
+		v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+		d[i] = v == v ? (int8_t)rintf(v) : 0;
+	}
+	memcpy(d + n, &scale, sizeof scale);
+}
+
 /* f16 by vcvtps2ph (round to nearest even), bf16 rounded in integers; NaN (rare: a
  * broken row) goes through the scalar reference so the bits match it. */
-void vec_to_half_avx2(void *dst, const float *src, size_t n, enum vec_kv_type type)
+void vec_to_kv_avx2(void *dst, const float *src, size_t n, enum vec_kv_type type)
 {
 	uint16_t *d = dst;
 	size_t i = 0;
 
+	if (type == VEC_KV_Q8) {
+		to_kv_q8(dst, src, n);
+		return;
+	}
 	for (; i + 8 <= n; i += 8) {
 		__m256 x = _mm256_loadu_ps(src + i);
 

@@ -1,10 +1,11 @@
 /* AVX-512 variants of the vector ops in kernels/vec.h: 16 floats a step, masked tails,
- * a Cephes-style exp (about 2 ulp) for SiLU, and attention that converts each f16/bf16
+ * a Cephes-style exp (about 2 ulp) for SiLU, and attention that converts each f16/bf16/int8
  * K/V row on the fly. Built with AVX-512 target flags. */
 #include "kernels/vec.h"
 
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 static inline __mmask16 tail_mask(size_t left)
 {
@@ -111,6 +112,8 @@ void vec_silu_mul_avx512(float *gate, const float *up, size_t n)
 
 static inline __m512 kv_load(enum vec_kv_type type, const uint8_t *row, size_t i)
 {
+	if (type == VEC_KV_Q8)  /* vpmovsxbd + vcvtdq2ps: the row's scale is applied outside */
+		return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(row + i))));
 	__m256i h = _mm256_loadu_si256((const __m256i *)(row + 2 * i));
 
 	if (type == VEC_KV_BF16)
@@ -141,6 +144,19 @@ static inline __m512 hsum16(const __m512 *v)
 		c[i] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0x44),
 				     _mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0xEE));
 	return _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x88), _mm512_shuffle_ps(c[0], c[1], 0xDD));
+}
+
+/* Q8 rows' scales for the block's live positions (1 past them): the K scale multiplies a
+ * position's score, the V scale its softmax weight, so the inner loops see bare codes. */
+static inline __m512 q8_scales(const uint8_t *row, size_t stride, size_t head_dim, size_t nb)
+{
+	float f[ATTN_POS] __attribute__((aligned(64)));
+
+	for (size_t j = 0; j < ATTN_POS; j++)
+		f[j] = 1.0f;
+	for (size_t j = 0; j < nb; j++)
+		memcpy(&f[j], row + j * stride + head_dim, sizeof f[j]);
+	return _mm512_load_ps(f);
 }
 
 /* nr (<= ATTN_HEADS, a constant after inlining) query heads against a block of up to 16
@@ -176,9 +192,17 @@ attn_heads(const float *q, size_t nr, size_t head_dim, enum vec_kv_type type, co
 		for (size_t r = 0; r < nr; r++)
 			dots[r][j] = d[r];
 	}
+	__m512 ks = _mm512_set1_ps(1.0f), vs = ks;
+
+	if (type == VEC_KV_Q8) {
+		ks = q8_scales(k, k_stride, head_dim, nb);
+		vs = q8_scales(v, v_stride, head_dim, nb);
+	}
 	for (size_t r = 0; r < nr; r++) {
 		__m512 s = _mm512_permutexvar_ps(order, hsum16(dots[r]));
 
+		if (type == VEC_KV_Q8)
+			s = _mm512_mul_ps(s, ks);
 		s = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), live, s, _mm512_set1_ps(scale));
 		float bmax = _mm512_reduce_max_ps(s), c = 1.0f;
 
@@ -189,6 +213,8 @@ attn_heads(const float *q, size_t nr, size_t head_dim, enum vec_kv_type type, co
 		__m512 ev = _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(s, _mm512_set1_ps(max[r]))));
 
 		sum[r] = sum[r] * c + _mm512_reduce_add_ps(ev);
+		if (type == VEC_KV_Q8)
+			ev = _mm512_mul_ps(ev, vs);
 		_mm512_store_ps(e[r], ev);
 		vc[r] = _mm512_set1_ps(c);
 	}
@@ -219,9 +245,10 @@ attn_heads(const float *q, size_t nr, size_t head_dim, enum vec_kv_type type, co
 	}
 }
 
-void vec_attn_avx512(const float *q, size_t n_rep, size_t head_dim, enum vec_kv_type type,
-		     const void *k, size_t k_stride, const void *v, size_t v_stride,
-		     size_t n_pos, float scale, float *max, float *sum, float *acc)
+static inline __attribute__((always_inline)) void
+attn_span(const float *q, size_t n_rep, size_t head_dim, enum vec_kv_type type, const void *k,
+	  size_t k_stride, const void *v, size_t v_stride, size_t n_pos, float scale, float *max,
+	  float *sum, float *acc)
 {
 	for (size_t p0 = 0; p0 < n_pos; p0 += ATTN_POS) {
 		size_t nb = n_pos - p0 < ATTN_POS ? n_pos - p0 : ATTN_POS;
@@ -252,6 +279,25 @@ void vec_attn_avx512(const float *q, size_t n_rep, size_t head_dim, enum vec_kv_
 	}
 }
 
+/* Q8 gets its own copy of the span with the type a constant, so its conversions and
+ * scale multiplies are straight-line code, and f16/bf16 keep theirs unchanged. */
+static void attn_span_q8(const float *q, size_t n_rep, size_t head_dim, const void *k, size_t k_stride,
+			 const void *v, size_t v_stride, size_t n_pos, float scale, float *max, float *sum,
+			 float *acc)
+{
+	attn_span(q, n_rep, head_dim, VEC_KV_Q8, k, k_stride, v, v_stride, n_pos, scale, max, sum, acc);
+}
+
+void vec_attn_avx512(const float *q, size_t n_rep, size_t head_dim, enum vec_kv_type type,
+		     const void *k, size_t k_stride, const void *v, size_t v_stride,
+		     size_t n_pos, float scale, float *max, float *sum, float *acc)
+{
+	if (type == VEC_KV_Q8)
+		attn_span_q8(q, n_rep, head_dim, k, k_stride, v, v_stride, n_pos, scale, max, sum, acc);
+	else
+		attn_span(q, n_rep, head_dim, type, k, k_stride, v, v_stride, n_pos, scale, max, sum, acc);
+}
+
 /* f16 by vcvtps2ph (round to nearest even), with NaN made the reference's 0x7E00; bf16
  * rounded in integers like q4_avx512.c's A16 activations (vcvtneps2bf16 would flush
  * subnormals). */
@@ -274,11 +320,41 @@ static inline __m256i half16(__m512 x, enum vec_kv_type type)
 	return _mm256_mask_blend_epi16(nan, h, canon);
 }
 
-void vec_to_half_avx512(void *dst, const float *src, size_t n, enum vec_kv_type type)
+/* The Q8 row exactly as vec_ref.c's to_kv_q8: vmaxps returns its second operand when
+ * either is NaN, so max(|x|, amax) skips NaNs as the reference's comparison does; max is
+ * exact, so the lane order does not matter; the same two divisions; cvtps2dq rounds to
+ * nearest even like rintf; NaN codes masked to 0 after the clamp. */
+static void to_kv_q8(int8_t *d, const float *src, size_t n)
+{
+	__m512 vmax = _mm512_setzero_ps();
+
+	for (size_t i = 0; i < n; i += 16)
+		vmax = _mm512_max_ps(_mm512_abs_ps(_mm512_maskz_loadu_ps(tail_mask(n - i), src + i)), vmax);
+	float amax = _mm512_reduce_max_ps(vmax);
+	float scale = amax / 127.0f, inv = amax != 0.0f ? 127.0f / amax : 0.0f;
+	const __m512 vinv = _mm512_set1_ps(inv), hi = _mm512_set1_ps(127.0f), lo = _mm512_set1_ps(-127.0f);
+
+	for (size_t i = 0; i < n; i += 16) {
+		__mmask16 m = tail_mask(n - i);
+		__m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, src + i), vinv);
+		__mmask16 num = _mm512_cmp_ps_mask(x, x, _CMP_ORD_Q);
+		__m512i c = _mm512_cvt_roundps_epi32(_mm512_min_ps(_mm512_max_ps(x, lo), hi),
+						     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+
+		_mm512_mask_cvtsepi32_storeu_epi8(d + i, m, _mm512_maskz_mov_epi32(num, c));
+	}
+	memcpy(d + n, &scale, sizeof scale);
+}
+
+void vec_to_kv_avx512(void *dst, const float *src, size_t n, enum vec_kv_type type)
 {
 	uint16_t *d = dst;
 	size_t i = 0;
 
+	if (type == VEC_KV_Q8) {
+		to_kv_q8(dst, src, n);
+		return;
+	}
 	for (; i + 16 <= n; i += 16)
 		_mm256_storeu_si256((__m256i *)(d + i), half16(_mm512_loadu_ps(src + i), type));
 	if (i < n) {

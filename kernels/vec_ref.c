@@ -89,8 +89,20 @@ static float kv_at(enum vec_kv_type type, const void *row, size_t i)
 {
 	uint16_t h;
 
+	if (type == VEC_KV_Q8)
+		return (float)((const int8_t *)row)[i];
 	memcpy(&h, (const uint8_t *)row + 2 * i, 2);
 	return type == VEC_KV_BF16 ? quant_bf16_to_f32(h) : quant_fp16_to_f32(h);
+}
+
+/* A row's scale: 1 for f16/bf16, the f32 after the codes for Q8. */
+static float kv_scale(enum vec_kv_type type, const void *row, size_t head_dim)
+{
+	float f = 1.0f;
+
+	if (type == VEC_KV_Q8)
+		memcpy(&f, (const uint8_t *)row + head_dim, sizeof f);
+	return f;
 }
 
 void vec_attn_ref(const float *q, size_t n_rep, size_t head_dim, enum vec_kv_type type,
@@ -101,28 +113,62 @@ void vec_attn_ref(const float *q, size_t n_rep, size_t head_dim, enum vec_kv_typ
 		const uint8_t *kr = (const uint8_t *)k + p * k_stride;
 		const uint8_t *vr = (const uint8_t *)v + p * v_stride;
 
+		float ks = kv_scale(type, kr, head_dim), vs = kv_scale(type, vr, head_dim);
+
 		for (size_t r = 0; r < n_rep; r++) {
 			double dot = 0.0;
 
 			for (size_t i = 0; i < head_dim; i++)
 				dot += (double)q[r * head_dim + i] * kv_at(type, kr, i);
-			float s = (float)dot * scale;
+			float s = (float)dot * ks * scale;
 			float m = s > max[r] ? s : max[r];
 			float c = max[r] == -INFINITY ? 0.0f : expf(max[r] - m);
 			float e = expf(s - m);
 
+			float ew = e * vs;
+
 			sum[r] = sum[r] * c + e;
 			for (size_t i = 0; i < head_dim; i++)
-				acc[r * head_dim + i] = acc[r * head_dim + i] * c + e * kv_at(type, vr, i);
+				acc[r * head_dim + i] = acc[r * head_dim + i] * c + ew * kv_at(type, vr, i);
 			max[r] = m;
 		}
 	}
 }
 
-void vec_to_half_ref(void *dst, const float *src, size_t n, enum vec_kv_type type)
+/* The int8 row every ISA reproduces: max by comparison (a NaN never wins), one division
+ * for the scale and one for its inverse, codes by rintf (nearest even under the default
+ * rounding mode, as cvtps2dq). |x * inv| rounds to at most 127 unless 127 / amax
+ * overflowed (amax below ~4e-37), hence the clamp; NaN (and an infinity, whose row has
+ * inv 0) gives code 0. */
+static void to_kv_q8(void *dst, const float *src, size_t n)
+{
+	int8_t *d = dst;
+	float amax = 0.0f;
+
+	for (size_t i = 0; i < n; i++) {
+		float a = fabsf(src[i]);
+
+		amax = a > amax ? a : amax;
+	}
+	float scale = amax / 127.0f, inv = amax != 0.0f ? 127.0f / amax : 0.0f;
+
+	for (size_t i = 0; i < n; i++) {
+		float v = src[i] * inv;
+
+		v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+		d[i] = v == v ? (int8_t)rintf(v) : 0;
+	}
+	memcpy(d + n, &scale, sizeof scale);
+}
+
+void vec_to_kv_ref(void *dst, const float *src, size_t n, enum vec_kv_type type)
 {
 	uint16_t *d = dst;
 
+	if (type == VEC_KV_Q8) {
+		to_kv_q8(dst, src, n);
+		return;
+	}
 	for (size_t i = 0; i < n; i++)
 		d[i] = type == VEC_KV_BF16 ? quant_f32_to_bf16(src[i]) : quant_f32_to_fp16(src[i]);
 }

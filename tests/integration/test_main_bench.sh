@@ -27,7 +27,7 @@ expect() { # expect DESCRIPTION CONDITION-EXIT-STATUS
 # num KEY FILE: the first numeric value of "KEY": in FILE
 num() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p" "$2" | head -1; }
 
-echo "1..12"
+echo "1..13"
 
 # pp 16, tg 4: the tg tokens sit at positions 16..19 and attend to 17..20 positions.
 "$HEARTHD" --bench --json -m "$MODEL" -t 2 -r 3 --pp 16 --tg 4 --probe-mib 16 \
@@ -51,6 +51,18 @@ w=$(num decode_weight_bytes "$TMP/both.json")
 tgb=$(num tg_bytes "$TMP/both.json")
 [ -n "$w" ] && [ -n "$tgb" ] && [ "$tgb" -eq $((4 * w + 768 * (17 + 18 + 19 + 20))) ]
 expect "decode bytes = 4 x weights per step + KV of 17..20 positions" $?
+
+# --kv q8: a row is 32 int8 codes + a 4-byte scale: 3 layers x 2 KV heads x (36 + 36) bytes,
+# and decode bytes count those rows.
+"$HEARTHD" --bench --json -m "$MODEL" -t 2 -r 1 --pp 16 --tg 4 --act a8 --probe-mib 0 --kv q8 \
+	>"$TMP/q8.json" 2>"$TMP/err"
+rc=$?
+wq=$(num decode_weight_bytes "$TMP/q8.json")
+tq=$(num tg_bytes "$TMP/q8.json")
+[ $rc -eq 0 ] && [ "$(num kv_bytes_per_pos "$TMP/q8.json")" = 432 ] && [ -n "$wq" ] && [ -n "$tq" ] &&
+	[ "$tq" -eq $((4 * wq + 432 * (17 + 18 + 19 + 20))) ]
+expect "--kv q8 runs; KV bytes per position are the q8 rows' (432), decode bytes use them" $?
+[ $rc -eq 0 ] || sed 's/^/# /' "$TMP/err"
 
 # Every statistic: min <= median <= max, and median > 0.
 awk 'BEGIN { RS = "{\"median\":"; bad = 0 }

@@ -225,6 +225,8 @@ static void test_config_flags_override_file(void **state)
 	assert_int_equal(config_load_file(&c, path, &err), 0);
 	assert_int_equal(config_set_pair(&c, "kv-budget=1GiB", &err), 0);
 	assert_int_equal(config_set(&c, "threads", "auto", &err), 0);
+	assert_int_equal(config_set_pair(&c, "kv-type=q8", &err), 0);
+	assert_int_equal(c.kv_type, CONFIG_KV_Q8);
 	assert_int_equal(c.kv_budget, 1ull << 30);
 	assert_int_equal(c.threads, 0);
 	assert_string_equal(c.model, "/m.gguf");
@@ -318,7 +320,8 @@ static const struct bad_line bad_lines[] = {
 	{ "threads = 2   # two cores", HEARTH_EINVAL, "comments must be on their own line" },
 	{ "kv_budget = 256MB", HEARTH_EINVAL, "kv_budget: bad size '256MB'" },
 	{ "kv_budget = 512KiB", HEARTH_ERANGE, "kv_budget: 512KiB is out of range 1MiB..1TiB" },
-	{ "kv_type = q8", HEARTH_EINVAL, "kv_type: bad value 'q8' (use f16, bf16, f32)" },
+	{ "kv_type = q8_0", HEARTH_EINVAL, "kv_type: bad value 'q8_0' (use f16, bf16, f32, q8)" },
+	{ "kv_type = int8", HEARTH_EINVAL, "kv_type: bad value 'int8' (use f16, bf16, f32, q8)" },
 	{ "weights = w8a8", HEARTH_EINVAL, "use w4a16, w4a8" },
 	{ "weights_group = 64", HEARTH_EINVAL, "weights_group: bad value '64' (use 128, 32)" },
 	{ "weights_group = g32", HEARTH_EINVAL, "weights_group: bad value 'g32' (use 128, 32)" },
@@ -416,7 +419,7 @@ static void test_config_format_reads_back_every_key(void **state)
 {
 	static const char *const settings[][2] = {
 		{ "model", "/srv/m #1.gguf" }, { "max_context", "777" }, { "kv_budget", "1536KiB" },
-		{ "kv_type", "f32" }, { "weights", "w4a16" }, { "weights_group", "32" },
+		{ "kv_type", "q8" }, { "weights", "w4a16" }, { "weights_group", "32" },
 		{ "head", "int8" }, { "threads", "3" }, { "numa_node", "1" },
 		{ "hugepages", "none" }, { "lock_memory", "on" }, { "socket", "/tmp/x.sock" },
 		{ "socket_mode", "666" }, { "allow_users", "0,4242,nobody" },

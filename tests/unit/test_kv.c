@@ -120,6 +120,77 @@ static void test_kv_plan_computes_block_geometry(void **state)
 	assert_int_equal(g.n_blocks, (256u << 20) / (4 * BLOCK_BYTES));
 }
 
+/* int8 rows: head_dim codes + a 4-byte scale, in the plan's sizes and in the position
+ * helpers; every (layer, K|V, head, position) row of a q8 cache is filled with its own
+ * stamp, and all read back intact (no row overlaps another or its neighbour's scale). */
+static void test_kv_q8_rows_are_codes_plus_scale(void **state)
+{
+	(void)state;
+	struct kv_config c = small_config();
+	struct kv_geometry g;
+	struct hearth_error err;
+	c.elem_type = QTYPE_KV_Q8;
+	/* K chunk 4 tokens * 2 heads * (8 + 4) = 96 -> 128; V the same; 2 layers: 512 */
+	assert_int_equal(kv_plan(&c, &g, &err), 0);
+	assert_int_equal(g.elem_bytes, 1);
+	assert_int_equal(g.row_extra_bytes, 4);
+	assert_int_equal(g.block_bytes, 512);
+
+	/* per-layer shapes, 3 tokens: layer 0 K 3*1*(16+4) = 60 -> 64, V 3*1*(32+4) = 108 -> 128;
+	 * layer 1 K and V 3*2*(16+4) = 120 -> 128: block 448; f16 would take 128+256+256+256 */
+	struct kv_layer_shape shapes[2] = { { 1, 16, 32 }, { 2, 16, 16 } };
+	c.block_tokens = 3;
+	c.layer_shapes = shapes;
+	c.budget_bytes = 448 * 10 + 447;
+	c.max_context = 10;
+	assert_int_equal(kv_plan(&c, &g, &err), 0);
+	assert_int_equal(g.block_bytes, 448);
+	assert_int_equal(g.n_blocks, 10);
+	assert_int_equal(g.pool_bytes, 4480);
+
+	struct fixture *f = calloc(1, sizeof *f);
+	assert_non_null(f);
+	c.layer_shapes = NULL;
+	c.n_head_kv = 3;
+	c.head_dim = 32;
+	c.block_tokens = BT;
+	c.max_context = 3 * BT;
+	c.budget_bytes = 0;
+	assert_int_equal(fixture_make(f, &c), 0);
+	struct kv_cache *kv = &f->kv;
+	size_t row = 32 + 4;
+	assert_int_equal(kv_row_bytes(kv, 32), row);
+	struct kv_seq *seq;
+	assert_int_equal(kv_seq_new(kv, &seq, &err), 0);
+	assert_int_equal(kv_seq_reserve(kv, seq, 3 * BT, &err), 0);
+	/* head-major with the q8 row as the stride */
+	assert_ptr_equal(kv_seq_k(kv, seq, 1, BT + 1, 2),
+			 (uint8_t *)kv_block_k(kv, seq->blocks[1], 1) + (2 * BT + 1) * row);
+	assert_ptr_equal((uint8_t *)kv_seq_v(kv, seq, 0, 2, 1) + row, kv_seq_v(kv, seq, 0, 3, 1));
+	uint8_t stamp = 1;
+	for (uint32_t l = 0; l < 2; l++)
+		for (int v = 0; v < 2; v++)
+			for (uint32_t h = 0; h < 3; h++)
+				for (uint32_t p = 0; p < 3 * BT; p++, stamp++) {
+					uint8_t *r = v ? kv_seq_v(kv, seq, l, p, h) : kv_seq_k(kv, seq, l, p, h);
+					assert_true(r >= kv->pool && r + row <= kv->pool + kv->geo.pool_bytes);
+					memset(r, stamp, row);
+				}
+	stamp = 1;
+	for (uint32_t l = 0; l < 2; l++)
+		for (int v = 0; v < 2; v++)
+			for (uint32_t h = 0; h < 3; h++)
+				for (uint32_t p = 0; p < 3 * BT; p++, stamp++) {
+					const uint8_t *r = v ? kv_seq_v(kv, seq, l, p, h) : kv_seq_k(kv, seq, l, p, h);
+					for (size_t i = 0; i < row; i++)
+						assert_int_equal(r[i], stamp);
+				}
+	kv_seq_free(kv, seq);
+	kv_destroy(kv);
+	arena_destroy(&f->arena);
+	free(f);
+}
+
 static void test_kv_plan_rejects_bad_config(void **state)
 {
 	(void)state;
@@ -626,6 +697,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_kv_plan_computes_block_geometry),
+		cmocka_unit_test(test_kv_q8_rows_are_codes_plus_scale),
 		cmocka_unit_test(test_kv_plan_rejects_bad_config),
 		cmocka_unit_test(test_kv_create_needs_the_pool_region),
 		cmocka_unit_test_setup_teardown(test_kv_pool_is_fully_resident_after_create, setup, teardown),

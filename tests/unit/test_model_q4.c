@@ -32,6 +32,10 @@ static void fixture_path(const char *name, char *buf, size_t cap)
 	snprintf(buf, cap, "%s/fixtures/%s", sh, name);
 }
 
+/* The KV cache type every load below uses: f16 (load_opts' default) unless a test of the
+ * int8 cache sets QTYPE_KV_Q8 for its duration (with_kv_type). */
+static enum qtype kv_type_for_tests = QTYPE_F16;
+
 /* group: load_opts.weights_group (0: the default); head_bits: load_opts.head_bits. */
 static struct model_q4 *load_head(const char *file, enum q4_act_kind act, uint32_t max_seqs,
 				  uint32_t step_tokens, uint32_t group, uint32_t head_bits)
@@ -48,6 +52,7 @@ static struct model_q4 *load_head(const char *file, enum q4_act_kind act, uint32
 	o.n_threads = 2;
 	o.weights_group = group;
 	o.head_bits = head_bits;
+	o.kv_type = kv_type_for_tests;
 	struct model_q4 *m;
 	struct tok *tok;
 	struct hearth_error e;
@@ -55,6 +60,7 @@ static struct model_q4 *load_head(const char *file, enum q4_act_kind act, uint32
 		fail_msg("load_q4 %s: %s", file, e.msg);
 	tok_free(tok);
 	assert_int_equal(m->head_bits, head_bits ? head_bits : LOAD_HEAD_INT4);
+	assert_int_equal(m->kv.elem_type, kv_type_for_tests);
 	return m;
 }
 
@@ -165,9 +171,9 @@ static struct fidelity check_fidelity_head(const char *file, enum q4_act_kind ac
 	float *ref = reference_logits(file, prompt, N_POS);
 	float *q = q4_logits_stepwise(m, prompt, N_POS);
 	struct fidelity f = compare(ref, q, N_POS, m->hp.n_vocab);
-	print_message("%-24s %s (%s): top-1 %.3f, KL mean %.5f max %.5f nats, logits within %.4f\n",
-		      file, act == Q4_ACT_A8 ? "W4A8 " : "W4A16", m->quant_name, f.top1, f.kl_mean, f.kl_max,
-		      f.abs_max);
+	print_message("%-24s %s (%s) KV %s: top-1 %.3f, KL mean %.5f max %.5f nats, logits within %.4f\n",
+		      file, act == Q4_ACT_A8 ? "W4A8 " : "W4A16", m->quant_name, qtype_name(m->kv.elem_type),
+		      f.top1, f.kl_mean, f.kl_max, f.abs_max);
 	assert_true(f.top1 >= min_top1);
 	assert_true(f.kl_mean <= max_kl);
 	free(ref);
@@ -587,6 +593,47 @@ static void test_q4_int8_head_batches_equal_one_at_a_time(void **state)
 	check_decode_rows_equal_each_alone("fx-quant-f16.gguf", LOAD_HEAD_INT8);
 }
 
+/* An int8 KV cache (kv_type = q8) on top of int4 weights, against the f32 reference,
+ * beside the same model with an f16 cache. Measured (24 positions, KL mean f16 -> q8 KV):
+ * fx-qwen3 W4A8 0.1015 -> 0.1013, fx-qwen2 W4A16 0.1268 -> 0.1265, fx-quant-q4_0 W4A16
+ * 0.0433 -> 0.0434, fx-quant-q4_k_m W4A8 0.0495 -> 0.0492 nats: per-row int8 moves KL by
+ * under 0.0005, within the int4 weights' own noise. So q8 must stay in the f16 tests'
+ * bands and within 0.005 nats (10x the measured change) of f16 KV; a lost scale or a
+ * wrong row stride costs whole nats. */
+static void check_q8_kv_fidelity(const char *file, enum q4_act_kind act, double min_top1, double max_kl)
+{
+	kv_type_for_tests = QTYPE_F16;
+	struct fidelity f16 = check_fidelity_group(file, act, 0, min_top1, max_kl);
+	kv_type_for_tests = QTYPE_KV_Q8;
+	struct fidelity q8 = check_fidelity_group(file, act, 0, min_top1, max_kl);
+	kv_type_for_tests = QTYPE_F16;
+	if (!(q8.kl_mean <= f16.kl_mean + 0.005))
+		fail_msg("%s: q8 KV KL mean %.5f vs f16 KV %.5f", file, q8.kl_mean, f16.kl_mean);
+}
+
+static void test_q4_q8_kv_stays_within_int4_fidelity(void **state)
+{
+	(void)state;
+	check_q8_kv_fidelity("fx-qwen3.gguf", Q4_ACT_A8, 0.2, 0.25);
+	check_q8_kv_fidelity("fx-qwen2.gguf", Q4_ACT_A16, 0.3, 0.25);
+	check_q8_kv_fidelity("fx-quant-q4_0.gguf", Q4_ACT_A16, 0.4, 0.1);
+	check_q8_kv_fidelity("fx-quant-q4_k_m.gguf", Q4_ACT_A8, 0.4, 0.1);
+}
+
+/* The int8 cache keeps batching exact: a row is quantized on its own (its own scale), so
+ * a prefill in one step, several sequences in one step and decode steps of several rows
+ * store the same bytes and read them the same way as tokens run one at a time. */
+static void test_q4_q8_kv_batches_equal_one_at_a_time(void **state)
+{
+	(void)state;
+	kv_type_for_tests = QTYPE_KV_Q8;
+	check_prefill_batch_equals_one_token_at_a_time(0);
+	check_sequences_in_one_step_equal_each_alone(0);
+	check_decode_rows_equal_each_alone("fx-qwen2.gguf", 0);
+	check_decode_rows_equal_each_alone("fx-qwen3.gguf", 0);
+	kv_type_for_tests = QTYPE_F16;
+}
+
 static void test_q4_shared_prefix_gives_the_same_logits(void **state)
 {
 	(void)state;
@@ -648,6 +695,8 @@ int main(void)
 		cmocka_unit_test(test_q4_llama_untied_head_stays_within_int4_fidelity),
 		cmocka_unit_test(test_q4_qwen2_biases_stay_within_int4_fidelity),
 		cmocka_unit_test(test_q4_carried_over_quants_stay_within_int4_fidelity),
+		cmocka_unit_test(test_q4_q8_kv_stays_within_int4_fidelity),
+		cmocka_unit_test(test_q4_q8_kv_batches_equal_one_at_a_time),
 		cmocka_unit_test(test_q4_prefill_batch_equals_one_token_at_a_time),
 		cmocka_unit_test(test_q4_sequences_in_one_step_equal_each_alone),
 		cmocka_unit_test(test_q4_decode_rows_equal_each_alone),

@@ -1196,7 +1196,7 @@ static void test_vec_silu_mul_every_isa_matches_double(void **state)
 /* K/V rows into the cache: every variant equals the scalar conversions bit for bit, over
  * ties, subnormals on both sides, overflow, infinities and NaNs of either sign, at every
  * tail length. */
-static void test_vec_to_half_every_isa_matches_scalar(void **state)
+static void test_vec_to_kv_every_isa_matches_scalar(void **state)
 {
 	static const uint32_t special[] = {
 		0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000, 0x7F800001,
@@ -1233,7 +1233,7 @@ static void test_vec_to_half_every_isa_matches_scalar(void **state)
 
 			for (size_t n = 0; n <= n_max; n += n < 40 ? 1 : 20) {
 				memset(got, 0xA5, sizeof got);
-				k->to_half(got, x, n, kt);
+				k->to_kv(got, x, n, kt);
 				assert_memory_equal(got, want, n * sizeof(uint16_t));
 				assert_int_equal(got[n], 0xA5A5); /* nothing past the row */
 			}
@@ -1242,8 +1242,72 @@ static void test_vec_to_half_every_isa_matches_scalar(void **state)
 	free(x);
 }
 
+/* Q8 rows: every variant writes the reference's bytes (codes and scale) at every tail
+ * length, over rows with infinities and NaNs, exact .5 ties (amax 127 makes x * inv = x),
+ * an all-zero row, a row of subnormals (127 / amax overflows: the clamp) and random
+ * rows; and the reference itself keeps every finite value within half a step of
+ * scale * code, with ties to even. */
+static void test_vec_to_kv_q8_every_isa_matches_scalar(void **state)
+{
+	enum { N_MAX = 100, N_ROWS = 7 };
+	float rows[N_ROWS][N_MAX];
+	uint8_t want[N_MAX + 4], got[N_MAX + 8];
+	uint64_t s = 48;
+
+	(void)state;
+	for (size_t i = 0; i < N_MAX; i++) {
+		float f = rng_unit(&s);
+		uint32_t u;
+
+		memcpy(&u, &f, 4);
+		rows[0][i] = i % 7 == 3 ? INFINITY : f * 2.0f;
+		rows[1][i] = i % 11 == 5 ? NAN : rng_unit(&s) * 3.0f;
+		rows[2][i] = i == 17 ? 127.0f : (float)((int)(i % 21) - 10) + 0.5f;
+		rows[3][i] = 0.0f;
+		u = (u & 0x807FFFFFu) >> (i % 20); /* subnormal, both signs */
+		memcpy(&rows[4][i], &u, 4);
+		/* Exponents 2^-30 .. 2^20 with random mantissas: a few values dominate. */
+		u = (u & 0x807FFFFFu) | ((uint32_t)(97 + (i * 13) % 51) << 23);
+		memcpy(&rows[5][i], &u, 4);
+		rows[6][i] = rng_unit(&s) * 0.01f;
+	}
+	rows[1][0] = NAN; /* a NaN first must not become the amax */
+	for (size_t r = 0; r < N_ROWS; r++) {
+		for (size_t n = 0; n <= N_MAX; n += n < 40 ? 1 : 20) {
+			float scale;
+
+			vec_to_kv_ref(want, rows[r], n, VEC_KV_Q8);
+			memcpy(&scale, want + n, 4);
+			for (size_t i = 0; i < n && r != 0; i++) {
+				float x = rows[r][i];
+				int c = (int8_t)want[i];
+
+				if (x != x) {
+					assert_int_equal(c, 0);
+					continue;
+				}
+				assert_true(c >= -127 && c <= 127);
+				if (r != 4 && !(fabs((double)x - (double)scale * c) <= 0.5000001 * scale))
+					fail_msg("row %zu n %zu: %g stored as %d x %g", r, n, x, c, scale);
+			}
+			if (r == 2 && n > 17) {
+				assert_true(scale == 1.0f);
+				for (size_t i = 0; i < n; i++) /* x.5 goes to the even neighbour */
+					assert_int_equal((int8_t)want[i], (int)nearbyint(rows[2][i]));
+			}
+			for (size_t v = 0; v < n_variants; v++) {
+				memset(got, 0xA5, sizeof got);
+				variants[v]->to_kv(got, rows[r], n, VEC_KV_Q8);
+				if (memcmp(got, want, n + 4))
+					fail_msg("%s: row %zu n %zu differs from the reference", variants[v]->name, r, n);
+				assert_int_equal(got[n + 4], 0xA5); /* nothing past the row */
+			}
+		}
+	}
+}
+
 /* Attention over a KV span given in pieces (a paged cache), against a plain softmax in
- * double over the same f16/bf16 values; shapes cover ragged position blocks, more query
+ * double over the same f16/bf16 values (Q8: codes times the row's scale); shapes cover ragged position blocks, more query
  * heads per KV head than one pass takes, and head_dim 16..128. */
 static void check_attn(uint64_t *s, enum vec_kv_type type, size_t head_dim, size_t n_rep, size_t n_pos,
 		       size_t split)
@@ -1260,6 +1324,12 @@ static void check_attn(uint64_t *s, enum vec_kv_type type, size_t head_dim, size
 	for (size_t p = 0; p < n_pos; p++) {
 		for (size_t i = 0; i < head_dim; i++) {
 			float a = rng_unit(s) * 3.0f, b = rng_unit(s);
+
+			if (type == VEC_KV_Q8) { /* stored below, a whole row at a time */
+				kf[p * head_dim + i] = a;
+				vf[p * head_dim + i] = b;
+				continue;
+			}
 			uint16_t ha = type == VEC_KV_BF16 ? quant_f32_to_bf16(a) : quant_f32_to_fp16(a);
 			uint16_t hb = type == VEC_KV_BF16 ? quant_f32_to_bf16(b) : quant_f32_to_fp16(b);
 
@@ -1267,6 +1337,20 @@ static void check_attn(uint64_t *s, enum vec_kv_type type, size_t head_dim, size
 			memcpy(v + p * stride + 2 * i, &hb, 2);
 			kf[p * head_dim + i] = type == VEC_KV_BF16 ? quant_bf16_to_f32(ha) : quant_fp16_to_f32(ha);
 			vf[p * head_dim + i] = type == VEC_KV_BF16 ? quant_bf16_to_f32(hb) : quant_fp16_to_f32(hb);
+		}
+		if (type == VEC_KV_Q8) {
+			/* The truth is the stored row's values: code * scale, dequantized here. */
+			uint8_t *kr = k + p * stride, *vr = v + p * stride;
+			float ks, vs;
+
+			vec_to_kv_ref(kr, kf + p * head_dim, head_dim, VEC_KV_Q8);
+			vec_to_kv_ref(vr, vf + p * head_dim, head_dim, VEC_KV_Q8);
+			memcpy(&ks, kr + head_dim, 4);
+			memcpy(&vs, vr + head_dim, 4);
+			for (size_t i = 0; i < head_dim; i++) {
+				kf[p * head_dim + i] = (float)((double)(int8_t)kr[i] * ks);
+				vf[p * head_dim + i] = (float)((double)(int8_t)vr[i] * vs);
+			}
 		}
 	}
 	for (size_t vi = 0; vi <= n_variants; vi++) {
@@ -1324,6 +1408,11 @@ static void test_vec_attn_every_isa_matches_double_softmax(void **state)
 		check_attn(&s, (enum vec_kv_type)type, 16, 1, 5, 0);
 		check_attn(&s, (enum vec_kv_type)type, 32, 8, 33, 33);
 	}
+	check_attn(&s, VEC_KV_Q8, 64, 3, 45, 29);
+	check_attn(&s, VEC_KV_Q8, 128, 10, 70, 16);
+	check_attn(&s, VEC_KV_Q8, 16, 1, 5, 0);
+	check_attn(&s, VEC_KV_Q8, 32, 8, 33, 33);
+	check_attn(&s, VEC_KV_Q8, 128, 2, 200, 77);
 }
 
 /* ---- dispatch ---- */
@@ -1382,7 +1471,8 @@ int main(void)
 		cmocka_unit_test(test_vec_rope_every_isa_matches_double),
 		cmocka_unit_test(test_vec_rope_table_matches_ops_ref_rope),
 		cmocka_unit_test(test_vec_silu_mul_every_isa_matches_double),
-		cmocka_unit_test(test_vec_to_half_every_isa_matches_scalar),
+		cmocka_unit_test(test_vec_to_kv_every_isa_matches_scalar),
+		cmocka_unit_test(test_vec_to_kv_q8_every_isa_matches_scalar),
 		cmocka_unit_test(test_vec_attn_every_isa_matches_double_softmax),
 		cmocka_unit_test(test_kern_select_forces_and_rejects),
 	};
