@@ -67,6 +67,7 @@ static void *loader_main(void *arg)
 	o.kv_budget = cfg->kv_budget;
 	o.kv_type = cfg->kv_type == CONFIG_KV_BF16 ? QTYPE_BF16
 		    : cfg->kv_type == CONFIG_KV_Q8 ? QTYPE_KV_Q8
+		    : cfg->kv_type == CONFIG_KV_F32 ? QTYPE_F32 /* the loader refuses it, by name */
 						   : QTYPE_F16;
 	o.act = cfg->weights == CONFIG_WEIGHTS_W4A8 ? Q4_ACT_A8 : Q4_ACT_A16;
 	o.weights_group = cfg->weights_group == CONFIG_GROUP_32 ? LOAD_GROUP_32 : LOAD_GROUP_128;
