@@ -272,15 +272,10 @@ static void load_step_run(void *arg, size_t t, size_t nt)
 		size_t n = n_rows - r0 < LOAD_ROWS ? n_rows - r0 : LOAD_ROWS;
 		const uint8_t *s = (const uint8_t *)tn->data + r0 * st->row_bytes;
 		int rc = 0;
-		if (lm->dst8 && lm->carry) {
-			rc = q8_pack_rows_q8_0(lm->dst8, s, r0, n);
-		} else if (lm->dst8) {
-			float *f = st->c->rows + t * LOAD_ROWS * st->c->rows_cap;
-			for (size_t i = 0; i < n; i++)
-				quant_dequant_row(tn->type, s + i * st->row_bytes, f + i * cols, cols);
-			q8_pack_rows_f32(lm->dst8, f, cols, r0, n);
-		} else if (lm->carry) {
-			if (tn->type == QTYPE_Q4_0)
+		if (lm->carry) {
+			if (lm->dst8)
+				rc = q8_pack_rows_q8_0(lm->dst8, s, r0, n);
+			else if (tn->type == QTYPE_Q4_0)
 				rc = q4_pack_rows_q4_0(q, s, r0, n);
 			else if (tn->type == QTYPE_Q4_1)
 				rc = q4_pack_rows_q4_1(q, s, r0, n);
@@ -289,8 +284,11 @@ static void load_step_run(void *arg, size_t t, size_t nt)
 		} else {
 			float *rows = st->c->rows + t * LOAD_ROWS * st->c->rows_cap;
 			for (size_t i = 0; i < n; i++)
-				quant_dequant_row(tn->type, s + i * st->row_bytes, rows + i * q->cols, q->cols);
-			q4_pack_rows_f32(q, rows, q->cols, r0, n);
+				quant_dequant_row(tn->type, s + i * st->row_bytes, rows + i * cols, cols);
+			if (lm->dst8)
+				q8_pack_rows_f32(lm->dst8, rows, cols, r0, n);
+			else
+				q4_pack_rows_f32(q, rows, cols, r0, n);
 		}
 		if (rc < 0)
 			__atomic_store_n(&st->rc, rc, __ATOMIC_RELAXED);

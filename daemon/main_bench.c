@@ -536,6 +536,21 @@ static int bench_parse_num(const char *name, const char *s, long lo, long hi, lo
 	return 0;
 }
 
+/* One of n words (words[i] gives values[i]); else says which words the option takes. */
+static int bench_parse_word(const char *name, const char *s, const char *const *words, const int *values,
+			    size_t n, int *out)
+{
+	for (size_t i = 0; i < n; i++)
+		if (!strcmp(s, words[i])) {
+			*out = values[i];
+			return 0;
+		}
+	fprintf(stderr, "hearthd: %s '%s' is not ", name, s);
+	for (size_t i = 0; i < n; i++)
+		fprintf(stderr, "%s%s", words[i], i + 2 < n ? ", " : i + 1 < n ? " or " : "\n");
+	return -1;
+}
+
 /* Returns 0, 1 for --help (exit 0), or -1. */
 static int bench_parse(int argc, char **argv, struct bench_opts *o)
 {
@@ -608,39 +623,34 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
 				return -1;
 			o->probe_mib = (size_t)v;
 			break;
-		case OPT_KV:
-			if (!strcmp(optarg, "f16")) {
-				o->kv_type = QTYPE_F16;
-			} else if (!strcmp(optarg, "bf16")) {
-				o->kv_type = QTYPE_BF16;
-			} else if (!strcmp(optarg, "q8")) {
-				o->kv_type = QTYPE_KV_Q8;
-			} else {
-				fprintf(stderr, "hearthd: --kv '%s' is not f16, bf16 or q8\n", optarg);
+		case OPT_KV: {
+			static const char *const w[] = { "f16", "bf16", "q8" };
+			static const int val[] = { QTYPE_F16, QTYPE_BF16, QTYPE_KV_Q8 };
+			int x;
+			if (bench_parse_word("--kv", optarg, w, val, 3, &x) < 0)
 				return -1;
-			}
+			o->kv_type = (enum qtype)x;
 			break;
+		}
 		case OPT_KERNELS: o->kernels = optarg; break;
-		case OPT_GROUP:
-			if (!strcmp(optarg, "128")) {
-				o->weights_group = LOAD_GROUP_128;
-			} else if (!strcmp(optarg, "32")) {
-				o->weights_group = LOAD_GROUP_32;
-			} else {
-				fprintf(stderr, "hearthd: --weights-group '%s' is not 128 or 32\n", optarg);
+		case OPT_GROUP: {
+			static const char *const w[] = { "128", "32" };
+			static const int val[] = { LOAD_GROUP_128, LOAD_GROUP_32 };
+			int x;
+			if (bench_parse_word("--weights-group", optarg, w, val, 2, &x) < 0)
 				return -1;
-			}
+			o->weights_group = (uint32_t)x;
 			break;
-		case OPT_HEAD:
-			if (!strcmp(optarg, "int4")) {
-				o->head_bits = LOAD_HEAD_INT4;
-			} else if (!strcmp(optarg, "int8")) {
-				o->head_bits = LOAD_HEAD_INT8;
-			} else {
-				fprintf(stderr, "hearthd: --head '%s' is not int4 or int8\n", optarg);
+		}
+		case OPT_HEAD: {
+			static const char *const w[] = { "int4", "int8" };
+			static const int val[] = { LOAD_HEAD_INT4, LOAD_HEAD_INT8 };
+			int x;
+			if (bench_parse_word("--head", optarg, w, val, 2, &x) < 0)
 				return -1;
-			}
+			o->head_bits = (uint32_t)x;
 			break;
+		}
 		case OPT_JSON: o->json = true; break;
 		case 'h': bench_usage(stdout); return 1;
 		default: bench_usage(stderr); return -1;
