@@ -584,7 +584,7 @@ static int load_threads(struct model_q4 *m, const struct load_opts *o, struct he
 	memcpy(m->cpus, cpus, n * sizeof *cpus);
 	/* The caller is not pinned here: the loader thread goes away, and the compute thread
 	 * that steps the model pins itself to cpus[0] (engine thread_init). */
-	rc = pool_create(&m->pool, n, cpus, 0, 0);
+	rc = pool_create(&m->pool, n, cpus, 0, POOL_YIELD_IDLE);
 	if (rc < 0)
 		return hearth_error_errno(err, HEARTH_EIO, -rc, "cannot start %zu compute threads", n);
 	return 0;

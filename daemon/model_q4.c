@@ -1,8 +1,9 @@
 /* One batched step of the int4 model on the thread pool: every op is split across the pinned
  * threads (matmuls by row blocks, the rest by tokens or by token x KV head) with a barrier
- * between ops, inside a single pool_run, so a step costs no syscall and no allocation. The
- * batch mixes sequences: each row carries its sequence and position, attention reads each
- * row's own paged KV. */
+ * between ops, inside a single pool_run, so a step costs no allocation and no syscall
+ * between its ops (a worker yields once as the step starts, for a client woken onto its
+ * CPU: kernels/pool.h). The batch mixes sequences: each row carries its sequence and
+ * position, attention reads each row's own paged KV. */
 #include "daemon/model_q4.h"
 
 #include <math.h>

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #define POOL_DEFAULT_SPIN 20000u
+#define POOL_YIELD_SPINS 64u /* ~1 us of pause loops */
 
 struct pool_worker {
 	struct pool *pool;
@@ -27,6 +28,7 @@ struct pool_worker {
 struct pool {
 	size_t n_threads;
 	unsigned spin;
+	bool yield_idle;
 	/* Each watched word on its own cache line: spinners should not slow writers. */
 	_Alignas(64) _Atomic uint32_t start_gen;
 	_Atomic uint32_t start_sleepers;
@@ -57,13 +59,16 @@ static inline void cpu_relax(void)
 	__builtin_ia32_pause();
 }
 
-/* Waits until *word != val: spin, then sleep. */
-static void wait_change(struct pool *p, _Atomic uint32_t *word, uint32_t val, _Atomic uint32_t *sleepers)
+/* Waits until *word != val: spin (yielding now and then when asked), then sleep. */
+static void wait_change(struct pool *p, _Atomic uint32_t *word, uint32_t val, _Atomic uint32_t *sleepers,
+			bool yield)
 {
 	for (unsigned i = 0; i < p->spin; i++) {
 		if (atomic_load_explicit(word, memory_order_acquire) != val)
 			return;
 		cpu_relax();
+		if (yield && i % POOL_YIELD_SPINS == POOL_YIELD_SPINS - 1)
+			sched_yield();
 	}
 	while (atomic_load(word) == val) {
 		atomic_fetch_add(sleepers, 1);
@@ -80,10 +85,14 @@ static void *worker_main(void *arg)
 	uint32_t seen = 0;
 
 	for (;;) {
-		wait_change(p, &p->start_gen, seen, &p->start_sleepers);
+		wait_change(p, &p->start_gen, seen, &p->start_sleepers, p->yield_idle);
 		seen = atomic_load(&p->start_gen);
 		if (p->stop)
 			break;
+		/* A client woken onto this CPU just before the job came (its token was
+		 * emitted as the step began) would otherwise wait out the whole step. */
+		if (p->yield_idle)
+			sched_yield();
 		p->fn(p->arg, w->index, p->n_threads);
 		if (atomic_fetch_sub(&p->pending, 1) == 1 && atomic_load(&p->caller_sleeping))
 			futex_wake_all(&p->pending);
@@ -114,6 +123,7 @@ int pool_create(struct pool **out, size_t n_threads, const int *cpus, unsigned s
 	memset(p, 0, sizeof(*p));
 	p->n_threads = n_threads;
 	p->spin = spin ? spin : POOL_DEFAULT_SPIN;
+	p->yield_idle = flags & POOL_YIELD_IDLE;
 	p->workers = calloc(n_threads, sizeof(*p->workers));
 	if (p->workers == NULL) {
 		free(p);
@@ -221,7 +231,7 @@ void pool_barrier(struct pool *p)
 			futex_wake_all(&p->bar_gen);
 		return;
 	}
-	wait_change(p, &p->bar_gen, gen, &p->bar_sleepers);
+	wait_change(p, &p->bar_gen, gen, &p->bar_sleepers, false);
 }
 
 void pool_split(size_t n, size_t align, size_t t, size_t n_threads, size_t *begin, size_t *end)

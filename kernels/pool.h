@@ -14,6 +14,10 @@ struct pool;
 typedef void (*pool_fn)(void *arg, size_t thread, size_t n_threads);
 
 #define POOL_PIN_CALLER 1u   /* also pin the creating thread to cpus[0] */
+/* Workers waiting for the next job yield the CPU every ~1 us of spinning, and once more
+ * when the job arrives, so that a task woken on their CPU between jobs (a client reading
+ * the token just sampled) runs at once instead of after the worker's time slice. */
+#define POOL_YIELD_IDLE 2u
 
 /* Creates a pool of n_threads threads: the caller (thread 0) plus n_threads-1 workers.
  * With cpus (n_threads entries), worker i is pinned to cpus[i] before it runs anything;

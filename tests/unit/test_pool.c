@@ -34,14 +34,14 @@ static void count_fn(void *arg, size_t t, size_t n)
 		atomic_fetch_add(&j->runs[t], 1);
 }
 
-static void run_counted(size_t n_threads, unsigned spin, int runs, useconds_t pause)
+static void run_counted(size_t n_threads, unsigned spin, int runs, useconds_t pause, unsigned flags)
 {
 	struct pool *p;
 	struct count_job j;
 
 	memset(&j, 0, sizeof(j));
 	j.expect_n = n_threads;
-	assert_int_equal(pool_create(&p, n_threads, NULL, spin, 0), 0);
+	assert_int_equal(pool_create(&p, n_threads, NULL, spin, flags), 0);
 	assert_int_equal(pool_threads(p), n_threads);
 	for (int r = 0; r < runs; r++) {
 		pool_run(p, count_fn, &j);
@@ -60,7 +60,7 @@ static void test_pool_runs_each_thread_once_per_job(void **state)
 	(void)state;
 	/* More threads than this machine's cores spin against each other: fewer runs there. */
 	for (size_t n = 1; n <= MAX_T; n++)
-		run_counted(n, 0, n <= 2 ? 1000 : 30, 0);
+		run_counted(n, 0, n <= 2 ? 1000 : 30, 0, 0);
 }
 
 /* spin = 1 makes every wait go to the futex: the sleep/wake handshake must not lose a
@@ -68,8 +68,19 @@ static void test_pool_runs_each_thread_once_per_job(void **state)
 static void test_pool_wakes_sleeping_workers(void **state)
 {
 	(void)state;
-	run_counted(3, 1, 300, 0);
-	run_counted(2, 0, 20, 3000);
+	run_counted(3, 1, 300, 0, 0);
+	run_counted(2, 0, 20, 3000, 0);
+}
+
+/* Workers that yield while they wait for a job (the daemon's pool) still run every job
+ * exactly once: back to back, after pauses long enough to pass through many yields and
+ * into the futex, and with more threads than cores yielding to each other. */
+static void test_pool_yielding_workers_run_each_job_once(void **state)
+{
+	(void)state;
+	run_counted(2, 0, 1000, 0, POOL_YIELD_IDLE);
+	run_counted(2, 0, 20, 3000, POOL_YIELD_IDLE);
+	run_counted(MAX_T, 0, 30, 200, POOL_YIELD_IDLE);
 }
 
 struct barrier_job {
@@ -204,6 +215,7 @@ int main(void)
 		cmocka_unit_test(test_pool_wakes_sleeping_workers),
 		cmocka_unit_test(test_pool_barrier_orders_phases),
 		cmocka_unit_test(test_pool_pins_workers_to_given_cpus),
+		cmocka_unit_test(test_pool_yielding_workers_run_each_job_once),
 		cmocka_unit_test(test_pool_create_rejects_bad_arguments),
 		cmocka_unit_test(test_pool_split_covers_rows_in_whole_blocks),
 	};
