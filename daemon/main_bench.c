@@ -50,6 +50,11 @@ struct bench_run {
 	enum q4_act_kind act;
 	double load_s;
 	struct bench_stat pp_tps, tg_tps, tg_gbs;
+	/* With the probe: a pass right before and right after each repetition, their mean, and
+	 * that repetition's decode GB/s as a percentage of it. The machine's bandwidth moves
+	 * by half within seconds (doc/benchmarks.md), so decode is judged against the probe
+	 * of its own minute, not only against the one measured at start-up. */
+	struct bench_stat probe_paired, pct_paired;
 	uint64_t tg_bytes;          /* weights + KV read by all tg tokens of one repetition */
 };
 
@@ -166,11 +171,12 @@ static void probe_touch(void *arg, size_t t, size_t nt)
 		w[i] = (b * 512 + i + 1) * 0x9E3779B97F4A7C15ull;
 }
 
-static int bench_probe(struct pool *pool, size_t mib, struct bench_stat *out,
-		       struct hearth_error *err)
+/* Maps and first-touches the probe's buffer from the pool's threads (so its pages sit where
+ * theirs do) and runs one untimed pass: page tables, frequency. */
+static int probe_open(struct pool *pool, size_t mib, struct bench_probe **out, struct hearth_error *err)
 {
 	struct bench_probe *p = calloc(1, sizeof *p);
-	double gbs[BENCH_PROBE_RUNS];
+	*out = NULL;
 	if (!p)
 		return hearth_error_set(err, HEARTH_ENOMEM, "bench: out of memory for the probe");
 	p->bytes = mib << 20;
@@ -185,20 +191,28 @@ static int bench_probe(struct pool *pool, size_t mib, struct bench_stat *out,
 	p->buf = buf;
 	p->isa = kern_active()->isa;
 	pool_run(pool, probe_touch, p);
-	pool_run(pool, probe_run, p);              /* warm: page tables, frequency */
-	for (int r = 0; r < BENCH_PROBE_RUNS; r++) {
-		double t0 = bench_now();
-		pool_run(pool, probe_run, p);
-		double t1 = bench_now();
-		gbs[r] = (double)p->bytes / (t1 - t0) * 1e-9;
-	}
-	*out = bench_stat_of(gbs, BENCH_PROBE_RUNS);
-	munmap(buf, p->bytes);
-	free(p);
+	pool_run(pool, probe_run, p);
+	*out = p;
 	return 0;
 }
 
-/* ---- the model runs ---- */
+/* One timed pass over the buffer on the pool's threads: GB/s. */
+static double probe_pass(struct pool *pool, struct bench_probe *p)
+{
+	double t0 = bench_now();
+	pool_run(pool, probe_run, p);
+	return (double)p->bytes / (bench_now() - t0) * 1e-9;
+}
+
+static void probe_close(struct bench_probe *p)
+{
+	if (!p)
+		return;
+	munmap((void *)p->buf, p->bytes);
+	free(p);
+}
+
+/* ---- the model runs ---- *//* ---- the model runs ---- */
 
 static uint64_t bench_rng(uint64_t *s)
 {
@@ -309,9 +323,11 @@ static int bench_once(struct engine *eng, uint32_t pp, uint32_t tg, uint64_t see
 }
 
 /* Loads the model for one activation path, warms it up, and times o->reps repetitions. The
- * first load also runs the probe on its pool (probe NULL: skip). */
+ * first load (*pb still NULL) opens the probe on its pool and measures it BENCH_PROBE_RUNS
+ * times into *probe; every load pairs each repetition with passes of it. */
 static int bench_act(const struct bench_opts *o, enum q4_act_kind act, struct bench_run *run,
-		     struct bench_model *desc, struct bench_stat *probe, struct hearth_error *err)
+		     struct bench_model *desc, struct bench_probe **pb, struct bench_stat *probe,
+		     struct hearth_error *err)
 {
 	struct load_opts lo;
 	struct model_q4 *m = NULL;
@@ -320,6 +336,7 @@ static int bench_act(const struct bench_opts *o, enum q4_act_kind act, struct be
 	int32_t *ids = NULL;
 	float *logits = NULL;
 	double pp_tps[BENCH_MAX_REPS], tg_tps[BENCH_MAX_REPS], tg_gbs[BENCH_MAX_REPS];
+	double paired[BENCH_MAX_REPS], pct[BENCH_MAX_REPS];
 	int rc;
 
 	load_opts_default(&lo);
@@ -357,8 +374,14 @@ static int bench_act(const struct bench_opts *o, enum q4_act_kind act, struct be
 		rc = hearth_error_set(err, HEARTH_ENOMEM, "bench: out of memory");
 		goto done;
 	}
-	if (probe && o->probe_mib && (rc = bench_probe(m->pool, o->probe_mib, probe, err)) < 0)
-		goto done;
+	if (o->probe_mib && !*pb) {
+		double gbs[BENCH_PROBE_RUNS];
+		if ((rc = probe_open(m->pool, o->probe_mib, pb, err)) < 0)
+			goto done;
+		for (int r = 0; r < BENCH_PROBE_RUNS; r++)
+			gbs[r] = probe_pass(m->pool, *pb);
+		*probe = bench_stat_of(gbs, BENCH_PROBE_RUNS);
+	}
 
 	double pp_s, tg_s;
 	uint64_t seed = (uint64_t)act << 32;
@@ -370,15 +393,20 @@ static int bench_act(const struct bench_opts *o, enum q4_act_kind act, struct be
 		kv_read += (uint64_t)(o->pp + i + 1) * desc->kv_bytes_per_pos;
 	run->tg_bytes = (uint64_t)o->tg * desc->decode_weight_bytes + kv_read;
 	for (int r = 0; r < o->reps; r++) {
+		double before = *pb ? probe_pass(m->pool, *pb) : 0;
 		if ((rc = bench_once(&eng, o->pp, o->tg, seed++, ids, logits, &pp_s, &tg_s, err)) < 0)
 			goto done;
 		pp_tps[r] = o->pp / pp_s;
 		tg_tps[r] = o->tg / tg_s;
 		tg_gbs[r] = (double)run->tg_bytes / tg_s * 1e-9;
+		paired[r] = *pb ? 0.5 * (before + probe_pass(m->pool, *pb)) : 0;
+		pct[r] = paired[r] > 0 ? 100.0 * tg_gbs[r] / paired[r] : 0;
 	}
 	run->pp_tps = bench_stat_of(pp_tps, (size_t)o->reps);
 	run->tg_tps = bench_stat_of(tg_tps, (size_t)o->reps);
 	run->tg_gbs = bench_stat_of(tg_gbs, (size_t)o->reps);
+	run->probe_paired = bench_stat_of(paired, (size_t)o->reps);
+	run->pct_paired = bench_stat_of(pct, (size_t)o->reps);
 	rc = 0;
 done:
 	free(ids);
@@ -395,6 +423,11 @@ static const char *bench_act_name(enum q4_act_kind a)
 	return a == Q4_ACT_A8 ? "W4A8" : "W4A16";
 }
 
+static const char *bench_kv_name(enum qtype t)
+{
+	return t == QTYPE_BF16 ? "bf16" : t == QTYPE_KV_Q8 ? "q8" : "f16";
+}
+
 static void bench_print_table(const struct bench_opts *o, const struct bench_model *d,
 			      const struct bench_stat *probe, const struct bench_run *runs, size_t n)
 {
@@ -403,8 +436,7 @@ static void bench_print_table(const struct bench_opts *o, const struct bench_mod
 	printf("kernels %s, %zu threads on cpus", d->isa, d->n_threads);
 	for (size_t i = 0; i < d->n_threads; i++)
 		printf("%s%d", i ? "," : " ", d->cpus[i]);
-	printf(", arena %s, KV %s\n", d->backing,
-	       o->kv_type == QTYPE_BF16 ? "bf16" : o->kv_type == QTYPE_KV_Q8 ? "q8" : "f16");
+	printf(", arena %s, KV %s\n", d->backing, bench_kv_name(o->kv_type));
 	printf("layout %s: %.1f MB of packed matrices, %.3f bits/weight over %.3f B matrix "
 	       "params; decode reads %.1f MB of weights per token + %.1f KB KV per position\n",
 	       d->quant, (double)d->matrix_bytes * 1e-6,
@@ -418,20 +450,26 @@ static void bench_print_table(const struct bench_opts *o, const struct bench_mod
 	char h1[32], h2[32];
 	snprintf(h1, sizeof h1, "pp%u tok/s", o->pp);
 	snprintf(h2, sizeof h2, "tg%u tok/s", o->tg);
-	printf("\n%-6s %6s  %-30s %-30s %-24s %s\n", "act", "load s", h1, h2, "decode GB/s", "% probe");
+	printf("\n%-6s %6s  %-30s %-30s %-24s %-8s %s\n", "act", "load s", h1, h2, "decode GB/s",
+	       "% probe", "% paired (probe GB/s)");
 	for (size_t i = 0; i < n; i++) {
 		const struct bench_run *r = &runs[i];
-		char pp[48], tg[48], gbs[48], pct[16] = "-";
+		char pp[48], tg[48], gbs[48], pct[16] = "-", paired[64] = "-";
 		snprintf(pp, sizeof pp, "%.1f (%.1f-%.1f)", r->pp_tps.med, r->pp_tps.min, r->pp_tps.max);
 		snprintf(tg, sizeof tg, "%.2f (%.2f-%.2f)", r->tg_tps.med, r->tg_tps.min, r->tg_tps.max);
 		snprintf(gbs, sizeof gbs, "%.1f (%.1f-%.1f)", r->tg_gbs.med, r->tg_gbs.min, r->tg_gbs.max);
-		if (o->probe_mib && probe->med > 0)
+		if (o->probe_mib && probe->med > 0) {
 			snprintf(pct, sizeof pct, "%.0f%%", 100.0 * r->tg_gbs.med / probe->med);
-		printf("%-6s %6.1f  %-30s %-30s %-24s %s\n", bench_act_name(r->act), r->load_s, pp, tg,
-		       gbs, pct);
+			snprintf(paired, sizeof paired, "%.0f%% (%.0f-%.0f%%) (%.1f)", r->pct_paired.med,
+				 r->pct_paired.min, r->pct_paired.max, r->probe_paired.med);
+		}
+		printf("%-6s %6.1f  %-30s %-30s %-24s %-8s %s\n", bench_act_name(r->act), r->load_s, pp,
+		       tg, gbs, pct, paired);
 	}
 	printf("(medians of %d repetitions, (min-max); tg: decode after a %u-token prompt; decode "
-	       "GB/s = (weights + KV read per token) / time)\n", o->reps, o->pp);
+	       "GB/s = (weights + KV read per token) / time; %% probe: against the start-up probe; "
+	       "%% paired: each repetition against the mean of a probe pass right before and right "
+	       "after it)\n", o->reps, o->pp);
 }
 
 static void bench_print_stat(const char *key, const struct bench_stat *s)
@@ -467,6 +505,7 @@ static void bench_print_json(const struct bench_opts *o, const struct bench_mode
 	bench_json_string(d->isa);
 	printf(",\"arena\":");
 	bench_json_string(d->backing);
+	printf(",\"kv\":\"%s\"", bench_kv_name(o->kv_type));
 	printf(",\"threads\":%zu,\"cpus\":[", d->n_threads);
 	for (size_t i = 0; i < d->n_threads; i++)
 		printf("%s%d", i ? "," : "", d->cpus[i]);
@@ -493,8 +532,12 @@ static void bench_print_json(const struct bench_opts *o, const struct bench_mode
 		putchar(',');
 		bench_print_stat("tg_gbs", &r->tg_gbs);
 		printf(",\"tg_bytes\":%llu", (unsigned long long)r->tg_bytes);
-		if (o->probe_mib && probe->med > 0)
-			printf(",\"tg_pct_probe\":%.2f", 100.0 * r->tg_gbs.med / probe->med);
+		if (o->probe_mib && probe->med > 0) {
+			printf(",\"tg_pct_probe\":%.2f,", 100.0 * r->tg_gbs.med / probe->med);
+			bench_print_stat("probe_paired_gbs", &r->probe_paired);
+			putchar(',');
+			bench_print_stat("tg_pct_paired", &r->pct_paired);
+		}
 		putchar('}');
 	}
 	printf("]}\n");
@@ -673,6 +716,7 @@ int main_bench(int argc, char **argv)
 	struct bench_opts o;
 	struct bench_model desc;
 	struct bench_stat probe = { 0, 0, 0 };
+	struct bench_probe *pb = NULL;
 	struct bench_run runs[2];
 	struct hearth_error err = { 0 };
 	size_t n = 0;
@@ -693,13 +737,15 @@ int main_bench(int argc, char **argv)
 			continue;
 		if (!o.json)
 			fprintf(stderr, "hearthd: bench %s: loading %s\n", bench_act_name(acts[i]), o.model);
-		rc = bench_act(&o, acts[i], &runs[n], &desc, n == 0 ? &probe : NULL, &err);
+		rc = bench_act(&o, acts[i], &runs[n], &desc, &pb, &probe, &err);
 		if (rc < 0) {
 			fprintf(stderr, "hearthd: bench: %s\n", err.msg[0] ? err.msg : hearth_strerror(rc));
+			probe_close(pb);
 			return 1;
 		}
 		n++;
 	}
+	probe_close(pb);
 	if (o.json)
 		bench_print_json(&o, &desc, &probe, runs, n);
 	else

@@ -27,7 +27,7 @@ expect() { # expect DESCRIPTION CONDITION-EXIT-STATUS
 # num KEY FILE: the first numeric value of "KEY": in FILE
 num() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p" "$2" | head -1; }
 
-echo "1..13"
+echo "1..15"
 
 # pp 16, tg 4: the tg tokens sit at positions 16..19 and attend to 17..20 positions.
 "$HEARTHD" --bench --json -m "$MODEL" -t 2 -r 3 --pp 16 --tg 4 --probe-mib 16 \
@@ -68,14 +68,30 @@ expect "--kv q8 runs; KV bytes per position are the q8 rows' (432), decode bytes
 awk 'BEGIN { RS = "{\"median\":"; bad = 0 }
      NR > 1 { split($0, a, /[,}]/); med = a[1]; sub(/"min":/, "", a[2]); sub(/"max":/, "", a[3]);
               if (!(med > 0 && a[2] + 0 <= med + 0 && med + 0 <= a[3] + 0)) bad = 1; k++ }
-     END { exit (bad || k != 7) }' "$TMP/both.json"
-expect "7 statistics (probe, pp/tg/GB/s x 2 paths), each with 0 < min <= median <= max" $?
+     END { exit (bad || k != 11) }' "$TMP/both.json"
+expect "11 statistics (probe; pp/tg/GB/s, paired probe and % x 2 paths), each with 0 < min <= median <= max" $?
+
+# With one repetition the paired percentage is exactly that repetition's decode GB/s over
+# the mean of its two probe passes; the KV type is named.
+"$HEARTHD" --bench --json -m "$MODEL" -t 2 -r 1 --pp 16 --tg 4 --act a8 --probe-mib 16 \
+	>"$TMP/pair.json" 2>"$TMP/err"
+rc=$?
+med() { sed -n "s/.*\"$1\":{\"median\":\([0-9.]*\).*/\1/p" "$2" | head -1; }
+g=$(med tg_gbs "$TMP/pair.json"); pg=$(med probe_paired_gbs "$TMP/pair.json")
+pc=$(med tg_pct_paired "$TMP/pair.json")
+[ $rc -eq 0 ] && [ -n "$g" ] && [ -n "$pg" ] && [ -n "$pc" ] &&
+	awk -v g="$g" -v pg="$pg" -v pc="$pc" 'BEGIN { d = 100 * g / pg - pc; exit !(pg > 0 && d < 0.01 && d > -0.01) }'
+expect "one repetition: % paired = 100 x decode GB/s / its paired probe GB/s" $?
+[ $rc -eq 0 ] || sed 's/^/# /' "$TMP/err"
+grep -q '"kv":"f16"' "$TMP/both.json" && grep -q '"kv":"q8"' "$TMP/q8.json"
+expect "the JSON names the KV type (f16 by default, q8 with --kv q8)" $?
 
 "$HEARTHD" --bench --json -m "$MODEL" -t 1 -r 1 --pp 8 --tg 2 --act a8 --probe-mib 0 \
 	--kernels ref >"$TMP/a8.json" 2>"$TMP/err"
 rc=$?
 [ $rc -eq 0 ] && grep -q '"kernels":"ref"' "$TMP/a8.json" && grep -q '"runs":\[{"act":"a8"' "$TMP/a8.json" &&
-	! grep -q '"act":"a16"' "$TMP/a8.json" && ! grep -q probe_gbs "$TMP/a8.json"
+	! grep -q '"act":"a16"' "$TMP/a8.json" && ! grep -q probe_gbs "$TMP/a8.json" &&
+	! grep -q tg_pct_paired "$TMP/a8.json"
 expect "--act a8 --probe-mib 0 --kernels ref: one run, no probe, ref kernels" $?
 
 "$HEARTHD" --bench -m "$MODEL" -r 1 --pp 8 --tg 2 --probe-mib 8 >"$TMP/table" 2>&1
