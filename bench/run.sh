@@ -62,10 +62,10 @@ say "hearthd --bench on the BF16 file (quantized at load: group 128)"
 	--pp "$pp" --tg "$tg" >"$res/hearth_bf16.json"
 say "hearthd --bench on the BF16 file with weights_group 32 (searched group 32 sym, head included)"
 "$builddir/hearthd" --bench --json -m "$bf16" -t "$threads" -r "$reps" \
-	--pp "$pp" --tg "$tg" --probe-mib 0 --weights-group 32 >"$res/hearth_bf16_g32.json"
+	--pp "$pp" --tg "$tg" --weights-group 32 >"$res/hearth_bf16_g32.json"
 say "hearthd --bench on the BF16 file with weights_group 32 and head int8 (the closest to the f32 model)"
 "$builddir/hearthd" --bench --json -m "$bf16" -t "$threads" -r "$reps" \
-	--pp "$pp" --tg "$tg" --probe-mib 0 --weights-group 32 --head int8 >"$res/hearth_bf16_g32_q8.json"
+	--pp "$pp" --tg "$tg" --weights-group 32 --head int8 >"$res/hearth_bf16_g32_q8.json"
 say "llama.cpp on Q4_0 and Q4_K_M"
 node "$srcdir/bench/llama_bench.mjs" --json --threads "$threads" --reps "$reps" \
 	--pp "$pp" --tg "$tg" "$q40" "$q4km" \
@@ -73,7 +73,7 @@ node "$srcdir/bench/llama_bench.mjs" --json --threads "$threads" --reps "$reps" 
 if [ "${HEARTH_BENCH_OURS_Q4_0:-1}" != 0 ]; then
 	say "hearthd --bench on the Q4_0 file (codes carried over: group 32)"
 	"$builddir/hearthd" --bench --json -m "$q40" -t "$threads" -r "$reps" \
-		--pp "$pp" --tg "$tg" --probe-mib 0 \
+		--pp "$pp" --tg "$tg" \
 		>"$res/hearth_q4_0.json"
 else
 	rm -f "$res/hearth_q4_0.json"
