@@ -212,7 +212,7 @@ static void probe_close(struct bench_probe *p)
 	free(p);
 }
 
-/* ---- the model runs ---- *//* ---- the model runs ---- */
+/* ---- the model runs ---- */
 
 static uint64_t bench_rng(uint64_t *s)
 {
