@@ -223,15 +223,6 @@ static uint64_t bench_rng(uint64_t *s)
 	return *s * 0x2545F4914F6CDD1Dull;
 }
 
-static int32_t bench_argmax(const float *v, uint32_t n)
-{
-	uint32_t best = 0;
-	for (uint32_t i = 1; i < n; i++)
-		if (v[i] > v[best])
-			best = i;
-	return (int32_t)best;
-}
-
 static void bench_describe(const struct model_q4 *m, struct bench_model *d)
 {
 	memset(d, 0, sizeof *d);
@@ -311,7 +302,8 @@ static int bench_once(struct engine *eng, uint32_t pp, uint32_t tg, uint64_t see
 	rc = eng->forward(eng->impl, &sp, 1, err);
 	double t1 = bench_now();
 	for (uint32_t i = 0; rc == 0 && i < tg; i++) {
-		int32_t next = bench_argmax(logits, eng->n_vocab);
+		/* Greedy, with the kernel the daemon's sampler uses. */
+		int32_t next = (int32_t)kern_active()->argmax(logits, eng->n_vocab);
 		sp = (struct engine_span){ .seq = seq, .tokens = &next, .n = 1, .logits = logits };
 		rc = eng->forward(eng->impl, &sp, 1, err);
 	}

@@ -22,6 +22,7 @@ struct kern_table {
 	vec_silu_mul_fn silu_mul;
 	vec_attn_fn attn;
 	vec_to_kv_fn to_kv;
+	vec_argmax_fn argmax;
 };
 
 /* The table for isa, or NULL when this CPU cannot run it. Tests and A/B runs use this

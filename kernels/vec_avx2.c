@@ -293,3 +293,36 @@ void vec_to_kv_avx2(void *dst, const float *src, size_t n, enum vec_kv_type type
 	for (; i < n; i++)
 		d[i] = type == VEC_KV_BF16 ? quant_f32_to_bf16(src[i]) : quant_f32_to_fp16(src[i]);
 }
+
+/* As vec_argmax_avx512: the maximum of the non-NaN values (vmaxps keeps its second
+ * operand when the first is a NaN), then the first index equal to it. */
+size_t vec_argmax_avx2(const float *x, size_t n)
+{
+	if (n == 0 || x[0] != x[0])
+		return 0;
+	__m256 m = _mm256_set1_ps(-INFINITY);
+	size_t i = 0;
+
+	for (; i + 8 <= n; i += 8)
+		m = _mm256_max_ps(_mm256_loadu_ps(x + i), m);
+	__m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+	h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+	h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+	float mx = _mm_cvtss_f32(h);
+
+	for (; i < n; i++)
+		if (x[i] > mx)
+			mx = x[i];
+	__m256 best = _mm256_set1_ps(mx);
+
+	for (i = 0; i + 8 <= n; i += 8) {
+		int eq = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), best, _CMP_EQ_OQ));
+
+		if (eq)
+			return i + (size_t)__builtin_ctz((unsigned)eq);
+	}
+	for (; i < n; i++)
+		if (x[i] == mx)
+			return i;
+	return 0;
+}

@@ -363,3 +363,29 @@ void vec_to_kv_avx512(void *dst, const float *src, size_t n, enum vec_kv_type ty
 		_mm256_mask_storeu_epi16(d + i, m, half16(_mm512_maskz_loadu_ps(m, src + i), type));
 	}
 }
+
+/* Two passes over a row that sits in L2: the maximum of the non-NaN values (vmaxps
+ * returns its second operand when the first is a NaN, so the running maximum never takes
+ * one), then the first index equal to it. */
+size_t vec_argmax_avx512(const float *x, size_t n)
+{
+	if (n == 0 || x[0] != x[0])
+		return 0;
+	__m512 m = _mm512_set1_ps(-INFINITY);
+
+	for (size_t i = 0; i < n; i += 16) {
+		__mmask16 k = tail_mask(n - i);
+
+		m = _mm512_max_ps(_mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), k, x + i), m);
+	}
+	__m512 best = _mm512_set1_ps(_mm512_reduce_max_ps(m));
+
+	for (size_t i = 0; i < n; i += 16) {
+		__mmask16 k = tail_mask(n - i);
+		__mmask16 eq = _mm512_mask_cmp_ps_mask(k, _mm512_maskz_loadu_ps(k, x + i), best, _CMP_EQ_OQ);
+
+		if (eq)
+			return i + (size_t)__builtin_ctz(eq);
+	}
+	return 0;
+}

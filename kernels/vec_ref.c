@@ -172,3 +172,13 @@ void vec_to_kv_ref(void *dst, const float *src, size_t n, enum vec_kv_type type)
 	for (size_t i = 0; i < n; i++)
 		d[i] = type == VEC_KV_BF16 ? quant_f32_to_bf16(src[i]) : quant_f32_to_fp16(src[i]);
 }
+
+size_t vec_argmax_ref(const float *x, size_t n)
+{
+	size_t best = 0;
+
+	for (size_t i = 1; i < n; i++)
+		if (x[i] > x[best])
+			best = i;
+	return best;
+}

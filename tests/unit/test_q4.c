@@ -1242,6 +1242,66 @@ static void test_vec_to_kv_every_isa_matches_scalar(void **state)
 	free(x);
 }
 
+/* argmax: hand-built rows with a known answer (ties go to the first, a NaN never wins
+ * unless it is x[0], +0 and -0 tie, an all -inf row answers 0), then random rows of every
+ * tail length and a vocabulary-sized one with its maximum planted at chosen places, with
+ * NaNs, infinities and duplicates of the maximum; every variant against the reference. */
+static void test_vec_argmax_every_isa_matches_scalar(void **state)
+{
+	const float inf = INFINITY, nan = NAN;
+	static const struct {
+		float x[20];
+		size_t n, want;
+	} cases[] = {
+		{ { 0 }, 0, 0 },
+		{ { 5 }, 1, 0 },
+		{ { 1, 3, 2, 3 }, 4, 1 },
+		{ { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 9 }, 18, 16 },
+		{ { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 99 }, 18, 17 },
+		{ { -inf, -inf, -inf }, 3, 0 },
+		{ { -0.0f, 0.0f, -1 }, 3, 0 },
+	};
+	uint64_t s = 91;
+	const size_t big = 151936;
+	float *x = xalloc(big * sizeof(float));
+
+	(void)state;
+	for (size_t v = 0; v <= n_variants; v++) {
+		const struct kern_table *k = v < n_variants ? variants[v] : kern_table_for(KERN_REF);
+
+		for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+			assert_int_equal(k->argmax(cases[c].x, cases[c].n), cases[c].want);
+		float w[20] = { nan, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19 };
+		assert_int_equal(k->argmax(w, 20), 0);       /* x[0] a NaN: nothing compares above it */
+		w[0] = 0;
+		w[3] = nan;
+		w[19] = nan;
+		w[17] = inf;
+		assert_int_equal(k->argmax(w, 20), 17);      /* NaNs skipped, +inf wins */
+		w[17] = 17;
+		assert_int_equal(k->argmax(w, 20), 18);
+	}
+	for (size_t n = 1; n <= big; n = n < 70 ? n + 1 : n < big ? big : big + 1) {
+		for (int round = 0; round < 4; round++) {
+			for (size_t i = 0; i < n; i++)
+				x[i] = 8.0f * rng_unit(&s) - 4.0f;
+			if (round >= 1) /* the maximum, twice: at i and later */
+				for (size_t j = 0; j < 2; j++)
+					x[(size_t)(rng_unit(&s) * (float)n) % n] = 5.0f;
+			if (round >= 2)
+				for (size_t j = 0; j < 3; j++)
+					x[(size_t)(rng_unit(&s) * (float)n) % n] = j ? -inf : nan;
+			if (round == 3)
+				x[n - 1] = 6.0f; /* in the tail */
+			size_t want = vec_argmax_ref(x, n);
+
+			for (size_t v = 0; v < n_variants; v++)
+				assert_int_equal(variants[v]->argmax(x, n), want);
+		}
+	}
+	free(x);
+}
+
 /* Q8 rows: every variant writes the reference's bytes (codes and scale) at every tail
  * length, over rows with infinities and NaNs, exact .5 ties (amax 127 makes x * inv = x),
  * an all-zero row, a row of subnormals (127 / amax overflows: the clamp) and random
@@ -1472,6 +1532,7 @@ int main(void)
 		cmocka_unit_test(test_vec_rope_table_matches_ops_ref_rope),
 		cmocka_unit_test(test_vec_silu_mul_every_isa_matches_double),
 		cmocka_unit_test(test_vec_to_kv_every_isa_matches_scalar),
+		cmocka_unit_test(test_vec_argmax_every_isa_matches_scalar),
 		cmocka_unit_test(test_vec_to_kv_q8_every_isa_matches_scalar),
 		cmocka_unit_test(test_vec_attn_every_isa_matches_double_softmax),
 		cmocka_unit_test(test_kern_select_forces_and_rejects),
