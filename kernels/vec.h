@@ -1,6 +1,7 @@
 /* The SIMD-dispatched vector ops around the matmuls: RMSNorm, RoPE from a precomputed
- * table, SwiGLU's silu(gate)*up, K/V rows to f16/bf16/int8, a logits row's argmax, and attention over a KV span with an online softmax
- * (GQA: the query heads that share one KV head read each K/V row once). Declared here,
+ * table, SwiGLU's silu(gate)*up, K/V rows to f16/bf16/int8, a logits row's argmax, and
+ * attention over a KV span with an online softmax (GQA: the query heads that share one
+ * KV head read each K/V row once). Declared here,
  * implemented per ISA in vec_ref.c / vec_avx2.c / vec_avx512.c, reached through
  * kernels/dispatch.h. Pure compute: caller-owned buffers, no allocation. */
 #ifndef HEARTH_KERNELS_VEC_H
@@ -60,7 +61,7 @@ typedef void (*vec_to_kv_fn)(void *dst, const float *src, size_t n, enum vec_kv_
 
 /* Index of the largest of x[0..n): the first on a tie, a NaN never (it compares false),
  * and 0 when x[0] is a NaN or n is 0, exactly as the loop `if (x[i] > x[best]) best = i`
- * answers. Greedy sampling of a 152k vocabulary: the scalar loop took ~70 us per token. */
+ * answers. Greedy sampling of a 152k vocabulary: the scalar loop took ~90 us per token. */
 typedef size_t (*vec_argmax_fn)(const float *x, size_t n);
 
 /* Folds n_pos positions into the online-softmax state of n_rep query heads q
