@@ -20,7 +20,6 @@ struct sampler {
 	uint32_t n_vocab;
 	uint64_t rng[4];
 	struct cand *cand;      /* n_vocab */
-	vec_argmax_fn argmax;   /* the start-up kernel table's, for the greedy path */
 	int32_t *hist;          /* ring of the last repeat_last_n accepted tokens */
 	int32_t *hist_sorted;   /* scratch: the ring, sorted, to penalize each token once */
 	uint32_t hist_len, hist_cap, hist_head;
@@ -109,7 +108,6 @@ int sampler_new(struct sampler **out, const struct sampler_params *p, uint32_t n
 		return hearth_error_set(err, HEARTH_ENOMEM, "sampler: out of memory");
 	s->p = *p;
 	s->n_vocab = n_vocab;
-	s->argmax = kern_active()->argmax;
 	s->hist_cap = p->repeat_last_n;
 	s->cand = calloc(n_vocab, sizeof(*s->cand));
 	s->hist = calloc(s->hist_cap ? s->hist_cap : 1, sizeof(*s->hist));
@@ -232,7 +230,7 @@ int32_t sampler_sample(struct sampler *s, const float *logits)
 	 * a tie, as cand_before orders them). Copying a 150k-entry row into candidates first
 	 * cost the compute thread ~0.2 ms per sequence per step, a scalar loop ~90 us (the kernel: 8-13). */
 	if (!(s->p.temperature > 0.0f) && (s->p.repeat_penalty == 1.0f || s->hist_len == 0))
-		return (int32_t)s->argmax(logits, n);
+		return (int32_t)kern_active()->argmax(logits, n);
 
 	for (size_t i = 0; i < n; i++) {
 		c[i].id = (int32_t)i;
