@@ -51,7 +51,7 @@ if (probe)
 const pad = (s, n) => String(s).padEnd(n);
 console.log(`\n${pad("engine", 14)}${pad("file", 44)}${pad("bpw", 6)}${pad(`pp${ours[0].pp} tok/s`, 24)}` +
 	`${pad(`tg${ours[0].tg} tok/s`, 22)}${pad("decode GB/s", 12)}${pad("% probe", 9)}% paired`);
-// % paired: each repetition's decode against a probe pass right before and after it (hearth only).
+// % paired: each repetition's decode against probe slices read between its tokens (hearth only).
 const paired = (s) => s ? `${s.median.toFixed(0)}% (${s.min.toFixed(0)}-${s.max.toFixed(0)}%)` : "-";
 for (const r of rows)
 	console.log(`${pad(r.name, 14)}${pad(r.file, 44)}${pad(r.bpw.toFixed(2), 6)}${pad(f1(r.pp), 24)}` +
@@ -86,6 +86,6 @@ if (probe) {
 		console.log(`  ${pad(`decode ${r.act === "a8" ? "W4A8" : "W4A16"} bandwidth / stream probe`, 56)} ` +
 			`${(100 * r.tg_gbs.median / probe.median).toFixed(0)}%${r.tg_gbs.median / probe.median >= 0.9 ? "  meets >= 90%" : "  short of 90%"}`);
 	for (const r of main.runs.filter((r) => r.tg_pct_paired))
-		console.log(`  ${pad(`decode ${r.act === "a8" ? "W4A8" : "W4A16"} bandwidth / probe of the same minute (paired)`, 56)} ` +
+		console.log(`  ${pad(`decode ${r.act === "a8" ? "W4A8" : "W4A16"} bandwidth / probe between its tokens (paired)`, 56)} ` +
 			`${r.tg_pct_paired.median.toFixed(0)}%${r.tg_pct_paired.median >= 90 ? "  meets >= 90%" : "  short of 90%"}`);
 }

@@ -26,6 +26,8 @@
 #define BENCH_MAX_REPS 100
 #define BENCH_PROBE_RUNS 5
 #define BENCH_WARM_TOKENS 64
+/* The probe slice read after every decode token: 4x the L3, so it streams from memory. */
+#define BENCH_PROBE_SLICE (128u << 20)
 
 struct bench_opts {
 	const char *model;
@@ -50,10 +52,11 @@ struct bench_run {
 	enum q4_act_kind act;
 	double load_s;
 	struct bench_stat pp_tps, tg_tps, tg_gbs;
-	/* With the probe: a pass right before and right after each repetition, their mean, and
-	 * that repetition's decode GB/s as a percentage of it. The machine's bandwidth moves
-	 * by half within seconds (doc/benchmarks.md), so decode is judged against the probe
-	 * of its own minute, not only against the one measured at start-up. */
+	/* With the probe: a probe slice read after every decode token of a repetition, their
+	 * bytes over their time, and that repetition's decode GB/s as a percentage of it. This
+	 * machine's bandwidth jumps between ~33 and ~55 GB/s from one 30 ms pass to the next
+	 * (doc/benchmarks.md), so decode is judged against the probe of its own moments, not
+	 * only against the passes measured at start-up or a pass on either side. */
 	struct bench_stat probe_paired, pct_paired;
 	uint64_t tg_bytes;          /* weights + KV read by all tg tokens of one repetition */
 };
@@ -98,6 +101,7 @@ static struct bench_stat bench_stat_of(double *v, size_t n)
 struct bench_probe {
 	const uint8_t *buf;
 	size_t bytes;
+	size_t win_off, win_len;    /* the window the next run reads */
 	enum kern_isa isa;
 	uint64_t sums[256 * 8];     /* one cache line per thread: no false sharing */
 };
@@ -144,8 +148,8 @@ static void probe_run(void *arg, size_t t, size_t nt)
 {
 	struct bench_probe *p = arg;
 	size_t b, e;
-	pool_split(p->bytes / 4096, 1, t, nt, &b, &e);
-	const uint8_t *s = p->buf + b * 4096;
+	pool_split(p->win_len / 4096, 1, t, nt, &b, &e);
+	const uint8_t *s = p->buf + p->win_off + b * 4096;
 	size_t n = (e - b) * 4096;
 	uint64_t sum;
 	if (p->isa == KERN_AVX512)
@@ -190,6 +194,7 @@ static int probe_open(struct pool *pool, size_t mib, struct bench_probe **out, s
 	madvise(buf, p->bytes, MADV_HUGEPAGE);
 	p->buf = buf;
 	p->isa = kern_active()->isa;
+	p->win_len = p->bytes;
 	pool_run(pool, probe_touch, p);
 	pool_run(pool, probe_run, p);
 	*out = p;
@@ -199,9 +204,27 @@ static int probe_open(struct pool *pool, size_t mib, struct bench_probe **out, s
 /* One timed pass over the buffer on the pool's threads: GB/s. */
 static double probe_pass(struct pool *pool, struct bench_probe *p)
 {
+	p->win_off = 0;
+	p->win_len = p->bytes;
 	double t0 = bench_now();
 	pool_run(pool, probe_run, p);
 	return (double)p->bytes / (bench_now() - t0) * 1e-9;
+}
+
+/* The next slice of the buffer (the whole of a small one), so consecutive slices never
+ * find each other's lines in cache; adds its bytes and seconds to *bytes and *secs. */
+static void probe_slice(struct pool *pool, struct bench_probe *p, double *bytes, double *secs)
+{
+	size_t len = p->bytes < BENCH_PROBE_SLICE ? p->bytes : BENCH_PROBE_SLICE;
+	if (p->win_off + p->win_len + len > p->bytes)
+		p->win_off = 0;
+	else
+		p->win_off += p->win_len;
+	p->win_len = len;
+	double t0 = bench_now();
+	pool_run(pool, probe_run, p);
+	*secs += bench_now() - t0;
+	*bytes += (double)len;
 }
 
 static void probe_close(struct bench_probe *p)
@@ -280,8 +303,11 @@ static void bench_prompt(int32_t *ids, uint32_t n, uint32_t n_vocab, uint64_t se
 }
 
 /* One prompt of pp tokens in one step, then tg greedy decode steps; seconds of each. */
+/* One prompt and tg decode tokens. With a probe, a probe slice follows every token, outside
+ * the token's time, and *probe_gbs gets the slices' bytes over their time. */
 static int bench_once(struct engine *eng, uint32_t pp, uint32_t tg, uint64_t seed, int32_t *ids,
-		      float *logits, double *pp_s, double *tg_s, struct hearth_error *err)
+		      float *logits, struct pool *pool, struct bench_probe *pb, double *pp_s, double *tg_s,
+		      double *probe_gbs, struct hearth_error *err)
 {
 	struct engine_seq *seq;
 	uint32_t cached;
@@ -300,23 +326,28 @@ static int bench_once(struct engine *eng, uint32_t pp, uint32_t tg, uint64_t see
 	struct engine_span sp = { .seq = seq, .tokens = ids, .n = pp, .logits = logits };
 	double t0 = bench_now();
 	rc = eng->forward(eng->impl, &sp, 1, err);
-	double t1 = bench_now();
+	double t1 = bench_now(), tg_sum = 0, p_bytes = 0, p_secs = 0;
 	for (uint32_t i = 0; rc == 0 && i < tg; i++) {
+		double ta = bench_now();
 		/* Greedy, with the kernel the daemon's sampler uses. */
 		int32_t next = (int32_t)kern_active()->argmax(logits, eng->n_vocab);
 		sp = (struct engine_span){ .seq = seq, .tokens = &next, .n = 1, .logits = logits };
 		rc = eng->forward(eng->impl, &sp, 1, err);
+		tg_sum += bench_now() - ta;
+		if (pb)
+			probe_slice(pool, pb, &p_bytes, &p_secs);
 	}
-	double t2 = bench_now();
 	eng->seq_close(eng->impl, seq);
 	*pp_s = t1 - t0;
-	*tg_s = t2 - t1;
+	*tg_s = tg_sum;
+	if (probe_gbs)
+		*probe_gbs = p_secs > 0 ? p_bytes / p_secs * 1e-9 : 0;
 	return rc;
 }
 
 /* Loads the model for one activation path, warms it up, and times o->reps repetitions. The
  * first load (*pb still NULL) opens the probe on its pool and measures it BENCH_PROBE_RUNS
- * times into *probe; every load pairs each repetition with passes of it. */
+ * times into *probe; every repetition reads a slice of it after each decode token. */
 static int bench_act(const struct bench_opts *o, enum q4_act_kind act, struct bench_run *run,
 		     struct bench_model *desc, struct bench_probe **pb, struct bench_stat *probe,
 		     struct hearth_error *err)
@@ -377,7 +408,8 @@ static int bench_act(const struct bench_opts *o, enum q4_act_kind act, struct be
 
 	double pp_s, tg_s;
 	uint64_t seed = (uint64_t)act << 32;
-	if ((rc = bench_once(&eng, BENCH_WARM_TOKENS, 8, seed++, ids, logits, &pp_s, &tg_s, err)) < 0)
+	if ((rc = bench_once(&eng, BENCH_WARM_TOKENS, 8, seed++, ids, logits, m->pool, NULL, &pp_s, &tg_s, NULL,
+			     err)) < 0)
 		goto done;
 	/* KV bytes the tg tokens read: the token at position p attends to p + 1 positions. */
 	uint64_t kv_read = 0;
@@ -385,13 +417,13 @@ static int bench_act(const struct bench_opts *o, enum q4_act_kind act, struct be
 		kv_read += (uint64_t)(o->pp + i + 1) * desc->kv_bytes_per_pos;
 	run->tg_bytes = (uint64_t)o->tg * desc->decode_weight_bytes + kv_read;
 	for (int r = 0; r < o->reps; r++) {
-		double before = *pb ? probe_pass(m->pool, *pb) : 0;
-		if ((rc = bench_once(&eng, o->pp, o->tg, seed++, ids, logits, &pp_s, &tg_s, err)) < 0)
+		paired[r] = 0;
+		if ((rc = bench_once(&eng, o->pp, o->tg, seed++, ids, logits, m->pool, *pb, &pp_s, &tg_s,
+				     &paired[r], err)) < 0)
 			goto done;
 		pp_tps[r] = o->pp / pp_s;
 		tg_tps[r] = o->tg / tg_s;
 		tg_gbs[r] = (double)run->tg_bytes / tg_s * 1e-9;
-		paired[r] = *pb ? 0.5 * (before + probe_pass(m->pool, *pb)) : 0;
 		pct[r] = paired[r] > 0 ? 100.0 * tg_gbs[r] / paired[r] : 0;
 	}
 	run->pp_tps = bench_stat_of(pp_tps, (size_t)o->reps);
@@ -460,8 +492,8 @@ static void bench_print_table(const struct bench_opts *o, const struct bench_mod
 	}
 	printf("(medians of %d repetitions, (min-max); tg: decode after a %u-token prompt; decode "
 	       "GB/s = (weights + KV read per token) / time; %% probe: against the start-up probe; "
-	       "%% paired: each repetition against the mean of a probe pass right before and right "
-	       "after it)\n", o->reps, o->pp);
+	       "%% paired: each repetition against probe slices read between its tokens)\n", o->reps,
+	       o->pp);
 }
 
 static void bench_print_stat(const char *key, const struct bench_stat *s)

@@ -72,7 +72,7 @@ awk 'BEGIN { RS = "{\"median\":"; bad = 0 }
 expect "11 statistics (probe; pp/tg/GB/s, paired probe and % x 2 paths), each with 0 < min <= median <= max" $?
 
 # With one repetition the paired percentage is exactly that repetition's decode GB/s over
-# the mean of its two probe passes; the KV type is named.
+# the GB/s of the probe slices read between its tokens; the KV type is named.
 "$HEARTHD" --bench --json -m "$MODEL" -t 2 -r 1 --pp 16 --tg 4 --act a8 --probe-mib 16 \
 	>"$TMP/pair.json" 2>"$TMP/err"
 rc=$?
