@@ -141,14 +141,6 @@ static void qkv_post(struct step *st, const struct mq4_layer *L, uint32_t l, siz
 	}
 }
 
-/* Prefetches a run of bytes: the next page of one KV head, asked for while the current
- * page is computed so its misses overlap work. */
-static void prefetch_run(const uint8_t *p, size_t bytes)
-{
-	for (size_t o = 0; o < bytes; o += 64)
-		__builtin_prefetch(p + o, 0, 2);
-}
-
 /* Attention units are (row, KV head group): whole rows unless there are too few rows to
  * keep every thread busy (one decoding sequence splits its KV heads). */
 static size_t attn_groups(const struct step *st, const struct mq4_layer *L, size_t nt)
@@ -157,11 +149,10 @@ static size_t attn_groups(const struct step *st, const struct mq4_layer *L, size
 	return groups > L->n_head_kv ? L->n_head_kv : groups;
 }
 
-/* Attention of row i over KV heads [h0, h1). It walks the sequence page by page and runs
- * every head of the range on a page before moving on (a head's rows of a page are one
- * contiguous run, kv.h) while the next page is prefetched; the n_rep query heads of a KV
- * head share each row read. The unnormalized sums accumulate straight in the row's
- * output. */
+/* Attention of row i over KV heads [h0, h1): one kernel call over the row's whole sequence
+ * for all of them, which the kernel walks head by head and page by page (kernels/vec.h),
+ * each head's n_rep query heads sharing each row read. The unnormalized sums accumulate
+ * straight in the row's output. */
 static void attend(struct step *st, const struct mq4_layer *L, uint32_t l, size_t i, size_t h0,
 		   size_t h1, float *mx, float *sm)
 {
@@ -171,38 +162,31 @@ static void attend(struct step *st, const struct mq4_layer *L, uint32_t l, size_
 	size_t hd = L->head_dim, hdv = L->head_dim_v;
 	/* one head's row (Q8: codes + scale); its next slot follows */
 	size_t k_row = kv_row_bytes(kv, (uint32_t)hd), v_row = kv_row_bytes(kv, (uint32_t)hdv);
-	const struct engine_seq *s = m->step_seq[i];
 	uint32_t pos = m->step_pos[i];
 	uint32_t first = 0;
 	if (L->window && pos + 1 > L->window)
 		first = pos + 1 - L->window;
 	const float *q = m->q + i * (size_t)L->n_head * hd;
 	float *out = m->att + i * (size_t)L->n_head * hdv;
+	struct vec_kv_span span = {
+		.base = kv->pool,
+		.pages = m->step_seq[i]->kv->blocks,
+		.page_bytes = kv->geo.block_bytes,
+		.page_rows = bt,
+		.k_off = kv->layer_k_off[l] + h0 * bt * k_row,
+		.v_off = kv->layer_v_off[l] + h0 * bt * v_row,
+		.k_stride = k_row,
+		.v_stride = v_row,
+		.n_heads = h1 - h0,
+		.k_head_bytes = bt * k_row,
+		.v_head_bytes = bt * v_row,
+		.first = first,
+		.n = pos + 1 - first,
+		.type = st->kv_type,
+	};
 	vec_attn_init(mx + h0 * n_rep, sm + h0 * n_rep, out + h0 * n_rep * hdv, (h1 - h0) * n_rep, hdv);
-	for (uint32_t p = first; p <= pos;) {
-		uint32_t slot = p % bt, n = (uint32_t)bt - slot;
-		if (p + n > pos + 1)
-			n = pos + 1 - p;
-		const uint8_t *kb = kv_block_k(kv, s->kv->blocks[p / bt], l);
-		const uint8_t *vb = kv_block_v(kv, s->kv->blocks[p / bt], l);
-		const uint8_t *kn = NULL, *vn = NULL;
-		uint32_t nn = 0;
-		if (p + n <= pos) {
-			nn = pos + 1 - (p + n) < bt ? pos + 1 - (p + n) : (uint32_t)bt;
-			kn = kv_block_k(kv, s->kv->blocks[(p + n) / bt], l);
-			vn = kv_block_v(kv, s->kv->blocks[(p + n) / bt], l);
-		}
-		for (size_t h = h0; h < h1; h++) {
-			if (nn) {
-				prefetch_run(kn + h * bt * k_row, nn * k_row);
-				prefetch_run(vn + h * bt * v_row, nn * v_row);
-			}
-			m->kern->attn(q + h * n_rep * hd, n_rep, hd, st->kv_type, kb + (h * bt + slot) * k_row,
-				      k_row, vb + (h * bt + slot) * v_row, v_row, n, L->attn_scale, mx + h * n_rep,
-				      sm + h * n_rep, out + h * n_rep * hdv);
-		}
-		p += n;
-	}
+	m->kern->attn(q + h0 * n_rep * hd, n_rep, hd, &span, L->attn_scale, mx + h0 * n_rep, sm + h0 * n_rep,
+		      out + h0 * n_rep * hdv);
 	vec_attn_finish(out + h0 * n_rep * hdv, sm + h0 * n_rep, out + h0 * n_rep * hdv, (h1 - h0) * n_rep,
 			hdv);
 }

@@ -64,15 +64,36 @@ typedef void (*vec_to_kv_fn)(void *dst, const float *src, size_t n, enum vec_kv_
  * answers. Greedy sampling of a 152k vocabulary: the scalar loop took ~90 us per token. */
 typedef size_t (*vec_argmax_fn)(const float *x, size_t n);
 
-/* Folds n_pos positions into the online-softmax state of n_rep query heads q
- * (n_rep x head_dim floats) that share one KV head: score = scale * q.k for the K row
- * at k + p*k_stride bytes, V row at v + p*v_stride bytes (for Q8 each row's values are
- * its codes times its trailing scale). Causal masking is the
- * caller's: it passes only the positions a query may see. Paged caches call this once
- * per page. head_dim is a multiple of 16. */
-typedef void (*vec_attn_fn)(const float *q, size_t n_rep, size_t head_dim, enum vec_kv_type type,
-			    const void *k, size_t k_stride, const void *v, size_t v_stride,
-			    size_t n_pos, float scale, float *max, float *sum, float *acc);
+/* The K/V rows of n_heads KV heads as a paged cache holds them: row p of the sequence is in
+ * page pages[p / page_rows], slot p % page_rows; head h's K row starts at base + page *
+ * page_bytes + k_off + h * k_head_bytes + slot * k_stride, its V row likewise (k_off/v_off:
+ * where the first head's rows begin inside a page). Rows [first, first + n) are the ones to
+ * read. Contiguous rows of one head are one page of page_rows >= first + n. For Q8 a row is
+ * its codes then its f32 scale. */
+struct vec_kv_span {
+	const uint8_t *base;
+	const uint32_t *pages;
+	size_t page_bytes, page_rows;
+	size_t k_off, v_off, k_stride, v_stride;
+	size_t n_heads, k_head_bytes, v_head_bytes;
+	size_t first, n;
+	enum vec_kv_type type;
+};
+
+/* Row pointers of head h's rows [first + from, first + from + count) of a span, K into k[]
+ * and V into v[]: one walk over the pages per window of rows, no division per row. */
+void vec_kv_rows(const struct vec_kv_span *kv, size_t h, size_t from, size_t count, const uint8_t **k,
+		 const uint8_t **v);
+
+/* Folds the span's rows into the online-softmax state of n_rep query heads per KV head
+ * (q: n_heads x n_rep x head_dim floats, KV head h's queries at q + h * n_rep * head_dim;
+ * max, sum and acc the same way): score = scale * q.k of each K row, weight on its V row
+ * (for Q8 each row's values are its codes times its trailing scale). Causal masking is the
+ * caller's: it passes only the positions a query may see. A sequence's heads are one call,
+ * so the softmax's serial steps run once per window of rows, not once per page, and the
+ * next head's rows can be fetched while this one's compute. head_dim is a multiple of 16. */
+typedef void (*vec_attn_fn)(const float *q, size_t n_rep, size_t head_dim, const struct vec_kv_span *kv,
+			    float scale, float *max, float *sum, float *acc);
 
 void vec_rmsnorm_ref(float *out, const float *x, const float *w, size_t n, float eps);
 void vec_rope_ref(float *x, size_t n_heads, size_t head_dim, size_t n_rot, enum vec_rope_style style,
@@ -80,9 +101,8 @@ void vec_rope_ref(float *x, size_t n_heads, size_t head_dim, size_t n_rot, enum 
 void vec_silu_mul_ref(float *gate, const float *up, size_t n);
 void vec_to_kv_ref(void *dst, const float *src, size_t n, enum vec_kv_type type);
 size_t vec_argmax_ref(const float *x, size_t n);
-void vec_attn_ref(const float *q, size_t n_rep, size_t head_dim, enum vec_kv_type type,
-		  const void *k, size_t k_stride, const void *v, size_t v_stride,
-		  size_t n_pos, float scale, float *max, float *sum, float *acc);
+void vec_attn_ref(const float *q, size_t n_rep, size_t head_dim, const struct vec_kv_span *kv,
+		  float scale, float *max, float *sum, float *acc);
 
 void vec_rmsnorm_avx2(float *out, const float *x, const float *w, size_t n, float eps);
 void vec_rope_avx2(float *x, size_t n_heads, size_t head_dim, size_t n_rot, enum vec_rope_style style,
@@ -90,9 +110,8 @@ void vec_rope_avx2(float *x, size_t n_heads, size_t head_dim, size_t n_rot, enum
 void vec_silu_mul_avx2(float *gate, const float *up, size_t n);
 void vec_to_kv_avx2(void *dst, const float *src, size_t n, enum vec_kv_type type);
 size_t vec_argmax_avx2(const float *x, size_t n);
-void vec_attn_avx2(const float *q, size_t n_rep, size_t head_dim, enum vec_kv_type type,
-		   const void *k, size_t k_stride, const void *v, size_t v_stride,
-		   size_t n_pos, float scale, float *max, float *sum, float *acc);
+void vec_attn_avx2(const float *q, size_t n_rep, size_t head_dim, const struct vec_kv_span *kv,
+		   float scale, float *max, float *sum, float *acc);
 
 void vec_rmsnorm_avx512(float *out, const float *x, const float *w, size_t n, float eps);
 void vec_rope_avx512(float *x, size_t n_heads, size_t head_dim, size_t n_rot, enum vec_rope_style style,
@@ -100,8 +119,7 @@ void vec_rope_avx512(float *x, size_t n_heads, size_t head_dim, size_t n_rot, en
 void vec_silu_mul_avx512(float *gate, const float *up, size_t n);
 void vec_to_kv_avx512(void *dst, const float *src, size_t n, enum vec_kv_type type);
 size_t vec_argmax_avx512(const float *x, size_t n);
-void vec_attn_avx512(const float *q, size_t n_rep, size_t head_dim, enum vec_kv_type type,
-		     const void *k, size_t k_stride, const void *v, size_t v_stride,
-		     size_t n_pos, float scale, float *max, float *sum, float *acc);
+void vec_attn_avx512(const float *q, size_t n_rep, size_t head_dim, const struct vec_kv_span *kv,
+		     float scale, float *max, float *sum, float *acc);
 
 #endif

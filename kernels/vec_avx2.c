@@ -145,17 +145,16 @@ static inline float hmax(__m256 v)
 	return _mm_cvtss_f32(m);
 }
 
-/* One query head against a block of up to 8 positions; as vec_avx512.c's attn_block. */
-static void attn_block(const float *q, size_t head_dim, enum vec_kv_type type, const uint8_t *k,
-		       size_t k_stride, const uint8_t *v, size_t v_stride, size_t nb, float scale,
-		       float *max, float *sum, float *acc)
+/* One query head against a block of up to 8 rows (K rows k[j], V rows v[j]). */
+static void attn_block(const float *q, size_t head_dim, enum vec_kv_type type, const uint8_t *const *k,
+		       const uint8_t *const *v, size_t nb, float scale, float *max, float *sum, float *acc)
 {
 	float sc[ATTN_POS], e[ATTN_POS];
 
 	for (size_t j = 0; j < ATTN_POS; j++)
 		sc[j] = -INFINITY;
 	for (size_t j = 0; j < nb; j++) {
-		const uint8_t *kr = k + j * k_stride;
+		const uint8_t *kr = k[j];
 		__m256 d0 = _mm256_setzero_ps(), d1 = d0;
 
 		for (size_t i = 0; i < head_dim; i += 16) {
@@ -191,7 +190,7 @@ static void attn_block(const float *q, size_t head_dim, enum vec_kv_type type, c
 		for (size_t j = 0; j < nb; j++) {
 			float vs;
 
-			memcpy(&vs, v + j * v_stride + head_dim, sizeof vs);
+			memcpy(&vs, v[j] + head_dim, sizeof vs);
 			e[j] *= vs;
 		}
 	for (size_t i = 0; i < head_dim; i += 8) {
@@ -199,27 +198,29 @@ static void attn_block(const float *q, size_t head_dim, enum vec_kv_type type, c
 		size_t j = 0;
 
 		for (; j + 2 <= nb; j += 2) {
-			a0 = _mm256_fmadd_ps(_mm256_set1_ps(e[j]), kv_load(type, v + j * v_stride, i), a0);
-			a1 = _mm256_fmadd_ps(_mm256_set1_ps(e[j + 1]), kv_load(type, v + (j + 1) * v_stride, i), a1);
+			a0 = _mm256_fmadd_ps(_mm256_set1_ps(e[j]), kv_load(type, v[j], i), a0);
+			a1 = _mm256_fmadd_ps(_mm256_set1_ps(e[j + 1]), kv_load(type, v[j + 1], i), a1);
 		}
 		if (j < nb)
-			a0 = _mm256_fmadd_ps(_mm256_set1_ps(e[j]), kv_load(type, v + j * v_stride, i), a0);
+			a0 = _mm256_fmadd_ps(_mm256_set1_ps(e[j]), kv_load(type, v[j], i), a0);
 		_mm256_storeu_ps(acc + i, _mm256_add_ps(a0, a1));
 	}
 }
 
-void vec_attn_avx2(const float *q, size_t n_rep, size_t head_dim, enum vec_kv_type type,
-		   const void *k, size_t k_stride, const void *v, size_t v_stride,
-		   size_t n_pos, float scale, float *max, float *sum, float *acc)
+void vec_attn_avx2(const float *q, size_t n_rep, size_t head_dim, const struct vec_kv_span *kv,
+		   float scale, float *max, float *sum, float *acc)
 {
-	for (size_t p0 = 0; p0 < n_pos; p0 += ATTN_POS) {
-		size_t nb = n_pos - p0 < ATTN_POS ? n_pos - p0 : ATTN_POS;
+	const uint8_t *k[ATTN_POS], *v[ATTN_POS];
 
-		for (size_t r = 0; r < n_rep; r++)
-			attn_block(q + r * head_dim, head_dim, type, (const uint8_t *)k + p0 * k_stride, k_stride,
-				   (const uint8_t *)v + p0 * v_stride, v_stride, nb, scale, &max[r], &sum[r],
-				   acc + r * head_dim);
-	}
+	for (size_t h = 0; h < kv->n_heads; h++)
+		for (size_t p0 = 0; p0 < kv->n; p0 += ATTN_POS) {
+			size_t nb = kv->n - p0 < ATTN_POS ? kv->n - p0 : ATTN_POS;
+
+			vec_kv_rows(kv, h, p0, nb, k, v);
+			for (size_t r = h * n_rep; r < (h + 1) * n_rep; r++)
+				attn_block(q + r * head_dim, head_dim, kv->type, k, v, nb, scale, &max[r], &sum[r],
+					   acc + r * head_dim);
+		}
 }
 
 /* The Q8 row exactly as vec_ref.c's to_kv_q8: vmaxps returns its second operand when

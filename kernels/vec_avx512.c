@@ -121,8 +121,10 @@ static inline __m512 kv_load(enum vec_kv_type type, const uint8_t *row, size_t i
 	return _mm512_cvtph_ps(h);
 }
 
-#define ATTN_POS 16   /* positions per block: one exp512 and one rescale per block */
-#define ATTN_HEADS 4  /* query heads that share one pass over a block's K/V rows */
+#define ATTN_POS 16   /* rows per score block: one hsum16 per block and head */
+#define ATTN_WIN 128  /* rows per window: one max, one rescale and one exp pass per window */
+#define ATTN_HEADS 4  /* query heads that share one pass over a window's K/V rows */
+#define ATTN_AHEAD 32 /* K rows are prefetched this far ahead of the scores */
 
 /* Sums each of v[0..15] across its 16 lanes and returns the 16 sums in one vector, in
  * the order position k + 4e at lane 4k + e (the permutation the shuffle tree leaves);
@@ -146,156 +148,253 @@ static inline __m512 hsum16(const __m512 *v)
 	return _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x88), _mm512_shuffle_ps(c[0], c[1], 0xDD));
 }
 
-/* Q8 rows' scales for the block's live positions (1 past them): the K scale multiplies a
- * position's score, the V scale its softmax weight, so the inner loops see bare codes. */
-static inline __m512 q8_scales(const uint8_t *row, size_t stride, size_t head_dim, size_t nb)
+/* Q8 rows' scales (the f32 after the codes) for the block's live rows, 1 past them: the K
+ * scale multiplies a row's score, the V scale its softmax weight, so the inner loops see
+ * bare codes. */
+static inline __m512 q8_scales(const uint8_t *const *rows, size_t head_dim, size_t nb)
 {
 	float f[ATTN_POS] __attribute__((aligned(64)));
 
 	for (size_t j = 0; j < ATTN_POS; j++)
 		f[j] = 1.0f;
 	for (size_t j = 0; j < nb; j++)
-		memcpy(&f[j], row + j * stride + head_dim, sizeof f[j]);
+		memcpy(&f[j], rows[j] + head_dim, sizeof f[j]);
 	return _mm512_load_ps(f);
 }
 
-/* nr (<= ATTN_HEADS, a constant after inlining) query heads against a block of up to 16
- * positions. Each K and V chunk is converted once and used by every head, the scores are
- * reduced all at once, and the rescale for a new maximum rides on the V pass. */
-static inline __attribute__((always_inline)) void
-attn_heads(const float *q, size_t nr, size_t head_dim, enum vec_kv_type type, const uint8_t *k,
-	   size_t k_stride, const uint8_t *v, size_t v_stride, size_t nb, float scale, float *max,
-	   float *sum, float *acc)
+/* A KV row's lines: into L1 for rows the scores read next, into L2 for rows read a pass
+ * later (L1 would lose them first). */
+static inline void prefetch_row(const uint8_t *row, size_t bytes, int l2)
 {
-	__m512 dots[ATTN_HEADS][ATTN_POS];
-	float e[ATTN_HEADS][ATTN_POS] __attribute__((aligned(64)));
-	__m512 vc[ATTN_HEADS];
-	__mmask16 live = tail_mask(nb);
-	/* Undoes hsum16's order: lane j takes the sum of position j from lane 4(j%4) + j/4. */
+	for (size_t o = 0; o < bytes; o += 64) {
+		if (l2)
+			_mm_prefetch((const char *)row + o, _MM_HINT_T1);
+		else
+			_mm_prefetch((const char *)row + o, _MM_HINT_T0);
+	}
+}
+
+/* The V pass over NC (a constant) 16-column chunks from column i0: the NR heads' output
+ * columns stay in registers across all nw rows, rows front to back. The first group of
+ * a window also prefetches the next window's K rows into L2 (k_next, n_next rows). */
+static inline __attribute__((always_inline)) void
+attn_vpass(const size_t NR, const size_t NC, size_t head_dim, enum vec_kv_type type, const uint8_t *const *v,
+	   const float (*s)[ATTN_WIN], size_t nw, size_t i0, const float *cr, float *acc,
+	   const uint8_t *const *k_next, size_t n_next, size_t row_bytes)
+{
+	__m512 a[ATTN_HEADS][8];
+
+#pragma GCC unroll 8
+	for (size_t r = 0; r < NR; r++)
+#pragma GCC unroll 8
+		for (size_t c = 0; c < NC; c++)
+			a[r][c] = _mm512_mul_ps(_mm512_loadu_ps(acc + r * head_dim + i0 + 16 * c), _mm512_set1_ps(cr[r]));
+	for (size_t j = 0; j < nw; j++) {
+		const uint8_t *vr = v[j];
+
+		if (j < n_next)
+			prefetch_row(k_next[j], row_bytes, 1);
+#pragma GCC unroll 8
+		for (size_t c = 0; c < NC; c++) {
+			__m512 vc = kv_load(type, vr, i0 + 16 * c);
+
+#pragma GCC unroll 8
+			for (size_t r = 0; r < NR; r++)
+				a[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(s[r][j]), vc, a[r][c]);
+		}
+	}
+#pragma GCC unroll 8
+	for (size_t r = 0; r < NR; r++)
+#pragma GCC unroll 8
+		for (size_t c = 0; c < NC; c++)
+			_mm512_storeu_ps(acc + r * head_dim + i0 + 16 * c, a[r][c]);
+}
+
+/* NR (<= ATTN_HEADS, a constant after inlining) query heads against one window of nw rows
+ * (k[j], v[j]; rows past nw up to n_ahead are the next window's, prefetched only).
+ *   scores: two rows at a time (four FMA chains for two heads), each K chunk converted
+ *   once for every head, 16 rows reduced at once (hsum16);
+ *   softmax: one max, one rescale and one exp pass over the window's scores;
+ *   V pass: attn_vpass, in column groups that fit the registers (8 chunks for up to two
+ *   heads, 4 for three or four).
+ * Memory: K rows ATTN_AHEAD ahead into L1, this window's V rows and the next window's K
+ * rows into L2 while the scores and the V pass compute, so DRAM is kept busy in both. */
+static inline __attribute__((always_inline)) void
+attn_heads(const float *q, const size_t NR, size_t head_dim, enum vec_kv_type type, const uint8_t *const *k,
+	   const uint8_t *const *v, size_t nw, size_t n_ahead, float scale, float *max, float *sum,
+	   float *acc)
+{
+	float s[ATTN_HEADS][ATTN_WIN] __attribute__((aligned(64)));
+	float cr[ATTN_HEADS];
+	const size_t row_bytes = type == VEC_KV_Q8 ? head_dim + 4 : 2 * head_dim;
+	/* Undoes hsum16's order: lane j takes the sum of row j from lane 4(j%4) + j/4. */
 	const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+	const __m512 ninf = _mm512_set1_ps(-INFINITY);
 
-	for (size_t j = 0; j < ATTN_POS; j++) {
-		__m512 d[ATTN_HEADS];
+	for (size_t j0 = 0; j0 < nw; j0 += ATTN_POS) {
+		size_t nb = nw - j0 < ATTN_POS ? nw - j0 : ATTN_POS;
+		__m512 dots[ATTN_HEADS][ATTN_POS];
 
-		for (size_t r = 0; r < nr; r++)
-			d[r] = _mm512_setzero_ps();
-		if (j < nb) {
-			const uint8_t *kr = k + j * k_stride;
+		for (size_t j = j0 + ATTN_AHEAD; j < j0 + ATTN_AHEAD + ATTN_POS && j < n_ahead; j++)
+			prefetch_row(k[j], row_bytes, 0);
+		for (size_t j = j0; j < j0 + nb; j++)
+			prefetch_row(v[j], row_bytes, 1);
+		for (size_t j = 0; j < ATTN_POS; j += 2) {
+			/* Rows past nb repeat the last live one: their lanes are masked below. */
+			const uint8_t *k0 = k[j0 + (j < nb ? j : nb - 1)], *k1 = k[j0 + (j + 1 < nb ? j + 1 : nb - 1)];
+			__m512 d0[ATTN_HEADS], d1[ATTN_HEADS];
 
+#pragma GCC unroll 8
+			for (size_t r = 0; r < NR; r++)
+				d0[r] = d1[r] = _mm512_setzero_ps();
 			for (size_t i = 0; i < head_dim; i += 16) {
-				__m512 kc = kv_load(type, kr, i);
+				__m512 c0 = kv_load(type, k0, i), c1 = kv_load(type, k1, i);
 
-				for (size_t r = 0; r < nr; r++)
-					d[r] = _mm512_fmadd_ps(_mm512_loadu_ps(q + r * head_dim + i), kc, d[r]);
+#pragma GCC unroll 8
+				for (size_t r = 0; r < NR; r++) {
+					__m512 qv = _mm512_loadu_ps(q + r * head_dim + i);
+
+					d0[r] = _mm512_fmadd_ps(qv, c0, d0[r]);
+					d1[r] = _mm512_fmadd_ps(qv, c1, d1[r]);
+				}
+			}
+#pragma GCC unroll 8
+			for (size_t r = 0; r < NR; r++) {
+				dots[r][j] = d0[r];
+				dots[r][j + 1] = d1[r];
 			}
 		}
-		for (size_t r = 0; r < nr; r++)
-			dots[r][j] = d[r];
-	}
-	__m512 ks = _mm512_set1_ps(1.0f), vs = ks;
+		__m512 ks = type == VEC_KV_Q8 ? q8_scales(k + j0, head_dim, nb) : _mm512_set1_ps(1.0f);
 
-	if (type == VEC_KV_Q8) {
-		ks = q8_scales(k, k_stride, head_dim, nb);
-		vs = q8_scales(v, v_stride, head_dim, nb);
-	}
-	for (size_t r = 0; r < nr; r++) {
-		__m512 s = _mm512_permutexvar_ps(order, hsum16(dots[r]));
+#pragma GCC unroll 8
+		for (size_t r = 0; r < NR; r++) {
+			__m512 sc = _mm512_permutexvar_ps(order, hsum16(dots[r]));
 
-		if (type == VEC_KV_Q8)
-			s = _mm512_mul_ps(s, ks);
-		s = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), live, s, _mm512_set1_ps(scale));
-		float bmax = _mm512_reduce_max_ps(s), c = 1.0f;
+			if (type == VEC_KV_Q8)
+				sc = _mm512_mul_ps(sc, ks);
+			_mm512_store_ps(s[r] + j0, _mm512_mask_mul_ps(ninf, tail_mask(nb), sc, _mm512_set1_ps(scale)));
+		}
+	}
+#pragma GCC unroll 8
+	for (size_t r = 0; r < NR; r++) {
+		__m512 vmax = ninf, vsum = _mm512_setzero_ps();
+
+		for (size_t j0 = 0; j0 < nw; j0 += ATTN_POS)
+			vmax = _mm512_max_ps(vmax, _mm512_load_ps(s[r] + j0));
+		float bmax = _mm512_reduce_max_ps(vmax), c = 1.0f;
 
 		if (bmax > max[r]) {
 			c = max[r] == -INFINITY ? 0.0f : expf(max[r] - bmax);
 			max[r] = bmax;
 		}
-		__m512 ev = _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(s, _mm512_set1_ps(max[r]))));
+		__m512 vm = _mm512_set1_ps(max[r]);
 
-		sum[r] = sum[r] * c + _mm512_reduce_add_ps(ev);
-		if (type == VEC_KV_Q8)
-			ev = _mm512_mul_ps(ev, vs);
-		_mm512_store_ps(e[r], ev);
-		vc[r] = _mm512_set1_ps(c);
+		for (size_t j0 = 0; j0 < nw; j0 += ATTN_POS) {
+			size_t nb = nw - j0 < ATTN_POS ? nw - j0 : ATTN_POS;
+			/* Dead lanes hold -inf: exp512 clamps them to ~1e-38, the mask makes them 0. */
+			__m512 ev = _mm512_maskz_mov_ps(tail_mask(nb), exp512(_mm512_sub_ps(_mm512_load_ps(s[r] + j0), vm)));
+
+			vsum = _mm512_add_ps(vsum, ev);
+			if (type == VEC_KV_Q8) /* the V row's scale rides on its weight */
+				ev = _mm512_mul_ps(ev, q8_scales(v + j0, head_dim, nb));
+			_mm512_store_ps(s[r] + j0, ev);
+		}
+		sum[r] = sum[r] * c + _mm512_reduce_add_ps(vsum);
+		cr[r] = c;
 	}
-	for (size_t i = 0; i < head_dim; i += 16) {
-		__m512 a0[ATTN_HEADS], a1[ATTN_HEADS];
-		size_t j = 0;
+	const size_t CG = NR <= 2 ? 8 : 4;
+	const uint8_t *const *k_next = k + nw;
+	size_t n_next = n_ahead - nw, left = head_dim / 16, i0 = 0;
 
-		for (size_t r = 0; r < nr; r++) {
-			a0[r] = _mm512_mul_ps(_mm512_loadu_ps(acc + r * head_dim + i), vc[r]);
-			a1[r] = _mm512_setzero_ps();
-		}
-		for (; j + 2 <= nb; j += 2) {
-			__m512 v0 = kv_load(type, v + j * v_stride, i), v1 = kv_load(type, v + (j + 1) * v_stride, i);
-
-			for (size_t r = 0; r < nr; r++) {
-				a0[r] = _mm512_fmadd_ps(_mm512_set1_ps(e[r][j]), v0, a0[r]);
-				a1[r] = _mm512_fmadd_ps(_mm512_set1_ps(e[r][j + 1]), v1, a1[r]);
-			}
-		}
-		if (j < nb) {
-			__m512 v0 = kv_load(type, v + j * v_stride, i);
-
-			for (size_t r = 0; r < nr; r++)
-				a0[r] = _mm512_fmadd_ps(_mm512_set1_ps(e[r][j]), v0, a0[r]);
-		}
-		for (size_t r = 0; r < nr; r++)
-			_mm512_storeu_ps(acc + r * head_dim + i, _mm512_add_ps(a0[r], a1[r]));
+	for (; left >= CG; left -= CG, i0 += CG * 16, n_next = 0)
+		attn_vpass(NR, CG, head_dim, type, v, s, nw, i0, cr, acc, k_next, n_next, row_bytes);
+	if (left >= 4) {
+		attn_vpass(NR, 4, head_dim, type, v, s, nw, i0, cr, acc, k_next, n_next, row_bytes);
+		left -= 4, i0 += 64, n_next = 0;
 	}
+	if (left >= 2) {
+		attn_vpass(NR, 2, head_dim, type, v, s, nw, i0, cr, acc, k_next, n_next, row_bytes);
+		left -= 2, i0 += 32, n_next = 0;
+	}
+	if (left)
+		attn_vpass(NR, 1, head_dim, type, v, s, nw, i0, cr, acc, k_next, n_next, row_bytes);
 }
 
+/* Head by head, windows of ATTN_WIN rows; each window's row pointers reach one window
+ * further (into the next head's first rows after a head's last window), for the
+ * prefetches. A head's query heads go in groups of up to four, each group one pass over the
+ * window; the switch gives every group size its own unrolled copy. */
 static inline __attribute__((always_inline)) void
-attn_span(const float *q, size_t n_rep, size_t head_dim, enum vec_kv_type type, const void *k,
-	  size_t k_stride, const void *v, size_t v_stride, size_t n_pos, float scale, float *max,
-	  float *sum, float *acc)
+attn_span(const float *q, size_t n_rep, size_t head_dim, enum vec_kv_type type, const struct vec_kv_span *kv,
+	  float scale, float *max, float *sum, float *acc)
 {
-	for (size_t p0 = 0; p0 < n_pos; p0 += ATTN_POS) {
-		size_t nb = n_pos - p0 < ATTN_POS ? n_pos - p0 : ATTN_POS;
-		const uint8_t *kb = (const uint8_t *)k + p0 * k_stride, *vb = (const uint8_t *)v + p0 * v_stride;
+	const uint8_t *k[2 * ATTN_WIN], *v[2 * ATTN_WIN];
 
-		/* Heads in groups of up to four, each group one pass over the block's rows; the
-		 * switch gives every group size its own unrolled copy. */
-		for (size_t r = 0; r < n_rep; r += ATTN_HEADS) {
-			size_t nr = n_rep - r < ATTN_HEADS ? n_rep - r : ATTN_HEADS;
-			const float *qr = q + r * head_dim;
-			float *ar = acc + r * head_dim;
+	for (size_t h = 0; h < kv->n_heads; h++) {
+		for (size_t w0 = 0; w0 < kv->n; w0 += ATTN_WIN) {
+			size_t left = kv->n - w0;
+			size_t nw = left < ATTN_WIN ? left : ATTN_WIN, n_ahead = left < 2 * ATTN_WIN ? left : 2 * ATTN_WIN;
 
-			switch (nr) {
-			case 1:
-				attn_heads(qr, 1, head_dim, type, kb, k_stride, vb, v_stride, nb, scale, max + r, sum + r, ar);
-				break;
-			case 2:
-				attn_heads(qr, 2, head_dim, type, kb, k_stride, vb, v_stride, nb, scale, max + r, sum + r, ar);
-				break;
-			case 3:
-				attn_heads(qr, 3, head_dim, type, kb, k_stride, vb, v_stride, nb, scale, max + r, sum + r, ar);
-				break;
-			default:
-				attn_heads(qr, 4, head_dim, type, kb, k_stride, vb, v_stride, nb, scale, max + r, sum + r, ar);
-				break;
+			vec_kv_rows(kv, h, w0, n_ahead, k, v);
+			if (n_ahead - nw < ATTN_WIN && h + 1 < kv->n_heads) {
+				size_t more = ATTN_WIN - (n_ahead - nw) < kv->n ? ATTN_WIN - (n_ahead - nw) : kv->n;
+
+				vec_kv_rows(kv, h + 1, 0, more, k + n_ahead, v + n_ahead);
+				n_ahead += more;
+			}
+			for (size_t r = h * n_rep; r < (h + 1) * n_rep; r += ATTN_HEADS) {
+				size_t nr = (h + 1) * n_rep - r < ATTN_HEADS ? (h + 1) * n_rep - r : ATTN_HEADS;
+				const float *qr = q + r * head_dim;
+				float *ar = acc + r * head_dim;
+
+				switch (nr) {
+				case 1:
+					attn_heads(qr, 1, head_dim, type, k, v, nw, n_ahead, scale, max + r, sum + r, ar);
+					break;
+				case 2:
+					attn_heads(qr, 2, head_dim, type, k, v, nw, n_ahead, scale, max + r, sum + r, ar);
+					break;
+				case 3:
+					attn_heads(qr, 3, head_dim, type, k, v, nw, n_ahead, scale, max + r, sum + r, ar);
+					break;
+				default:
+					attn_heads(qr, 4, head_dim, type, k, v, nw, n_ahead, scale, max + r, sum + r, ar);
+					break;
+				}
 			}
 		}
 	}
 }
 
-/* Q8 gets its own copy of the span with the type a constant, so its conversions and
- * scale multiplies are straight-line code, and f16/bf16 keep theirs unchanged. */
-static void attn_span_q8(const float *q, size_t n_rep, size_t head_dim, const void *k, size_t k_stride,
-			 const void *v, size_t v_stride, size_t n_pos, float scale, float *max, float *sum,
-			 float *acc)
+/* Each element type gets its own copy of the span with the type a constant, so the
+ * conversions (and Q8's scale multiplies) are straight-line code in the inner loops. */
+static void attn_span_f16(const float *q, size_t n_rep, size_t head_dim, const struct vec_kv_span *kv,
+			  float scale, float *max, float *sum, float *acc)
 {
-	attn_span(q, n_rep, head_dim, VEC_KV_Q8, k, k_stride, v, v_stride, n_pos, scale, max, sum, acc);
+	attn_span(q, n_rep, head_dim, VEC_KV_F16, kv, scale, max, sum, acc);
 }
 
-void vec_attn_avx512(const float *q, size_t n_rep, size_t head_dim, enum vec_kv_type type,
-		     const void *k, size_t k_stride, const void *v, size_t v_stride,
-		     size_t n_pos, float scale, float *max, float *sum, float *acc)
+static void attn_span_bf16(const float *q, size_t n_rep, size_t head_dim, const struct vec_kv_span *kv,
+			   float scale, float *max, float *sum, float *acc)
 {
-	if (type == VEC_KV_Q8)
-		attn_span_q8(q, n_rep, head_dim, k, k_stride, v, v_stride, n_pos, scale, max, sum, acc);
+	attn_span(q, n_rep, head_dim, VEC_KV_BF16, kv, scale, max, sum, acc);
+}
+
+static void attn_span_q8(const float *q, size_t n_rep, size_t head_dim, const struct vec_kv_span *kv,
+			 float scale, float *max, float *sum, float *acc)
+{
+	attn_span(q, n_rep, head_dim, VEC_KV_Q8, kv, scale, max, sum, acc);
+}
+
+void vec_attn_avx512(const float *q, size_t n_rep, size_t head_dim, const struct vec_kv_span *kv,
+		     float scale, float *max, float *sum, float *acc)
+{
+	if (kv->type == VEC_KV_Q8)
+		attn_span_q8(q, n_rep, head_dim, kv, scale, max, sum, acc);
+	else if (kv->type == VEC_KV_BF16)
+		attn_span_bf16(q, n_rep, head_dim, kv, scale, max, sum, acc);
 	else
-		attn_span(q, n_rep, head_dim, type, k, k_stride, v, v_stride, n_pos, scale, max, sum, acc);
+		attn_span_f16(q, n_rep, head_dim, kv, scale, max, sum, acc);
 }
 
 /* f16 by vcvtps2ph (round to nearest even), with NaN made the reference's 0x7E00; bf16

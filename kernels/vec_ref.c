@@ -105,27 +105,44 @@ static float kv_scale(enum vec_kv_type type, const void *row, size_t head_dim)
 	return f;
 }
 
-void vec_attn_ref(const float *q, size_t n_rep, size_t head_dim, enum vec_kv_type type,
-		  const void *k, size_t k_stride, const void *v, size_t v_stride,
-		  size_t n_pos, float scale, float *max, float *sum, float *acc)
+void vec_kv_rows(const struct vec_kv_span *kv, size_t h, size_t from, size_t count, const uint8_t **k,
+		 const uint8_t **v)
 {
-	for (size_t p = 0; p < n_pos; p++) {
-		const uint8_t *kr = (const uint8_t *)k + p * k_stride;
-		const uint8_t *vr = (const uint8_t *)v + p * v_stride;
+	size_t row = kv->first + from;
+	size_t page = row / kv->page_rows, slot = row % kv->page_rows;
+	size_t k_off = kv->k_off + h * kv->k_head_bytes, v_off = kv->v_off + h * kv->v_head_bytes;
 
-		float ks = kv_scale(type, kr, head_dim), vs = kv_scale(type, vr, head_dim);
+	for (size_t j = 0; j < count; j++) {
+		const uint8_t *pg = kv->base + (size_t)kv->pages[page] * kv->page_bytes;
 
-		for (size_t r = 0; r < n_rep; r++) {
+		k[j] = pg + k_off + slot * kv->k_stride;
+		v[j] = pg + v_off + slot * kv->v_stride;
+		if (++slot == kv->page_rows) {
+			slot = 0;
+			page++;
+		}
+	}
+}
+
+void vec_attn_ref(const float *q, size_t n_rep, size_t head_dim, const struct vec_kv_span *kv,
+		  float scale, float *max, float *sum, float *acc)
+{
+	enum vec_kv_type type = kv->type;
+
+	/* query head r reads KV head r / n_rep, one row at a time */
+	for (size_t r = 0; r < kv->n_heads * n_rep; r++) {
+		for (size_t p = 0; p < kv->n; p++) {
+			const uint8_t *kr, *vr;
 			double dot = 0.0;
 
+			vec_kv_rows(kv, r / n_rep, p, 1, &kr, &vr);
 			for (size_t i = 0; i < head_dim; i++)
 				dot += (double)q[r * head_dim + i] * kv_at(type, kr, i);
-			float s = (float)dot * ks * scale;
+			float s = (float)dot * kv_scale(type, kr, head_dim) * scale;
 			float m = s > max[r] ? s : max[r];
 			float c = max[r] == -INFINITY ? 0.0f : expf(max[r] - m);
 			float e = expf(s - m);
-
-			float ew = e * vs;
+			float ew = e * kv_scale(type, vr, head_dim);
 
 			sum[r] = sum[r] * c + e;
 			for (size_t i = 0; i < head_dim; i++)

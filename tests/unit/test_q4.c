@@ -1366,22 +1366,32 @@ static void test_vec_to_kv_q8_every_isa_matches_scalar(void **state)
 	}
 }
 
-/* Attention over a KV span given in pieces (a paged cache), against a plain softmax in
- * double over the same f16/bf16 values (Q8: codes times the row's scale); shapes cover ragged position blocks, more query
- * heads per KV head than one pass takes, and head_dim 16..128. */
-static void check_attn(uint64_t *s, enum vec_kv_type type, size_t head_dim, size_t n_rep, size_t n_pos,
-		       size_t split)
+/* Attention over a paged KV span of n_heads KV heads, in two calls (rows [first, first +
+ * split) then the rest), against a plain softmax in double over the same f16/bf16 values
+ * (Q8: codes times the row's scale). The pages sit in the pool in shuffled order, every
+ * head's K rows then every head's V rows inside each page, as daemon/kv.h lays them out;
+ * the sequence may start inside a page (a sliding window). Shapes cover ragged blocks and
+ * windows, spans longer than two windows (the prefetch look-ahead, also into the next
+ * head), more query heads per KV head than one pass takes, head_dim 16..256, and column
+ * counts that leave a partial register group. */
+static void check_attn(uint64_t *s, enum vec_kv_type type, size_t head_dim, size_t n_rep, size_t n_heads,
+		       size_t n_pos, size_t split, size_t page_rows, size_t first)
 {
 	const size_t stride = head_dim * 2 + 32; /* rows need not be packed */
-	uint8_t *k = xalloc(n_pos * stride), *v = xalloc(n_pos * stride);
-	float *q = random_floats(s, n_rep * head_dim, 1.0f);
-	float *kf = xalloc(n_pos * head_dim * sizeof(float)), *vf = xalloc(n_pos * head_dim * sizeof(float));
-	float *mx = xalloc(n_rep * sizeof(float)), *sm = xalloc(n_rep * sizeof(float));
-	float *acc = xalloc(n_rep * head_dim * sizeof(float)), *out = xalloc(n_rep * head_dim * sizeof(float));
+	const size_t n_rows = n_heads * n_pos, n_q = n_heads * n_rep; /* row h * n_pos + p */
+	uint8_t *k = xalloc(n_rows * stride), *v = xalloc(n_rows * stride);
+	size_t n_pages = (first + n_pos + page_rows - 1) / page_rows, head_bytes = page_rows * stride;
+	size_t k_off = 64, v_off = k_off + n_heads * head_bytes, page_bytes = v_off + n_heads * head_bytes + 64;
+	uint8_t *pool = xalloc(n_pages * page_bytes);
+	uint32_t *pages = xalloc(n_pages * sizeof *pages);
+	float *q = random_floats(s, n_q * head_dim, 1.0f);
+	float *kf = xalloc(n_rows * head_dim * sizeof(float)), *vf = xalloc(n_rows * head_dim * sizeof(float));
+	float *mx = xalloc(n_q * sizeof(float)), *sm = xalloc(n_q * sizeof(float));
+	float *acc = xalloc(n_q * head_dim * sizeof(float)), *out = xalloc(n_q * head_dim * sizeof(float));
 	double *sc = xalloc(n_pos * sizeof(double));
 	const float scale = 1.0f / sqrtf((float)head_dim);
 
-	for (size_t p = 0; p < n_pos; p++) {
+	for (size_t p = 0; p < n_rows; p++) {
 		for (size_t i = 0; i < head_dim; i++) {
 			float a = rng_unit(s) * 3.0f, b = rng_unit(s);
 
@@ -1413,22 +1423,48 @@ static void check_attn(uint64_t *s, enum vec_kv_type type, size_t head_dim, size
 			}
 		}
 	}
+	for (size_t i = 0; i < n_pages; i++)
+		pages[i] = (uint32_t)i;
+	for (size_t i = n_pages; i > 1; i--) {
+		size_t j = rng_below(s, i);
+		uint32_t t = pages[i - 1];
+
+		pages[i - 1] = pages[j];
+		pages[j] = t;
+	}
+	memset(pool, 0x7F, n_pages * page_bytes); /* NaN-ish f16 anywhere a kernel must not read */
+	for (size_t h = 0; h < n_heads; h++)
+		for (size_t p = 0; p < n_pos; p++) {
+			size_t row = first + p, slot = h * page_rows + row % page_rows;
+			uint8_t *pg = pool + (size_t)pages[row / page_rows] * page_bytes;
+
+			memcpy(pg + k_off + slot * stride, k + (h * n_pos + p) * stride, stride);
+			memcpy(pg + v_off + slot * stride, v + (h * n_pos + p) * stride, stride);
+		}
 	for (size_t vi = 0; vi <= n_variants; vi++) {
 		const struct kern_table *kt = vi < n_variants ? variants[vi] : kern_table_for(KERN_REF);
+		struct vec_kv_span span = {
+			.base = pool, .pages = pages, .page_bytes = page_bytes, .page_rows = page_rows,
+			.k_off = k_off, .v_off = v_off, .k_stride = stride, .v_stride = stride,
+			.n_heads = n_heads, .k_head_bytes = head_bytes, .v_head_bytes = head_bytes,
+			.first = first, .n = split, .type = type,
+		};
 
-		vec_attn_init(mx, sm, acc, n_rep, head_dim);
-		kt->attn(q, n_rep, head_dim, type, k, stride, v, stride, split, scale, mx, sm, acc);
-		kt->attn(q, n_rep, head_dim, type, k + split * stride, stride, v + split * stride, stride,
-			 n_pos - split, scale, mx, sm, acc);
-		vec_attn_finish(out, sm, acc, n_rep, head_dim);
-		for (size_t r = 0; r < n_rep; r++) {
+		vec_attn_init(mx, sm, acc, n_q, head_dim);
+		kt->attn(q, n_rep, head_dim, &span, scale, mx, sm, acc);
+		span.first = first + split;
+		span.n = n_pos - split;
+		kt->attn(q, n_rep, head_dim, &span, scale, mx, sm, acc);
+		vec_attn_finish(out, sm, acc, n_q, head_dim);
+		for (size_t qh = 0; qh < n_q; qh++) {
+			const float *kh = kf + qh / n_rep * n_pos * head_dim, *vh = vf + qh / n_rep * n_pos * head_dim;
 			double mxd = -INFINITY, tot = 0.0;
 
 			for (size_t p = 0; p < n_pos; p++) {
 				double d = 0.0;
 
 				for (size_t i = 0; i < head_dim; i++)
-					d += (double)q[r * head_dim + i] * kf[p * head_dim + i];
+					d += (double)q[qh * head_dim + i] * kh[p * head_dim + i];
 				sc[p] = d * scale;
 				mxd = fmax(mxd, sc[p]);
 			}
@@ -1438,15 +1474,18 @@ static void check_attn(uint64_t *s, enum vec_kv_type type, size_t head_dim, size
 				double o = 0.0;
 
 				for (size_t p = 0; p < n_pos; p++)
-					o += exp(sc[p] - mxd) / tot * vf[p * head_dim + i];
-				if (!(fabs(out[r * head_dim + i] - o) < 2e-5))
-					fail_msg("%s: head_dim %zu n_rep %zu n_pos %zu: head %zu dim %zu: %g vs %g", kt->name,
-						 head_dim, n_rep, n_pos, r, i, out[r * head_dim + i], o);
+					o += exp(sc[p] - mxd) / tot * vh[p * head_dim + i];
+				if (!(fabs(out[qh * head_dim + i] - o) < 2e-5))
+					fail_msg("%s: head_dim %zu n_rep %zu n_heads %zu n_pos %zu: query head %zu dim %zu: "
+						 "%g vs %g", kt->name, head_dim, n_rep, n_heads, n_pos, qh, i,
+						 out[qh * head_dim + i], o);
 			}
 		}
 	}
 	free(k);
 	free(v);
+	free(pool);
+	free(pages);
 	free(q);
 	free(kf);
 	free(vf);
@@ -1462,17 +1501,22 @@ static void test_vec_attn_every_isa_matches_double_softmax(void **state)
 	uint64_t s = 44;
 
 	(void)state;
-	for (int type = VEC_KV_F16; type <= VEC_KV_BF16; type += VEC_KV_BF16 - VEC_KV_F16) {
-		check_attn(&s, (enum vec_kv_type)type, 64, 3, 45, 29);
-		check_attn(&s, (enum vec_kv_type)type, 128, 10, 70, 16);
-		check_attn(&s, (enum vec_kv_type)type, 16, 1, 5, 0);
-		check_attn(&s, (enum vec_kv_type)type, 32, 8, 33, 33);
+	static const enum vec_kv_type types[] = { VEC_KV_F16, VEC_KV_BF16, VEC_KV_Q8 };
+
+	for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+		enum vec_kv_type type = types[t];
+
+		/* head_dim, n_rep, KV heads, rows, split, page rows, first row */
+		check_attn(&s, type, 64, 3, 1, 45, 29, 16, 0);
+		check_attn(&s, type, 128, 10, 1, 70, 16, 16, 5);
+		check_attn(&s, type, 16, 1, 3, 5, 0, 4, 3);
+		check_attn(&s, type, 32, 8, 1, 33, 33, 33, 0);   /* contiguous: one page */
+		check_attn(&s, type, 128, 2, 3, 300, 131, 16, 7); /* > 2 windows, 3 heads */
+		check_attn(&s, type, 80, 2, 2, 290, 0, 5, 2);     /* 5 of 8 chunks in the group */
+		check_attn(&s, type, 192, 3, 2, 140, 139, 7, 0);  /* 3 groups of 4 chunks */
+		check_attn(&s, type, 256, 1, 1, 129, 128, 16, 15);
+		check_attn(&s, type, 64, 2, 4, 20, 7, 16, 1);    /* short heads: the look-ahead reaches the next */
 	}
-	check_attn(&s, VEC_KV_Q8, 64, 3, 45, 29);
-	check_attn(&s, VEC_KV_Q8, 128, 10, 70, 16);
-	check_attn(&s, VEC_KV_Q8, 16, 1, 5, 0);
-	check_attn(&s, VEC_KV_Q8, 32, 8, 33, 33);
-	check_attn(&s, VEC_KV_Q8, 128, 2, 200, 77);
 }
 
 /* ---- dispatch ---- */
