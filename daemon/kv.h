@@ -12,6 +12,7 @@
 
 #include "daemon/arena.h"
 #include "kernels/quant.h"
+#include "kernels/vec.h"
 #include "protocol/error.h"
 
 #define KV_DEFAULT_BUDGET ((size_t)256 << 20)
@@ -215,6 +216,33 @@ static inline void *kv_seq_v(const struct kv_cache *kv, const struct kv_seq *seq
 	size_t row = kv_row_bytes(kv, kv->shapes[layer].head_dim_v);
 	return (uint8_t *)kv_block_v(kv, b, layer) +
 	       ((size_t)head * kv->block_tokens + pos % kv->block_tokens) * row;
+}
+
+/* One sequence's rows [first, first + n) of KV heads [h0, h1) of a layer, described the way
+ * the attention kernels walk them (kernels/vec.h): the cache's blocks are the pages. */
+static inline struct vec_kv_span kv_seq_span(const struct kv_cache *kv, const struct kv_seq *seq,
+					     uint32_t layer, uint32_t h0, uint32_t h1, uint32_t first,
+					     uint32_t n, enum vec_kv_type type)
+{
+	size_t k_row = kv_row_bytes(kv, kv->shapes[layer].head_dim_k);
+	size_t v_row = kv_row_bytes(kv, kv->shapes[layer].head_dim_v);
+	size_t bt = kv->block_tokens;
+	return (struct vec_kv_span){
+		.base = kv->pool,
+		.pages = seq->blocks,
+		.page_bytes = kv->geo.block_bytes,
+		.page_rows = bt,
+		.k_off = kv->layer_k_off[layer] + h0 * bt * k_row,
+		.v_off = kv->layer_v_off[layer] + h0 * bt * v_row,
+		.k_stride = k_row,
+		.v_stride = v_row,
+		.n_heads = h1 - h0,
+		.k_head_bytes = bt * k_row,
+		.v_head_bytes = bt * v_row,
+		.first = first,
+		.n = n,
+		.type = type,
+	};
 }
 
 #endif

@@ -9,6 +9,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,6 +27,11 @@ struct step_acts {
 	bool have32, have128;
 };
 
+/* The shared tail of a matmul phase (matmul_phase), one cache line each. */
+struct mm_queue {
+	_Alignas(64) atomic_size_t next;
+};
+
 struct step {
 	struct model_q4 *m;
 	const struct engine_span *spans;
@@ -35,6 +41,7 @@ struct step {
 	uint8_t *acts_mem32, *acts_mem128;
 	bool row_per_seq;          /* every row is the only row of its sequence */
 	enum vec_kv_type kv_type;  /* the cache's element type, as the vec kernels name it */
+	struct mm_queue mmq[2];    /* matmul phases use them in turn (matmul_phase) */
 };
 
 /* ---- the pieces of a step, each run by every thread on its share ---- */
@@ -74,13 +81,63 @@ static const struct q4_acts *acts_for(const struct step_acts *a, const struct q4
 	return w->group == 32 ? &a->g32 : &a->g128;
 }
 
-static void matmul(struct step *st, const struct q4_matrix *w, const struct step_acts *a,
-		   float *y, size_t t, size_t nt)
+/* A matmul phase: matrices ws[0..n) that read one input with no barrier between them.
+ * Each thread first runs its even share of every matrix's leading row blocks; the
+ * trailing ones (a quarter of each matrix, at most MM_TAIL_BYTES) are then handed out
+ * MM_CHUNK_BYTES at a time, so the thread whose memory ran faster takes more of them and
+ * the barrier after the phase waits less (it waited 5-16 us a phase with halves fixed in
+ * advance). Which thread computes a row never changes the row's result. The phases use
+ * the two queues in turn: thread 0 clears the other one, which nobody touches until the
+ * next phase, a barrier later. */
+#define MM_TAIL_BYTES (512u << 10)
+#define MM_CHUNK_BYTES (32u << 10)
+
+struct mm_plan {
+	size_t blocks, lead, chunk, n_chunks; /* in row blocks, but n_chunks */
+};
+
+static void mm_plan_of(const struct q4_matrix *w, struct mm_plan *p)
 {
-	size_t b, e;
-	pool_split(w->rows, Q4_ROWS, t, nt, &b, &e);
-	if (b < e)
-		st->m->kern->matmul(w, acts_for(a, w), y, w->rows, b, e);
+	size_t cap = MM_TAIL_BYTES / w->block_bytes;
+	p->blocks = (w->rows + Q4_ROWS - 1) / Q4_ROWS;
+	size_t tail = p->blocks / 4 < cap ? p->blocks / 4 : cap;
+	/* chunks of an even number of blocks: the W4A8 GEMV reads blocks in pairs */
+	p->chunk = ((MM_CHUNK_BYTES + w->block_bytes - 1) / w->block_bytes + 1) & ~(size_t)1;
+	p->lead = p->blocks - tail;
+	p->n_chunks = (tail + p->chunk - 1) / p->chunk;
+}
+
+static void mm_rows(struct step *st, const struct q4_matrix *w, const struct step_acts *a, float *y,
+		    size_t b0, size_t b1)
+{
+	size_t r1 = b1 * Q4_ROWS < w->rows ? b1 * Q4_ROWS : w->rows;
+	if (b0 < b1)
+		st->m->kern->matmul(w, acts_for(a, w), y, w->rows, b0 * Q4_ROWS, r1);
+}
+
+static void matmul_phase(struct step *st, size_t *phase, const struct q4_matrix *const *ws, float *const *ys,
+			 size_t n, const struct step_acts *a, size_t t, size_t nt)
+{
+	atomic_size_t *next = &st->mmq[*phase & 1].next;
+	struct mm_plan plan[3];
+	size_t total = 0, b, e;
+	if (t == 0)
+		atomic_store_explicit(&st->mmq[(*phase + 1) & 1].next, 0, memory_order_relaxed);
+	(*phase)++;
+	for (size_t i = 0; i < n; i++) {
+		mm_plan_of(ws[i], &plan[i]);
+		pool_split(plan[i].lead, 1, t, nt, &b, &e);
+		mm_rows(st, ws[i], a, ys[i], b, e);
+		total += plan[i].n_chunks;
+	}
+	for (size_t c; (c = atomic_fetch_add_explicit(next, 1, memory_order_relaxed)) < total;) {
+		size_t i = 0;
+		while (c >= plan[i].n_chunks)
+			c -= plan[i++].n_chunks;
+		b = plan[i].lead + c * plan[i].chunk;
+		e = b + plan[i].chunk < plan[i].blocks ? b + plan[i].chunk : plan[i].blocks;
+		mm_rows(st, ws[i], a, ys[i], b, e);
+	}
 }
 
 /* An int8 embedding/head (kernels/q8.h) reads the same activations as the int4 matrices. */
@@ -157,33 +214,15 @@ static void attend(struct step *st, const struct mq4_layer *L, uint32_t l, size_
 		   size_t h1, float *mx, float *sm)
 {
 	struct model_q4 *m = st->m;
-	const struct kv_cache *kv = &m->kv;
-	size_t n_rep = L->n_head / L->n_head_kv, bt = kv->block_tokens;
-	size_t hd = L->head_dim, hdv = L->head_dim_v;
-	/* one head's row (Q8: codes + scale); its next slot follows */
-	size_t k_row = kv_row_bytes(kv, (uint32_t)hd), v_row = kv_row_bytes(kv, (uint32_t)hdv);
+	size_t n_rep = L->n_head / L->n_head_kv, hd = L->head_dim, hdv = L->head_dim_v;
 	uint32_t pos = m->step_pos[i];
 	uint32_t first = 0;
 	if (L->window && pos + 1 > L->window)
 		first = pos + 1 - L->window;
 	const float *q = m->q + i * (size_t)L->n_head * hd;
 	float *out = m->att + i * (size_t)L->n_head * hdv;
-	struct vec_kv_span span = {
-		.base = kv->pool,
-		.pages = m->step_seq[i]->kv->blocks,
-		.page_bytes = kv->geo.block_bytes,
-		.page_rows = bt,
-		.k_off = kv->layer_k_off[l] + h0 * bt * k_row,
-		.v_off = kv->layer_v_off[l] + h0 * bt * v_row,
-		.k_stride = k_row,
-		.v_stride = v_row,
-		.n_heads = h1 - h0,
-		.k_head_bytes = bt * k_row,
-		.v_head_bytes = bt * v_row,
-		.first = first,
-		.n = pos + 1 - first,
-		.type = st->kv_type,
-	};
+	struct vec_kv_span span = kv_seq_span(&m->kv, m->step_seq[i]->kv, l, (uint32_t)h0, (uint32_t)h1, first,
+					      pos + 1 - first, st->kv_type);
 	vec_attn_init(mx + h0 * n_rep, sm + h0 * n_rep, out + h0 * n_rep * hdv, (h1 - h0) * n_rep, hdv);
 	m->kern->attn(q + h0 * n_rep * hd, n_rep, hd, &span, L->attn_scale, mx + h0 * n_rep, sm + h0 * n_rep,
 		      out + h0 * n_rep * hdv);
@@ -248,7 +287,7 @@ static void step_run(void *arg, size_t t, size_t nt)
 	struct step *st = arg;
 	struct model_q4 *m = st->m;
 	struct pool *p = m->pool;
-	size_t E = m->hp.n_embd, T = st->T, b, e;
+	size_t E = m->hp.n_embd, T = st->T, b, e, phase = 0;
 	struct step_acts a;
 
 	bool int8 = m->head_bits == 8;
@@ -269,9 +308,7 @@ static void step_run(void *arg, size_t t, size_t nt)
 		acts_setup(st, &a, T, E, any_group(qkv, 3, 32), any_group(qkv, 3, 128));
 		acts_fill(st, &a, m->xb, E, T, t, nt);
 		pool_barrier(p);
-		matmul(st, &L->wq, &a, m->q, t, nt);
-		matmul(st, &L->wk, &a, m->k, t, nt);
-		matmul(st, &L->wv, &a, m->v, t, nt);
+		matmul_phase(st, &phase, qkv, (float *const[]){ m->q, m->k, m->v }, 3, &a, t, nt);
 		pool_barrier(p);
 		if (!st->row_per_seq) {
 			split(T, t, nt, &b, &e);
@@ -287,15 +324,14 @@ static void step_run(void *arg, size_t t, size_t nt)
 			acts_fill(st, &a, m->att, na, T, t, nt);
 			pool_barrier(p);
 		}
-		matmul(st, &L->wo, &a, m->xb, t, nt);
+		matmul_phase(st, &phase, o, &m->xb, 1, &a, t, nt);
 		pool_barrier(p);
 		step_rows_norm(st, L->ffn_norm, true, t, nt);
 		const struct q4_matrix *gu[2] = { &L->gate, &L->up };
 		acts_setup(st, &a, T, E, any_group(gu, 2, 32), any_group(gu, 2, 128));
 		acts_fill(st, &a, m->xb, E, T, t, nt);
 		pool_barrier(p);
-		matmul(st, &L->gate, &a, m->hb, t, nt);
-		matmul(st, &L->up, &a, m->hb2, t, nt);
+		matmul_phase(st, &phase, gu, (float *const[]){ m->hb, m->hb2 }, 2, &a, t, nt);
 		pool_barrier(p);
 		split(T, t, nt, &b, &e);
 		for (size_t i = b; i < e; i++)
@@ -304,7 +340,7 @@ static void step_run(void *arg, size_t t, size_t nt)
 		acts_setup(st, &a, T, L->n_ff, any_group(d, 1, 32), any_group(d, 1, 128));
 		acts_fill(st, &a, m->hb, L->n_ff, T, t, nt);
 		pool_barrier(p);
-		matmul(st, &L->down, &a, m->xb, t, nt);
+		matmul_phase(st, &phase, d, &m->xb, 1, &a, t, nt);
 		pool_barrier(p);
 	}
 
@@ -328,7 +364,7 @@ static void step_run(void *arg, size_t t, size_t nt)
 	if (int8)
 		matmul8(st, head8, &a, m->logits, t, nt);
 	else
-		matmul(st, head, &a, m->logits, t, nt);
+		matmul_phase(st, &phase, &head, &m->logits, 1, &a, t, nt);
 }
 
 int model_q4_forward(struct model_q4 *m, const struct engine_span *spans, size_t n_spans,
