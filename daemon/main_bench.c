@@ -417,7 +417,6 @@ static int bench_act(const struct bench_opts *o, enum q4_act_kind act, struct be
 		kv_read += (uint64_t)(o->pp + i + 1) * desc->kv_bytes_per_pos;
 	run->tg_bytes = (uint64_t)o->tg * desc->decode_weight_bytes + kv_read;
 	for (int r = 0; r < o->reps; r++) {
-		paired[r] = 0;
 		if ((rc = bench_once(&eng, o->pp, o->tg, seed++, ids, logits, m->pool, *pb, &pp_s, &tg_s,
 				     &paired[r], err)) < 0)
 			goto done;

@@ -226,7 +226,7 @@ attn_heads(const float *q, const size_t NR, size_t head_dim, enum vec_kv_type ty
 {
 	float s[ATTN_HEADS][ATTN_WIN] __attribute__((aligned(64)));
 	float cr[ATTN_HEADS];
-	const size_t row_bytes = type == VEC_KV_Q8 ? head_dim + 4 : 2 * head_dim;
+	const size_t row_bytes = vec_kv_row_bytes(type, head_dim);
 	/* Undoes hsum16's order: lane j takes the sum of row j from lane 4(j%4) + j/4. */
 	const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
 	const __m512 ninf = _mm512_set1_ps(-INFINITY);
