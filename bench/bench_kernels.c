@@ -113,7 +113,7 @@ static double bench_stream(struct pool *p, double budget, double *cpu_gbs)
 	int reps = 0;
 
 	/* Every word different: pages of one repeated byte can be merged below us and then
-	 * read far faster than memory (hearthd --bench's probe saw 49-57 GB/s that way). */
+	 * read far faster than memory (hearthd-tool bench's probe saw 49-57 GB/s that way). */
 	for (size_t i = 0; i < bytes / 8; i++)
 		((uint64_t *)buf)[i] = (i + 1) * 0x9E3779B97F4A7C15ull;
 	s.buf = buf;

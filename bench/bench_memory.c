@@ -12,14 +12,14 @@
 #include <sys/resource.h>
 #include <time.h>
 
-#include "daemon/arena.h"
-#include "daemon/ledger.h"
-#include "daemon/load.h"
-#include "daemon/memstat.h"
-#include "daemon/model_q4.h"
-#include "daemon/sched.h"
-#include "daemon/tokenizer.h"
-#include "daemon/units.h"
+#include "daemon/engine/arena.h"
+#include "daemon/engine/ledger.h"
+#include "daemon/engine/load.h"
+#include "daemon/engine/memstat.h"
+#include "daemon/engine/model_q4.h"
+#include "daemon/serve/sched.h"
+#include "daemon/engine/tokenizer.h"
+#include "daemon/serve/units.h"
 #include "kernels/dispatch.h"
 
 #define MIB ((size_t)1 << 20)

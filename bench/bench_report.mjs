@@ -1,4 +1,4 @@
-// Turns one bench/run.sh result directory (hearthd --bench JSON, llama_bench.mjs JSON lines)
+// Turns one bench/run.sh result directory (hearthd-tool bench JSON, llama_bench.mjs JSON lines)
 // into the comparison table and the ratios the kernels issue asks for.
 // usage: node bench/bench_report.mjs RESULT_DIR
 import { existsSync, readFileSync } from "node:fs";

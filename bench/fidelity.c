@@ -16,11 +16,12 @@
 #include <time.h>
 
 #include "bench/fidelity_metrics.h"
-#include "daemon/gguf.h"
-#include "daemon/load.h"
-#include "daemon/model.h"
-#include "daemon/model_q4.h"
-#include "daemon/tokenizer.h"
+#include "daemon/engine/gguf.h"
+#include "daemon/engine/load.h"
+#include "daemon/engine/model.h"
+#include "daemon/engine/ref/forward.h"
+#include "daemon/engine/model_q4.h"
+#include "daemon/engine/tokenizer.h"
 #include "kernels/dispatch.h"
 #include "kernels/quant.h"
 

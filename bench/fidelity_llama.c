@@ -15,9 +15,10 @@
 #include <unistd.h>
 
 #include "bench/fidelity_metrics.h"
-#include "daemon/gguf.h"
-#include "daemon/model.h"
-#include "daemon/tokenizer.h"
+#include "daemon/engine/gguf.h"
+#include "daemon/engine/model.h"
+#include "daemon/engine/ref/forward.h"
+#include "daemon/engine/tokenizer.h"
 #include "kernels/quant.h"
 
 /* Mirrors of the few llama.h structs that cross the ABI, as in the llama.cpp that

@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/gguf.h"
-#include "daemon/tokenizer.h"
+#include "daemon/engine/gguf.h"
+#include "daemon/engine/tokenizer.h"
 
 /* Plain prose with digits, punctuation and a few longer words, so a real tokenizer yields
  * a mix of common and rare pieces. Long enough for 64+ tokens in either vocabulary. */

@@ -1,5 +1,5 @@
 // llama.cpp's side of `make bench`: pp and tg tokens/s on GGUF files with the CPU build that
-// node-llama-cpp@3.21.1 ships, measured the way hearthd --bench measures hearth (a random
+// node-llama-cpp@3.21.1 ships, measured the way hearthd-tool bench measures hearth (a random
 // prompt of PP tokens in one batch with the last token's logits, then TG greedy decode steps,
 // median of REPS fresh sequences after one warm-up).
 // usage: node bench/llama_bench.mjs [--threads 2] [--reps 3] [--pp 512] [--tg 128]

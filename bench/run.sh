@@ -1,7 +1,7 @@
 #!/bin/sh
 # `make bench-speed` (part of `make bench`, never of make check): hearth against llama.cpp on a
 # Qwen3-1.7B-shaped model. Writes the BF16 model with tests/mkmodel, makes Q4_0 and Q4_K_M from it
-# with llama.cpp's own quantizer, runs hearthd --bench and bench/llama_bench.mjs in one go and
+# with llama.cpp's own quantizer, runs hearthd-tool bench and bench/llama_bench.mjs in one go and
 # prints both with the ratios (bench/bench_report.mjs). Run from the build directory.
 # Environment: HEARTH_BENCH_DIR (models + results; default $TMPDIR/hearth-bench-speed),
 # HEARTH_BENCH_THREADS (2), HEARTH_BENCH_REPS (3), HEARTH_BENCH_PP (512), HEARTH_BENCH_TG (128),
@@ -57,22 +57,22 @@ date -u +%Y-%m-%dT%H:%M:%SZ >"$res/date"
 cut -d' ' -f1-3 /proc/loadavg >"$res/load_before"
 
 # hearth and llama.cpp back to back, in one run, same thread count.
-say "hearthd --bench on the BF16 file (quantized at load: group 128)"
-"$builddir/hearthd" --bench --json -m "$bf16" -t "$threads" -r "$reps" \
+say "hearthd-tool bench on the BF16 file (quantized at load: group 128)"
+"$builddir/hearthd-tool" bench --json -m "$bf16" -t "$threads" -r "$reps" \
 	--pp "$pp" --tg "$tg" >"$res/hearth_bf16.json"
-say "hearthd --bench on the BF16 file with weights_group 32 (searched group 32 sym, head included)"
-"$builddir/hearthd" --bench --json -m "$bf16" -t "$threads" -r "$reps" \
+say "hearthd-tool bench on the BF16 file with weights_group 32 (searched group 32 sym, head included)"
+"$builddir/hearthd-tool" bench --json -m "$bf16" -t "$threads" -r "$reps" \
 	--pp "$pp" --tg "$tg" --weights-group 32 >"$res/hearth_bf16_g32.json"
-say "hearthd --bench on the BF16 file with weights_group 32 and head int8 (the closest to the f32 model)"
-"$builddir/hearthd" --bench --json -m "$bf16" -t "$threads" -r "$reps" \
+say "hearthd-tool bench on the BF16 file with weights_group 32 and head int8 (the closest to the f32 model)"
+"$builddir/hearthd-tool" bench --json -m "$bf16" -t "$threads" -r "$reps" \
 	--pp "$pp" --tg "$tg" --weights-group 32 --head int8 >"$res/hearth_bf16_g32_q8.json"
 say "llama.cpp on Q4_0 and Q4_K_M"
 node "$srcdir/bench/llama_bench.mjs" --json --threads "$threads" --reps "$reps" \
 	--pp "$pp" --tg "$tg" "$q40" "$q4km" \
 	>"$res/llama.json"
 if [ "${HEARTH_BENCH_OURS_Q4_0:-1}" != 0 ]; then
-	say "hearthd --bench on the Q4_0 file (codes carried over: group 32)"
-	"$builddir/hearthd" --bench --json -m "$q40" -t "$threads" -r "$reps" \
+	say "hearthd-tool bench on the Q4_0 file (codes carried over: group 32)"
+	"$builddir/hearthd-tool" bench --json -m "$q40" -t "$threads" -r "$reps" \
 		--pp "$pp" --tg "$tg" \
 		>"$res/hearth_q4_0.json"
 else

@@ -64,6 +64,11 @@ typedef void (*vec_to_kv_fn)(void *dst, const float *src, size_t n, enum vec_kv_
  * answers. Greedy sampling of a 152k vocabulary: the scalar loop took ~90 us per token. */
 typedef size_t (*vec_argmax_fn)(const float *x, size_t n);
 
+/* The wrapping sum of the 64-bit words of p[0..n) (n a multiple of 256 bytes, p 64-byte
+ * aligned): a pure streaming read, the probe decode's bandwidth is judged against. Every
+ * ISA returns the reference's sum. */
+typedef uint64_t (*vec_sum_u64_fn)(const void *p, size_t n);
+
 /* The K/V rows of n_heads KV heads as a paged cache holds them: row p of the sequence is in
  * page pages[p / page_rows], slot p % page_rows; head h's K row starts at base + page *
  * page_bytes + k_off + h * k_head_bytes + slot * k_stride, its V row likewise (k_off/v_off:
@@ -101,6 +106,7 @@ void vec_rope_ref(float *x, size_t n_heads, size_t head_dim, size_t n_rot, enum 
 void vec_silu_mul_ref(float *gate, const float *up, size_t n);
 void vec_to_kv_ref(void *dst, const float *src, size_t n, enum vec_kv_type type);
 size_t vec_argmax_ref(const float *x, size_t n);
+uint64_t vec_sum_u64_ref(const void *p, size_t n);
 void vec_attn_ref(const float *q, size_t n_rep, size_t head_dim, const struct vec_kv_span *kv,
 		  float scale, float *max, float *sum, float *acc);
 
@@ -110,6 +116,7 @@ void vec_rope_avx2(float *x, size_t n_heads, size_t head_dim, size_t n_rot, enum
 void vec_silu_mul_avx2(float *gate, const float *up, size_t n);
 void vec_to_kv_avx2(void *dst, const float *src, size_t n, enum vec_kv_type type);
 size_t vec_argmax_avx2(const float *x, size_t n);
+uint64_t vec_sum_u64_avx2(const void *p, size_t n);
 void vec_attn_avx2(const float *q, size_t n_rep, size_t head_dim, const struct vec_kv_span *kv,
 		   float scale, float *max, float *sum, float *acc);
 
@@ -119,6 +126,7 @@ void vec_rope_avx512(float *x, size_t n_heads, size_t head_dim, size_t n_rot, en
 void vec_silu_mul_avx512(float *gate, const float *up, size_t n);
 void vec_to_kv_avx512(void *dst, const float *src, size_t n, enum vec_kv_type type);
 size_t vec_argmax_avx512(const float *x, size_t n);
+uint64_t vec_sum_u64_avx512(const void *p, size_t n);
 void vec_attn_avx512(const float *q, size_t n_rep, size_t head_dim, const struct vec_kv_span *kv,
 		     float scale, float *max, float *sum, float *acc);
 

@@ -327,3 +327,21 @@ size_t vec_argmax_avx2(const float *x, size_t n)
 			return i;
 	return 0;
 }
+
+/* Four independent accumulators: one add chain would bound the loop by its latency. */
+uint64_t vec_sum_u64_avx2(const void *p, size_t n)
+{
+	const uint8_t *b = p;
+	__m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+
+	for (size_t i = 0; i + 128 <= n; i += 128) {
+		a0 = _mm256_add_epi64(a0, _mm256_load_si256((const void *)(b + i)));
+		a1 = _mm256_add_epi64(a1, _mm256_load_si256((const void *)(b + i + 32)));
+		a2 = _mm256_add_epi64(a2, _mm256_load_si256((const void *)(b + i + 64)));
+		a3 = _mm256_add_epi64(a3, _mm256_load_si256((const void *)(b + i + 96)));
+	}
+	a0 = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
+	uint64_t l[4];
+	_mm256_storeu_si256((void *)l, a0);
+	return l[0] + l[1] + l[2] + l[3];
+}

@@ -488,3 +488,19 @@ size_t vec_argmax_avx512(const float *x, size_t n)
 	}
 	return 0;
 }
+
+/* Four independent accumulators: one add chain would bound the loop by its latency. */
+uint64_t vec_sum_u64_avx512(const void *p, size_t n)
+{
+	const uint8_t *b = p;
+	__m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+
+	for (size_t i = 0; i + 256 <= n; i += 256) {
+		a0 = _mm512_add_epi64(a0, _mm512_load_si512((const void *)(b + i)));
+		a1 = _mm512_add_epi64(a1, _mm512_load_si512((const void *)(b + i + 64)));
+		a2 = _mm512_add_epi64(a2, _mm512_load_si512((const void *)(b + i + 128)));
+		a3 = _mm512_add_epi64(a3, _mm512_load_si512((const void *)(b + i + 192)));
+	}
+	a0 = _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3));
+	return (uint64_t)_mm512_reduce_add_epi64(a0);
+}

@@ -199,3 +199,13 @@ size_t vec_argmax_ref(const float *x, size_t n)
 			best = i;
 	return best;
 }
+
+uint64_t vec_sum_u64_ref(const void *p, size_t n)
+{
+	const uint64_t *w = p;
+	uint64_t s = 0;
+
+	for (size_t i = 0; i < n / 8; i++)
+		s += w[i];
+	return s;
+}

@@ -4,7 +4,9 @@
 set -eu
 PKGS="build-essential autoconf automake libtool pkg-config \
 libuv1-dev libmsgpack-dev libnuma-dev libsystemd-dev libcmocka-dev \
-systemd valgrind python3"
+libjansson-dev libedit-dev libmicrohttpd-dev \
+systemd valgrind python3 python3-jsonschema python3-msgpack python3-pytest tmux \
+clang libclang-rt-14-dev"
 SUDO=""
 if [ "$(id -u)" != 0 ]; then
 	command -v sudo >/dev/null 2>&1 || { echo "deps.sh: not root and no sudo: install $PKGS yourself" >&2; exit 1; }

@@ -12,7 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "daemon/gguf.h"
+#include "daemon/engine/gguf.h"
 #include "kernels/quant.h"
 #include "protocol/error.h"
 #include "tests/support/gguf_build.h"

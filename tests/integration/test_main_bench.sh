@@ -1,5 +1,5 @@
 #!/bin/sh
-# `hearthd --bench` end to end, fast: on the small fx-qwen3 fixture it must report both
+# `hearthd-tool bench` end to end, fast: on the small fx-qwen3 fixture it must report both
 # activation paths with sane statistics, the model facts that follow from the fixture's shape
 # (README: 64 wide, 3 layers, 4/2 heads of 32, ff 192, tied 50257-token head), and decode
 # bytes that add up (weights per step x tg + the KV of every position attended); bad options
@@ -8,7 +8,7 @@ set -u
 
 : "${HEARTH_BUILDDIR:?HEARTH_BUILDDIR is not set (make check sets it)}"
 : "${HEARTH_SHARED:?HEARTH_SHARED is not set (make check sets it)}"
-HEARTHD="$HEARTH_BUILDDIR/hearthd"
+TOOL="$HEARTH_BUILDDIR/hearthd-tool"
 MODEL="$HEARTH_SHARED/fixtures/fx-qwen3.gguf"
 if [ ! -f "$MODEL" ]; then
 	echo "Bail out! fixture $MODEL is missing"
@@ -30,7 +30,7 @@ num() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p" "$2" | head -1; }
 echo "1..15"
 
 # pp 16, tg 4: the tg tokens sit at positions 16..19 and attend to 17..20 positions.
-"$HEARTHD" --bench --json -m "$MODEL" -t 2 -r 3 --pp 16 --tg 4 --probe-mib 16 \
+"$TOOL" bench --json -m "$MODEL" -t 2 -r 3 --pp 16 --tg 4 --probe-mib 16 \
 	>"$TMP/both.json" 2>"$TMP/err"
 rc=$?
 expect "bench on fx-qwen3 exits 0" $rc
@@ -54,7 +54,7 @@ expect "decode bytes = 4 x weights per step + KV of 17..20 positions" $?
 
 # --kv q8: a row is 32 int8 codes + a 4-byte scale: 3 layers x 2 KV heads x (36 + 36) bytes,
 # and decode bytes count those rows.
-"$HEARTHD" --bench --json -m "$MODEL" -t 2 -r 1 --pp 16 --tg 4 --act a8 --probe-mib 0 --kv q8 \
+"$TOOL" bench --json -m "$MODEL" -t 2 -r 1 --pp 16 --tg 4 --act a8 --probe-mib 0 --kv q8 \
 	>"$TMP/q8.json" 2>"$TMP/err"
 rc=$?
 wq=$(num decode_weight_bytes "$TMP/q8.json")
@@ -73,7 +73,7 @@ expect "11 statistics (probe; pp/tg/GB/s, paired probe and % x 2 paths), each wi
 
 # With one repetition the paired percentage is exactly that repetition's decode GB/s over
 # the GB/s of the probe slices read between its tokens; the KV type is named.
-"$HEARTHD" --bench --json -m "$MODEL" -t 2 -r 1 --pp 16 --tg 4 --act a8 --probe-mib 16 \
+"$TOOL" bench --json -m "$MODEL" -t 2 -r 1 --pp 16 --tg 4 --act a8 --probe-mib 16 \
 	>"$TMP/pair.json" 2>"$TMP/err"
 rc=$?
 med() { sed -n "s/.*\"$1\":{\"median\":\([0-9.]*\).*/\1/p" "$2" | head -1; }
@@ -87,7 +87,7 @@ expect "one repetition: % paired = 100 x decode GB/s / its paired probe GB/s" $?
 grep -q '"kv":"f16"' "$TMP/both.json" && grep -q '"kv":"q8"' "$TMP/q8.json"
 expect "the JSON names the KV type (f16 by default, q8 with --kv q8)" $?
 
-"$HEARTHD" --bench --json -m "$MODEL" -t 1 -r 1 --pp 8 --tg 2 --act a8 --probe-mib 0 \
+"$TOOL" bench --json -m "$MODEL" -t 1 -r 1 --pp 8 --tg 2 --act a8 --probe-mib 0 \
 	--kernels ref >"$TMP/a8.json" 2>"$TMP/err"
 rc=$?
 [ $rc -eq 0 ] && grep -q '"kernels":"ref"' "$TMP/a8.json" && grep -q '"runs":\[{"act":"a8"' "$TMP/a8.json" &&
@@ -95,25 +95,25 @@ rc=$?
 	! grep -q tg_pct_paired "$TMP/a8.json"
 expect "--act a8 --probe-mib 0 --kernels ref: one run, no probe, ref kernels" $?
 
-"$HEARTHD" --bench -m "$MODEL" -r 1 --pp 8 --tg 2 --probe-mib 8 >"$TMP/table" 2>&1
+"$TOOL" bench -m "$MODEL" -r 1 --pp 8 --tg 2 --probe-mib 8 >"$TMP/table" 2>&1
 rc=$?
 [ $rc -eq 0 ] && grep -q "^stream probe" "$TMP/table" && grep -q "^W4A16 " "$TMP/table" &&
 	grep -q "^W4A8 " "$TMP/table"
 expect "the table names the probe and one row per path" $?
 
-"$HEARTHD" --bench --pp 8 >"$TMP/out" 2>&1
+"$TOOL" bench --pp 8 >"$TMP/out" 2>&1
 [ $? -eq 2 ] && grep -q -- "--model" "$TMP/out"
 expect "no --model is refused (exit 2, says --model)" $?
 
-"$HEARTHD" --bench -m "$MODEL" --act a4 >"$TMP/out" 2>&1
+"$TOOL" bench -m "$MODEL" --act a4 >"$TMP/out" 2>&1
 [ $? -eq 2 ]
 expect "--act a4 is refused" $?
 
-"$HEARTHD" --bench -m "$MODEL" --reps 0 >"$TMP/out" 2>&1
+"$TOOL" bench -m "$MODEL" --reps 0 >"$TMP/out" 2>&1
 [ $? -eq 2 ]
 expect "--reps 0 is refused" $?
 
-"$HEARTHD" --bench -m "$TMP/missing.gguf" --probe-mib 0 >"$TMP/out" 2>&1
+"$TOOL" bench -m "$TMP/missing.gguf" --probe-mib 0 >"$TMP/out" 2>&1
 [ $? -eq 1 ] && grep -q "missing.gguf" "$TMP/out"
 expect "a missing model fails (exit 1) naming the file" $?
 

@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "daemon/gguf.h"
+#include "daemon/engine/gguf.h"
 #include "kernels/quant.h"
 #include "protocol/error.h"
 

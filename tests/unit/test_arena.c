@@ -21,8 +21,8 @@
 
 #include <cmocka.h>
 
-#include "daemon/arena.h"
-#include "daemon/memstat.h"
+#include "daemon/engine/arena.h"
+#include "daemon/engine/memstat.h"
 
 #define MiB ((size_t)1 << 20)
 /* Tests of several build trees may run at once; the hugepage pool is machine-wide. */

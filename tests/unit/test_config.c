@@ -12,8 +12,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "daemon/config.h"
-#include "daemon/units.h"
+#include "daemon/serve/config.h"
+#include "daemon/serve/units.h"
 
 static char tmpdir[64];
 

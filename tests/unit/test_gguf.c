@@ -17,7 +17,7 @@
 
 #include <cmocka.h>
 
-#include "daemon/gguf.h"
+#include "daemon/engine/gguf.h"
 #include "tests/support/gguf_build.h"
 
 static char tmp_dir[64];

@@ -13,8 +13,8 @@
 
 #include <cmocka.h>
 
-#include "daemon/arena.h"
-#include "daemon/kv.h"
+#include "daemon/engine/arena.h"
+#include "daemon/engine/kv.h"
 
 /* 2 layers, 2 kv heads, head_dim 8, f16, 4 tokens per block:
  * a K chunk is 4 * 2 * 8 * 2 = 128 bytes, a block 2 layers * (K + V) = 512 bytes. */

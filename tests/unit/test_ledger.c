@@ -17,9 +17,9 @@
 
 #include <cmocka.h>
 
-#include "daemon/arena.h"
-#include "daemon/ledger.h"
-#include "daemon/memstat.h"
+#include "daemon/engine/arena.h"
+#include "daemon/engine/ledger.h"
+#include "daemon/engine/memstat.h"
 #include "protocol/msg.h"
 
 #define MiB ((size_t)1 << 20)

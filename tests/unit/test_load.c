@@ -15,13 +15,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "daemon/arena.h"
-#include "daemon/kv.h"
-#include "daemon/ledger.h"
-#include "daemon/load.h"
-#include "daemon/memstat.h"
-#include "daemon/model_q4.h"
-#include "daemon/tokenizer.h"
+#include "daemon/engine/arena.h"
+#include "daemon/engine/kv.h"
+#include "daemon/engine/ledger.h"
+#include "daemon/engine/load.h"
+#include "daemon/engine/memstat.h"
+#include "daemon/engine/model_q4.h"
+#include "daemon/engine/tokenizer.h"
 #include "kernels/dispatch.h"
 
 #define MiB ((size_t)1 << 20)

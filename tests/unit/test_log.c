@@ -14,7 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "daemon/log.h"
+#include "daemon/serve/log.h"
 
 struct capture {
 	int rd, wr;

@@ -15,8 +15,9 @@
 
 #include "kernels/ops.h"
 
-#include "daemon/gguf.h"
-#include "daemon/model.h"
+#include "daemon/engine/gguf.h"
+#include "daemon/engine/model.h"
+#include "daemon/engine/ref/forward.h"
 #include "tests/support/gguf_build.h"
 
 #define REF_MAX_IDS 64

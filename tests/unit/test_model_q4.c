@@ -14,10 +14,11 @@
 #include <string.h>
 
 #include "tests/support/prompt.h"
-#include "daemon/gguf.h"
-#include "daemon/load.h"
-#include "daemon/model.h"
-#include "daemon/tokenizer.h"
+#include "daemon/engine/gguf.h"
+#include "daemon/engine/load.h"
+#include "daemon/engine/model.h"
+#include "daemon/engine/ref/forward.h"
+#include "daemon/engine/tokenizer.h"
 #include "kernels/dispatch.h"
 
 #define N_POS 24

@@ -18,8 +18,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "daemon/config.h"
-#include "daemon/policy.h"
+#include "daemon/serve/config.h"
+#include "daemon/serve/policy.h"
 
 #define NOBODY 65534
 

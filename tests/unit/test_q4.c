@@ -1242,6 +1242,27 @@ static void test_vec_to_kv_every_isa_matches_scalar(void **state)
 	free(x);
 }
 
+/* The probe's streaming sum: every ISA gives the scalar loop's wrapping sum, on lengths
+ * that are and are not a multiple of each variant's unrolled step. */
+static void test_vec_sum_u64_every_isa_matches_scalar(void **state)
+{
+	(void)state;
+	size_t max = 64 * 1024;
+	uint64_t *w = aligned_alloc(64, max);
+	assert_non_null(w);
+	for (size_t i = 0; i < max / 8; i++)
+		w[i] = (i + 1) * 0x9E3779B97F4A7C15ull;
+	static const size_t lens[] = { 0, 256, 512, 768, 4096, 64 * 1024 - 256, 64 * 1024 };
+	for (int isa = KERN_REF; isa <= KERN_AVX512; isa++) {
+		const struct kern_table *k = kern_table_for((enum kern_isa)isa);
+		if (!k)
+			continue;
+		for (size_t c = 0; c < sizeof lens / sizeof lens[0]; c++)
+			assert_true(k->sum_u64(w, lens[c]) == vec_sum_u64_ref(w, lens[c]));
+	}
+	free(w);
+}
+
 /* argmax: hand-built rows with a known answer (ties go to the first, a NaN never wins
  * unless it is x[0], +0 and -0 tie, an all -inf row answers 0), then random rows of every
  * tail length and a vocabulary-sized one with its maximum planted at chosen places, with
@@ -1577,6 +1598,7 @@ int main(void)
 		cmocka_unit_test(test_vec_silu_mul_every_isa_matches_double),
 		cmocka_unit_test(test_vec_to_kv_every_isa_matches_scalar),
 		cmocka_unit_test(test_vec_argmax_every_isa_matches_scalar),
+		cmocka_unit_test(test_vec_sum_u64_every_isa_matches_scalar),
 		cmocka_unit_test(test_vec_to_kv_q8_every_isa_matches_scalar),
 		cmocka_unit_test(test_vec_attn_every_isa_matches_double_softmax),
 		cmocka_unit_test(test_kern_select_forces_and_rejects),

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/gguf.h"
+#include "daemon/engine/gguf.h"
 #include "kernels/quant.h"
 
 static uint32_t fbits(float f)

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/sampler.h"
+#include "daemon/engine/sampler.h"
 
 #define DRAWS 100000
 

@@ -18,11 +18,12 @@
 #include <unistd.h>
 
 #include "tests/support/prompt.h"
-#include "daemon/engine_ref.h"
-#include "daemon/gguf.h"
-#include "daemon/model.h"
-#include "daemon/sched.h"
-#include "daemon/tokenizer.h"
+#include "daemon/engine/ref/engine_ref.h"
+#include "daemon/engine/gguf.h"
+#include "daemon/engine/model.h"
+#include "daemon/engine/ref/forward.h"
+#include "daemon/serve/sched.h"
+#include "daemon/engine/tokenizer.h"
 
 #define MAX_GEN 64
 

@@ -21,7 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "daemon/systemd.h"
+#include "daemon/serve/systemd.h"
 
 static char tmpdir[64];
 static char notify_path[100];

@@ -13,8 +13,8 @@
 
 #include <cmocka.h>
 
-#include "daemon/gguf.h"
-#include "daemon/tokenizer.h"
+#include "daemon/engine/gguf.h"
+#include "daemon/engine/tokenizer.h"
 #include "tests/support/gguf_build.h"
 
 #define MAX_IDS 4096

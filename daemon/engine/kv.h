@@ -1,0 +1,248 @@
+/* The paged KV cache: fixed-size blocks of block_tokens positions carved from the arena's
+ * "kv_pool" region under one byte budget and made resident at start. Sequences own lists of
+ * blocks; full blocks are published by a content hash chain so prompts that start alike
+ * (the same system prompt from many apps) share them, refcounted and never written again.
+ * Owned by the compute thread: no locks; nothing allocates after kv_create. */
+#ifndef HEARTH_DAEMON_KV_H
+#define HEARTH_DAEMON_KV_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/engine/arena.h"
+#include "kernels/quant.h"
+#include "kernels/vec.h"
+#include "protocol/error.h"
+
+#define KV_DEFAULT_BUDGET ((size_t)256 << 20)
+#define KV_DEFAULT_BLOCK_TOKENS 16
+#define KV_CHUNK_ALIGN 64       /* every (block, layer, K|V) chunk starts on a cache line */
+#define KV_NO_BLOCK UINT32_MAX
+#define KV_Q8_SCALE_BYTES 4     /* a QTYPE_KV_Q8 row: head_dim int8 codes, then an f32 scale */
+
+/* One layer's cached shape; layers may differ (per-layer KV heads, a V head size unlike K). */
+struct kv_layer_shape {
+	uint32_t n_head_kv;
+	uint32_t head_dim_k;
+	uint32_t head_dim_v;
+};
+
+struct kv_config {
+	size_t budget_bytes;          /* the pool: whole blocks that fit; 0 = KV_DEFAULT_BUDGET */
+	uint32_t block_tokens;        /* 0 = KV_DEFAULT_BLOCK_TOKENS */
+	enum qtype elem_type;         /* QTYPE_F16, QTYPE_BF16, QTYPE_F32 or QTYPE_KV_Q8 */
+	uint32_t n_layer;
+	/* Uniform shape (head_dim for K and V) unless layer_shapes is set: then n_layer entries
+	 * of it are used and these two are ignored. Copied by kv_create. */
+	uint32_t n_head_kv;
+	uint32_t head_dim;
+	const struct kv_layer_shape *layer_shapes;
+	uint32_t max_seqs;            /* sequence slots, preallocated */
+	uint32_t max_context;         /* positions one sequence may hold */
+};
+
+/* Sizes that follow from a config; what the loader puts in the arena plan as "kv_pool".
+ *
+ * Block layout (block-major so one block is one contiguous run; see doc/memory.md):
+ *   block b at pool + b * block_bytes, then for each layer l:
+ *     K chunk at layer_k_off[l]: [n_head_kv][block_tokens] rows of head_dim_k elements
+ *     V chunk at layer_v_off[l]: [n_head_kv][block_tokens] rows of head_dim_v elements
+ *   each row head_dim * elem_bytes + row_extra_bytes (QTYPE_KV_Q8: its scale) bytes,
+ *   each chunk padded to KV_CHUNK_ALIGN bytes. */
+struct kv_geometry {
+	size_t elem_bytes;            /* 1 for QTYPE_KV_Q8 (the codes) */
+	size_t row_extra_bytes;       /* bytes after a row's elements: KV_Q8_SCALE_BYTES or 0 */
+	size_t block_bytes;
+	uint32_t n_blocks;            /* floor(budget / block_bytes) */
+	size_t pool_bytes;            /* n_blocks * block_bytes: the arena region's size */
+	uint32_t max_blocks_per_seq;  /* ceil(max_context / block_tokens) */
+};
+
+/* Validates cfg and computes the geometry. HEARTH_EINVAL names the bad field; a budget
+ * smaller than one block is HEARTH_EINVAL naming both sizes; HEARTH_ERANGE on overflow. */
+int kv_plan(const struct kv_config *cfg, struct kv_geometry *geo, struct hearth_error *err);
+
+struct kv_seq {
+	uint32_t id;                  /* slot index, < max_seqs */
+	bool live;
+	uint32_t n_tokens;            /* positions reserved (and, by the caller, being filled) */
+	uint32_t n_blocks;            /* blocks[0..n_blocks) back positions [0, n_blocks*bt) */
+	uint32_t n_committed;         /* leading full blocks published to the prefix hash */
+	uint32_t *blocks;             /* max_blocks_per_seq entries, owned by the cache */
+	uint64_t *hashes;             /* chain hash of each committed block */
+};
+
+struct kv_cache {
+	struct kv_geometry geo;
+	uint32_t block_tokens;
+	uint32_t n_layer;
+	uint32_t max_seqs;
+	uint32_t max_context;
+	enum qtype elem_type;
+	size_t budget_bytes;
+	uint8_t *pool;                /* in the arena's kv_pool region */
+	size_t *layer_k_off;          /* n_layer byte offsets within a block */
+	size_t *layer_v_off;
+	struct kv_layer_shape *shapes;/* n_layer */
+
+	/* Block state, all preallocated. A block is in use (ref > 0), cached (ref == 0 but
+	 * still findable by hash, on the LRU list, reused last) or free (on the free stack). */
+	uint32_t *ref;
+	uint8_t *hashed;
+	uint64_t *hash;
+	uint32_t *parent;             /* the block before it in its chain, or KV_NO_BLOCK */
+	int32_t *tokens;              /* block_tokens ids per hashed block, to confirm a match */
+	uint32_t *free_stack;
+	uint32_t n_free;
+	uint32_t *lru_prev, *lru_next;
+	uint32_t lru_head, lru_tail;  /* head = least recently released */
+	uint32_t n_cached;
+
+	uint32_t *table;              /* open addressing, linear probing: block ids */
+	uint32_t table_mask;
+	uint64_t hash_key;            /* random per cache: chains are not predictable */
+
+	struct kv_seq *seqs;
+	uint32_t *seq_free;           /* stack of free slot ids */
+	uint32_t n_seq_free;
+	uint32_t *seq_block_store;    /* max_seqs * max_blocks_per_seq */
+	uint64_t *seq_hash_store;
+
+	uint64_t prefix_queries, prefix_query_tokens, prefix_hit_tokens;
+};
+
+/* Builds the cache over the arena's "kv_pool" region (ARENA_REGION_KV, planned with
+ * kv_plan's pool_bytes): carves the pool from it and prefaults it, so the whole budget is
+ * resident before the first request. Bookkeeping (block tables for max_seqs sequences,
+ * the hash table) is allocated here, once. */
+int kv_create(struct kv_cache *kv, const struct kv_config *cfg, struct arena *arena,
+	      struct hearth_error *err);
+void kv_destroy(struct kv_cache *kv);
+
+/* A fresh sequence with no blocks. HEARTH_EBUSY when all max_seqs slots are live. */
+int kv_seq_new(struct kv_cache *kv, struct kv_seq **out, struct hearth_error *err);
+
+/* Ensures blocks back positions [0, n_tokens) (n_tokens is a total, not an increment;
+ * smaller than what is held is a no-op). All or nothing: HEARTH_EKVFULL, with the blocks
+ * needed, free and in all, when the budget cannot hold it now; HEARTH_ERANGE past
+ * max_context. New blocks are always private, so the caller may write them. */
+int kv_seq_reserve(struct kv_cache *kv, struct kv_seq *seq, uint32_t n_tokens,
+		   struct hearth_error *err);
+
+/* For a fresh sequence about to hold tokens[0..n): attaches every leading full block
+ * already in the cache (refcount + 1) and returns how many tokens they cover, a multiple
+ * of block_tokens and at most n - 1, so at least one token is left to compute (its logits
+ * are needed, and the block it lands in is private). Returns a negative code for a
+ * sequence that already holds blocks. */
+int kv_seq_match_prefix(struct kv_cache *kv, struct kv_seq *seq, const int32_t *tokens,
+			uint32_t n, struct hearth_error *err);
+
+/* Publishes block i of seq, now completely filled with K/V for tokens[0..block_tokens)
+ * (the ids of that block's positions), so later sequences can share it. Blocks must be
+ * committed in order (i == seq->n_committed) and lie within n_tokens. If an equal block is
+ * already cached, seq switches to it and its own copy is freed: read block ids from
+ * seq->blocks again after this call. After commit the block is never written again. */
+int kv_seq_commit_block(struct kv_cache *kv, struct kv_seq *seq, uint32_t i,
+			const int32_t *tokens, struct hearth_error *err);
+
+/* Returns the sequence's blocks at once (shared ones when their last user leaves: they
+ * stay findable by hash until their memory is reused) and frees its slot. */
+void kv_seq_free(struct kv_cache *kv, struct kv_seq *seq);
+
+uint32_t kv_block_refcount(const struct kv_cache *kv, uint32_t block);
+
+struct kv_stats {
+	size_t budget_bytes;
+	size_t pool_bytes;
+	size_t block_bytes;
+	uint32_t block_tokens;
+	uint32_t blocks_total;
+	uint32_t blocks_used;         /* ref > 0 */
+	uint32_t blocks_shared;       /* ref > 1 */
+	uint32_t blocks_cached;       /* ref == 0 but reusable by a prefix match */
+	uint32_t blocks_free;         /* free + cached: what a reserve can take */
+	uint32_t seqs_live;
+	uint32_t max_seqs;
+	uint32_t max_context;
+	uint64_t tokens_capacity;     /* blocks_total * block_tokens */
+	uint64_t tokens_free;         /* blocks_free * block_tokens */
+	/* How many sequences at the full max_context the budget holds (prefix sharing aside). */
+	uint32_t seqs_at_max_context;
+	uint64_t prefix_queries;
+	uint64_t prefix_query_tokens;
+	uint64_t prefix_hit_tokens;
+};
+
+void kv_stats(const struct kv_cache *kv, struct kv_stats *st);
+
+/* Where the engine reads and writes: the K (or V) chunk of layer l in block b, laid out
+ * [head][slot][dim]. Position p of a sequence is slot p % block_tokens of block
+ * seq->blocks[p / block_tokens]. Head-major, so one head's rows of a block are one
+ * contiguous run: decode splits a sequence's heads across threads, and each then
+ * streams whole runs instead of a 256-byte slice of every 2 KiB row (measured ~12 GB/s
+ * per step's attention that way). */
+static inline void *kv_block_k(const struct kv_cache *kv, uint32_t block, uint32_t layer)
+{
+	return kv->pool + (size_t)block * kv->geo.block_bytes + kv->layer_k_off[layer];
+}
+
+static inline void *kv_block_v(const struct kv_cache *kv, uint32_t block, uint32_t layer)
+{
+	return kv->pool + (size_t)block * kv->geo.block_bytes + kv->layer_v_off[layer];
+}
+
+/* Bytes of one stored row of dim values (kv_plan checked every layer's for overflow). */
+static inline size_t kv_row_bytes(const struct kv_cache *kv, uint32_t dim)
+{
+	return (size_t)dim * kv->geo.elem_bytes + kv->geo.row_extra_bytes;
+}
+
+/* The K (or V) row of one kv head at one position (kv_row_bytes of head_dim); the head's
+ * next position in the same block follows it directly. */
+static inline void *kv_seq_k(const struct kv_cache *kv, const struct kv_seq *seq, uint32_t layer,
+			     uint32_t pos, uint32_t head)
+{
+	uint32_t b = seq->blocks[pos / kv->block_tokens];
+	size_t row = kv_row_bytes(kv, kv->shapes[layer].head_dim_k);
+	return (uint8_t *)kv_block_k(kv, b, layer) +
+	       ((size_t)head * kv->block_tokens + pos % kv->block_tokens) * row;
+}
+
+static inline void *kv_seq_v(const struct kv_cache *kv, const struct kv_seq *seq, uint32_t layer,
+			     uint32_t pos, uint32_t head)
+{
+	uint32_t b = seq->blocks[pos / kv->block_tokens];
+	size_t row = kv_row_bytes(kv, kv->shapes[layer].head_dim_v);
+	return (uint8_t *)kv_block_v(kv, b, layer) +
+	       ((size_t)head * kv->block_tokens + pos % kv->block_tokens) * row;
+}
+
+/* One sequence's rows [first, first + n) of KV heads [h0, h1) of a layer, described the way
+ * the attention kernels walk them (kernels/vec.h): the cache's blocks are the pages. */
+static inline struct vec_kv_span kv_seq_span(const struct kv_cache *kv, const struct kv_seq *seq,
+					     uint32_t layer, uint32_t h0, uint32_t h1, uint32_t first,
+					     uint32_t n, enum vec_kv_type type)
+{
+	size_t k_row = kv_row_bytes(kv, kv->shapes[layer].head_dim_k);
+	size_t v_row = kv_row_bytes(kv, kv->shapes[layer].head_dim_v);
+	size_t bt = kv->block_tokens;
+	return (struct vec_kv_span){
+		.base = kv->pool,
+		.pages = seq->blocks,
+		.page_bytes = kv->geo.block_bytes,
+		.page_rows = bt,
+		.k_off = kv->layer_k_off[layer] + h0 * bt * k_row,
+		.v_off = kv->layer_v_off[layer] + h0 * bt * v_row,
+		.k_stride = k_row,
+		.v_stride = v_row,
+		.n_heads = h1 - h0,
+		.k_head_bytes = bt * k_row,
+		.v_head_bytes = bt * v_row,
+		.first = first,
+		.n = n,
+		.type = type,
+	};
+}
+
+#endif

@@ -1,0 +1,794 @@
+/* Plan, map, repack, release. The reference model (daemon/model.c) reads and validates the
+ * file's structure; this file turns its tensor views into the int4 layout (the embedding/head
+ * int8 with head_bits 8) inside the arena, 16 rows at a time, and then lets the file go so
+ * the settled process holds only the arena. */
+#include "daemon/engine/load.h"
+
+#include <fcntl.h>
+#include <malloc.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "daemon/engine/gguf.h"
+#include "daemon/engine/ledger.h"
+#include "daemon/engine/model.h"
+#include "daemon/engine/tokenizer.h"
+#include "kernels/dispatch.h"
+#include "kernels/pool.h"
+
+#define LOAD_ROWS Q4_ROWS          /* rows one thread dequantizes and packs per step */
+/* Threads the repack uses at most: each holds LOAD_ROWS rows of f32 scratch, and two to
+ * eight of them already turn the repack from compute into reading the file. */
+#define LOAD_REPACK_THREADS_MAX 8
+/* Source bytes read between two releases of the file's pages. The repack reads each tensor
+ * once, front to back; giving its pages back every few MiB (rather than per tensor) keeps
+ * the file's share of RSS and of the page cache at a few MiB even for the 600 MB bf16
+ * embedding of a 1.7B model. */
+#define LOAD_RELEASE_BYTES ((size_t)8 << 20)
+#define LOAD_SAMPLE_MS 10          /* the ledger sampler's interval while loading */
+
+void load_opts_default(struct load_opts *o)
+{
+	memset(o, 0, sizeof *o);
+	o->max_context = 4096;
+	o->kv_budget = 256ull << 20;
+	o->kv_type = QTYPE_F16;
+	o->max_seqs = 16;
+	o->step_tokens = 256;
+	o->arena = (struct arena_config)ARENA_CONFIG_DEFAULT;
+	o->act = Q4_ACT_A16;
+	o->weights_group = LOAD_GROUP_128;
+}
+
+/* The embedding/head follows the layers. Measured (doc/benchmarks.md, Fidelity) with
+ * group-32 layers: a group-32 head brings the 0.6B shape from 0.100 to 0.093 mean KL and
+ * fx-quant from 0.130 to 0.119, for 4.50 instead of 4.44 / 4.29 bits per weight overall,
+ * still Q4_0's bits. */
+uint32_t load_head_group(uint32_t weights_group)
+{
+	return weights_group == LOAD_GROUP_32 ? LOAD_GROUP_32 : LOAD_GROUP_128;
+}
+
+/* How a source tensor enters the layout: carried-over codes where the layout holds them
+ * exactly (or, for Q4_K, with only its scales rounded to fp16), else quantized afresh at
+ * `want`: group 128 asymmetric (group 32 asymmetric where rows are not a multiple of
+ * 128), or group 32 symmetric. */
+static void load_choose(enum qtype src, size_t cols, uint32_t want, uint32_t *group, bool *asym,
+			bool *carry)
+{
+	*carry = false;
+	*asym = true;
+	switch (src) {
+	case QTYPE_Q4_0:
+		*group = 32;
+		*asym = false;
+		*carry = true;
+		return;
+	case QTYPE_Q4_1:
+	case QTYPE_Q4_K:
+		*group = 32;
+		*carry = true;
+		return;
+	default:
+		if (want == LOAD_GROUP_32) {
+			*group = 32;
+			*asym = false;
+			return;
+		}
+		*group = cols % 128 == 0 ? 128 : 32;
+		return;
+	}
+}
+
+/* How a source tensor enters the int8 layout (an int8 embedding/head): Q8_0 carried over
+ * exactly at group 32; anything else dequantized and packed at `want` (group 32 where rows
+ * are not a multiple of 128). */
+static void load_choose8(enum qtype src, size_t cols, uint32_t want, uint32_t *group, bool *carry)
+{
+	*carry = src == QTYPE_Q8_0;
+	*group = *carry || want == LOAD_GROUP_32 || cols % 128 ? 32 : 128;
+}
+
+/* What one matrix will need, before the arena exists: dst for the int4 layout, or dst8
+ * for the int8 one (the other NULL). */
+struct load_mat {
+	const struct gguf_tensor *t;
+	struct q4_matrix *dst;
+	struct q8_matrix *dst8;
+	const char *region;
+	uint32_t group;
+	bool asym, carry;
+};
+
+static size_t load_mat_rows(const struct load_mat *lm)
+{
+	return lm->dst8 ? lm->dst8->rows : lm->dst->rows;
+}
+
+static size_t load_mat_blocks(const struct load_mat *lm)
+{
+	return lm->dst8 ? lm->dst8->n_row_blocks : lm->dst->n_row_blocks;
+}
+
+struct load_ctx {
+	const struct load_opts *o;
+	const struct gguf_file *file;
+	const struct model *ref;
+	struct model_q4 *m;
+	struct load_mat *mats;
+	size_t n_mats, cap_mats;
+	uint64_t total_bytes, done_bytes;
+	float *rows;                    /* per repack thread, LOAD_ROWS x widest row: the only
+					 * big transient */
+	size_t rows_cap;
+	size_t repack_threads;          /* pool threads that take part in the repack */
+	size_t acts_total;              /* both activation buffers (group 32, group 128) */
+	size_t threads_max;             /* compute threads the scratch is planned for */
+};
+
+/* Threads the pool may have: what the caller asked for, else every CPU the machine has
+ * (the node's CPUs are a subset), so the per-thread scratch is not planned for 256. */
+static size_t load_threads_max(const struct load_opts *o)
+{
+	long cpus = sysconf(_SC_NPROCESSORS_CONF);
+	size_t n = o->n_threads ? o->n_threads : cpus > 0 ? (size_t)cpus : 1;
+	return n > 256 ? 256 : n;
+}
+
+static struct load_mat *load_mat_new(struct load_ctx *c, const struct gguf_tensor *t,
+				     struct hearth_error *err)
+{
+	if (c->n_mats == c->cap_mats) {
+		size_t cap = c->cap_mats ? c->cap_mats * 2 : 64;
+		struct load_mat *n = realloc(c->mats, cap * sizeof *n);
+		if (!n) {
+			hearth_error_set(err, HEARTH_ENOMEM, "loader: out of memory");
+			return NULL;
+		}
+		c->mats = n;
+		c->cap_mats = cap;
+	}
+	struct load_mat *lm = &c->mats[c->n_mats++];
+	memset(lm, 0, sizeof *lm);
+	lm->t = t;
+	c->total_bytes += t->size;
+	if (t->ne[0] > c->rows_cap)
+		c->rows_cap = t->ne[0];
+	return lm;
+}
+
+static int load_add_mat(struct load_ctx *c, const struct gguf_tensor *t, struct q4_matrix *dst,
+			const char *region, uint32_t want, struct hearth_error *err)
+{
+	struct load_mat *lm = load_mat_new(c, t, err);
+	if (!lm)
+		return HEARTH_ENOMEM;
+	lm->dst = dst;
+	load_choose(t->type, t->ne[0], want, &lm->group, &lm->asym, &lm->carry);
+	/* Layer matrices go to one region per packed type, so the ledger shows them apart. */
+	lm->region = region ? region : lm->group == 128 ? LOAD_REGION_WEIGHTS_G128 : LOAD_REGION_WEIGHTS_G32;
+	if (t->ne[0] % lm->group)
+		return hearth_error_set(err, HEARTH_EUNSUPPORTED,
+					"tensor '%.*s': rows of %llu are not a multiple of 32, which the int4 layout needs",
+					(int)t->name.len, t->name.ptr, (unsigned long long)t->ne[0]);
+	int rc = q4_matrix_plan(dst, t->ne[1] * t->ne[2] * t->ne[3], t->ne[0], lm->group, lm->asym);
+	if (rc < 0)
+		return hearth_error_set(err, HEARTH_ERANGE, "tensor '%.*s': cannot plan its int4 layout",
+					(int)t->name.len, t->name.ptr);
+	return 0;
+}
+
+/* The embedding/head in the int8 layout (ARENA_REGION_EMBED_HEAD). */
+static int load_add_mat8(struct load_ctx *c, const struct gguf_tensor *t, struct q8_matrix *dst,
+			 uint32_t want, struct hearth_error *err)
+{
+	struct load_mat *lm = load_mat_new(c, t, err);
+	if (!lm)
+		return HEARTH_ENOMEM;
+	lm->dst8 = dst;
+	lm->region = ARENA_REGION_EMBED_HEAD;
+	load_choose8(t->type, t->ne[0], want, &lm->group, &lm->carry);
+	if (t->ne[0] % lm->group)
+		return hearth_error_set(err, HEARTH_EUNSUPPORTED,
+					"tensor '%.*s': rows of %llu are not a multiple of 32, which the int8 layout needs",
+					(int)t->name.len, t->name.ptr, (unsigned long long)t->ne[0]);
+	if (q8_matrix_plan(dst, t->ne[1] * t->ne[2] * t->ne[3], t->ne[0], lm->group) < 0)
+		return hearth_error_set(err, HEARTH_ERANGE, "tensor '%.*s': cannot plan its int8 layout",
+					(int)t->name.len, t->name.ptr);
+	return 0;
+}
+
+static size_t align64(size_t n)
+{
+	return (n + 63) & ~(size_t)63;
+}
+
+static size_t vec_bytes(const struct gguf_tensor *t)
+{
+	return t ? align64((size_t)t->n_elems * sizeof(float)) : 0;
+}
+
+/* Gives back the file's pages of [from, to) (a stretch already consumed): out of this
+ * process (MADV_DONTNEED) and out of the page cache (POSIX_FADV_DONTNEED). inward: only the
+ * pages wholly inside; else every page the stretch touches. A page still to be read that
+ * goes too is faulted back in from the file: this costs no correctness, only time. */
+static void load_release(const struct load_ctx *c, const void *from, const void *to, bool inward)
+{
+	uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+	uintptr_t a = inward ? ((uintptr_t)from + pg - 1) & ~(pg - 1) : (uintptr_t)from & ~(pg - 1);
+	uintptr_t b = inward ? (uintptr_t)to & ~(pg - 1) : ((uintptr_t)to + pg - 1) & ~(pg - 1);
+	uintptr_t lo = (uintptr_t)c->file->map, hi = lo + c->file->map_size;
+	a = a < lo ? lo : a;
+	b = b > hi ? hi : b;
+	if (b <= a)
+		return;
+	madvise((void *)a, b - a, MADV_DONTNEED);
+	if (c->file->fd >= 0)
+		posix_fadvise(c->file->fd, (off_t)(a - (uintptr_t)c->file->map), (off_t)(b - a),
+			      POSIX_FADV_DONTNEED);
+}
+
+/* A small f32 vector (norm weight, bias) copied into the arena's norms region. */
+static int load_vec(struct load_ctx *c, const struct gguf_tensor *t, const float **out,
+		    struct hearth_error *err)
+{
+	*out = NULL;
+	if (!t)
+		return 0;
+	void *p;
+	int rc = arena_alloc(&c->m->arena, ARENA_REGION_NORMS, vec_bytes(t), 64, &p, err);
+	if (rc < 0)
+		return rc;
+	quant_dequant_row(t->type, t->data, p, (size_t)t->n_elems);
+	/* The fault that read it may have mapped a whole large folio of neighbours (Linux
+	 * maps entire page-cache folios on fault-around); vectors go before the repack, so
+	 * the matrices' streaming releases those neighbours, and this releases the rest. */
+	load_release(c, t->data, (const uint8_t *)t->data + t->size, false);
+	*out = p;
+	return 0;
+}
+
+/* One step of the repack: row blocks [blk0, blk0 + n_blk) of one matrix, one block per
+ * thread, each dequantized into that thread's own scratch rows. Blocks own whole cache
+ * lines of the packed matrix, so the threads never write the same bytes. */
+struct load_step {
+	struct load_ctx *c;
+	const struct load_mat *lm;
+	size_t row_bytes, blk0, n_blk;
+	int rc;                         /* set by a thread whose carry-over failed */
+};
+
+static void load_step_run(void *arg, size_t t, size_t nt)
+{
+	struct load_step *st = arg;
+	const struct load_mat *lm = st->lm;
+	struct q4_matrix *q = lm->dst;
+	const struct gguf_tensor *tn = lm->t;
+	size_t n_rows = load_mat_rows(lm), cols = (size_t)tn->ne[0];
+	for (size_t b = st->blk0 + t; b < st->blk0 + st->n_blk; b += nt) {
+		size_t r0 = b * LOAD_ROWS;
+		size_t n = n_rows - r0 < LOAD_ROWS ? n_rows - r0 : LOAD_ROWS;
+		const uint8_t *s = (const uint8_t *)tn->data + r0 * st->row_bytes;
+		int rc = 0;
+		if (lm->carry) {
+			if (lm->dst8)
+				rc = q8_pack_rows_q8_0(lm->dst8, s, r0, n);
+			else if (tn->type == QTYPE_Q4_0)
+				rc = q4_pack_rows_q4_0(q, s, r0, n);
+			else if (tn->type == QTYPE_Q4_1)
+				rc = q4_pack_rows_q4_1(q, s, r0, n);
+			else
+				rc = q4_pack_rows_q4_k(q, s, r0, n);
+		} else {
+			float *rows = st->c->rows + t * LOAD_ROWS * st->c->rows_cap;
+			for (size_t i = 0; i < n; i++)
+				quant_dequant_row(tn->type, s + i * st->row_bytes, rows + i * cols, cols);
+			if (lm->dst8)
+				q8_pack_rows_f32(lm->dst8, rows, cols, r0, n);
+			else
+				q4_pack_rows_f32(q, rows, cols, r0, n);
+		}
+		if (rc < 0)
+			__atomic_store_n(&st->rc, rc, __ATOMIC_RELAXED);
+	}
+}
+
+static int load_repack(struct load_ctx *c, struct load_mat *lm, struct hearth_error *err)
+{
+	int rc = lm->dst8 ? arena_alloc(&c->m->arena, lm->region, q8_matrix_bytes(lm->dst8), Q4_ALIGN,
+					(void **)&lm->dst8->data, err)
+			  : arena_alloc(&c->m->arena, lm->region, q4_matrix_bytes(lm->dst), Q4_ALIGN,
+					(void **)&lm->dst->data, err);
+	if (rc < 0)
+		return rc;
+	size_t n_blocks = load_mat_blocks(lm), rows = load_mat_rows(lm);
+	const struct gguf_tensor *t = lm->t;
+	size_t row_bytes;
+	qtype_row_bytes(t->type, t->ne[0], &row_bytes);
+	const uint8_t *src = t->data;
+	const uint8_t *released = src;
+	struct load_step st = { .c = c, .lm = lm, .row_bytes = row_bytes };
+	/* A step is one row block per repack thread; the file's pages are given back between
+	 * steps, so what is mapped at once stays LOAD_RELEASE_BYTES plus one step. */
+	for (size_t b0 = 0; b0 < n_blocks; b0 += c->repack_threads) {
+		st.blk0 = b0;
+		st.n_blk = n_blocks - b0 < c->repack_threads ? n_blocks - b0 : c->repack_threads;
+		if (st.n_blk > 1 && c->m->pool)
+			pool_run(c->m->pool, load_step_run, &st);
+		else
+			load_step_run(&st, 0, 1);
+		if (st.rc < 0)
+			return hearth_error_set(err, HEARTH_EINVAL, "tensor '%.*s': carry-over failed",
+						(int)t->name.len, t->name.ptr);
+		size_t r_end = (b0 + st.n_blk) * LOAD_ROWS;
+		r_end = r_end < rows ? r_end : rows;
+		const uint8_t *done = src + r_end * row_bytes;
+		if ((size_t)(done - released) >= LOAD_RELEASE_BYTES) {
+			load_release(c, released, done, true);
+			released = done;
+		}
+	}
+	load_release(c, released, src + t->size, false);
+
+	struct model_q4 *m = c->m;
+	if (m->notes && m->n_notes < c->n_mats) {
+		struct mq4_tensor_note *nt = &m->notes[m->n_notes++];
+		snprintf(nt->name, sizeof nt->name, "%.*s", (int)t->name.len, t->name.ptr);
+		nt->src = t->type;
+		nt->group = lm->group;
+		nt->carried = lm->carry;
+		nt->asym = lm->asym;
+		nt->bits = lm->dst8 ? 8 : 4;
+	}
+	c->done_bytes += t->size;
+	if (c->o->progress)
+		c->o->progress(c->o->progress_ctx, "repacking", m->notes[m->n_notes - 1].name,
+			       c->done_bytes, c->total_bytes);
+	return 0;
+}
+
+static struct mq4_rope *load_rope_slot(struct model_q4 *m, float base, float scale, uint32_t n_rot)
+{
+	for (uint32_t i = 0; i < m->n_ropes; i++)
+		if (m->ropes[i].base == base && m->ropes[i].scale == scale && m->ropes[i].n_rot == n_rot)
+			return &m->ropes[i];
+	if (m->n_ropes == sizeof m->ropes / sizeof m->ropes[0])
+		return NULL;
+	struct mq4_rope *r = &m->ropes[m->n_ropes++];
+	r->base = base;
+	r->scale = scale;
+	r->n_rot = n_rot;
+	return r;
+}
+
+/* The widest row of each kind of step buffer over all layers (layers may differ), which
+ * the plan sizes the scratch by and load_scratch carves it by. */
+struct load_widths {
+	size_t q, k, v, a, ff;     /* q, k, v, attention output, ffn hidden */
+	size_t heads;              /* query heads: the attention state per thread */
+};
+
+static void load_widths(const struct model_q4 *m, struct load_widths *w)
+{
+	*w = (struct load_widths){ 0 };
+	for (uint32_t l = 0; l < m->n_layer; l++) {
+		const struct mq4_layer *L = &m->layers[l];
+		size_t q = (size_t)L->n_head * L->head_dim, k = (size_t)L->n_head_kv * L->head_dim;
+		size_t v = (size_t)L->n_head_kv * L->head_dim_v, a = (size_t)L->n_head * L->head_dim_v;
+		w->q = q > w->q ? q : w->q;
+		w->k = k > w->k ? k : w->k;
+		w->v = v > w->v ? v : w->v;
+		w->a = a > w->a ? a : w->a;
+		w->ff = L->n_ff > w->ff ? L->n_ff : w->ff;
+		w->heads = L->n_head > w->heads ? L->n_head : w->heads;
+	}
+}
+
+static int load_plan(struct load_ctx *c, struct arena_plan *plan, struct kv_config *kvc,
+		     struct hearth_error *err)
+{
+	const struct model *ref = c->ref;
+	struct model_q4 *m = c->m;
+	const struct load_opts *o = c->o;
+	size_t w_bytes = 0, w_g128 = 0, w_g32 = 0, eh_bytes = 0, norm_bytes = 0, rope_bytes = 0;
+	uint32_t want = o->weights_group ? o->weights_group : LOAD_GROUP_128;
+	uint32_t want_head = o->head_group ? o->head_group : load_head_group(want);
+	int rc;
+	for (uint32_t l = 0; l < m->n_layer; l++) {
+		const struct model_layer *R = &ref->layers[l];
+		struct mq4_layer *L = &m->layers[l];
+		const struct gguf_tensor *ts[7] = { R->wq, R->wk, R->wv, R->wo, R->ffn_gate, R->ffn_up, R->ffn_down };
+		struct q4_matrix *ds[7] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down };
+		for (int i = 0; i < 7; i++) {
+			if ((rc = load_add_mat(c, ts[i], ds[i], NULL, want, err)) < 0)
+				return rc;
+			size_t b = align64(q4_matrix_bytes(ds[i]));
+			w_bytes += b;
+			if (ds[i]->group == 128)
+				w_g128 += b;
+			else
+				w_g32 += b;
+		}
+		const struct gguf_tensor *vs[8] = { R->attn_norm, R->ffn_norm, R->q_norm, R->k_norm,
+						    R->bq, R->bk, R->bv, R->bo };
+		for (int i = 0; i < 8; i++)
+			norm_bytes += vec_bytes(vs[i]);
+		if (R->bo)
+			return hearth_error_set(err, HEARTH_EUNSUPPORTED, "layer %u: an output bias is not supported", l);
+		L->n_head = R->n_head;
+		L->n_head_kv = R->n_head_kv;
+		L->head_dim = R->head_dim;
+		L->head_dim_v = R->head_dim_v;
+		L->n_ff = R->n_ff;
+		L->n_rot = R->n_rot;
+		L->window = R->window;
+		L->attn_scale = R->attn_scale;
+		if (L->head_dim % 16 || L->head_dim_v % 16)
+			return hearth_error_set(err, HEARTH_EUNSUPPORTED,
+						"layer %u: head size %u is not a multiple of 16, which the attention kernels need",
+						l, L->head_dim);
+		struct mq4_rope *r = load_rope_slot(m, R->rope_base, R->rope_scale, R->n_rot);
+		if (!r)
+			return hearth_error_set(err, HEARTH_EUNSUPPORTED, "more than 8 distinct RoPE settings");
+		L->rope = r;
+	}
+	if (m->head_bits == LOAD_HEAD_INT8) {
+		/* int8 keeps group 128 whatever the layers use (8 bits leave little for a finer
+		 * group to win) unless head_group asks for 32. */
+		uint32_t want8 = o->head_group ? o->head_group : LOAD_GROUP_128;
+		if ((rc = load_add_mat8(c, ref->tok_embd, &m->embd8, want8, err)) < 0)
+			return rc;
+		eh_bytes += align64(q8_matrix_bytes(&m->embd8));
+		if (!ref->hp.tied_output) {
+			if ((rc = load_add_mat8(c, ref->output, &m->output8, want8, err)) < 0)
+				return rc;
+			eh_bytes += align64(q8_matrix_bytes(&m->output8));
+		}
+	} else {
+		if ((rc = load_add_mat(c, ref->tok_embd, &m->embd, ARENA_REGION_EMBED_HEAD, want_head,
+					err)) < 0)
+			return rc;
+		eh_bytes += align64(q4_matrix_bytes(&m->embd));
+		if (!ref->hp.tied_output) {
+			if ((rc = load_add_mat(c, ref->output, &m->output, ARENA_REGION_EMBED_HEAD, want_head,
+						err)) < 0)
+				return rc;
+			eh_bytes += align64(q4_matrix_bytes(&m->output));
+		}
+	}
+	norm_bytes += vec_bytes(ref->output_norm);
+	for (uint32_t i = 0; i < m->n_ropes; i++)
+		rope_bytes += 2 * align64((size_t)o->max_context * (m->ropes[i].n_rot / 2) * sizeof(float));
+
+	/* KV: one shape per layer. */
+	struct kv_layer_shape *shapes = calloc(m->n_layer, sizeof *shapes);
+	if (!shapes)
+		return hearth_error_set(err, HEARTH_ENOMEM, "loader: out of memory");
+	for (uint32_t l = 0; l < m->n_layer; l++)
+		shapes[l] = (struct kv_layer_shape){ m->layers[l].n_head_kv, m->layers[l].head_dim,
+						     m->layers[l].head_dim_v };
+	*kvc = (struct kv_config){
+		.budget_bytes = o->kv_budget,
+		.block_tokens = 16,
+		.elem_type = o->kv_type,
+		.n_layer = m->n_layer,
+		.layer_shapes = shapes,
+		.max_seqs = o->max_seqs,
+		.max_context = o->max_context,
+	};
+	struct kv_geometry geo;
+	rc = kv_plan(kvc, &geo, err);
+	if (rc < 0)
+		return rc;
+
+	/* Scratch for one step: activations, attention state, logits rows. */
+	size_t T = o->step_tokens, E = m->hp.n_embd;
+	struct load_widths w;
+	load_widths(m, &w);
+	size_t nq = w.q, nk = w.k, nv = w.v, na = w.a, ff = w.ff, widest = E;
+	widest = ff > widest ? ff : widest;
+	widest = na > widest ? na : widest;
+	/* Activations are quantized once per group size the matrices use: the group-32 buffer
+	 * first, the group-128 one at acts_mem + acts_bytes (model_q4.c). A buffer no matrix
+	 * reads is not planned (3 MiB for a 1.7B model at 256 tokens): acts_bytes is then 0 or
+	 * the group-128 buffer is empty. Group 128 is sized for the widest row rounded up to
+	 * 128, which bounds every row a group-128 matrix can have. */
+	bool g32 = false, g128 = false;
+	for (size_t i = 0; i < c->n_mats; i++) {
+		g32 |= c->mats[i].group == 32;
+		g128 |= c->mats[i].group == 128;
+	}
+	size_t a32 = g32 ? q4_acts_bytes(o->act, T, widest, 32) : 0;
+	size_t a128 = g128 ? q4_acts_bytes(o->act, T, (widest + 127) / 128 * 128, 128) : 0;
+	if ((g32 && !a32) || (g128 && !a128))
+		return hearth_error_set(err, HEARTH_ERANGE, "scratch for %zu tokens overflows", T);
+	m->acts_bytes = align64(a32);
+	c->acts_total = m->acts_bytes + align64(a128);
+	m->attn_state_stride = align64(2 * w.heads * sizeof(float)) / sizeof(float);
+	size_t n_threads_max = c->threads_max = load_threads_max(o);
+	size_t scratch = 0;
+	scratch += 2 * align64(T * E * sizeof(float));                     /* x, xb */
+	scratch += align64(T * nq * sizeof(float)) + align64(T * nk * sizeof(float)) +
+		   align64(T * nv * sizeof(float)) + align64(T * na * sizeof(float));
+	scratch += 2 * align64(T * ff * sizeof(float));                    /* hb, hb2 */
+	scratch += align64((size_t)o->max_seqs * m->hp.n_vocab * sizeof(float)); /* logits */
+	scratch += align64(c->acts_total);
+	scratch += n_threads_max * m->attn_state_stride * sizeof(float);
+	m->bytes_weights = w_bytes;
+	m->bytes_embed_head = eh_bytes;
+	m->bytes_norms = norm_bytes;
+	m->bytes_rope = rope_bytes;
+	m->bytes_scratch = scratch;
+
+	arena_plan_init(plan);
+	if ((w_g128 && (rc = arena_plan_add(plan, LOAD_REGION_WEIGHTS_G128, w_g128, Q4_ALIGN, err)) < 0) ||
+	    (w_g32 && (rc = arena_plan_add(plan, LOAD_REGION_WEIGHTS_G32, w_g32, Q4_ALIGN, err)) < 0) ||
+	    (rc = arena_plan_add(plan, ARENA_REGION_EMBED_HEAD, eh_bytes, Q4_ALIGN, err)) < 0 ||
+	    (rc = arena_plan_add(plan, ARENA_REGION_NORMS, norm_bytes, 64, err)) < 0 ||
+	    (rc = arena_plan_add(plan, ARENA_REGION_ROPE, rope_bytes, 64, err)) < 0 ||
+	    (rc = arena_plan_add(plan, ARENA_REGION_KV, geo.pool_bytes, 4096, err)) < 0 ||
+	    (rc = arena_plan_add(plan, ARENA_REGION_SCRATCH, scratch, 64, err)) < 0)
+		return rc;
+	return 0;
+}
+
+static int load_scratch(struct load_ctx *c, struct hearth_error *err)
+{
+	struct model_q4 *m = c->m;
+	size_t T = m->step_tokens, E = m->hp.n_embd;
+	struct load_widths w;
+	load_widths(m, &w);
+	size_t nq = w.q, nk = w.k, nv = w.v, na = w.a, ff = w.ff;
+	struct {
+		void **p;
+		size_t bytes;
+	} parts[] = {
+		{ (void **)&m->x, T * E * sizeof(float) },
+		{ (void **)&m->xb, T * E * sizeof(float) },
+		{ (void **)&m->q, T * nq * sizeof(float) },
+		{ (void **)&m->k, T * nk * sizeof(float) },
+		{ (void **)&m->v, T * nv * sizeof(float) },
+		{ (void **)&m->att, T * na * sizeof(float) },
+		{ (void **)&m->hb, T * ff * sizeof(float) },
+		{ (void **)&m->hb2, T * ff * sizeof(float) },
+		{ (void **)&m->logits, (size_t)m->max_seqs * m->hp.n_vocab * sizeof(float) },
+		{ &m->acts_mem, c->acts_total },
+		{ (void **)&m->attn_state, c->threads_max * m->attn_state_stride * sizeof(float) },
+	};
+	for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+		int rc = arena_alloc(&m->arena, ARENA_REGION_SCRATCH, align64(parts[i].bytes), 64,
+				     parts[i].p, err);
+		if (rc < 0)
+			return rc;
+	}
+	struct arena_region *r = arena_region_find(&m->arena, ARENA_REGION_SCRATCH);
+	return arena_prefault(&m->arena, r->base, r->size, err);
+}
+
+static int load_threads(struct model_q4 *m, const struct load_opts *o, struct hearth_error *err)
+{
+	int cpus[256];
+	size_t n = 0;
+	int rc = arena_node_cpus(m->arena.numa_node >= 0 ? m->arena.numa_node : 0, cpus, 256, &n, err);
+	if (rc < 0)
+		return rc;
+	if (o->n_threads && o->n_threads < n)
+		n = o->n_threads;
+	if (n > load_threads_max(o))
+		n = load_threads_max(o); /* the per-thread scratch was planned for no more */
+	if (n == 0)
+		n = 1;
+	m->n_threads = n;
+	memcpy(m->cpus, cpus, n * sizeof *cpus);
+	/* The caller is not pinned here: the loader thread goes away, and the compute thread
+	 * that steps the model pins itself to cpus[0] (engine thread_init). */
+	rc = pool_create(&m->pool, n, cpus, 0, POOL_YIELD_IDLE);
+	if (rc < 0)
+		return hearth_error_errno(err, HEARTH_EIO, -rc, "cannot start %zu compute threads", n);
+	return 0;
+}
+
+/* "q4_g128", "q4_g32" or "q4_mixed" for the layer matrices, then "+head_gN" when they are
+ * all at one group and an int4 embedding/head (the notes after the layers') is at another,
+ * or "+head_q8" for an int8 one ("+head_q8_g32" when it is at group 32). */
+static void load_quant_name(struct model_q4 *m)
+{
+	uint32_t n_layer_notes = m->n_layer * 7;
+	bool g32 = false, g128 = false, h32 = false, h128 = false;
+	for (uint32_t i = 0; i < m->n_notes; i++) {
+		bool head = i >= n_layer_notes;
+		*(head ? &h32 : &g32) |= m->notes[i].group == 32;
+		*(head ? &h128 : &g128) |= m->notes[i].group == 128;
+	}
+	const char *layers = g32 && g128 ? "q4_mixed" : g32 ? "q4_g32" : "q4_g128";
+	const char *head = g128 && !g32 && h32 ? "+head_g32" : g32 && !g128 && h128 ? "+head_g128" : "";
+	if (m->head_bits == LOAD_HEAD_INT8)
+		head = h32 ? "+head_q8_g32" : "+head_q8";
+	snprintf(m->quant_name, sizeof m->quant_name, "%s%s", layers, head);
+}
+
+static uint64_t load_count_params(const struct model *ref)
+{
+	uint64_t n = 0;
+	for (uint64_t i = 0; i < ref->file->n_tensors; i++)
+		n += ref->file->tensors[i].n_elems;
+	return n;
+}
+
+int load_q4(struct model_q4 **out, struct tok **tok_out, const char *path,
+	    const struct load_opts *o, struct hearth_error *err)
+{
+	*out = NULL;
+	*tok_out = NULL;
+	struct gguf_file *f = NULL;
+	struct model *ref = NULL;
+	struct tok *tok = NULL;
+	struct model_q4 *m = NULL;
+	struct load_ctx c = { .o = o };
+	struct arena_plan plan;
+	struct kv_config kvc = { 0 };
+	struct ledger_sampler sampler;
+	bool sampling = false;
+	int rc;
+
+	if (o->load_record)
+		memset(o->load_record, 0, sizeof *o->load_record);
+	if (o->placement)
+		memset(o->placement, 0, sizeof *o->placement);
+	if (o->kv_type != QTYPE_F16 && o->kv_type != QTYPE_BF16 && o->kv_type != QTYPE_KV_Q8)
+		return hearth_error_set(err, HEARTH_EINVAL,
+					"kv_type must be f16, bf16 or q8 for the int4 engine");
+	if ((o->weights_group && o->weights_group != LOAD_GROUP_128 && o->weights_group != LOAD_GROUP_32) ||
+	    (o->head_group && o->head_group != LOAD_GROUP_128 && o->head_group != LOAD_GROUP_32))
+		return hearth_error_set(err, HEARTH_EINVAL, "weights group %u / head group %u: use 128 or 32",
+					o->weights_group, o->head_group);
+	if (o->head_bits && o->head_bits != LOAD_HEAD_INT4 && o->head_bits != LOAD_HEAD_INT8)
+		return hearth_error_set(err, HEARTH_EINVAL, "head bits %u: use 4 or 8", o->head_bits);
+	/* The peak is what a small machine must hold to reach the settled size, so it is
+	 * measured from before the file is mapped to after every transient is given back. */
+	if (o->load_record) {
+		if ((rc = ledger_sampler_start(&sampler, LOAD_SAMPLE_MS, err)) < 0)
+			return rc;
+		sampling = true;
+	}
+	if (o->progress)
+		o->progress(o->progress_ctx, "mapping", path, 0, 1);
+	if ((rc = gguf_open(&f, path, err)) < 0)
+		goto fail;
+	struct model_opts mo = { .max_ctx = o->max_context };
+	if ((rc = model_load(&ref, f, &mo, err)) < 0)
+		goto fail;
+	if (ref->hp.n_ctx_train && o->max_context > ref->hp.n_ctx_train) {
+		rc = hearth_error_set(err, HEARTH_EINVAL,
+				      "%s: max_context %u is above the %u tokens the model was trained for",
+				      path, o->max_context, ref->hp.n_ctx_train);
+		goto fail;
+	}
+	if ((rc = tok_load(&tok, f, err)) < 0)
+		goto fail;
+	m = calloc(1, sizeof *m);
+	if (!m) {
+		rc = hearth_error_set(err, HEARTH_ENOMEM, "loader: out of memory");
+		goto fail;
+	}
+	m->hp = ref->hp;
+	m->n_layer = ref->hp.n_layer;
+	m->max_context = o->max_context;
+	m->max_seqs = o->max_seqs;
+	m->step_tokens = o->step_tokens;
+	m->act = o->act;
+	m->head_bits = o->head_bits == LOAD_HEAD_INT8 ? LOAD_HEAD_INT8 : LOAD_HEAD_INT4;
+	m->kern = kern_active();
+	snprintf(m->arch_name, sizeof m->arch_name, "%s", model_arch_name(ref->hp.arch));
+	struct gguf_str gname;
+	if (gguf_get_str(f, "general.name", &gname, NULL) == 0)
+		snprintf(m->name, sizeof m->name, "%.*s", (int)gname.len, gname.ptr);
+	m->n_params = load_count_params(ref);
+	m->layers = calloc(m->n_layer, sizeof *m->layers);
+	m->notes = calloc((size_t)m->n_layer * 7 + 2, sizeof *m->notes);
+	if (!m->layers || !m->notes) {
+		rc = hearth_error_set(err, HEARTH_ENOMEM, "loader: out of memory");
+		goto fail;
+	}
+	c.ref = ref;
+	c.file = f;
+	c.m = m;
+	if ((rc = load_plan(&c, &plan, &kvc, err)) < 0)
+		goto fail;
+	if ((rc = arena_create(&m->arena, &plan, &o->arena, err)) < 0)
+		goto fail;
+	/* The metadata (vocabulary, merges: megabytes for a large vocabulary) has been read
+	 * into the tokenizer and the plan; a later lookup faults it back in. */
+	load_release(&c, f->map, f->map + f->data_offset, true);
+	for (uint32_t l = 0; l < m->n_layer; l++) {
+		const struct model_layer *R = &ref->layers[l];
+		struct mq4_layer *L = &m->layers[l];
+		if ((rc = load_vec(&c, R->attn_norm, &L->attn_norm, err)) < 0 ||
+		    (rc = load_vec(&c, R->ffn_norm, &L->ffn_norm, err)) < 0 ||
+		    (rc = load_vec(&c, R->q_norm, &L->q_norm, err)) < 0 ||
+		    (rc = load_vec(&c, R->k_norm, &L->k_norm, err)) < 0 ||
+		    (rc = load_vec(&c, R->bq, &L->bq, err)) < 0 ||
+		    (rc = load_vec(&c, R->bk, &L->bk, err)) < 0 ||
+		    (rc = load_vec(&c, R->bv, &L->bv, err)) < 0)
+			goto fail;
+	}
+	if ((rc = load_vec(&c, ref->output_norm, &m->output_norm, err)) < 0)
+		goto fail;
+	/* The compute threads are started before the repack so it can use them. */
+	if ((rc = load_threads(m, o, err)) < 0)
+		goto fail;
+	c.repack_threads = m->n_threads < LOAD_REPACK_THREADS_MAX ? m->n_threads : LOAD_REPACK_THREADS_MAX;
+	c.rows = malloc(c.repack_threads * LOAD_ROWS * c.rows_cap * sizeof(float));
+	if (!c.rows) {
+		rc = hearth_error_set(err, HEARTH_ENOMEM, "loader: out of memory for the repack scratch");
+		goto fail;
+	}
+	for (size_t i = 0; i < c.n_mats; i++)
+		if ((rc = load_repack(&c, &c.mats[i], err)) < 0)
+			goto fail;
+	free(c.rows);
+	c.rows = NULL;
+	for (uint32_t i = 0; i < m->n_ropes; i++) {
+		struct mq4_rope *r = &m->ropes[i];
+		size_t n = align64((size_t)o->max_context * (r->n_rot / 2) * sizeof(float));
+		if ((rc = arena_alloc(&m->arena, ARENA_REGION_ROPE, n, 64, (void **)&r->cos, err)) < 0 ||
+		    (rc = arena_alloc(&m->arena, ARENA_REGION_ROPE, n, 64, (void **)&r->sin, err)) < 0)
+			goto fail;
+		vec_rope_table(r->cos, r->sin, o->max_context, r->n_rot, r->base, r->scale, ref->rope_freqs);
+	}
+	if ((rc = kv_create(&m->kv, &kvc, &m->arena, err)) < 0)
+		goto fail;
+	free((void *)kvc.layer_shapes);
+	kvc.layer_shapes = NULL;
+	if ((rc = load_scratch(&c, err)) < 0 || (rc = model_q4_prepare(m, err)) < 0)
+		goto fail;
+	load_quant_name(m);
+	/* Release: the model no longer needs the file. */
+	model_free(ref);
+	ref = NULL;
+	gguf_close(f);
+	f = NULL;
+	free(c.mats);
+	c.mats = NULL;
+	malloc_trim(0);
+	/* Pages land on the bound node unless memory there ran out (the policy is MPOL_BIND,
+	 * but a preferred fallback or a kernel without NUMA can say otherwise): an error only
+	 * when the configuration named the node. */
+	{
+		struct arena_placement pl;
+		struct hearth_error perr;
+		rc = arena_verify_placement(&m->arena, &pl, &perr);
+		if (o->placement)
+			*o->placement = pl;
+		if (rc < 0 && o->arena.numa_node >= 0) {
+			hearth_error_set(err, rc, "%s: %s", path, perr.msg);
+			goto fail;
+		}
+		rc = 0;
+	}
+	if (sampling) {
+		sampling = false;
+		if ((rc = ledger_sampler_stop(&sampler, o->load_record, err)) < 0)
+			goto fail;
+	}
+	*out = m;
+	*tok_out = tok;
+	return 0;
+fail:
+	if (sampling) {
+		struct ledger_load discard;
+		ledger_sampler_stop(&sampler, &discard, NULL);
+	}
+	if (o->load_record)
+		o->load_record->valid = false;
+	free(c.rows);
+	free(c.mats);
+	free((void *)kvc.layer_shapes);
+	model_q4_free(m);
+	tok_free(tok);
+	model_free(ref);
+	gguf_close(f);
+	return rc;
+}

@@ -1,0 +1,80 @@
+/* The loader: from a GGUF file to the resident int4 model. It plans the arena before it maps
+ * anything (packed weights, norms, RoPE tables sized by max_context, the KV pool, scratch),
+ * repacks each matrix a row block at a time through a small scratch (no step expands a whole
+ * matrix; the file's pages are given back every few MiB as they are consumed), then unmaps
+ * the file, drops its page cache and trims the heap. */
+#ifndef HEARTH_DAEMON_LOAD_H
+#define HEARTH_DAEMON_LOAD_H
+
+#include <stdint.h>
+
+#include "daemon/engine/arena.h"
+#include "daemon/engine/model_q4.h"
+#include "kernels/q4.h"
+#include "protocol/error.h"
+
+struct tok;
+struct ledger_load;
+
+/* The layer matrices' arena regions, one per packed group size (arena.h's
+ * "weights.<type>"): group 128 for weights quantized at load (weights_group 128), group 32
+ * for weights quantized at load with weights_group 32, for codes carried over from Q4_0,
+ * Q4_1 and Q4_K files, and for rows whose width is not a multiple of 128. The token
+ * embedding and an untied head live in ARENA_REGION_EMBED_HEAD whatever their type (int4 or
+ * int8). */
+#define LOAD_REGION_WEIGHTS_G128 ARENA_REGION_WEIGHTS ".q4g128"
+#define LOAD_REGION_WEIGHTS_G32 ARENA_REGION_WEIGHTS ".q4g32"
+
+struct load_opts {
+	uint32_t max_context;          /* sizes RoPE and per-sequence KV; <= the trained length */
+	uint64_t kv_budget;            /* bytes for the whole KV pool */
+	enum qtype kv_type;            /* QTYPE_F16, QTYPE_BF16 or QTYPE_KV_Q8 (int8 rows) */
+	uint32_t max_seqs;             /* sequences running at once */
+	uint32_t step_tokens;          /* tokens in one batched step */
+	struct arena_config arena;
+	enum q4_act_kind act;          /* Q4_ACT_A16 (W4A16) or Q4_ACT_A8 (W4A8) */
+	size_t n_threads;              /* 0: every CPU of the arena's NUMA node */
+	/* How matrices read from F32/F16/BF16 are quantized (carried-over Q4_0/Q4_1/Q4_K codes
+	 * keep their own layout): LOAD_GROUP_128, asymmetric group 128 with the scale search
+	 * (4.25 bpw), or LOAD_GROUP_32, symmetric group 32 with the scale search (4.5 bpw,
+	 * Q4_0's format). 0 reads as 128. The embedding/head follows load_head_group(). */
+	uint32_t weights_group;
+	/* 0: the embedding/head as load_head_group() says; 128 or 32 forces that layout for
+	 * it (bench/fidelity measures the alternatives with this). */
+	uint32_t head_group;
+	/* LOAD_HEAD_INT4 (0 reads as it) or LOAD_HEAD_INT8: the token embedding and the head
+	 * (once when tied) as int8 (kernels/q8.h), where 4 bits cost the most quality. int8
+	 * packs F32/F16/BF16 and types it cannot carry over at group 128 (head_group 32, or
+	 * rows not a multiple of 128: group 32) and carries Q8_0 over exactly at group 32. */
+	uint32_t head_bits;
+	/* Called between tensors; phase is "repacking" etc., what names the tensor. */
+	void (*progress)(void *ctx, const char *phase, const char *what, uint64_t done,
+			 uint64_t total);
+	void *progress_ctx;
+	/* Optional: the load's memory as the ledger sampler saw it (RssAnon every 10 ms from
+	 * before the file is mapped until after it is released; daemon/ledger.h). Filled on
+	 * success; on failure its valid is false. */
+	struct ledger_load *load_record;
+	/* Optional: where the arena's pages are once loaded (bytes per NUMA node). A page off
+	 * the bound node fails the load only when arena.numa_node names a node (>= 0); with
+	 * auto (-1) it is only reported here, bytes_other_node counting it. */
+	struct arena_placement *placement;
+};
+
+#define LOAD_GROUP_128 128u
+#define LOAD_GROUP_32 32u
+#define LOAD_HEAD_INT4 4u
+#define LOAD_HEAD_INT8 8u
+
+void load_opts_default(struct load_opts *o);
+
+/* The group the embedding/head is quantized at for a weights_group (doc/benchmarks.md has
+ * the measurements behind the choice). */
+uint32_t load_head_group(uint32_t weights_group);
+
+/* Loads path into a resident model and its tokenizer. Errors name the file and what was
+ * wrong; nothing is left allocated on failure. */
+int load_q4(struct model_q4 **out, struct tok **tok_out, const char *path,
+	    const struct load_opts *o, struct hearth_error *err);
+
+#endif

@@ -1,0 +1,109 @@
+/* The resident model the daemon serves: every matrix in the kernels' one int4 layout inside
+ * the arena (the embedding/head optionally int8), norms and RoPE tables beside them, the
+ * paged KV cache, and a forward pass that runs one step for many sequences at once on the
+ * pinned thread pool, so the weights stream from memory once per step for everyone. Built
+ * by load_q4 (daemon/load.h). */
+#ifndef HEARTH_DAEMON_MODEL_Q4_H
+#define HEARTH_DAEMON_MODEL_Q4_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "daemon/engine/arena.h"
+#include "daemon/engine/engine.h"
+#include "daemon/engine/kv.h"
+#include "daemon/engine/model.h"
+#include "kernels/dispatch.h"
+#include "kernels/pool.h"
+#include "kernels/q4.h"
+#include "kernels/q8.h"
+
+/* A distinct (theta, rotary dims, scale) among the layers: one cos/sin table each,
+ * max_context rows. */
+struct mq4_rope {
+	float base, scale;
+	uint32_t n_rot;
+	float *cos, *sin;          /* max_context x n_rot/2, in the arena */
+};
+
+struct mq4_layer {
+	uint32_t n_head, n_head_kv, head_dim, head_dim_v, n_ff, n_rot;
+	uint32_t window;
+	float attn_scale;
+	const struct mq4_rope *rope;
+	struct q4_matrix wq, wk, wv, wo, gate, up, down;
+	const float *attn_norm, *ffn_norm, *q_norm, *k_norm;   /* NULL when absent */
+	const float *bq, *bk, *bv;
+};
+
+/* How each source tensor reached the layout, for the loader's report. */
+struct mq4_tensor_note {
+	char name[64];
+	enum qtype src;
+	uint32_t group;
+	bool carried;              /* codes taken over without re-rounding */
+	bool asym;
+	uint8_t bits;              /* 4, or 8 for an int8 embedding/head */
+};
+
+struct model_q4 {
+	struct model_hparams hp;
+	char arch_name[16];
+	char name[64];
+	uint64_t n_params;
+	uint32_t n_layer;
+	struct mq4_layer *layers;
+	/* The embedding and head are int4 (embd, output) or, with head_bits 8, int8 (embd8,
+	 * output8); the other pair is unused (data NULL). */
+	uint32_t head_bits;
+	struct q4_matrix embd;     /* token_embd: also the head when tied */
+	struct q4_matrix output;   /* untied head; data NULL when tied */
+	struct q8_matrix embd8, output8;
+	const float *output_norm;
+	struct mq4_rope ropes[8];
+	uint32_t n_ropes;
+
+	struct arena arena;
+	struct kv_cache kv;
+	uint32_t max_context, max_seqs, step_tokens;
+	enum q4_act_kind act;
+	const struct kern_table *kern;
+	struct pool *pool;
+	size_t n_threads;
+	int cpus[256];             /* the pool's CPUs; cpus[0] is the stepping thread's */
+
+	/* scratch for one step of step_tokens tokens (in the arena's scratch region) */
+	float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *logits;
+	void *acts_mem;
+	size_t acts_bytes;
+	float *attn_state;         /* per thread: max[n_head], sum[n_head] of the online softmax */
+	size_t attn_state_stride;
+	int32_t *step_tokens_buf;  /* token, position and sequence of every batch row */
+	uint32_t *step_pos;
+	struct engine_seq **step_seq;
+	uint32_t *logit_rows;      /* batch rows whose logits are wanted */
+	struct engine_seq *seqs;   /* max_seqs slots, indexed by KV sequence id */
+
+	struct mq4_tensor_note *notes;
+	uint32_t n_notes;
+	uint64_t bytes_weights, bytes_embed_head, bytes_norms, bytes_rope, bytes_scratch;
+	char quant_name[32];       /* "q4_g128", "q4_g32", "q4_mixed", "q4_g128+head_q8" ... */
+};
+
+/* Allocates the per-step bookkeeping (rows, positions, sequence slots) once the loader
+ * has set max_seqs, step_tokens and max_context. */
+int model_q4_prepare(struct model_q4 *m, struct hearth_error *err);
+
+/* The scheduler's view. Sequences are KV sequences with their token history (the prefix
+ * cache needs each full block's ids). */
+void model_q4_engine(struct model_q4 *m, struct engine *out);
+
+/* Runs spans (several sequences, prefill chunks and decode tokens) as one batched step.
+ * Total tokens must not exceed step_tokens. */
+int model_q4_forward(struct model_q4 *m, const struct engine_span *spans, size_t n_spans,
+		     struct hearth_error *err);
+
+/* Frees everything: KV bookkeeping, the pool, the arena. NULL is fine. */
+void model_q4_free(struct model_q4 *m);
+
+#endif

@@ -1,0 +1,1003 @@
+/* The compute thread's scheduler: admits queued requests round-robin by client, builds one
+ * batch per step from every running sequence (a decode token each, plus bounded prefill
+ * chunks), runs the engine once, samples, and streams tokens into the clients' rings.
+ * Nothing here blocks on a client: a full ring parks only its own sequence. */
+#include "daemon/serve/sched.h"
+
+#include <errno.h>
+#include <math.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/engine/tokenizer.h"
+
+#define SCHED_PIECE_MAX 1024
+#define SCHED_HOLD_MAX (SCHED_MAX_STOP_LEN * 2)
+#define SCHED_TEXT_MAX (SCHED_HOLD_MAX + SCHED_PIECE_MAX + 16)
+
+/* A token event built but not yet accepted by the client's ring. */
+struct sched_event {
+	int32_t token;
+	uint32_t index;
+	char text[SCHED_TEXT_MAX];
+	uint32_t text_len;
+	float logprob;
+	uint32_t n_top;
+	int32_t top_ids[SCHED_MAX_TOP];
+	float top_logprobs[SCHED_MAX_TOP];
+	bool with_logits;
+	uint64_t t_sampled_ns;
+};
+
+struct sched_seq {
+	struct sched_msg *msg;          /* NULL when the slot is free */
+	struct engine_seq *eseq;
+	uint32_t n_fed;                 /* tokens already in the KV */
+	uint32_t n_tokens;              /* prompt + generated tokens in tokens[] */
+	int32_t *tokens;                /* max_context */
+	float *logits;                  /* n_vocab */
+	struct sampler *sampler;
+	struct tok_stream stream;
+	char held[SCHED_HOLD_MAX];      /* text that may be the start of a stop string */
+	uint32_t n_held;
+	bool has_event;
+	struct sched_event ev;
+	uint64_t blocked_since;
+	enum sched_finish finish;       /* set: the sequence ends once its event is out */
+	struct hearth_error err;
+	bool cancel;
+};
+
+struct sched {
+	struct sched_params p;
+	struct engine eng;
+	const struct tok *tok;
+	struct queue in, out;
+	int doorbell;
+	void (*notify)(void *);
+	void *notify_ctx;
+	pthread_t thread;
+	bool thread_started;
+	_Atomic bool quit;
+	size_t in_flight;               /* loop thread only: posted and not yet taken back */
+
+	struct sched_seq *seqs;         /* max_seqs slots */
+	struct engine_span *spans;
+	struct sched_seq **span_seq;
+	struct sched_client *rr;        /* next client whose waiting request is admitted */
+	uint32_t prefill_cursor;
+	uint64_t step_no;
+	struct sched_msg *shutdown;
+	uint64_t shutdown_deadline;
+	uint32_t n_waiting;
+	uint64_t tps_window_start, tps_window_tokens;
+
+	struct sched_stats stats;
+};
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+const char *sched_finish_name(enum sched_finish f)
+{
+	switch (f) {
+	case SCHED_FINISH_NONE: return "none";
+	case SCHED_FINISH_LENGTH: return "length";
+	case SCHED_FINISH_STOP: return "stop";
+	case SCHED_FINISH_CONTEXT: return "context";
+	case SCHED_FINISH_CANCELED: return "canceled";
+	case SCHED_FINISH_ERROR: return "error";
+	}
+	return "unknown";
+}
+
+void sched_params_default(struct sched_params *p)
+{
+	p->max_seqs = 16;
+	p->step_tokens = 256;
+	p->prefill_chunk = 256;
+	p->kv_wait_ns = 30ull * 1000000000ull;
+	p->stall_ns = 30ull * 1000000000ull;
+	p->queue_cap = 4096;
+}
+
+/* ---- messages back to the loop thread ---- */
+
+static void sched_hand_back(struct sched *s, struct sched_msg *m)
+{
+	/* The loop never has more than queue_cap messages in flight, so this cannot fail;
+	 * spinning here would only hide a broken invariant. */
+	while (!queue_push(&s->out, m))
+		sched_yield();
+	if (s->notify)
+		s->notify(s->notify_ctx);
+}
+
+static void sched_finish_msg(struct sched *s, struct sched_msg *m, enum sched_finish f,
+			     const struct hearth_error *err)
+{
+	m->result.finish = f;
+	if (err && f == SCHED_FINISH_ERROR)
+		m->result.err = *err;
+	m->result.t_end = now_ns();
+	sched_hand_back(s, m);
+}
+
+static void sched_fail_msg(struct sched *s, struct sched_msg *m, int code, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+
+static void sched_fail_msg(struct sched *s, struct sched_msg *m, int code, const char *fmt, ...)
+{
+	struct hearth_error e;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(e.msg, sizeof e.msg, fmt, ap);
+	va_end(ap);
+	e.code = code;
+	sched_finish_msg(s, m, SCHED_FINISH_ERROR, &e);
+}
+
+/* ---- the round-robin ring of clients with waiting requests ---- */
+
+static void rr_insert(struct sched *s, struct sched_client *c)
+{
+	if (c->in_rr)
+		return;
+	c->in_rr = true;
+	if (!s->rr) {
+		c->rr_next = c;
+		s->rr = c;
+		return;
+	}
+	/* Newcomers go just before the current turn: they wait one full round at most. */
+	struct sched_client *prev = s->rr;
+	while (prev->rr_next != s->rr)
+		prev = prev->rr_next;
+	prev->rr_next = c;
+	c->rr_next = s->rr;
+}
+
+static void rr_remove(struct sched *s, struct sched_client *c)
+{
+	if (!c->in_rr)
+		return;
+	c->in_rr = false;
+	if (c->rr_next == c) {
+		s->rr = NULL;
+		return;
+	}
+	struct sched_client *prev = c;
+	while (prev->rr_next != c)
+		prev = prev->rr_next;
+	prev->rr_next = c->rr_next;
+	if (s->rr == c)
+		s->rr = c->rr_next;
+	c->rr_next = NULL;
+}
+
+static struct sched_msg *waiting_pop(struct sched *s, struct sched_client *c)
+{
+	struct sched_msg *m = c->waiting;
+	if (!m)
+		return NULL;
+	c->waiting = m->link;
+	if (!c->waiting)
+		c->waiting_tail = NULL;
+	m->link = NULL;
+	s->n_waiting--;
+	return m;
+}
+
+static void waiting_push(struct sched *s, struct sched_client *c, struct sched_msg *m)
+{
+	m->link = NULL;
+	if (c->waiting_tail)
+		c->waiting_tail->link = m;
+	else
+		c->waiting = m;
+	c->waiting_tail = m;
+	s->n_waiting++;
+	rr_insert(s, c);
+}
+
+/* ---- sequences ---- */
+
+static void seq_release(struct sched *s, struct sched_seq *q)
+{
+	if (q->eseq)
+		s->eng.seq_close(s->eng.impl, q->eseq);
+	q->eseq = NULL;
+	if (q->msg)
+		q->msg->client->n_running--;
+	q->msg = NULL;
+	q->has_event = false;
+	q->finish = SCHED_FINISH_NONE;
+	q->cancel = false;
+	q->blocked_since = 0;
+	sampler_free(q->sampler);
+	q->sampler = NULL;
+}
+
+/* Ends a running sequence now and hands its message back. */
+static void seq_end(struct sched *s, struct sched_seq *q, enum sched_finish f,
+		    const struct hearth_error *err)
+{
+	struct sched_msg *m = q->msg;
+	m->result.n_generated = q->n_tokens - m->req.n_prompt;
+	seq_release(s, q);
+	sched_finish_msg(s, m, f, err);
+}
+
+static struct sched_seq *seq_free_slot(struct sched *s)
+{
+	for (uint32_t i = 0; i < s->p.max_seqs; i++)
+		if (!s->seqs[i].msg)
+			return &s->seqs[i];
+	return NULL;
+}
+
+/* Tries to start m in a free slot. 0 on success, HEARTH_EKVFULL when the KV budget cannot
+ * hold it now, another code for a request that can never run. */
+static int seq_start(struct sched *s, struct sched_seq *q, struct sched_msg *m, uint64_t now)
+{
+	const struct sched_request *r = &m->req;
+	uint32_t n_reserve = r->n_prompt + r->max_tokens;
+	if (n_reserve > s->eng.max_context || n_reserve < r->n_prompt)
+		n_reserve = s->eng.max_context;
+	uint32_t n_cached = 0;
+	struct hearth_error e;
+	int rc = s->eng.seq_open(s->eng.impl, r->prompt, r->n_prompt, n_reserve, &q->eseq,
+				 &n_cached, &e);
+	if (rc < 0) {
+		q->eseq = NULL;
+		if (rc != HEARTH_EKVFULL)
+			sched_finish_msg(s, m, SCHED_FINISH_ERROR, &e);
+		return rc;
+	}
+	/* The last prompt token is always fed, so its logits exist even when the whole
+	 * prompt is a cached prefix. */
+	if (n_cached >= r->n_prompt)
+		n_cached = r->n_prompt - 1;
+	struct sampler_params sp = r->sampling;
+	sp.seed = r->seed;
+	rc = sampler_new(&q->sampler, &sp, s->eng.n_vocab, &e);
+	if (rc < 0) {
+		s->eng.seq_close(s->eng.impl, q->eseq);
+		q->eseq = NULL;
+		sched_finish_msg(s, m, SCHED_FINISH_ERROR, &e);
+		return rc;
+	}
+	for (uint32_t i = 0; i < r->n_prompt; i++)
+		sampler_accept(q->sampler, r->prompt[i]);
+	q->msg = m;
+	m->client->n_running++;
+	memcpy(q->tokens, r->prompt, (size_t)r->n_prompt * sizeof *q->tokens);
+	q->n_tokens = r->n_prompt;
+	q->n_fed = n_cached;
+	q->n_held = 0;
+	q->has_event = false;
+	q->finish = SCHED_FINISH_NONE;
+	q->cancel = false;
+	tok_stream_init(&q->stream);
+	m->result.n_prompt = r->n_prompt;
+	m->result.n_cached = n_cached;
+	m->result.t_admit = now;
+	return 0;
+}
+
+/* ---- incoming messages ---- */
+
+static void sched_on_submit(struct sched *s, struct sched_msg *m, uint64_t now)
+{
+	const struct sched_request *r = &m->req;
+	if (s->shutdown) {
+		sched_fail_msg(s, m, HEARTH_ESHUTDOWN, "the daemon is shutting down");
+		return;
+	}
+	if (r->n_prompt == 0) {
+		sched_fail_msg(s, m, HEARTH_EINVAL, "the prompt is empty");
+		return;
+	}
+	if (r->n_prompt >= s->eng.max_context) {
+		sched_fail_msg(s, m, HEARTH_ERANGE,
+			       "the prompt has %u tokens; max_context is %u and one more is needed to generate",
+			       r->n_prompt, s->eng.max_context);
+		return;
+	}
+	uint64_t need = (uint64_t)r->n_prompt + r->max_tokens;
+	if (need > s->eng.max_context)
+		need = s->eng.max_context;
+	if (need > s->eng.kv_tokens) {
+		sched_fail_msg(s, m, HEARTH_EKVFULL,
+			       "the request needs KV for %llu tokens but the whole kv_budget holds %llu",
+			       (unsigned long long)need, (unsigned long long)s->eng.kv_tokens);
+		return;
+	}
+	m->kv_deadline = now + s->p.kv_wait_ns;
+	waiting_push(s, m->client, m);
+}
+
+static bool sched_cancel_waiting(struct sched *s, struct sched_client *c, uint64_t id)
+{
+	struct sched_msg **pp = &c->waiting, *prev = NULL;
+	for (struct sched_msg *m = c->waiting; m; prev = m, m = m->link) {
+		if (m->req.id != id) {
+			pp = &m->link;
+			continue;
+		}
+		*pp = m->link;
+		if (c->waiting_tail == m)
+			c->waiting_tail = prev;
+		s->n_waiting--;
+		if (!c->waiting)
+			rr_remove(s, c);
+		sched_finish_msg(s, m, SCHED_FINISH_CANCELED, NULL);
+		return true;
+	}
+	return false;
+}
+
+static void sched_on_cancel(struct sched *s, struct sched_msg *m)
+{
+	if (!sched_cancel_waiting(s, m->client, m->req_id)) {
+		for (uint32_t i = 0; i < s->p.max_seqs; i++) {
+			struct sched_seq *q = &s->seqs[i];
+			if (q->msg && q->msg->client == m->client && q->msg->req.id == m->req_id)
+				q->cancel = true;
+		}
+	}
+	sched_hand_back(s, m);
+}
+
+static void sched_on_client_gone(struct sched *s, struct sched_msg *m)
+{
+	struct sched_client *c = m->client;
+	c->gone = true;
+	struct sched_msg *w;
+	while ((w = waiting_pop(s, c)))
+		sched_finish_msg(s, w, SCHED_FINISH_CANCELED, NULL);
+	rr_remove(s, c);
+	for (uint32_t i = 0; i < s->p.max_seqs; i++) {
+		struct sched_seq *q = &s->seqs[i];
+		if (q->msg && q->msg->client == c)
+			seq_end(s, q, SCHED_FINISH_CANCELED, NULL);
+	}
+	/* Handed back last: after it the loop may free the client and unmap its ring. */
+	sched_hand_back(s, m);
+}
+
+/* Ends every request still queued, of every client, with the same outcome. */
+static void sched_end_waiting(struct sched *s, enum sched_finish f, const struct hearth_error *err)
+{
+	while (s->rr) {
+		struct sched_client *c = s->rr;
+		struct sched_msg *w;
+		while ((w = waiting_pop(s, c)))
+			sched_finish_msg(s, w, f, err);
+		rr_remove(s, c);
+	}
+}
+
+/* A shutdown or drain: m comes back once no sequence is left (or at once when one is
+ * already under way). Returns true when m now owns the ending. */
+static bool sched_begin_end(struct sched *s, struct sched_msg *m, uint64_t deadline)
+{
+	if (s->shutdown) {
+		sched_hand_back(s, m);
+		return false;
+	}
+	s->shutdown = m;
+	s->shutdown_deadline = deadline;
+	return true;
+}
+
+static void sched_drain_inbox(struct sched *s, uint64_t now)
+{
+	struct sched_msg *m;
+	while ((m = queue_pop(&s->in))) {
+		switch (m->type) {
+		case SCHED_MSG_SUBMIT:
+			sched_on_submit(s, m, now);
+			break;
+		case SCHED_MSG_CANCEL:
+			sched_on_cancel(s, m);
+			break;
+		case SCHED_MSG_CLIENT_GONE:
+			sched_on_client_gone(s, m);
+			break;
+		case SCHED_MSG_DRAIN:
+			/* Like a shutdown without a deadline: nothing new arrives (the loop posts
+			 * to the new scheduler), and what is here runs to its end. */
+			sched_begin_end(s, m, UINT64_MAX);
+			break;
+		case SCHED_MSG_SHUTDOWN:
+			/* Queued requests have not started: they are told at once. */
+			if (sched_begin_end(s, m, now + m->grace_ns)) {
+				struct hearth_error e;
+				hearth_error_set(&e, HEARTH_ESHUTDOWN, "the daemon is shutting down");
+				sched_end_waiting(s, SCHED_FINISH_ERROR, &e);
+			}
+			break;
+		}
+	}
+}
+
+/* ---- admission ---- */
+
+static void sched_expire_waiting(struct sched *s, uint64_t now)
+{
+	struct sched_client *c = s->rr;
+	if (!c)
+		return;
+	size_t n = 1;
+	for (struct sched_client *p = c->rr_next; p != c; p = p->rr_next)
+		n++;
+	/* Per client the FIFO is in submit order and every request waits as long, so only
+	 * heads can have expired. next is taken first: removing c leaves it in the ring. */
+	for (size_t i = 0; i < n; i++) {
+		struct sched_client *next = c->rr_next;
+		while (c->waiting && c->waiting->kv_deadline <= now) {
+			struct sched_msg *m = waiting_pop(s, c);
+			sched_fail_msg(s, m, HEARTH_EKVFULL,
+				       "the KV budget stayed full for %llu ms while this request waited",
+				       (unsigned long long)(s->p.kv_wait_ns / 1000000));
+		}
+		if (!c->waiting)
+			rr_remove(s, c);
+		c = next;
+	}
+}
+
+static void sched_admit(struct sched *s, uint64_t now)
+{
+	sched_expire_waiting(s, now);
+	while (s->rr) {
+		struct sched_seq *q = seq_free_slot(s);
+		if (!q)
+			return;
+		struct sched_client *c = s->rr;
+		struct sched_msg *m = c->waiting;
+		int rc = seq_start(s, q, m, now);
+		if (rc == HEARTH_EKVFULL)
+			return;     /* head of line waits for KV; fairness keeps its turn */
+		waiting_pop(s, c);
+		s->rr = c->rr_next;
+		if (!c->waiting)
+			rr_remove(s, c);
+	}
+}
+
+/* ---- token output ---- */
+
+static bool seq_try_emit(struct sched *s, struct sched_seq *q)
+{
+	const struct sched_event *ev = &q->ev;
+	struct sched_msg *m = q->msg;
+	struct sched_token t = {
+		.req_id = m->req.id,
+		.token = ev->token,
+		.index = ev->index,
+		.text = ev->text,
+		.text_len = ev->text_len,
+		.logprob = ev->logprob,
+		.n_top = ev->n_top,
+		.top_ids = ev->top_ids,
+		.top_logprobs = ev->top_logprobs,
+		.logits = ev->with_logits ? q->logits : NULL,
+		.n_vocab = s->eng.n_vocab,
+		.to_socket = m->req.to_socket,
+		.t_sampled_ns = ev->t_sampled_ns,
+	};
+	if (!m->client->emit(m->client->sink, &t))
+		return false;
+	q->has_event = false;
+	return true;
+}
+
+/* Log-softmax of the sampled token and the top-k, computed only when the request asked. */
+static void seq_fill_logprobs(struct sched *s, struct sched_seq *q, const float *logits,
+			      int32_t token)
+{
+	const struct sched_request *r = &q->msg->req;
+	uint32_t n = s->eng.n_vocab;
+	float mx = logits[0];
+	for (uint32_t i = 1; i < n; i++)
+		if (logits[i] > mx)
+			mx = logits[i];
+	double sum = 0;
+	for (uint32_t i = 0; i < n; i++)
+		sum += exp((double)(logits[i] - mx));
+	float lse = mx + (float)log(sum);
+	q->ev.logprob = logits[token] - lse;
+	uint32_t k = r->top_logprobs < SCHED_MAX_TOP ? r->top_logprobs : SCHED_MAX_TOP;
+	q->ev.n_top = 0;
+	for (uint32_t i = 0; i < n && k; i++) {
+		float v = logits[i];
+		uint32_t j = q->ev.n_top;
+		if (j == k && v <= logits[q->ev.top_ids[k - 1]])
+			continue;
+		if (j < k)
+			q->ev.n_top++;
+		else
+			j = k - 1;
+		while (j > 0 && logits[q->ev.top_ids[j - 1]] < v) {
+			q->ev.top_ids[j] = q->ev.top_ids[j - 1];
+			j--;
+		}
+		q->ev.top_ids[j] = (int32_t)i;
+	}
+	for (uint32_t j = 0; j < q->ev.n_top; j++)
+		q->ev.top_logprobs[j] = logits[q->ev.top_ids[j]] - lse;
+}
+
+/* Moves held text plus the new piece into the event, keeping back any tail that could
+ * still become a stop string; returns true when a stop string is complete (the text
+ * before it is released, the stop string itself is not). */
+static bool seq_release_text(struct sched_seq *q, const char *piece, size_t n_piece)
+{
+	const struct sched_request *r = &q->msg->req;
+	char buf[SCHED_HOLD_MAX + SCHED_PIECE_MAX];
+	size_t n = q->n_held;
+	memcpy(buf, q->held, n);
+	memcpy(buf + n, piece, n_piece);
+	n += n_piece;
+	q->n_held = 0;
+
+	size_t stop_at = n;
+	for (uint32_t i = 0; i < r->n_stop_strings; i++) {
+		const char *ss = r->stop_strings[i];
+		size_t sl = strlen(ss);
+		if (!sl || sl > n)
+			continue;
+		for (size_t j = 0; j + sl <= n; j++)
+			if (memcmp(buf + j, ss, sl) == 0 && j < stop_at) {
+				stop_at = j;
+				break;
+			}
+	}
+	if (stop_at < n) {
+		memcpy(q->ev.text, buf, stop_at);
+		q->ev.text_len = (uint32_t)stop_at;
+		return true;
+	}
+	/* Longest suffix that is a proper prefix of some stop string stays held. */
+	size_t keep = 0;
+	for (uint32_t i = 0; i < r->n_stop_strings; i++) {
+		const char *ss = r->stop_strings[i];
+		size_t sl = strlen(ss);
+		for (size_t k = sl - 1 < n ? sl - 1 : n; k > keep; k--)
+			if (memcmp(buf + n - k, ss, k) == 0) {
+				keep = k;
+				break;
+			}
+	}
+	memcpy(q->ev.text, buf, n - keep);
+	q->ev.text_len = (uint32_t)(n - keep);
+	memcpy(q->held, buf + n - keep, keep);
+	q->n_held = (uint32_t)keep;
+	return false;
+}
+
+static bool seq_is_stop_token(const struct sched *s, const struct sched_seq *q, int32_t t)
+{
+	const struct sched_request *r = &q->msg->req;
+	if (!r->ignore_eos && tok_is_eog(s->tok, t))
+		return true;
+	for (uint32_t i = 0; i < r->n_stop_tokens; i++)
+		if (r->stop_tokens[i] == t)
+			return true;
+	return false;
+}
+
+/* The logits of q's last fed token are in q->logits: sample, decide whether the sequence
+ * ends, and build the token event. */
+static void seq_sample(struct sched *s, struct sched_seq *q, uint64_t now)
+{
+	struct sched_msg *m = q->msg;
+	const struct sched_request *r = &m->req;
+	uint32_t n_gen = q->n_tokens - r->n_prompt;
+	if (n_gen == 0)
+		m->result.t_first = now;
+
+	/* The sampler may rewrite logits in place (penalties, temperature); a request for
+	 * logprobs or the full row sees them as the model produced them. */
+	bool want_raw = r->logprobs || r->top_logprobs || r->full_logits;
+	q->ev.with_logits = r->full_logits;
+	q->ev.n_top = 0;
+	q->ev.logprob = 0;
+	/* The sampler leaves the row as the model produced it, so logprobs and the full
+	 * row report the model's own distribution. */
+	int32_t t = sampler_sample(q->sampler, q->logits);
+	q->ev.t_sampled_ns = now_ns();
+	sampler_accept(q->sampler, t);
+	if (want_raw)
+		seq_fill_logprobs(s, q, q->logits, t);
+
+	q->tokens[q->n_tokens++] = t;
+	q->ev.token = t;
+	q->ev.index = n_gen;
+	q->ev.text_len = 0;
+	atomic_fetch_add_explicit(&s->stats.tokens_generated, 1, memory_order_relaxed);
+	s->tps_window_tokens++;
+
+	if (seq_is_stop_token(s, q, t)) {
+		/* The end token is reported (the client sees why it stopped) with whatever text
+		 * was held back; its own text is not part of the output. */
+		memcpy(q->ev.text, q->held, q->n_held);
+		q->ev.text_len = q->n_held;
+		q->n_held = 0;
+		q->finish = SCHED_FINISH_STOP;
+		q->has_event = true;
+		return;
+	}
+	char piece[SCHED_PIECE_MAX];
+	size_t np = tok_stream_push(s->tok, &q->stream, t, false, piece, sizeof piece);
+	if (np > sizeof piece)
+		np = 0; /* no vocabulary has a 1 KiB token; if one did, its text is dropped */
+	if (seq_release_text(q, piece, np)) {
+		q->finish = SCHED_FINISH_STOP;
+	} else if (n_gen + 1 >= r->max_tokens) {
+		q->finish = SCHED_FINISH_LENGTH;
+	} else if (q->n_tokens >= s->eng.max_context) {
+		q->finish = SCHED_FINISH_CONTEXT;
+	}
+	if (q->finish == SCHED_FINISH_LENGTH || q->finish == SCHED_FINISH_CONTEXT) {
+		/* Nothing more will come: release held-back text and any partial character. */
+		size_t room = sizeof q->ev.text - q->ev.text_len;
+		memcpy(q->ev.text + q->ev.text_len, q->held, q->n_held < room ? q->n_held : room);
+		q->ev.text_len += q->n_held < room ? q->n_held : (uint32_t)room;
+		q->n_held = 0;
+		size_t nf = tok_stream_flush(&q->stream, q->ev.text + q->ev.text_len,
+					     sizeof q->ev.text - q->ev.text_len);
+		if (nf <= sizeof q->ev.text - q->ev.text_len)
+			q->ev.text_len += (uint32_t)nf;
+	}
+	q->has_event = true;
+}
+
+/* Emits parked events and ends sequences whose last event is out or that were canceled. */
+static void sched_settle(struct sched *s, uint64_t now)
+{
+	for (uint32_t i = 0; i < s->p.max_seqs; i++) {
+		struct sched_seq *q = &s->seqs[i];
+		if (!q->msg)
+			continue;
+		if (q->cancel) {
+			seq_end(s, q, SCHED_FINISH_CANCELED, NULL);
+			continue;
+		}
+		if (q->has_event) {
+			if (!seq_try_emit(s, q)) {
+				if (!q->blocked_since)
+					q->blocked_since = now;
+				else if (now - q->blocked_since > s->p.stall_ns) {
+					struct hearth_error e;
+					hearth_error_set(&e, HEARTH_ETIMEDOUT,
+							 "the client did not read its ring for %llu ms",
+							 (unsigned long long)(s->p.stall_ns / 1000000));
+					seq_end(s, q, SCHED_FINISH_ERROR, &e);
+				}
+				continue;
+			}
+			q->blocked_since = 0;
+		}
+		if (q->finish != SCHED_FINISH_NONE)
+			seq_end(s, q, q->finish, &q->err);
+	}
+	if (s->shutdown && now >= s->shutdown_deadline) {
+		for (uint32_t i = 0; i < s->p.max_seqs; i++) {
+			struct sched_seq *q = &s->seqs[i];
+			if (!q->msg)
+				continue;
+			struct hearth_error e;
+			hearth_error_set(&e, HEARTH_ESHUTDOWN,
+					 "the daemon is shutting down and the grace period ended");
+			seq_end(s, q, SCHED_FINISH_ERROR, &e);
+		}
+	}
+}
+
+/* ---- one step ---- */
+
+static size_t sched_build_batch(struct sched *s)
+{
+	size_t n = 0;
+	uint32_t budget = s->p.step_tokens;
+	s->step_no++;
+	/* Decode tokens first: they are one each and keep every stream moving. */
+	for (uint32_t i = 0; i < s->p.max_seqs; i++) {
+		struct sched_seq *q = &s->seqs[i];
+		if (!q->msg || q->has_event || q->finish || q->cancel)
+			continue;
+		if (q->n_fed < q->msg->req.n_prompt)
+			continue;
+		s->spans[n] = (struct engine_span){ q->eseq, &q->tokens[q->n_fed], 1, q->logits };
+		s->span_seq[n++] = q;
+		budget = budget > 0 ? budget - 1 : 0;
+	}
+	/* Prefill chunks, starting from a rotating slot; first pass one chunk per client so a
+	 * client with many prompts cannot starve one with a single prompt. */
+	for (int pass = 0; pass < 2 && budget > 0; pass++) {
+		for (uint32_t k = 0; k < s->p.max_seqs && budget > 0; k++) {
+			struct sched_seq *q = &s->seqs[(s->prefill_cursor + k) % s->p.max_seqs];
+			if (!q->msg || q->finish || q->cancel)
+				continue;
+			uint32_t n_prompt = q->msg->req.n_prompt;
+			if (q->n_fed >= n_prompt)
+				continue;
+			bool seen = false;
+			for (size_t j = 0; j < n; j++)
+				if (s->span_seq[j] == q ||
+				    (pass == 0 && s->span_seq[j]->msg->client == q->msg->client &&
+				     s->span_seq[j]->n_fed < n_prompt))
+					seen = true;
+			if (seen)
+				continue;
+			uint32_t chunk = n_prompt - q->n_fed;
+			if (chunk > s->p.prefill_chunk)
+				chunk = s->p.prefill_chunk;
+			if (chunk > budget)
+				chunk = budget;
+			bool last = q->n_fed + chunk == n_prompt;
+			s->spans[n] = (struct engine_span){ q->eseq, &q->tokens[q->n_fed], chunk,
+							    last ? q->logits : NULL };
+			s->span_seq[n++] = q;
+			budget -= chunk;
+		}
+	}
+	s->prefill_cursor = (s->prefill_cursor + 1) % s->p.max_seqs;
+	return n;
+}
+
+static void sched_step(struct sched *s, size_t n_spans)
+{
+	struct hearth_error e;
+	uint64_t t0 = now_ns();
+	int rc = s->eng.forward(s->eng.impl, s->spans, n_spans, &e);
+	uint64_t t1 = now_ns();
+	atomic_fetch_add_explicit(&s->stats.busy_ns, t1 - t0, memory_order_relaxed);
+	for (size_t i = 0; i < n_spans; i++) {
+		struct sched_seq *q = s->span_seq[i];
+		if (rc < 0) {
+			seq_end(s, q, SCHED_FINISH_ERROR, &e);
+			continue;
+		}
+		bool prefill = q->n_fed < q->msg->req.n_prompt;
+		q->n_fed += s->spans[i].n;
+		if (prefill)
+			atomic_fetch_add_explicit(&s->stats.tokens_prefilled, s->spans[i].n,
+						  memory_order_relaxed);
+		if (s->spans[i].logits) {
+			seq_sample(s, q, t1);
+			/* Out at once, not after every other sequence of the batch was sampled:
+			 * greedy sampling of a 152k vocabulary takes ~0.2 ms, which a client at
+			 * the end of a 16-sequence batch would otherwise wait 15 times over.
+			 * A full ring leaves the event parked for sched_settle, as before. */
+			if (q->has_event && !q->cancel && seq_try_emit(s, q)) {
+				q->blocked_since = 0;
+				/* The doorbell just woke the client, often onto this CPU, where
+				 * the compute threads would hold it off for the rest of their time
+				 * slice (token-to-callback p99 3.7-4.1 ms at one client): give it
+				 * the CPU now (p99 0.1-0.3 ms; doc/benchmarks.md, Serving). */
+				sched_yield();
+			}
+		}
+	}
+	atomic_fetch_add_explicit(&s->stats.steps, 1, memory_order_release);
+}
+
+static void sched_update_stats(struct sched *s, uint64_t now)
+{
+	uint32_t running = 0, parked = 0;
+	for (uint32_t i = 0; i < s->p.max_seqs; i++) {
+		running += s->seqs[i].msg != NULL;
+		parked += s->seqs[i].msg && s->seqs[i].has_event;
+	}
+	atomic_store_explicit(&s->stats.running, running, memory_order_relaxed);
+	atomic_store_explicit(&s->stats.parked, parked, memory_order_relaxed);
+	atomic_store_explicit(&s->stats.waiting, s->n_waiting, memory_order_relaxed);
+	uint64_t used = 0, total = 0;
+	if (s->eng.kv_usage)
+		s->eng.kv_usage(s->eng.impl, &used, &total);
+	atomic_store_explicit(&s->stats.kv_used, used, memory_order_relaxed);
+	atomic_store_explicit(&s->stats.kv_total, total, memory_order_relaxed);
+	if (now - s->tps_window_start >= 1000000000ull) {
+		uint64_t dt = now - s->tps_window_start;
+		uint64_t tps100 = s->tps_window_tokens * 100ull * 1000000000ull / dt;
+		atomic_store_explicit(&s->stats.decode_tps_x100, (uint32_t)tps100,
+				      memory_order_relaxed);
+		s->tps_window_start = now;
+		s->tps_window_tokens = 0;
+	}
+}
+
+static bool sched_has_work(const struct sched *s)
+{
+	for (uint32_t i = 0; i < s->p.max_seqs; i++)
+		if (s->seqs[i].msg)
+			return true;
+	return s->n_waiting > 0;
+}
+
+static void sched_wait(struct sched *s, int timeout_ms)
+{
+	struct pollfd pfd = { .fd = s->doorbell, .events = POLLIN };
+	if (poll(&pfd, 1, timeout_ms) > 0) {
+		uint64_t v;
+		ssize_t r = read(s->doorbell, &v, sizeof v);
+		(void)r;
+	}
+}
+
+static void *sched_main(void *arg)
+{
+	struct sched *s = arg;
+	if (s->eng.thread_init)
+		s->eng.thread_init(s->eng.impl);
+	s->tps_window_start = now_ns();
+	while (!atomic_load_explicit(&s->quit, memory_order_acquire)) {
+		uint64_t now = now_ns();
+		sched_drain_inbox(s, now);
+		sched_settle(s, now);
+		sched_admit(s, now);
+		size_t n = sched_build_batch(s);
+		if (n > 0)
+			sched_step(s, n);
+		now = now_ns();
+		sched_settle(s, now);
+		sched_update_stats(s, now);
+		if (s->shutdown && !sched_has_work(s)) {
+			struct sched_msg *m = s->shutdown;
+			s->shutdown = NULL;
+			sched_hand_back(s, m);
+		}
+		if (n == 0) {
+			/* Idle, or every sequence is parked on a full ring or waiting for KV:
+			 * sleep until a message arrives, polling now and then for ring room. */
+			int timeout = sched_has_work(s) || s->shutdown ? 2 : -1;
+			sched_wait(s, timeout);
+		}
+	}
+	return NULL;
+}
+
+/* ---- setup and the loop thread's side ---- */
+
+static void sched_free(struct sched *s)
+{
+	if (!s)
+		return;
+	if (s->seqs) {
+		for (uint32_t i = 0; i < s->p.max_seqs; i++) {
+			free(s->seqs[i].tokens);
+			free(s->seqs[i].logits);
+		}
+	}
+	free(s->seqs);
+	free(s->spans);
+	free(s->span_seq);
+	queue_destroy(&s->in);
+	queue_destroy(&s->out);
+	if (s->doorbell >= 0)
+		close(s->doorbell);
+	free(s);
+}
+
+int sched_start(struct sched **out, const struct sched_params *p, const struct engine *eng,
+		const struct tok *tok, void (*notify)(void *), void *notify_ctx,
+		struct hearth_error *err)
+{
+	*out = NULL;
+	if (!p->max_seqs || !p->step_tokens || !p->prefill_chunk || p->step_tokens < p->max_seqs)
+		return hearth_error_set(err, HEARTH_EINVAL,
+					"scheduler: max_seqs (%u) and prefill_chunk (%u) must be > 0 and step_tokens (%u) >= max_seqs",
+					p->max_seqs, p->prefill_chunk, p->step_tokens);
+	struct sched *s = calloc(1, sizeof *s);
+	if (!s)
+		return hearth_error_set(err, HEARTH_ENOMEM, "scheduler: out of memory");
+	s->doorbell = -1;
+	s->p = *p;
+	s->eng = *eng;
+	s->tok = tok;
+	s->notify = notify;
+	s->notify_ctx = notify_ctx;
+	int rc;
+	if ((rc = queue_init(&s->in, p->queue_cap, err)) < 0 ||
+	    (rc = queue_init(&s->out, p->queue_cap, err)) < 0)
+		goto fail;
+	s->seqs = calloc(p->max_seqs, sizeof *s->seqs);
+	s->spans = calloc(p->max_seqs, sizeof *s->spans);
+	s->span_seq = calloc(p->max_seqs, sizeof *s->span_seq);
+	if (!s->seqs || !s->spans || !s->span_seq)
+		goto oom;
+	for (uint32_t i = 0; i < p->max_seqs; i++) {
+		s->seqs[i].tokens = malloc((size_t)eng->max_context * sizeof(int32_t));
+		s->seqs[i].logits = malloc((size_t)eng->n_vocab * sizeof(float));
+		if (!s->seqs[i].tokens || !s->seqs[i].logits)
+			goto oom;
+	}
+	s->doorbell = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (s->doorbell < 0) {
+		rc = hearth_error_errno(err, HEARTH_EIO, errno, "scheduler: eventfd");
+		goto fail;
+	}
+	if ((rc = pthread_create(&s->thread, NULL, sched_main, s)) != 0) {
+		rc = hearth_error_errno(err, HEARTH_EIO, rc, "scheduler: cannot start the compute thread");
+		goto fail;
+	}
+	s->thread_started = true;
+	*out = s;
+	return 0;
+oom:
+	rc = hearth_error_set(err, HEARTH_ENOMEM, "scheduler: out of memory for %u sequences",
+			      p->max_seqs);
+fail:
+	sched_free(s);
+	return rc;
+}
+
+bool sched_post(struct sched *s, struct sched_msg *m)
+{
+	if (s->in_flight >= s->p.queue_cap || !queue_push(&s->in, m))
+		return false;
+	s->in_flight++;
+	uint64_t one = 1;
+	ssize_t r = write(s->doorbell, &one, sizeof one);
+	(void)r;
+	return true;
+}
+
+struct sched_msg *sched_take(struct sched *s)
+{
+	struct sched_msg *m = queue_pop(&s->out);
+	if (m)
+		s->in_flight--;
+	return m;
+}
+
+const struct sched_stats *sched_stats(const struct sched *s)
+{
+	return &s->stats;
+}
+
+void sched_stop(struct sched *s)
+{
+	if (!s || !s->thread_started)
+		return;
+	{
+		atomic_store_explicit(&s->quit, true, memory_order_release);
+		uint64_t one = 1;
+		ssize_t r = write(s->doorbell, &one, sizeof one);
+		(void)r;
+		pthread_join(s->thread, NULL);
+	}
+	/* The compute thread is gone: this thread may now act for it. Whatever is still
+	 * inside goes back as canceled, so the caller's sched_take sees every message once. */
+	sched_drain_inbox(s, now_ns());
+	for (uint32_t i = 0; i < s->p.max_seqs; i++)
+		if (s->seqs[i].msg)
+			seq_end(s, &s->seqs[i], SCHED_FINISH_CANCELED, NULL);
+	sched_end_waiting(s, SCHED_FINISH_CANCELED, NULL);
+	if (s->shutdown) {
+		sched_hand_back(s, s->shutdown);
+		s->shutdown = NULL;
+	}
+	s->notify = NULL;
+	s->thread_started = false;
+}
+
+void sched_destroy(struct sched *s)
+{
+	sched_free(s);
+}

@@ -1,0 +1,136 @@
+/* State shared by server.c (the loop, the listener, signals, timers) and session.c (one
+ * client's protocol): internal to the serving module, never included elsewhere. Everything
+ * here belongs to the loop thread, except the loader hand-over fields under `mu`. */
+#ifndef HEARTH_DAEMON_SERVE_H
+#define HEARTH_DAEMON_SERVE_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <uv.h>
+
+#include "daemon/serve/config.h"
+#include "daemon/serve/log.h"
+#include "daemon/serve/policy.h"
+#include "daemon/serve/sched.h"
+#include "daemon/serve/server.h"
+#include "daemon/serve/systemd.h"
+#include "protocol/frame.h"
+#include "protocol/msg.h"
+#include "protocol/ring.h"
+
+enum serve_state {
+	SERVE_LOADING,
+	SERVE_READY,
+	SERVE_FAILED,
+};
+
+/* A request of a session that the compute thread has (or had) in hand. */
+struct serve_req {
+	uint64_t id;
+	uint64_t tokens;           /* prompt + max_tokens, counted against the client's limit */
+	struct serve_req *next;
+};
+
+struct session {
+	uv_pipe_t pipe;            /* first: libuv handles are cast back to the session */
+	struct server *srv;
+	struct session *prev, *next;
+	struct ucred cred;
+	char name[MSG_NAME_MAX + 1];
+	struct frame_reader reader;
+	bool reader_open;
+	bool hello_pending;        /* hello received while loading: welcome when ready */
+	bool welcome_deferred;     /* welcome waits for queued frames to leave first */
+	uint64_t hello_id;
+	bool want_ring;
+	bool welcomed;
+	bool closing;              /* no more reads; waiting for the compute thread */
+	bool handle_closed;
+	struct ring ring;          /* daemon side of the client's shared memory */
+	bool ring_open;
+	/* Token events for requests with `socket: true`: a private ring the compute thread
+	 * fills (sring) and the loop thread reads through a client-side view (speer), woken by
+	 * its eventfd (spoll), then sends as `token` frames. */
+	struct ring sring, speer;
+	bool sring_open;
+	uv_poll_t spoll;
+	bool spoll_open;
+	int closes_pending;        /* libuv handles still closing before the session is freed */
+	_Atomic bool ring_broken;  /* set by the compute thread when the client corrupted it */
+	struct sched_client client;
+	struct serve_req *reqs;    /* requests in the compute thread's hands */
+	uint32_t n_reqs;
+	uint64_t queued_tokens;
+	uint32_t n_inflight;       /* messages naming this session inside the scheduler */
+	uint8_t rbuf[64 * 1024];
+};
+
+struct server {
+	uv_loop_t loop;
+	uv_pipe_t listener;
+	bool listener_open;
+	uv_signal_t sig_term, sig_int, sig_hup;
+	uv_timer_t tick;           /* status lines, loading frames, watchdog */
+	uv_async_t wake;           /* compute thread or loader has something for the loop */
+	bool handles_open;
+
+	struct hearth_config cfg;
+	const char *config_path;   /* NULL: no file */
+	const char *const *sets;
+	size_t n_sets;
+	struct log *log;
+	struct policy policy;
+
+	pthread_mutex_t mu;        /* loader -> loop hand-over; never taken on the hot path */
+	bool model_arrived, load_failed;
+	struct server_model model_in;
+	struct hearth_error load_err;
+	char phase[64];
+	uint64_t load_done, load_total;
+
+	enum serve_state state;
+	struct server_model model;
+	bool have_model;
+	struct sched *sched;
+
+	/* Loads and model swaps (SIGHUP). */
+	server_load_fn load;
+	void *load_ctx;
+	unsigned loads_in_flight;
+	bool swapping;             /* a swap is under way */
+	bool swap_beside;          /* the new model loads while the old one serves */
+	struct hearth_config pending_cfg;
+	struct sched *old_sched;   /* retiring after a swap: drains, then goes */
+	struct server_model old_model;
+
+	struct session *sessions;
+	uint32_t n_sessions;
+	bool stopping;
+	bool shutdown_posted;
+	int exit_code;
+	struct hearth_error exit_err;
+
+	uint64_t start_ns;
+	uint64_t watchdog_usec;
+	struct systemd_progress progress;
+};
+
+/* session.c */
+void session_accept(struct server *srv);
+void session_deliver(struct server *srv, struct sched_msg *m);
+void session_model_ready(struct session *ss);
+void session_model_failed(struct session *ss, const struct hearth_error *e);
+void session_send_loading(struct session *ss, const char *phase, uint64_t done, uint64_t total);
+void session_close(struct session *ss);
+void session_check_ring(struct session *ss);
+
+/* server.c */
+uint64_t serve_now_ns(void);
+bool serve_post(struct server *srv, struct sched_msg *m);
+/* Posts a CLIENT_GONE for ss to every live scheduler (the current and a retiring one);
+ * returns how many went out. */
+unsigned serve_post_gone(struct server *srv, struct session *ss);
+
+#endif

@@ -1,0 +1,659 @@
+/* The loop thread: owns the listening socket, the sessions, signals and timers, and is the
+ * only thread that talks to the compute thread (through sched's queues). Models arrive from
+ * loader threads through `mu` and an async wake-up, so the socket is served while a model
+ * loads, and SIGHUP can swap models without closing it. */
+#include "daemon/serve/server.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/serve/serve.h"
+
+uint64_t serve_now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+bool serve_post(struct server *srv, struct sched_msg *m)
+{
+	return srv->sched && sched_post(srv->sched, m);
+}
+
+unsigned serve_post_gone(struct server *srv, struct session *ss)
+{
+	struct sched *live[2] = { srv->sched, srv->old_sched };
+	unsigned n = 0;
+	for (int i = 0; i < 2; i++) {
+		if (!live[i])
+			continue;
+		struct sched_msg *m = calloc(1, sizeof *m);
+		if (!m)
+			continue;
+		m->type = SCHED_MSG_CLIENT_GONE;
+		m->client = &ss->client;
+		m->user = ss;
+		if (sched_post(live[i], m))
+			n++;
+		else
+			free(m);
+	}
+	return n;
+}
+
+/* ---- models: loading, serving, retiring ---- */
+
+static void server_notify(void *ctx)
+{
+	struct server *srv = ctx;
+	uv_async_send(&srv->wake);
+}
+
+static int server_begin_load(struct server *srv, const struct hearth_config *cfg)
+{
+	struct hearth_error e;
+	if (srv->load(srv->load_ctx, srv, cfg, &e) < 0) {
+		log_error(srv->log, "cannot start loading %s: %s", cfg->model, e.msg);
+		return e.code;
+	}
+	srv->loads_in_flight++;
+	return 0;
+}
+
+static void server_release(struct server_model *m)
+{
+	if (m->release)
+		m->release(m->owner);
+	memset(m, 0, sizeof *m);
+}
+
+/* Stops a scheduler and gives every message it still holds to its session. */
+static void server_retire_sched(struct server *srv, struct sched *s)
+{
+	sched_stop(s);
+	struct sched_msg *m;
+	while ((m = sched_take(s))) {
+		if (m->type == SCHED_MSG_SHUTDOWN || m->type == SCHED_MSG_DRAIN)
+			free(m);
+		else
+			session_deliver(srv, m);
+	}
+	sched_destroy(s);
+}
+
+static int server_start_serving(struct server *srv)
+{
+	struct hearth_error e;
+	struct sched_params p;
+	if (srv->model.sched)
+		p = *srv->model.sched;
+	else
+		sched_params_default(&p);
+	if (sched_start(&srv->sched, &p, &srv->model.eng, srv->model.tok, server_notify, srv, &e) < 0) {
+		log_error(srv->log, "cannot start the compute thread: %s", e.msg);
+		srv->sched = NULL;
+		return e.code;
+	}
+	srv->state = SERVE_READY;
+	systemd_progress_init(&srv->progress, 0, serve_now_ns() / 1000);
+	log_notice(srv->log, "ready: %s, %s model (%s), %u tokens of context, KV for %llu tokens",
+		   srv->cfg.model, srv->model.info.arch.ptr ? srv->model.info.arch.ptr : "?",
+		   srv->model.info.quant.ptr ? srv->model.info.quant.ptr : "?",
+		   srv->model.eng.max_context, (unsigned long long)srv->model.eng.kv_tokens);
+	if (systemd_notify_ready(srv->old_sched ? "serving the new model; the old one drains" : "serving",
+				 &e) < 0)
+		log_warning(srv->log, "systemd notify: %s", e.msg);
+	for (struct session *ss = srv->sessions; ss; ss = ss->next)
+		session_model_ready(ss);
+	return 0;
+}
+
+static void server_fail(struct server *srv, const struct hearth_error *e)
+{
+	srv->state = SERVE_FAILED;
+	srv->exit_code = e->code ? e->code : HEARTH_EIO;
+	srv->exit_err = *e;
+}
+
+static void server_finish_stop(struct server *srv)
+{
+	srv->stopping = true;
+	if (srv->sched) {
+		server_retire_sched(srv, srv->sched);
+		srv->sched = NULL;
+	}
+	if (srv->old_sched) {
+		server_retire_sched(srv, srv->old_sched);
+		srv->old_sched = NULL;
+	}
+	server_release(&srv->model);
+	server_release(&srv->old_model);
+	srv->have_model = false;
+	struct session *ss = srv->sessions;
+	while (ss) {
+		struct session *next = ss->next;
+		session_close(ss);
+		ss = next;
+	}
+	if (srv->listener_open) {
+		srv->listener_open = false;
+		uv_close((uv_handle_t *)&srv->listener, NULL);
+	}
+	/* A loader still running will call back through the wake handle: it stays open
+	 * until that model has arrived and been released. */
+	if (srv->handles_open && srv->loads_in_flight == 0) {
+		srv->handles_open = false;
+		uv_close((uv_handle_t *)&srv->tick, NULL);
+		uv_close((uv_handle_t *)&srv->wake, NULL);
+		uv_close((uv_handle_t *)&srv->sig_term, NULL);
+		uv_close((uv_handle_t *)&srv->sig_int, NULL);
+		uv_close((uv_handle_t *)&srv->sig_hup, NULL);
+	}
+}
+
+/* The model's settings as the config has them, so a change of any means a new model. */
+static bool server_model_keys_differ(const struct hearth_config *a, const struct hearth_config *b)
+{
+	return strcmp(a->model, b->model) != 0 || a->max_context != b->max_context ||
+	       a->kv_budget != b->kv_budget || a->kv_type != b->kv_type ||
+	       a->weights != b->weights || a->weights_group != b->weights_group || a->head != b->head ||
+	       a->threads != b->threads ||
+	       a->numa_node != b->numa_node || a->hugepages != b->hugepages ||
+	       a->lock_memory != b->lock_memory;
+}
+
+/* Takes the new configuration's model settings, keeping the socket (it is never closed). */
+static void server_adopt_cfg(struct server *srv, const struct hearth_config *fresh)
+{
+	struct hearth_config c = *fresh;
+	memcpy(c.socket, srv->cfg.socket, sizeof c.socket);
+	c.socket_mode = srv->cfg.socket_mode;
+	srv->cfg = c;
+}
+
+static void server_model_arrived(struct server *srv, const struct server_model *m)
+{
+	if (srv->stopping) {
+		struct server_model tmp = *m;
+		server_release(&tmp);
+		return;
+	}
+	if (srv->swapping && srv->swap_beside && srv->sched) {
+		/* The old model keeps what it is running; everything new goes to the new one. */
+		srv->old_sched = srv->sched;
+		srv->old_model = srv->model;
+		srv->sched = NULL;
+		srv->model = *m;
+		server_adopt_cfg(srv, &srv->pending_cfg);
+		if (server_start_serving(srv) < 0) {
+			/* Keep serving with the old model. */
+			server_release(&srv->model);
+			srv->sched = srv->old_sched;
+			srv->model = srv->old_model;
+			srv->old_sched = NULL;
+			memset(&srv->old_model, 0, sizeof srv->old_model);
+			srv->swapping = false;
+			return;
+		}
+		struct sched_msg *d = calloc(1, sizeof *d);
+		if (d) {
+			d->type = SCHED_MSG_DRAIN;
+			if (sched_post(srv->old_sched, d))
+				return;
+			free(d);
+		}
+		/* Cannot ask it to drain: end it now. */
+		server_retire_sched(srv, srv->old_sched);
+		srv->old_sched = NULL;
+		server_release(&srv->old_model);
+		srv->swapping = false;
+		return;
+	}
+	srv->model = *m;
+	srv->have_model = true;
+	if (srv->swapping) {
+		server_adopt_cfg(srv, &srv->pending_cfg);
+		srv->swapping = false;
+	}
+	if (server_start_serving(srv) < 0) {
+		struct hearth_error e;
+		hearth_error_set(&e, HEARTH_EIO, "cannot start serving");
+		server_fail(srv, &e);
+		server_finish_stop(srv);
+	}
+}
+
+static void server_on_sched_msg(struct server *srv, struct sched *from, struct sched_msg *msg)
+{
+	switch (msg->type) {
+	case SCHED_MSG_SHUTDOWN:
+		free(msg);
+		log_notice(srv->log, "every request is done; stopping");
+		server_finish_stop(srv);
+		return;
+	case SCHED_MSG_DRAIN:
+		free(msg);
+		if (from == srv->old_sched) {
+			server_retire_sched(srv, srv->old_sched);
+			srv->old_sched = NULL;
+			server_release(&srv->old_model);
+			srv->swapping = false;
+			log_notice(srv->log, "model swap done: the old model drained and was freed");
+			systemd_notify_status(NULL, "serving");
+		} else if (from == srv->sched) {
+			/* Drain-first swap: the old model is idle; free it, then load. */
+			server_retire_sched(srv, srv->sched);
+			srv->sched = NULL;
+			server_release(&srv->model);
+			srv->have_model = false;
+			srv->state = SERVE_LOADING;
+			log_notice(srv->log, "model swap: the old model drained and was freed; loading %s",
+				   srv->pending_cfg.model);
+			if (server_begin_load(srv, &srv->pending_cfg) < 0) {
+				struct hearth_error e;
+				hearth_error_set(&e, HEARTH_EIO, "the model swap could not start its load");
+				server_fail(srv, &e);
+				server_finish_stop(srv);
+			}
+		} else {
+			log_warning(srv->log, "a drain came back from a retired scheduler");
+		}
+		return;
+	default:
+		session_deliver(srv, msg);
+	}
+}
+
+static void server_on_wake(uv_async_t *h)
+{
+	struct server *srv = h->data;
+	pthread_mutex_lock(&srv->mu);
+	bool arrived = srv->model_arrived, failed = srv->load_failed;
+	srv->model_arrived = srv->load_failed = false;
+	struct server_model m = srv->model_in;
+	struct hearth_error le = srv->load_err;
+	pthread_mutex_unlock(&srv->mu);
+
+	if (arrived || failed)
+		srv->loads_in_flight--;
+	if (failed) {
+		if (srv->swapping && srv->swap_beside && srv->sched) {
+			log_error(srv->log, "model swap failed, still serving the old model: %s", le.msg);
+			systemd_notify_status(NULL, "model swap failed; serving the old model");
+			srv->swapping = false;
+		} else if (!srv->stopping) {
+			log_error(srv->log, "the model failed to load: %s", le.msg);
+			server_fail(srv, &le);
+			for (struct session *ss = srv->sessions; ss; ss = ss->next)
+				session_model_failed(ss, &le);
+			server_finish_stop(srv);
+			return;
+		}
+	}
+	if (arrived)
+		server_model_arrived(srv, &m);
+	if (srv->stopping && (arrived || failed)) {
+		server_finish_stop(srv); /* closes the handles now that no load is in flight */
+		return;
+	}
+	for (struct session *ss = srv->sessions, *next; ss; ss = next) {
+		next = ss->next;
+		session_check_ring(ss);
+	}
+	struct sched *scheds[2] = { srv->sched, srv->old_sched };
+	for (int i = 0; i < 2; i++) {
+		struct sched *s = scheds[i];
+		struct sched_msg *msg;
+		while (s && (s == srv->sched || s == srv->old_sched) && (msg = sched_take(s))) {
+			server_on_sched_msg(srv, s, msg);
+			if (srv->stopping && !srv->handles_open)
+				return;
+		}
+	}
+}
+
+/* ---- listening ---- */
+
+static void server_on_connection(uv_stream_t *listener, int status)
+{
+	struct server *srv = listener->data;
+	if (status < 0) {
+		log_warning(srv->log, "accept: %s", uv_strerror(status));
+		return;
+	}
+	session_accept(srv);
+}
+
+static int server_listen(struct server *srv, int listen_fd, struct hearth_error *err)
+{
+	int rc = uv_pipe_init(&srv->loop, &srv->listener, 0);
+	if (rc < 0)
+		return hearth_error_set(err, HEARTH_EIO, "uv_pipe_init: %s", uv_strerror(rc));
+	srv->listener.data = srv;
+	srv->listener_open = true;
+	if (listen_fd >= 0) {
+		rc = uv_pipe_open(&srv->listener, listen_fd);
+		if (rc < 0)
+			return hearth_error_set(err, HEARTH_EIO, "the socket systemd passed (fd %d): %s",
+						listen_fd, uv_strerror(rc));
+		log_info(srv->log, "serving on the socket systemd passed (fd %d)", listen_fd);
+	} else {
+		const char *path = srv->cfg.socket;
+		struct stat st;
+		/* A socket file left by a crashed daemon would make bind fail; anything that is
+		 * not a socket is left alone and reported. */
+		if (lstat(path, &st) == 0) {
+			if (!S_ISSOCK(st.st_mode))
+				return hearth_error_set(err, HEARTH_EINVAL,
+							"socket path %s exists and is not a socket", path);
+			unlink(path);
+		}
+		rc = uv_pipe_bind(&srv->listener, path);
+		if (rc < 0)
+			return hearth_error_set(err, HEARTH_EIO, "cannot bind %s: %s", path, uv_strerror(rc));
+		if (chmod(path, srv->cfg.socket_mode) < 0)
+			return hearth_error_errno(err, HEARTH_EIO, errno, "chmod %s", path);
+		log_info(srv->log, "serving on %s (mode %04o)", path, (unsigned)srv->cfg.socket_mode);
+	}
+	rc = uv_listen((uv_stream_t *)&srv->listener, 128, server_on_connection);
+	if (rc < 0)
+		return hearth_error_set(err, HEARTH_EIO, "listen: %s", uv_strerror(rc));
+	return 0;
+}
+
+/* ---- signals ---- */
+
+static void server_begin_stop(struct server *srv, const char *why)
+{
+	if (srv->stopping)
+		return;
+	srv->stopping = true;
+	struct hearth_error e;
+	log_notice(srv->log, "%s: stopping; running requests get %llu ms to finish", why,
+		   (unsigned long long)(srv->cfg.shutdown_grace_usec / 1000));
+	if (systemd_notify_stopping("draining", &e) < 0)
+		log_warning(srv->log, "systemd notify: %s", e.msg);
+	/* Stop accepting. A socket file we bound ourselves is left: a restart rebinds it, and
+	 * one systemd passed belongs to hearthd.socket. */
+	if (srv->listener_open) {
+		srv->listener_open = false;
+		uv_close((uv_handle_t *)&srv->listener, NULL);
+	}
+	if (!srv->sched) {
+		/* Nothing is being served (loading, or between a drain and a load). */
+		server_finish_stop(srv);
+		return;
+	}
+	struct sched_msg *m = calloc(1, sizeof *m);
+	if (!m) {
+		server_finish_stop(srv);
+		return;
+	}
+	m->type = SCHED_MSG_SHUTDOWN;
+	m->grace_ns = srv->cfg.shutdown_grace_usec * 1000ull;
+	/* Queued requests are told shutting_down at once; running ones get the grace period
+	 * (sched). Sessions stay open so their final frames reach the clients. */
+	if (!serve_post(srv, m)) {
+		free(m);
+		server_finish_stop(srv);
+	}
+}
+
+/* Whether the machine can hold a second model beside the first: the file's size bounds
+ * the repacked weights (int4 is never larger than its source), plus the KV budget. */
+static bool server_room_beside(const struct hearth_config *cfg)
+{
+	struct stat st;
+	if (stat(cfg->model, &st) < 0)
+		return false;
+	FILE *f = fopen("/proc/meminfo", "r");
+	if (!f)
+		return false;
+	char line[256];
+	unsigned long long avail_kb = 0;
+	while (fgets(line, sizeof line, f))
+		if (sscanf(line, "MemAvailable: %llu kB", &avail_kb) == 1)
+			break;
+	fclose(f);
+	unsigned long long need = (unsigned long long)st.st_size + cfg->kv_budget + (64ull << 20);
+	return avail_kb * 1024ull > need;
+}
+
+static void server_reload(struct server *srv)
+{
+	struct hearth_error e;
+	systemd_notify_reloading("reloading the configuration", &e);
+	/* Rebuilt from scratch as at start-up (defaults, file, flags), so a key removed from
+	 * the file goes back to its default and flags still win. */
+	struct hearth_config fresh;
+	if (config_build(&fresh, srv->config_path, srv->sets, srv->n_sets, &e) < 0) {
+		log_error(srv->log, "reload refused, configuration unchanged: %s", e.msg);
+		systemd_notify_ready(srv->state == SERVE_READY ? "serving" : "loading", NULL);
+		return;
+	}
+	bool new_model = server_model_keys_differ(&srv->cfg, &fresh);
+	char restart[512];
+	config_reload_merge(&srv->cfg, &fresh, restart, sizeof restart);
+	log_set_level(srv->log, srv->cfg.log_level);
+	policy_update(&srv->policy, &srv->cfg);
+	if (strcmp(fresh.socket, srv->cfg.socket) || fresh.socket_mode != srv->cfg.socket_mode)
+		log_warning(srv->log, "the socket path and mode change only with a restart");
+	if (!new_model) {
+		log_notice(srv->log, "reloaded the configuration");
+		systemd_notify_ready(srv->state == SERVE_READY ? "serving" : "loading", NULL);
+		return;
+	}
+	if (srv->swapping || srv->state != SERVE_READY || !srv->sched) {
+		log_warning(srv->log, "the model settings changed, but a load or swap is already under way; send SIGHUP again after it");
+		systemd_notify_ready(srv->state == SERVE_READY ? "serving" : "loading", NULL);
+		return;
+	}
+	srv->pending_cfg = fresh;
+	srv->swapping = true;
+	srv->swap_beside = fresh.model_swap == CONFIG_SWAP_BESIDE ||
+			   (fresh.model_swap == CONFIG_SWAP_AUTO && server_room_beside(&fresh));
+	if (srv->swap_beside) {
+		log_notice(srv->log, "model swap: loading %s beside the running model", fresh.model);
+		systemd_notify_ready("serving; loading the new model beside the old", NULL);
+		if (server_begin_load(srv, &srv->pending_cfg) < 0)
+			srv->swapping = false;
+		return;
+	}
+	log_notice(srv->log, "model swap: draining running requests, then freeing the model and loading %s",
+		   fresh.model);
+	systemd_notify_ready("draining, then loading the new model", NULL);
+	struct sched_msg *d = calloc(1, sizeof *d);
+	if (d) {
+		d->type = SCHED_MSG_DRAIN;
+		if (serve_post(srv, d)) {
+			/* New requests meet `loading` until the new model is in. */
+			srv->state = SERVE_LOADING;
+			return;
+		}
+		free(d);
+	}
+	log_error(srv->log, "model swap: cannot drain now; keeping the old model");
+	srv->swapping = false;
+}
+
+static void server_on_signal(uv_signal_t *h, int signum)
+{
+	struct server *srv = h->data;
+	if (signum == SIGHUP) {
+		server_reload(srv);
+		return;
+	}
+	server_begin_stop(srv, signum == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+/* ---- the tick: loading progress, status, watchdog ---- */
+
+static void server_on_tick(uv_timer_t *t)
+{
+	struct server *srv = t->data;
+	struct hearth_error e;
+	if (srv->state == SERVE_LOADING) {
+		pthread_mutex_lock(&srv->mu);
+		char phase[64];
+		memcpy(phase, srv->phase, sizeof phase);
+		uint64_t done = srv->load_done, total = srv->load_total;
+		pthread_mutex_unlock(&srv->mu);
+		unsigned pct = total ? (unsigned)(done * 100 / total) : 0;
+		systemd_notify_status(&e, "%s (%u%%)", phase[0] ? phase : "loading", pct);
+		for (struct session *ss = srv->sessions; ss; ss = ss->next)
+			if (ss->hello_pending)
+				session_send_loading(ss, phase, done, total);
+		if (srv->watchdog_usec)
+			systemd_watchdog_ping(&e); /* loading is progress the loader reports */
+		return;
+	}
+	if (srv->state != SERVE_READY || !srv->sched)
+		return;
+	const struct sched_stats *st = sched_stats(srv->sched);
+	uint32_t running = atomic_load(&st->running), waiting = atomic_load(&st->waiting);
+	uint32_t tps100 = atomic_load(&st->decode_tps_x100);
+	systemd_notify_status(&e, "%u clients, %u running, %u queued, %u.%u tok/s", srv->n_sessions,
+			      running, waiting, tps100 / 100, (tps100 % 100) / 10);
+	if (srv->watchdog_usec) {
+		uint64_t now = serve_now_ns() / 1000;
+		uint64_t steps = atomic_load(&st->steps);
+		/* Sequences parked on a client's full ring are not the compute thread's work:
+		 * a slow reader must not look like a hang. */
+		uint32_t parked = atomic_load(&st->parked);
+		bool pending = waiting + running > parked;
+		if (systemd_progress_check(&srv->progress, steps, pending, now, srv->watchdog_usec / 2))
+			systemd_watchdog_ping(&e);
+		else
+			log_error(srv->log, "the compute thread has made no step for %llu ms with work pending; withholding the watchdog ping",
+				  (unsigned long long)((now - srv->progress.since_usec) / 1000));
+	}
+}
+
+/* ---- the loader's side (any thread) ---- */
+
+void server_progress(struct server *s, const char *phase, uint64_t done, uint64_t total)
+{
+	pthread_mutex_lock(&s->mu);
+	snprintf(s->phase, sizeof s->phase, "%s", phase);
+	s->load_done = done;
+	s->load_total = total;
+	pthread_mutex_unlock(&s->mu);
+}
+
+void server_model_ready(struct server *s, const struct server_model *m)
+{
+	pthread_mutex_lock(&s->mu);
+	s->model_in = *m;
+	s->model_arrived = true;
+	pthread_mutex_unlock(&s->mu);
+	uv_async_send(&s->wake);
+}
+
+void server_model_failed(struct server *s, const struct hearth_error *e)
+{
+	pthread_mutex_lock(&s->mu);
+	s->load_err = *e;
+	s->load_failed = true;
+	pthread_mutex_unlock(&s->mu);
+	uv_async_send(&s->wake);
+}
+
+/* ---- life cycle ---- */
+
+int server_new(struct server **out, const struct hearth_config *cfg, const char *config_path,
+	       const char *const *sets, size_t n_sets, struct log *lg, int listen_fd,
+	       server_load_fn load, void *load_ctx, struct hearth_error *err)
+{
+	*out = NULL;
+	struct server *srv = calloc(1, sizeof *srv);
+	if (!srv)
+		return hearth_error_set(err, HEARTH_ENOMEM, "server: out of memory");
+	srv->cfg = *cfg;
+	srv->config_path = config_path;
+	srv->sets = sets;
+	srv->n_sets = n_sets;
+	srv->load = load;
+	srv->load_ctx = load_ctx;
+	srv->log = lg;
+	srv->start_ns = serve_now_ns();
+	pthread_mutex_init(&srv->mu, NULL);
+	policy_init(&srv->policy, cfg);
+	int rc = uv_loop_init(&srv->loop);
+	if (rc < 0) {
+		pthread_mutex_destroy(&srv->mu);
+		policy_free(&srv->policy);
+		free(srv);
+		return hearth_error_set(err, HEARTH_EIO, "uv_loop_init: %s", uv_strerror(rc));
+	}
+	uv_async_init(&srv->loop, &srv->wake, server_on_wake);
+	srv->wake.data = srv;
+	uv_timer_init(&srv->loop, &srv->tick);
+	srv->tick.data = srv;
+	uv_signal_init(&srv->loop, &srv->sig_term);
+	uv_signal_init(&srv->loop, &srv->sig_int);
+	uv_signal_init(&srv->loop, &srv->sig_hup);
+	srv->sig_term.data = srv->sig_int.data = srv->sig_hup.data = srv;
+	srv->handles_open = true;
+	uv_signal_start(&srv->sig_term, server_on_signal, SIGTERM);
+	uv_signal_start(&srv->sig_int, server_on_signal, SIGINT);
+	uv_signal_start(&srv->sig_hup, server_on_signal, SIGHUP);
+	struct hearth_error we;
+	if (systemd_watchdog_interval(&srv->watchdog_usec, &we) < 0) {
+		log_warning(lg, "watchdog disabled: %s", we.msg);
+		srv->watchdog_usec = 0;
+	}
+	*out = srv;
+	rc = server_listen(srv, listen_fd, err);
+	if (rc < 0) {
+		server_finish_stop(srv);
+		uv_run(&srv->loop, UV_RUN_DEFAULT);
+		server_free(srv);
+		*out = NULL;
+		return rc;
+	}
+	/* A quarter of the watchdog interval (systemd's advice is half), else once a second. */
+	uint64_t tick_ms = srv->watchdog_usec ? srv->watchdog_usec / 4000 : 1000;
+	if (tick_ms == 0)
+		tick_ms = 1;
+	if (tick_ms > 1000)
+		tick_ms = 1000;
+	uv_timer_start(&srv->tick, server_on_tick, tick_ms, tick_ms);
+	return 0;
+}
+
+int server_run(struct server *s, struct hearth_error *err)
+{
+	if (server_begin_load(s, &s->cfg) < 0) {
+		hearth_error_set(&s->exit_err, HEARTH_EIO, "cannot start loading %s", s->cfg.model);
+		s->exit_code = HEARTH_EIO;
+		server_finish_stop(s);
+	}
+	uv_run(&s->loop, UV_RUN_DEFAULT);
+	if (s->exit_code < 0) {
+		if (err)
+			*err = s->exit_err;
+		return s->exit_code;
+	}
+	return 0;
+}
+
+void server_free(struct server *s)
+{
+	if (!s)
+		return;
+	if (s->handles_open || s->listener_open || s->sched || s->old_sched || s->sessions ||
+	    s->model.release) {
+		server_finish_stop(s);
+		uv_run(&s->loop, UV_RUN_DEFAULT);
+	}
+	uv_loop_close(&s->loop);
+	policy_free(&s->policy);
+	pthread_mutex_destroy(&s->mu);
+	free(s);
+}

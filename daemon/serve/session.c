@@ -1,0 +1,1169 @@
+/* One client connection on the loop thread: frames in, decoded strictly, answered; generate
+ * requests handed to the compute thread; token events go straight from the compute thread
+ * into the client's ring (session_emit). A session ends when its socket closes, and its
+ * memory goes only after the compute thread has handed back every message naming it. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "daemon/serve/serve.h"
+#include "daemon/engine/tokenizer.h"
+#include "protocol/fdpass.h"
+
+#define SESSION_READ_MAX (64u * 1024u)
+#define SESSION_WRITE_QUEUE_MAX (8u << 20)   /* unread replies before a client is dropped */
+#define SESSION_RING_D2C (1u << 20)
+#define SESSION_RING_C2D (1u << 20)
+
+struct session_write {
+	uv_write_t req;
+	uint8_t *data;
+};
+
+static void session_finalize(struct session *ss);
+
+/* ---- writing frames ---- */
+
+static void session_welcome(struct session *ss);
+
+static void session_on_write(uv_write_t *req, int status)
+{
+	struct session_write *w = (struct session_write *)req;
+	struct session *ss = req->handle->data;
+	(void)status; /* a failed write shows up as a read error or EOF, handled there */
+	free(w->data);
+	free(w);
+	if (ss && ss->welcome_deferred && !ss->closing &&
+	    uv_stream_get_write_queue_size((uv_stream_t *)&ss->pipe) == 0)
+		session_welcome(ss);
+}
+
+static void session_send_buf(struct session *ss, struct msg_buf *b)
+{
+	if (ss->handle_closed || !b->len) {
+		msg_buf_free(b);
+		return;
+	}
+	if (uv_stream_get_write_queue_size((uv_stream_t *)&ss->pipe) > SESSION_WRITE_QUEUE_MAX) {
+		log_warning(ss->srv->log, "client %s (pid %d) does not read its replies: closing",
+			    ss->name, (int)ss->cred.pid);
+		msg_buf_free(b);
+		session_close(ss);
+		return;
+	}
+	struct session_write *w = malloc(sizeof *w);
+	if (!w) {
+		msg_buf_free(b);
+		session_close(ss);
+		return;
+	}
+	w->data = b->data;
+	uv_buf_t buf = uv_buf_init((char *)b->data, (unsigned)b->len);
+	memset(b, 0, sizeof *b);
+	if (uv_write(&w->req, (uv_stream_t *)&ss->pipe, &buf, 1, session_on_write) < 0) {
+		free(w->data);
+		free(w);
+		session_close(ss);
+	}
+}
+
+static void session_send(struct session *ss, const struct msg *m)
+{
+	struct msg_buf b = { 0 };
+	struct hearth_error e;
+	if (msg_encode(m, &b, &e) < 0) {
+		/* Only a daemon bug gets here: say so to the client rather than go silent. */
+		log_error(ss->srv->log, "cannot encode a %s reply: %s", msg_type_name(m->type), e.msg);
+		msg_buf_free(&b);
+		if (msg_encode_error(&b, m->id, MSG_ERR_INTERNAL, false, &e, "internal error: %s",
+				     e.msg) < 0) {
+			msg_buf_free(&b);
+			return;
+		}
+	}
+	session_send_buf(ss, &b);
+}
+
+static void session_send_error(struct session *ss, uint64_t id, enum msg_errcode code, bool fatal,
+			       const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+static void session_send_error(struct session *ss, uint64_t id, enum msg_errcode code, bool fatal,
+			       const char *fmt, ...)
+{
+	char text[MSG_MESSAGE_MAX];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(text, sizeof text, fmt, ap);
+	va_end(ap);
+	struct msg_buf b = { 0 };
+	struct hearth_error e;
+	if (msg_encode_error(&b, id, code, fatal, &e, "%s", text) < 0) {
+		msg_buf_free(&b);
+		return;
+	}
+	session_send_buf(ss, &b);
+}
+
+/* The welcome frame carries the ring's memfd and both eventfds. libuv cannot pass raw fds,
+ * so this one frame goes out with sendmsg (fdpass_send); it is only sent while libuv has
+ * nothing queued, which keeps the byte stream in order. */
+static int session_send_with_fds(struct session *ss, struct msg_buf *b, const int *fds, int n_fds,
+				 struct hearth_error *e)
+{
+	uv_os_fd_t fd;
+	if (uv_fileno((uv_handle_t *)&ss->pipe, &fd) < 0)
+		return hearth_error_set(e, HEARTH_EIO, "the connection has no descriptor");
+	size_t sent = 0;
+	int rc = fdpass_send(fd, b->data, b->len, fds, (size_t)n_fds, &sent, e);
+	if (rc < 0)
+		return rc;
+	if (sent < b->len) {
+		/* The fds went with the first byte; the rest is ordinary data. */
+		struct msg_buf rest = { 0 };
+		rest.len = b->len - sent;
+		rest.data = malloc(rest.len);
+		if (!rest.data)
+			return hearth_error_set(e, HEARTH_ENOMEM, "out of memory");
+		memcpy(rest.data, b->data + sent, rest.len);
+		session_send_buf(ss, &rest);
+	}
+	return 0;
+}
+
+/* ---- hello / welcome ---- */
+
+static void session_welcome(struct session *ss)
+{
+	struct server *srv = ss->srv;
+	struct hearth_error e;
+	ss->hello_pending = false;
+	if (ss->want_ring && !ss->ring_open) {
+		if (ring_create(&ss->ring, SESSION_RING_D2C + 4ull * srv->model.eng.n_vocab * 4,
+				SESSION_RING_C2D, &e) < 0) {
+			log_error(srv->log, "client %s: cannot make its ring: %s", ss->name, e.msg);
+			session_send_error(ss, ss->hello_id, MSG_ERR_INTERNAL, true,
+					   "cannot create the shared-memory ring: %s", e.msg);
+			session_close(ss);
+			return;
+		}
+		ss->ring_open = true;
+	}
+	struct msg m;
+	msg_init(&m, MSG_WELCOME, ss->hello_id);
+	m.u.welcome.proto_major = MSG_PROTO_MAJOR;
+	m.u.welcome.proto_minor = MSG_PROTO_MINOR;
+	m.u.welcome.daemon = (struct msg_bytes){ PACKAGE_VERSION, strlen(PACKAGE_VERSION) };
+	m.u.welcome.model = srv->model.info;
+	m.u.welcome.max_frame = FRAME_MAX_DEFAULT;
+	m.u.welcome.ring = ss->ring_open;
+	m.u.welcome.ring_d2c = ss->ring_open ? ss->ring.tx.cap : 0;
+	m.u.welcome.ring_c2d = ss->ring_open ? ss->ring.rx.cap : 0;
+	struct msg_buf b = { 0 };
+	if (msg_encode(&m, &b, &e) < 0) {
+		log_error(srv->log, "cannot encode welcome: %s", e.msg);
+		msg_buf_free(&b);
+		session_close(ss);
+		return;
+	}
+	if (!ss->ring_open) {
+		session_send_buf(ss, &b);
+		ss->welcomed = true;
+		return;
+	}
+	if (uv_stream_get_write_queue_size((uv_stream_t *)&ss->pipe) > 0) {
+		/* Loading frames still queued: wait until they are out (session_on_write). */
+		ss->welcome_deferred = true;
+		ss->hello_pending = false;
+		msg_buf_free(&b);
+		return;
+	}
+	int fds[3];
+	ring_fds(&ss->ring, fds);
+	int rc = session_send_with_fds(ss, &b, fds, 3, &e);
+	msg_buf_free(&b);
+	if (rc < 0) {
+		log_warning(srv->log, "client %s: cannot send the welcome: %s", ss->name, e.msg);
+		session_close(ss);
+		return;
+	}
+	ss->welcomed = true;
+	ss->welcome_deferred = false;
+}
+
+void session_model_ready(struct session *ss)
+{
+	if (ss->hello_pending && !ss->closing)
+		session_welcome(ss);
+}
+
+void session_model_failed(struct session *ss, const struct hearth_error *e)
+{
+	if (ss->closing)
+		return;
+	session_send_error(ss, ss->hello_pending ? ss->hello_id : 0, MSG_ERR_INTERNAL, true,
+			   "the model failed to load: %s", e->msg);
+}
+
+void session_send_loading(struct session *ss, const char *phase, uint64_t done, uint64_t total)
+{
+	if (ss->closing)
+		return;
+	struct msg m;
+	msg_init(&m, MSG_LOADING, ss->hello_id);
+	m.u.loading.phase = (struct msg_bytes){ phase, strlen(phase) };
+	m.u.loading.done = done;
+	m.u.loading.total = total;
+	session_send(ss, &m);
+}
+
+static void session_on_hello(struct session *ss, const struct msg *m)
+{
+	const struct msg_hello *h = &m->u.hello;
+	if (ss->welcomed || ss->hello_pending || ss->welcome_deferred) {
+		session_send_error(ss, m->id, MSG_ERR_BAD_STATE, false, "hello was already received");
+		return;
+	}
+	size_t n = h->name.len < MSG_NAME_MAX ? h->name.len : MSG_NAME_MAX;
+	memcpy(ss->name, h->name.ptr, n);
+	ss->name[n] = '\0';
+	for (size_t i = 0; i < n; i++)
+		if ((unsigned char)ss->name[i] < 0x20)
+			ss->name[i] = '?';
+	ss->hello_id = m->id;
+	ss->want_ring = h->ring;
+	log_info(ss->srv->log, "client %s connected (uid %u, pid %d)", ss->name,
+		 (unsigned)ss->cred.uid, (int)ss->cred.pid);
+	switch (ss->srv->state) {
+	case SERVE_LOADING:
+		ss->hello_pending = true;
+		pthread_mutex_lock(&ss->srv->mu);
+		char phase[64];
+		memcpy(phase, ss->srv->phase, sizeof phase);
+		uint64_t done = ss->srv->load_done, total = ss->srv->load_total;
+		pthread_mutex_unlock(&ss->srv->mu);
+		session_send_loading(ss, phase[0] ? phase : "loading", done, total);
+		break;
+	case SERVE_READY:
+		session_welcome(ss);
+		break;
+	case SERVE_FAILED:
+		session_send_error(ss, m->id, MSG_ERR_INTERNAL, true, "the model failed to load: %s",
+				   ss->srv->exit_err.msg);
+		break;
+	}
+}
+
+/* ---- requests ---- */
+
+static struct serve_req *session_find_req(struct session *ss, uint64_t id)
+{
+	for (struct serve_req *r = ss->reqs; r; r = r->next)
+		if (r->id == id)
+			return r;
+	return NULL;
+}
+
+static void session_forget_req(struct session *ss, uint64_t id)
+{
+	for (struct serve_req **pp = &ss->reqs; *pp; pp = &(*pp)->next) {
+		struct serve_req *r = *pp;
+		if (r->id != id)
+			continue;
+		*pp = r->next;
+		ss->n_reqs--;
+		ss->queued_tokens -= r->tokens;
+		policy_uid_release(&ss->srv->policy, ss->cred.uid);
+		free(r);
+		return;
+	}
+}
+
+/* Copies a bulk record the client pushed into its ring before the frame that names it.
+ * Records are consumed in order; any record before the named one is stale and dropped.
+ * want_type 0 accepts text or token ids; *type says which came. */
+static int session_take_bulk(struct session *ss, uint32_t want_type, uint64_t ref, void **data,
+			     size_t *len, uint32_t *type_out, struct hearth_error *e)
+{
+	if (!ss->ring_open)
+		return hearth_error_set(e, HEARTH_EINVAL, "a *_ref field needs the ring (hello ring=true)");
+	/* The client->daemon lane bounds every record the client can push. */
+	size_t cap = ss->ring.rx.cap;
+	uint8_t *buf = malloc(cap);
+	if (!buf)
+		return hearth_error_set(e, HEARTH_ENOMEM, "out of memory for a bulk record");
+	for (;;) {
+		uint32_t type;
+		size_t n;
+		int rc = ring_pop(&ss->ring, &type, buf, cap, &n, e);
+		if (rc < 0) {
+			free(buf);
+			return HEARTH_EPROTO;
+		}
+		if (rc == 0) {
+			free(buf);
+			return hearth_error_set(e, HEARTH_EINVAL,
+						"no bulk record with ref %llu in the ring",
+						(unsigned long long)ref);
+		}
+		uint64_t got_ref;
+		const void *payload;
+		size_t plen;
+		if (ring_bulk_decode(type, buf, n, &got_ref, &payload, &plen, e) < 0)
+			continue;
+		if (got_ref != ref)
+			continue;
+		if (want_type && type != want_type) {
+			free(buf);
+			return hearth_error_set(e, HEARTH_EINVAL, "bulk record %llu has the wrong type",
+						(unsigned long long)ref);
+		}
+		memmove(buf, payload, plen);
+		*data = buf;
+		*len = plen;
+		*type_out = type;
+		ring_notify(&ss->ring, NULL); /* space freed: wake a client waiting to push */
+		return 0;
+	}
+}
+
+static bool session_emit(void *sink, const struct sched_token *t);
+
+/* Turns the prompt of a generate (text, ids or a bulk record) into token ids. */
+static int session_prompt_tokens(struct session *ss, const struct msg_generate *g, int32_t **out,
+				 uint32_t *n_out, enum msg_errcode *code, struct hearth_error *e)
+{
+	const struct tok *tok = ss->srv->model.tok;
+	uint32_t n_vocab = ss->srv->model.eng.n_vocab;
+	uint32_t max_ctx = ss->srv->model.eng.max_context;
+	*code = MSG_ERR_BAD_FIELD;
+	const char *text = NULL;
+	size_t text_len = 0;
+	void *bulk = NULL;
+	size_t bulk_len = 0;
+	const uint32_t *ids = g->tokens;
+	size_t n_ids = g->n_tokens;
+	if (g->has_prompt_ref) {
+		/* Either record type may carry a prompt: text, or u32 token ids. */
+		uint32_t type;
+		int rc = session_take_bulk(ss, 0, g->prompt_ref, &bulk, &bulk_len, &type, e);
+		if (rc == HEARTH_EPROTO) {
+			*code = MSG_ERR_RING;
+			return rc;
+		}
+		if (rc < 0)
+			return rc;
+		if (type == RING_REC_BULK_TEXT) {
+			text = bulk;
+			text_len = bulk_len;
+		} else {
+			ids = bulk; /* 4-byte ids, length checked by ring_bulk_decode */
+			n_ids = bulk_len / sizeof(uint32_t);
+		}
+	} else if (g->has_prompt) {
+		text = g->prompt.ptr;
+		text_len = g->prompt.len;
+	}
+	int32_t *toks = NULL;
+	size_t n = 0;
+	if (text) {
+		size_t cap = text_len + 8;
+		if (cap > (size_t)max_ctx + 8)
+			cap = (size_t)max_ctx + 8;
+		toks = malloc(cap * sizeof *toks);
+		if (!toks) {
+			free(bulk);
+			return hearth_error_set(e, HEARTH_ENOMEM, "out of memory for the prompt");
+		}
+		int rc = tok_encode(tok, text, text_len, tok_add_bos(tok), false, toks, cap, &n, e);
+		free(bulk);
+		if (rc == HEARTH_ERANGE) {
+			free(toks);
+			*code = MSG_ERR_CONTEXT;
+			return hearth_error_set(e, HEARTH_ERANGE,
+						"the prompt is longer than max_context (%u tokens)", max_ctx);
+		}
+		if (rc < 0) {
+			free(toks);
+			return rc;
+		}
+	} else {
+		if (n_ids > max_ctx) {
+			free(bulk);
+			*code = MSG_ERR_CONTEXT;
+			return hearth_error_set(e, HEARTH_ERANGE,
+						"the prompt has %zu tokens; max_context is %u", n_ids, max_ctx);
+		}
+		toks = malloc((n_ids ? n_ids : 1) * sizeof *toks);
+		if (!toks) {
+			free(bulk);
+			return hearth_error_set(e, HEARTH_ENOMEM, "out of memory for the prompt");
+		}
+		for (size_t i = 0; i < n_ids; i++) {
+			if (ids[i] >= n_vocab) {
+				free(toks);
+				free(bulk);
+				*code = MSG_ERR_BAD_TOKEN;
+				return hearth_error_set(e, HEARTH_EINVAL,
+							"tokens[%zu] = %u is beyond the vocabulary (%u tokens)",
+							i, ids[i], n_vocab);
+			}
+			toks[i] = (int32_t)ids[i];
+		}
+		n = n_ids;
+		free(bulk);
+	}
+	if (n == 0) {
+		free(toks);
+		return hearth_error_set(e, HEARTH_EINVAL, "the prompt is empty");
+	}
+	if (n >= max_ctx) {
+		free(toks);
+		*code = MSG_ERR_CONTEXT;
+		return hearth_error_set(e, HEARTH_ERANGE,
+					"the prompt has %zu tokens; max_context is %u and one more is needed",
+					n, max_ctx);
+	}
+	*out = toks;
+	*n_out = (uint32_t)n;
+	return 0;
+}
+
+/* Turns every token record the compute thread put in the private ring into a `token`
+ * frame. Called when its doorbell rings and before a `done`, so tokens precede it. */
+static void session_drain_socket_tokens(struct session *ss)
+{
+	if (!ss->sring_open)
+		return;
+	struct hearth_error e;
+	for (;;) {
+		uint32_t type;
+		const void *p;
+		size_t len;
+		int rc = ring_peek(&ss->speer, &type, &p, &len, &e);
+		if (rc <= 0)
+			break; /* both ends are the daemon's own: a broken ring cannot happen */
+		uint8_t copy[RING_TOKEN_TEXT_MAX + 64 + RING_TOKEN_TOP_MAX * 8];
+		struct ring_token t;
+		if (type == RING_REC_TOKEN && len <= sizeof copy) {
+			memcpy(copy, p, len);
+			if (ring_token_decode(copy, len, &t, &e) == 0) {
+				struct msg_top top[RING_TOKEN_TOP_MAX];
+				for (size_t i = 0; i < t.n_top && i < RING_TOKEN_TOP_MAX; i++)
+					top[i] = (struct msg_top){ t.top[i].token, t.top[i].logprob };
+				struct msg f;
+				msg_init(&f, MSG_TOKEN, t.request_id);
+				f.u.token.token = t.token;
+				f.u.token.text = (struct msg_bytes){ (const char *)t.text, t.text_len };
+				f.u.token.has_logprob = t.has_logprob;
+				f.u.token.logprob = t.logprob;
+				f.u.token.top = top;
+				f.u.token.n_top = t.n_top;
+				session_send(ss, &f);
+			}
+		}
+		ring_consume(&ss->speer);
+	}
+}
+
+static void session_on_socket_doorbell(uv_poll_t *h, int status, int events)
+{
+	struct session *ss = h->data;
+	(void)status;
+	(void)events;
+	ring_doorbell_clear(&ss->speer, NULL);
+	if (!ss->closing)
+		session_drain_socket_tokens(ss);
+}
+
+/* The private ring for socket-streamed tokens, made at the first request that wants it. */
+static int session_open_socket_ring(struct session *ss, struct hearth_error *e)
+{
+	if (ss->sring_open)
+		return 0;
+	int rc = ring_create(&ss->sring, 256u << 10, RING_CAP_MIN, e);
+	if (rc < 0)
+		return rc;
+	int fds[3], dups[3] = { -1, -1, -1 };
+	ring_fds(&ss->sring, fds);
+	for (int i = 0; i < 3; i++)
+		dups[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 0);
+	rc = ring_attach(&ss->speer, dups[0], dups[1], dups[2], e); /* takes the dups */
+	if (rc < 0) {
+		ring_close(&ss->sring);
+		return rc;
+	}
+	ss->sring_open = true;
+	uv_poll_init(&ss->srv->loop, &ss->spoll, ring_wait_fd(&ss->speer));
+	ss->spoll.data = ss;
+	ss->spoll_open = true;
+	uv_poll_start(&ss->spoll, UV_READABLE, session_on_socket_doorbell);
+	return 0;
+}
+
+static void session_on_generate(struct session *ss, const struct msg *m)
+{
+	struct server *srv = ss->srv;
+	const struct msg_generate *g = &m->u.generate;
+	struct hearth_error e;
+	if (!ss->welcomed) {
+		session_send_error(ss, m->id, ss->hello_pending ? MSG_ERR_LOADING : MSG_ERR_BAD_STATE,
+				   false, ss->hello_pending ? "the model is still loading" : "send hello first");
+		return;
+	}
+	if (srv->stopping) {
+		session_send_error(ss, m->id, MSG_ERR_SHUTTING_DOWN, false, "the daemon is shutting down");
+		return;
+	}
+	if (!ss->ring_open && !g->stream_socket) {
+		session_send_error(ss, m->id, MSG_ERR_BAD_STATE, false,
+				   "without a shared-memory ring (hello ring=false), ask for socket: true");
+		return;
+	}
+	if (g->stream_socket && g->logits) {
+		session_send_error(ss, m->id, MSG_ERR_BAD_FIELD, false,
+				   "logits rows travel only through the ring; they cannot come with socket: true");
+		return;
+	}
+	if (g->stream_socket && session_open_socket_ring(ss, &e) < 0) {
+		session_send_error(ss, m->id, MSG_ERR_INTERNAL, false, "socket streaming: %s", e.msg);
+		return;
+	}
+	if (session_find_req(ss, m->id)) {
+		session_send_error(ss, m->id, MSG_ERR_DUPLICATE_ID, false,
+				   "request %llu is still running", (unsigned long long)m->id);
+		return;
+	}
+	if (ss->n_reqs >= srv->cfg.max_requests_per_client) {
+		session_send_error(ss, m->id, MSG_ERR_BUSY, false,
+				   "this connection already has %u requests running (max_requests_per_client)",
+				   ss->n_reqs);
+		return;
+	}
+	if (g->top_logprobs > SCHED_MAX_TOP || g->n_stop > SCHED_MAX_STOP_STRINGS ||
+	    g->n_stop_tokens > SCHED_MAX_STOP_TOKENS) {
+		session_send_error(ss, m->id, MSG_ERR_BAD_FIELD, false,
+				   "at most %d top_logprobs, %d stop strings and %d stop_tokens",
+				   SCHED_MAX_TOP, SCHED_MAX_STOP_STRINGS, SCHED_MAX_STOP_TOKENS);
+		return;
+	}
+	for (size_t i = 0; i < g->n_stop; i++)
+		if (g->stop[i].len > SCHED_MAX_STOP_LEN) {
+			session_send_error(ss, m->id, MSG_ERR_BAD_FIELD, false,
+					   "stop[%zu] is %zu bytes; at most %d", i, g->stop[i].len,
+					   SCHED_MAX_STOP_LEN);
+			return;
+		}
+	int32_t *prompt = NULL;
+	uint32_t n_prompt = 0;
+	enum msg_errcode code;
+	if (session_prompt_tokens(ss, g, &prompt, &n_prompt, &code, &e) < 0) {
+		session_send_error(ss, m->id, code, code == MSG_ERR_RING, "%s", e.msg);
+		if (code == MSG_ERR_RING)
+			session_close(ss);
+		return;
+	}
+	uint64_t cost = (uint64_t)n_prompt + g->max_tokens;
+	if (ss->queued_tokens + cost > srv->cfg.max_queued_tokens_per_client) {
+		free(prompt);
+		session_send_error(ss, m->id, MSG_ERR_BUSY, false,
+				   "this connection would have %llu tokens queued; the limit is %llu (max_queued_tokens_per_client)",
+				   (unsigned long long)(ss->queued_tokens + cost),
+				   (unsigned long long)srv->cfg.max_queued_tokens_per_client);
+		return;
+	}
+	if (policy_uid_acquire(&srv->policy, ss->cred.uid, &e) < 0) {
+		free(prompt);
+		session_send_error(ss, m->id, MSG_ERR_BUSY, false, "%s", e.msg);
+		return;
+	}
+	struct sched_msg *sm = calloc(1, sizeof *sm);
+	struct serve_req *r = calloc(1, sizeof *r);
+	if (!sm || !r) {
+		free(sm);
+		free(r);
+		free(prompt);
+		policy_uid_release(&srv->policy, ss->cred.uid);
+		session_send_error(ss, m->id, MSG_ERR_INTERNAL, false, "out of memory");
+		return;
+	}
+	sm->type = SCHED_MSG_SUBMIT;
+	sm->client = &ss->client;
+	sm->user = ss;
+	struct sched_request *q = &sm->req;
+	q->id = m->id;
+	q->prompt = prompt;
+	q->n_prompt = n_prompt;
+	q->max_tokens = g->max_tokens;
+	q->sampling = (struct sampler_params){
+		.temperature = (float)g->sampling.temperature,
+		.top_k = (int32_t)g->sampling.top_k,
+		.top_p = (float)g->sampling.top_p,
+		.min_p = (float)g->sampling.min_p,
+		.repeat_penalty = (float)g->sampling.repeat_penalty,
+		.repeat_last_n = g->sampling.repeat_last_n,
+	};
+	q->seed = g->sampling.has_seed ? g->sampling.seed : (serve_now_ns() ^ ((uint64_t)ss->cred.pid << 32) ^ m->id);
+	for (size_t i = 0; i < g->n_stop_tokens; i++)
+		q->stop_tokens[i] = (int32_t)g->stop_tokens[i];
+	q->n_stop_tokens = (uint32_t)g->n_stop_tokens;
+	for (size_t i = 0; i < g->n_stop; i++) {
+		memcpy(q->stop_strings[i], g->stop[i].ptr, g->stop[i].len);
+		q->stop_strings[i][g->stop[i].len] = '\0';
+	}
+	q->n_stop_strings = (uint32_t)g->n_stop;
+	q->logprobs = g->logprobs;
+	q->top_logprobs = g->top_logprobs;
+	q->full_logits = g->logits;
+	q->ignore_eos = g->ignore_eos;
+	q->to_socket = g->stream_socket;
+	sm->result.t_submit = serve_now_ns();
+	r->id = m->id;
+	r->tokens = cost;
+	if (!serve_post(srv, sm)) {
+		free(prompt);
+		free(sm);
+		free(r);
+		policy_uid_release(&srv->policy, ss->cred.uid);
+		session_send_error(ss, m->id, MSG_ERR_BUSY, false, "the daemon's request queue is full");
+		return;
+	}
+	r->next = ss->reqs;
+	ss->reqs = r;
+	ss->n_reqs++;
+	ss->queued_tokens += cost;
+	ss->n_inflight++;
+}
+
+static void session_on_cancel(struct session *ss, const struct msg *m)
+{
+	uint64_t target = m->u.cancel.target;
+	struct msg d;
+	msg_init(&d, MSG_DONE, m->id);
+	d.u.done.finish = MSG_FINISH_OK;
+	if (!session_find_req(ss, target)) {
+		/* Idempotent (doc/protocol.md): the request may have finished while the cancel
+		 * was on its way. */
+		session_send(ss, &d);
+		return;
+	}
+	struct sched_msg *sm = calloc(1, sizeof *sm);
+	if (!sm) {
+		session_send_error(ss, m->id, MSG_ERR_INTERNAL, false, "out of memory");
+		return;
+	}
+	sm->type = SCHED_MSG_CANCEL;
+	sm->client = &ss->client;
+	sm->req_id = target;
+	sm->user = ss;
+	if (!serve_post(ss->srv, sm)) {
+		free(sm);
+		session_send_error(ss, m->id, MSG_ERR_BUSY, false, "the daemon's request queue is full");
+		return;
+	}
+	ss->n_inflight++;
+	session_send(ss, &d);
+}
+
+static void session_on_tokenize(struct session *ss, const struct msg *m)
+{
+	const struct msg_tokenize *t = &m->u.tokenize;
+	const struct tok *tok = ss->srv->model.tok;
+	struct hearth_error e;
+	const char *text = t->text.ptr;
+	size_t len = t->text.len;
+	void *bulk = NULL;
+	if (t->has_text_ref) {
+		uint32_t type;
+		int rc = session_take_bulk(ss, RING_REC_BULK_TEXT, t->text_ref, &bulk, &len, &type, &e);
+		if (rc < 0) {
+			session_send_error(ss, m->id, rc == HEARTH_EPROTO ? MSG_ERR_RING : MSG_ERR_BAD_FIELD,
+					   rc == HEARTH_EPROTO, "%s", e.msg);
+			if (rc == HEARTH_EPROTO)
+				session_close(ss);
+			return;
+		}
+		text = bulk;
+	}
+	size_t cap = len + 8, n = 0;
+	if (cap > MSG_ARRAY_MAX)
+		cap = MSG_ARRAY_MAX;
+	int32_t *ids = malloc(cap * sizeof *ids);
+	if (!ids) {
+		free(bulk);
+		session_send_error(ss, m->id, MSG_ERR_INTERNAL, false, "out of memory");
+		return;
+	}
+	int rc = tok_encode(tok, text, len, t->add_bos, t->special, ids, cap, &n, &e);
+	free(bulk);
+	if (rc < 0) {
+		free(ids);
+		session_send_error(ss, m->id, rc == HEARTH_ERANGE ? MSG_ERR_TOO_LARGE : MSG_ERR_BAD_FIELD,
+				   false, "%s", e.msg);
+		return;
+	}
+	struct msg r;
+	msg_init(&r, MSG_TOKENS, m->id);
+	r.u.tokens.tokens = (uint32_t *)ids; /* ids are < n_vocab, so non-negative */
+	r.u.tokens.n_tokens = n;
+	session_send(ss, &r);
+	free(ids);
+}
+
+static void session_on_detokenize(struct session *ss, const struct msg *m)
+{
+	const struct msg_detokenize *d = &m->u.detokenize;
+	const struct tok *tok = ss->srv->model.tok;
+	uint32_t n_vocab = ss->srv->model.eng.n_vocab;
+	for (size_t i = 0; i < d->n_tokens; i++)
+		if (d->tokens[i] >= n_vocab) {
+			session_send_error(ss, m->id, MSG_ERR_BAD_TOKEN, false,
+					   "tokens[%zu] = %u is beyond the vocabulary (%u tokens)", i,
+					   d->tokens[i], n_vocab);
+			return;
+		}
+	struct hearth_error e;
+	size_t need = 0;
+	char small[1];
+	int rc = tok_decode(tok, (const int32_t *)d->tokens, d->n_tokens, false, small, 0, &need, &e);
+	if (rc < 0 && rc != HEARTH_ERANGE) {
+		session_send_error(ss, m->id, MSG_ERR_BAD_FIELD, false, "%s", e.msg);
+		return;
+	}
+	if (need > MSG_STR_MAX) {
+		session_send_error(ss, m->id, MSG_ERR_TOO_LARGE, false,
+				   "the text would be %zu bytes; at most %u fit in a frame", need,
+				   MSG_STR_MAX);
+		return;
+	}
+	char *buf = malloc(need + 1);
+	if (!buf) {
+		session_send_error(ss, m->id, MSG_ERR_INTERNAL, false, "out of memory");
+		return;
+	}
+	size_t n = 0;
+	tok_decode(tok, (const int32_t *)d->tokens, d->n_tokens, false, buf, need + 1, &n, &e);
+	struct msg r;
+	msg_init(&r, MSG_TEXT, m->id);
+	r.u.text.text = (struct msg_bytes){ buf, n };
+	session_send(ss, &r);
+	free(buf);
+}
+
+static uint64_t session_rss(void)
+{
+	FILE *f = fopen("/proc/self/statm", "r");
+	unsigned long long size = 0, rss = 0;
+	if (f) {
+		if (fscanf(f, "%llu %llu", &size, &rss) != 2)
+			rss = 0;
+		fclose(f);
+	}
+	return rss * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+static void session_on_stats(struct session *ss, const struct msg *m)
+{
+	struct server *srv = ss->srv;
+	struct msg r;
+	msg_init(&r, MSG_STATS_REPLY, m->id);
+	struct msg_stats_reply *st = &r.u.stats;
+	st->uptime_ms = (serve_now_ns() - srv->start_ns) / 1000000;
+	st->clients = srv->n_sessions;
+	if (srv->sched) {
+		const struct sched_stats *ss_ = sched_stats(srv->sched);
+		st->running = atomic_load(&ss_->running);
+		st->queued = atomic_load(&ss_->waiting);
+		st->prompt_tokens = atomic_load(&ss_->tokens_prefilled);
+		st->gen_tokens = atomic_load(&ss_->tokens_generated);
+		st->kv_used = atomic_load(&ss_->kv_used);
+		st->kv_total = atomic_load(&ss_->kv_total);
+	}
+	st->rss = session_rss();
+	session_send(ss, &r);
+}
+
+/* Counts every byte the daemon holds (ledger_collect: the arena region by region, client
+ * rings, code, the rest of the heap) and answers with it. It reads /proc and calls
+ * mincore: tens of milliseconds, on the loop thread, for an operator's command. */
+static void session_on_ledger(struct session *ss, const struct msg *m)
+{
+	struct server *srv = ss->srv;
+	struct ledger *l = malloc(sizeof *l);
+	struct msg_ledger_entry *ents = malloc(LEDGER_MAX_ENTRIES * sizeof *ents);
+	if (!l || !ents) {
+		free(l);
+		free(ents);
+		session_send_error(ss, m->id, MSG_ERR_INTERNAL, false, "out of memory");
+		return;
+	}
+	/* The rings of the first clients by name; any more are counted with shared memory. */
+	struct ledger_range ranges[LEDGER_MAX_RANGES];
+	char names[LEDGER_MAX_RANGES][LEDGER_NAME_MAX];
+	size_t n = 0;
+	for (struct session *o = srv->sessions; o && n < LEDGER_MAX_RANGES; o = o->next) {
+		if (!o->ring_open)
+			continue;
+		snprintf(names[n], sizeof names[n], "ring %.32s (pid %d)", o->name, (int)o->cred.pid);
+		ranges[n] = (struct ledger_range){ names[n], LEDGER_RINGS, o->ring.map, o->ring.map_size };
+		n++;
+	}
+	struct hearth_error e;
+	if (ledger_collect(l, srv->state == SERVE_READY ? srv->model.arena : NULL,
+			   ranges, n, srv->model.load, &e) < 0) {
+		session_send_error(ss, m->id, MSG_ERR_INTERNAL, false, "ledger: %s", e.msg);
+	} else {
+		struct msg r;
+		msg_init(&r, MSG_LEDGER_REPLY, m->id);
+		ledger_to_reply(l, ents, LEDGER_MAX_ENTRIES, &r.u.ledger);
+		session_send(ss, &r);
+	}
+	free(l);
+	free(ents);
+}
+
+static void session_dispatch(struct session *ss, const struct msg *m)
+{
+	if (m->type != MSG_HELLO && m->type != MSG_PING && m->type != MSG_STATS && !ss->welcomed) {
+		bool loading = ss->hello_pending || ss->srv->state == SERVE_LOADING;
+		session_send_error(ss, m->id, loading ? MSG_ERR_LOADING : MSG_ERR_BAD_STATE, false,
+				   loading ? "the model is still loading" : "send hello first");
+		return;
+	}
+	switch (m->type) {
+	case MSG_HELLO:
+		session_on_hello(ss, m);
+		break;
+	case MSG_GENERATE:
+		session_on_generate(ss, m);
+		break;
+	case MSG_CANCEL:
+		session_on_cancel(ss, m);
+		break;
+	case MSG_TOKENIZE:
+		session_on_tokenize(ss, m);
+		break;
+	case MSG_DETOKENIZE:
+		session_on_detokenize(ss, m);
+		break;
+	case MSG_STATS:
+		session_on_stats(ss, m);
+		break;
+	case MSG_LEDGER:
+		session_on_ledger(ss, m);
+		break;
+	case MSG_PING: {
+		struct msg r;
+		msg_init(&r, MSG_PONG, m->id);
+		session_send(ss, &r);
+		break;
+	}
+	default:
+		session_send_error(ss, m->id, MSG_ERR_UNKNOWN_TYPE, false, "%s is not a request",
+				   msg_type_name(m->type));
+		break;
+	}
+}
+
+/* ---- reading ---- */
+
+static void session_on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+	struct session *ss = (struct session *)h;
+	(void)suggested;
+	buf->base = (char *)ss->rbuf;
+	buf->len = sizeof ss->rbuf;
+}
+
+static void session_on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
+{
+	struct session *ss = (struct session *)st;
+	if (n < 0) {
+		if (n != UV_EOF)
+			log_debug(ss->srv->log, "client %s: read: %s", ss->name, uv_strerror((int)n));
+		session_close(ss);
+		return;
+	}
+	if (n == 0 || ss->closing)
+		return;
+	struct hearth_error e;
+	if (frame_reader_feed(&ss->reader, buf->base, (size_t)n, &e) < 0) {
+		session_send_error(ss, 0, MSG_ERR_BAD_FRAME, true, "%s", e.msg);
+		session_close(ss);
+		return;
+	}
+	for (;;) {
+		const uint8_t *payload;
+		size_t len;
+		int rc = frame_reader_next(&ss->reader, &payload, &len, &e);
+		if (rc == FRAME_NEED_MORE)
+			return;
+		if (rc == FRAME_OVERSIZED) {
+			session_send_error(ss, 0, MSG_ERR_TOO_LARGE, false, "%s", e.msg);
+			continue;
+		}
+		if (rc < 0) {
+			session_send_error(ss, 0, MSG_ERR_BAD_FRAME, true, "%s", e.msg);
+			session_close(ss);
+			return;
+		}
+		struct msg m;
+		struct msg_reject rej;
+		if (msg_decode(payload, len, MSG_FROM_CLIENT, &m, &rej, &e) < 0) {
+			session_send_error(ss, rej.id, rej.code, false, "%s", e.msg);
+			continue;
+		}
+		session_dispatch(ss, &m);
+		msg_free(&m);
+		if (ss->closing)
+			return;
+	}
+}
+
+/* ---- the compute thread's side ---- */
+
+/* Runs on the compute thread: puts one token event (and the logits row, when asked) into
+ * the client's ring and rings its doorbell. The ring's tx lane is touched by no other
+ * thread. */
+static bool session_emit(void *sink, const struct sched_token *t)
+{
+	struct session *ss = sink;
+	struct ring *r = t->to_socket ? &ss->sring : &ss->ring;
+	struct ring_token rt = {
+		.request_id = t->req_id,
+		.token = (uint32_t)t->token,
+		.has_logprob = t->n_top > 0 || t->logprob != 0,
+		.logprob = t->logprob,
+		.text = (const uint8_t *)t->text,
+		.text_len = t->text_len,
+		.top = NULL,
+		.n_top = 0,
+		.t_sampled_ns = t->t_sampled_ns,
+	};
+	struct ring_top top[SCHED_MAX_TOP];
+	for (uint32_t i = 0; i < t->n_top && i < SCHED_MAX_TOP; i++)
+		top[i] = (struct ring_top){ (uint32_t)t->top_ids[i], t->top_logprobs[i] };
+	rt.top = top;
+	rt.n_top = t->n_top;
+	if (t->logits) {
+		/* Both records or neither: room for each plus a wrap's padding. */
+		size_t need = 2 * (ring_token_size(&rt) + 16 + (size_t)t->n_vocab * 4 + 32);
+		if (r->tx.cap - ring_tx_used(r) < need)
+			return false;
+		int lrc = ring_push_logits(r, t->req_id, t->index, t->logits, t->n_vocab, NULL);
+		if (lrc == HEARTH_EBUSY)
+			return false;
+		if (lrc < 0)
+			goto broken;
+	}
+	int rc = ring_push_token(r, &rt, NULL);
+	if (rc == HEARTH_EBUSY)
+		return false;
+	if (rc < 0)
+		goto broken;
+	ring_notify(r, NULL);
+	return true;
+broken:
+	/* The client corrupted its ring: its sequences stall until the loop closes it. */
+	atomic_store(&ss->ring_broken, true);
+	uv_async_send(&ss->srv->wake);
+	return false;
+}
+
+/* Runs on the loop thread for every message the compute thread hands back. */
+void session_deliver(struct server *srv, struct sched_msg *m)
+{
+	struct session *ss = m->user;
+	if (!ss) {
+		free(m);
+		return;
+	}
+	ss->n_inflight--;
+	if (m->type == SCHED_MSG_SUBMIT) {
+		const struct sched_result *res = &m->result;
+		if (m->req.to_socket && !ss->closing)
+			session_drain_socket_tokens(ss); /* every token frame before the final one */
+		if (!ss->closing) {
+			if (res->finish == SCHED_FINISH_ERROR) {
+				session_send_error(ss, m->req.id, msg_errcode_from_hearth(res->err.code),
+						   false, "%s", res->err.msg);
+			} else {
+				struct msg d;
+				msg_init(&d, MSG_DONE, m->req.id);
+				struct msg_done *dn = &d.u.done;
+				switch (res->finish) {
+				case SCHED_FINISH_LENGTH: dn->finish = MSG_FINISH_LENGTH; break;
+				case SCHED_FINISH_CONTEXT: dn->finish = MSG_FINISH_CONTEXT; break;
+				case SCHED_FINISH_CANCELED: dn->finish = MSG_FINISH_CANCEL; break;
+				default: dn->finish = MSG_FINISH_STOP; break;
+				}
+				dn->n_prompt = res->n_prompt;
+				dn->n_gen = res->n_generated;
+				uint64_t admit = res->t_admit ? res->t_admit : res->t_end;
+				uint64_t first = res->t_first ? res->t_first : res->t_end;
+				dn->queue_ms = (double)(admit - res->t_submit) / 1e6;
+				dn->prefill_ms = (double)(first - admit) / 1e6;
+				dn->decode_ms = (double)(res->t_end - first) / 1e6;
+				dn->prefill_tps = dn->prefill_ms > 0 ? (res->n_prompt - res->n_cached) / (dn->prefill_ms / 1e3) : 0;
+				dn->decode_tps = dn->decode_ms > 0 && res->n_generated > 1
+					? (res->n_generated - 1) / (dn->decode_ms / 1e3) : 0;
+				session_send(ss, &d);
+			}
+		}
+		session_forget_req(ss, m->req.id);
+		free(m->req.prompt);
+	}
+	free(m);
+	if (ss->closing && ss->n_inflight == 0)
+		session_finalize(ss);
+}
+
+/* ---- opening and closing ---- */
+
+void session_accept(struct server *srv)
+{
+	struct session *ss = calloc(1, sizeof *ss);
+	if (!ss) {
+		log_error(srv->log, "out of memory for a new client");
+		return;
+	}
+	ss->srv = srv;
+	snprintf(ss->name, sizeof ss->name, "?");
+	uv_pipe_init(&srv->loop, &ss->pipe, 0);
+	ss->pipe.data = ss;
+	if (uv_accept((uv_stream_t *)&srv->listener, (uv_stream_t *)&ss->pipe) < 0) {
+		ss->handle_closed = true;
+		uv_close((uv_handle_t *)&ss->pipe, (uv_close_cb)free);
+		return;
+	}
+	ss->next = srv->sessions;
+	if (srv->sessions)
+		srv->sessions->prev = ss;
+	srv->sessions = ss;
+	srv->n_sessions++;
+	ss->client.sink = ss;
+	ss->client.emit = session_emit;
+	struct hearth_error e;
+	if (frame_reader_init(&ss->reader, 0, &e) < 0) {
+		log_error(srv->log, "new client: %s", e.msg);
+		session_close(ss);
+		return;
+	}
+	ss->reader_open = true;
+	uv_os_fd_t fd;
+	uv_fileno((uv_handle_t *)&ss->pipe, &fd);
+	if (policy_check(&srv->policy, fd, &ss->cred, &e) < 0) {
+		log_warning(srv->log, "refused a connection: %s", e.msg);
+		session_send_error(ss, 0, MSG_ERR_FORBIDDEN, true, "%s", e.msg);
+		session_close(ss);
+		return;
+	}
+	if (srv->stopping) {
+		session_send_error(ss, 0, MSG_ERR_SHUTTING_DOWN, true, "the daemon is shutting down");
+		session_close(ss);
+		return;
+	}
+	uv_read_start((uv_stream_t *)&ss->pipe, session_on_alloc, session_on_read);
+}
+
+static void session_free(struct session *ss)
+{
+	if (ss->reader_open)
+		frame_reader_free(&ss->reader);
+	if (ss->ring_open)
+		ring_close(&ss->ring);
+	if (ss->sring_open) {
+		ring_close(&ss->speer);
+		ring_close(&ss->sring);
+	}
+	free(ss);
+}
+
+/* Each libuv handle of the session reports here once closed; the last one frees it. */
+static void session_on_handle_closed(uv_handle_t *h)
+{
+	struct session *ss = h->data;
+	if (--ss->closes_pending == 0)
+		session_free(ss);
+}
+
+static void session_on_closed(uv_handle_t *h)
+{
+	session_on_handle_closed(h);
+}
+
+static void session_on_shutdown(uv_shutdown_t *req, int status)
+{
+	struct session *ss = req->data;
+	(void)status;
+	free(req);
+	uv_close((uv_handle_t *)&ss->pipe, session_on_closed);
+}
+
+/* Last step: the compute thread holds nothing of this session any more. Replies still
+ * queued are flushed (uv_shutdown) before the handle closes. */
+static void session_finalize(struct session *ss)
+{
+	struct server *srv = ss->srv;
+	if (ss->handle_closed)
+		return;
+	ss->handle_closed = true;
+	if (ss->prev)
+		ss->prev->next = ss->next;
+	else
+		srv->sessions = ss->next;
+	if (ss->next)
+		ss->next->prev = ss->prev;
+	srv->n_sessions--;
+	while (ss->reqs)
+		session_forget_req(ss, ss->reqs->id);
+	if (ss->welcomed)
+		log_info(srv->log, "client %s (pid %d) disconnected", ss->name, (int)ss->cred.pid);
+	ss->closes_pending = 1 + ss->spoll_open;
+	if (ss->spoll_open) {
+		ss->spoll_open = false;
+		uv_poll_stop(&ss->spoll);
+		uv_close((uv_handle_t *)&ss->spoll, session_on_handle_closed);
+	}
+	uv_shutdown_t *req = malloc(sizeof *req);
+	if (req) {
+		req->data = ss;
+		if (uv_shutdown(req, (uv_stream_t *)&ss->pipe, session_on_shutdown) == 0)
+			return;
+		free(req);
+	}
+	uv_close((uv_handle_t *)&ss->pipe, session_on_closed);
+}
+
+void session_close(struct session *ss)
+{
+	if (ss->closing)
+		return;
+	ss->closing = true;
+	ss->hello_pending = false;
+	uv_read_stop((uv_stream_t *)&ss->pipe);
+	if (ss->n_inflight > 0) {
+		/* Every scheduler that may hold its requests ends them and says so; if a queue
+		 * is full, the session's messages still come back as their requests end. */
+		ss->n_inflight += serve_post_gone(ss->srv, ss);
+		return;
+	}
+	session_finalize(ss);
+}
+
+/* Called by the server after a wake-up: sessions whose client broke the ring close. */
+void session_check_ring(struct session *ss)
+{
+	if (!ss->closing && atomic_load(&ss->ring_broken)) {
+		log_warning(ss->srv->log, "client %s (pid %d) corrupted its shared-memory ring: closing",
+			    ss->name, (int)ss->cred.pid);
+		session_send_error(ss, 0, MSG_ERR_RING, true,
+				   "the ring's indices or records broke the protocol");
+		session_close(ss);
+	}
+}

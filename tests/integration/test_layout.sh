@@ -1,0 +1,34 @@
+#!/bin/sh
+# The module boundaries of DESIGN.md, checked on the source tree: the engine never includes a
+# serving header, kernels include nothing of daemon/ or client/, protocol nothing of either
+# side, and intrinsics live only in kernels/. TAP.
+set -u
+: "${HEARTH_SRCDIR:?HEARTH_SRCDIR is not set (make check sets it)}"
+cd "$HEARTH_SRCDIR" || exit 1
+
+n=0
+fails=0
+check() { # check DESCRIPTION PATTERN DIR...: no file under DIRs includes PATTERN
+	desc=$1 pat=$2
+	shift 2
+	n=$((n + 1))
+	hits=$(grep -rlE "$pat" "$@" --include='*.c' --include='*.h' 2>/dev/null)
+	if [ -z "$hits" ]; then
+		echo "ok $n - $desc"
+	else
+		fails=$((fails + 1))
+		echo "not ok $n - $desc"
+		echo "$hits" | sed 's/^/#   /'
+	fi
+}
+
+echo "1..6"
+check "daemon/engine includes no serving header" '#include "daemon/(serve|tools)/' daemon/engine
+check "kernels/ include nothing of daemon/, client/ or protocol/" \
+	'#include "(daemon|client|protocol)/' kernels
+check "protocol/ includes nothing of daemon/ or client/" '#include "(daemon|client)/' protocol
+check "client/ includes nothing of daemon/" '#include "daemon/' client
+check "nothing outside hearthd's main includes daemon/serve" '#include "daemon/serve/' \
+	daemon/tools kernels protocol client
+check "intrinsics live only in kernels/" '#include <(immintrin|x86intrin)\.h>' daemon client protocol
+[ "$fails" -eq 0 ]
