@@ -37,7 +37,8 @@ int conn_err_set(struct hearth_err *err, int code, const char *fmt, ...)
 	return code;
 }
 
-int conn_err_from(struct hearth_err *err, const struct hearth_error *e)
+/* Copies a protocol-level error into the public struct; returns its code. */
+static int conn_err_from(struct hearth_err *err, const struct hearth_error *e)
 {
 	if (err) {
 		err->code = e->code;
@@ -46,32 +47,9 @@ int conn_err_from(struct hearth_err *err, const struct hearth_error *e)
 	return e->code;
 }
 
-/* The daemon's wire codes as the caller's codes. */
-int conn_error_code(enum msg_errcode code)
-{
-	switch (code) {
-	case MSG_ERR_BAD_FRAME: return HEARTH_EPROTO;
-	case MSG_ERR_TOO_LARGE: return HEARTH_ERANGE;
-	case MSG_ERR_UNKNOWN_TYPE: return HEARTH_EUNSUPPORTED;
-	case MSG_ERR_BAD_FIELD: return HEARTH_EINVAL;
-	case MSG_ERR_BAD_STATE: return HEARTH_EPROTO;
-	case MSG_ERR_BAD_VERSION: return HEARTH_EUNSUPPORTED;
-	case MSG_ERR_DUPLICATE_ID: return HEARTH_EINVAL;
-	case MSG_ERR_BUSY: return HEARTH_EBUSY;
-	case MSG_ERR_KV_FULL: return HEARTH_EKVFULL;
-	case MSG_ERR_CONTEXT: return HEARTH_ERANGE;
-	case MSG_ERR_BAD_TOKEN: return HEARTH_EINVAL;
-	case MSG_ERR_RING: return HEARTH_EPROTO;
-	case MSG_ERR_LOADING: return HEARTH_EBUSY;
-	case MSG_ERR_SHUTTING_DOWN: return HEARTH_ESHUTDOWN;
-	case MSG_ERR_FORBIDDEN: return HEARTH_EPERM;
-	default: return HEARTH_EIO;
-	}
-}
-
 static int conn_error_frame(struct hearth_err *err, const struct msg_error *e)
 {
-	int code = conn_error_code(e->code);
+	int code = msg_errcode_to_hearth(e->code);
 	return conn_err_set(err, code, "hearthd: %s: %.*s", msg_errcode_name(e->code),
 			    (int)(e->message.len < 400 ? e->message.len : 400),
 			    e->message.ptr ? e->message.ptr : "");

@@ -1068,6 +1068,13 @@ static void test_msg_wire_names_are_stable(void **state)
 	assert_string_equal(msg_type_name(MSG_LEDGER_REPLY), "ledger_reply");
 	assert_int_equal(msg_errcode_from_hearth(HEARTH_EKVFULL), MSG_ERR_KV_FULL);
 	assert_int_equal(msg_errcode_from_hearth(HEARTH_EPERM), MSG_ERR_FORBIDDEN);
+	/* A client turns every wire code into a code of the one error space. */
+	for (int i = 0; i < MSG_ERR_COUNT; i++)
+		assert_string_not_equal(hearth_strerror(msg_errcode_to_hearth((enum msg_errcode)i)),
+					"unknown_error");
+	assert_int_equal(msg_errcode_to_hearth(MSG_ERR_KV_FULL), HEARTH_EKVFULL);
+	assert_int_equal(msg_errcode_to_hearth(MSG_ERR_FORBIDDEN), HEARTH_EPERM);
+	assert_int_equal(msg_errcode_to_hearth(MSG_ERR_SHUTTING_DOWN), HEARTH_ESHUTDOWN);
 	assert_true(msg_type_is_final(MSG_ERROR));
 	assert_false(msg_type_is_final(MSG_TOKEN));
 	assert_false(msg_type_is_final(MSG_LOADING));
