@@ -157,6 +157,11 @@ struct hearth_gen_params {
 	bool logits;              /* the full logits row of each step */
 	bool ignore_eos;          /* end-of-generation tokens do not stop the generation
 	                           * (benchmarks: exactly max_tokens tokens) */
+	/* Structured output (protocol 1.1; at most one of the three): the output must match a
+	 * GBNF grammar (llama.cpp's syntax), a JSON Schema (JSON text), or be any JSON object. */
+	const char *grammar;
+	const char *json_schema;
+	bool json_object;
 };
 
 /* llama.cpp's sampling defaults, as the daemon applies them. */
@@ -191,9 +196,10 @@ enum hearth_finish {
 	HEARTH_FINISH_LENGTH = 2, /* max_tokens reached */
 	HEARTH_FINISH_CONTEXT = 3,/* the context filled up */
 	HEARTH_FINISH_CANCEL = 4, /* hearth_cancel, or the callback asked to stop */
+	HEARTH_FINISH_TOOL_CALLS = 5, /* a chat reply that called tools */
 };
 
-/* "stop", "length", "context", "cancel" ("none" before the end). */
+/* "stop", "length", "context", "cancel", "tool_calls" ("none" before the end). */
 const char *hearth_finish_name(enum hearth_finish f);
 
 struct hearth_result {
@@ -240,6 +246,89 @@ int hearth_cancel(struct hearth_gen *g, struct hearth_err *err);
  * *result filled, or its error). Call exactly once per hearth_gen_start that succeeded. */
 int hearth_gen_finish(struct hearth_gen *g, struct hearth_result *result,
 		      struct hearth_err *err);
+
+/* ---- chat (protocol 1.1) ---- */
+
+/* A tool call: arguments is JSON text of an object, as OpenAI's API carries it. */
+struct hearth_tool_call {
+	const char *id;
+	const char *name;
+	const char *arguments;
+};
+
+/* One message of a conversation; NULL fields are absent. role: "system", "user",
+ * "assistant", "tool" (or any role the model's template knows). */
+struct hearth_message {
+	const char *role;
+	const char *content;
+	const char *name;
+	const char *tool_call_id;         /* a tool result: the call it answers */
+	const char *reasoning_content;    /* an assistant turn's reasoning, for templates that keep it */
+	const struct hearth_tool_call *tool_calls;
+	size_t n_tool_calls;
+};
+
+/* A chat request: the daemon renders the model's own chat template over the messages
+ * (message text can never become control tokens), generates, and parses the reply back
+ * into content, reasoning and tool calls. */
+struct hearth_chat {
+	const struct hearth_message *messages;
+	size_t n_messages;
+	const char *tools;            /* JSON array of OpenAI function tools, or NULL */
+	const char *tool_choice;      /* NULL or "auto", "none", "required", or a function's name */
+	bool no_generation_prompt;    /* true: do not end the prompt with the assistant's opener */
+	const char *vars;             /* JSON object of extra template variables, or NULL */
+	const char *template_name;    /* a named template of the model, or NULL for the default */
+};
+
+enum hearth_delta_kind {
+	HEARTH_DELTA_CONTENT = 1,
+	HEARTH_DELTA_REASONING = 2,
+	HEARTH_DELTA_TOOL_CALL = 3,
+};
+
+/* A piece of the parsed reply as it streams: text for content and reasoning, a whole tool
+ * call (never raw text of one) for TOOL_CALL. Valid like a hearth_token. */
+struct hearth_delta {
+	enum hearth_delta_kind kind;
+	const char *text;
+	size_t len;
+	struct hearth_tool_call call;
+	uint32_t index;               /* the tool call's index in the message */
+};
+
+enum hearth_event_kind { HEARTH_EVENT_TOKEN = 1, HEARTH_EVENT_DELTA = 2 };
+
+struct hearth_event {
+	enum hearth_event_kind kind;
+	const struct hearth_token *token;
+	const struct hearth_delta *delta;
+};
+
+/* The assistant message and the generation's figures; release with hearth_chat_result_free. */
+struct hearth_chat_result {
+	struct hearth_result gen;     /* finish is HEARTH_FINISH_TOOL_CALLS when it called tools */
+	char *content;
+	char *reasoning_content;
+	struct hearth_tool_call *tool_calls;
+	size_t n_tool_calls;
+};
+
+void hearth_chat_result_free(struct hearth_chat_result *r);
+
+typedef int (*hearth_event_fn)(void *user, const struct hearth_event *ev);
+
+/* Runs one chat turn to its end; cb (may be NULL) sees tokens and deltas in order. */
+int hearth_chat_run(struct hearth *h, const struct hearth_chat *chat, const struct hearth_gen_params *params,
+		    hearth_event_fn cb, void *user, struct hearth_chat_result *result, struct hearth_err *err);
+
+/* The pull iterator for chat: start, take events (1 with *ev set, 0 at the end, negative on
+ * error or timeout as hearth_gen_next), then hearth_chat_finish (once; frees g). hearth_cancel
+ * works on a chat's g. */
+int hearth_chat_start(struct hearth *h, const struct hearth_chat *chat, const struct hearth_gen_params *params,
+		      struct hearth_gen **out, struct hearth_err *err);
+int hearth_chat_next(struct hearth_gen *g, struct hearth_event *ev, int timeout_ms, struct hearth_err *err);
+int hearth_chat_finish(struct hearth_gen *g, struct hearth_chat_result *result, struct hearth_err *err);
 
 /* ---- other requests ---- */
 

@@ -1,0 +1,170 @@
+"""The Python client against a real hearthd on the fx-qwen3 fixture: greedy output equal to
+the daemon's own answer through the other path (ring vs socket frames, sync vs asyncio),
+cancel, tokenize round trips, errors as HearthError with the daemon's code, and a dead
+daemon seen as "closed"."""
+
+import asyncio
+import os
+import signal
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+import hearth
+
+BUILD = os.environ.get("HEARTH_BUILDDIR", os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+SHARED = os.environ.get("HEARTH_SHARED", os.path.join(BUILD, "..", "shared"))
+MODEL = os.path.join(SHARED, "fixtures", "fx-qwen3.gguf")
+
+
+def start_daemon(sock):
+    proc = subprocess.Popen(
+        [os.path.join(BUILD, "hearthd"), f"--model={MODEL}", f"--socket={sock}", "--max-context=256",
+         "--kv-budget=4MiB", "--threads=2", "--log-level=warning", "--socket-mode=0600"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"hearthd exited: {proc.stderr.read().decode()}")
+        if os.path.exists(sock):
+            try:
+                hearth.Client(sock, name="probe").close()
+                return proc
+            except hearth.HearthError:
+                pass
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("hearthd never became ready")
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    if not os.path.exists(MODEL):
+        pytest.fail(f"fixture {MODEL} is missing")
+    d = tempfile.mkdtemp(prefix="hearth-py.")
+    sock = os.path.join(d, "h.sock")
+    proc = start_daemon(sock)
+    yield sock
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=10)
+    os.rmdir(d) if not os.listdir(d) else None
+
+
+def test_welcome_describes_the_fixture(daemon):
+    with hearth.Client(daemon) as c:
+        assert c.model["arch"] == "qwen3"
+        assert c.model["n_vocab"] == 50257
+        assert c._core.ring is not None
+
+
+def test_greedy_generation_is_the_same_through_ring_and_socket_frames(daemon):
+    with hearth.Client(daemon) as c:
+        g1 = c.generate("Once upon a time", max_tokens=12, temperature=0, ignore_eos=True).wait()
+        g2 = c.generate("Once upon a time", max_tokens=12, temperature=0, ignore_eos=True,
+                        socket_tokens=True).wait()
+    assert len(g1.tokens) == 12
+    assert [t.id for t in g1.tokens] == [t.id for t in g2.tokens]
+    assert g1.done["finish"] == "length" and g1.done["n_gen"] == 12
+    assert g1.done["n_prompt"] > 0
+
+
+def test_a_client_without_ring_gets_the_same_tokens(daemon):
+    with hearth.Client(daemon, ring=False) as c:
+        assert c._core.ring is None
+        g = c.generate("Once upon a time", max_tokens=6, temperature=0, ignore_eos=True).wait()
+    with hearth.Client(daemon) as c:
+        ref = c.generate("Once upon a time", max_tokens=6, temperature=0, ignore_eos=True).wait()
+    assert [t.id for t in g.tokens] == [t.id for t in ref.tokens]
+
+
+def test_logprobs_and_top_alternatives_arrive_with_each_token(daemon):
+    with hearth.Client(daemon) as c:
+        g = c.generate("Hello", max_tokens=4, temperature=0, logprobs=True, top_logprobs=3,
+                       ignore_eos=True).wait()
+    for t in g.tokens:
+        assert t.logprob is not None and t.logprob <= 0
+        assert len(t.top) == 3
+        assert t.top[0][0] == t.id  # greedy: the sampled token is the most likely one
+
+
+def test_tokenize_detokenize_round_trip(daemon):
+    with hearth.Client(daemon) as c:
+        ids = c.tokenize("The quick brown fox", add_bos=False)
+        assert ids and all(isinstance(i, int) for i in ids)
+        assert c.detokenize(ids) == b"The quick brown fox"
+
+
+def test_cancel_ends_a_long_generation_early(daemon):
+    with hearth.Client(daemon) as c:
+        g = c.generate("Tell me a story", max_tokens=200, temperature=0, ignore_eos=True)
+        it = iter(g)
+        next(it)
+        g.cancel()
+        for _ in it:
+            pass
+        assert g.done["finish"] == "cancel"
+        assert g.done["n_gen"] < 200
+
+
+def test_bad_request_is_a_hearth_error_with_the_daemons_code(daemon):
+    with hearth.Client(daemon) as c:
+        with pytest.raises(hearth.HearthError) as e:
+            c.generate("x", max_tokens=4, top_p=0.0).wait()
+        assert e.value.code == "bad_field"
+        assert "top_p" in e.value.message
+        c.ping()  # the connection survives a refused request
+        with pytest.raises(TypeError):
+            c.generate("x", temprature=0.5)
+
+
+def test_stats_count_this_client(daemon):
+    with hearth.Client(daemon) as c:
+        s = c.stats()
+        assert s["clients"] >= 1
+        assert s["kv_total"] > 0
+
+
+def test_asyncio_streams_two_generations_concurrently(daemon):
+    async def run():
+        c = await hearth.AsyncClient.connect(daemon)
+        try:
+            a = c.generate("Once upon a time", max_tokens=8, temperature=0, ignore_eos=True)
+            b = c.generate("The sky is", max_tokens=8, temperature=0, ignore_eos=True)
+            await asyncio.gather(a.wait(), b.wait())
+            return [t.id for t in a.tokens], [t.id for t in b.tokens], await c.tokenize("hi", add_bos=False)
+        finally:
+            await c.close()
+
+    ta, tb, ids = asyncio.run(run())
+    with hearth.Client(daemon) as c:
+        ra = c.generate("Once upon a time", max_tokens=8, temperature=0, ignore_eos=True).wait()
+        rb = c.generate("The sky is", max_tokens=8, temperature=0, ignore_eos=True).wait()
+        assert ids == c.tokenize("hi", add_bos=False)
+    assert ta == [t.id for t in ra.tokens]
+    assert tb == [t.id for t in rb.tokens]
+
+
+def test_a_dead_daemon_is_reported_as_closed():
+    d = tempfile.mkdtemp(prefix="hearth-py.")
+    sock = os.path.join(d, "h.sock")
+    proc = start_daemon(sock)
+    try:
+        c = hearth.Client(sock)
+        g = c.generate("Once upon a time", max_tokens=200, temperature=0, ignore_eos=True)
+        proc.kill()
+        proc.wait()
+        with pytest.raises(hearth.HearthError) as e:
+            g.wait()
+        assert e.value.code == "closed"
+        c.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_connecting_to_nothing_says_where():
+    with pytest.raises(hearth.HearthError) as e:
+        hearth.Client("/nonexistent/hearth.sock")
+    assert "/nonexistent/hearth.sock" in str(e.value)

@@ -1,0 +1,100 @@
+#!/bin/sh
+# hearth-openai end to end: a real hearthd on the fx-qwen3 fixture, the gateway on a free
+# loopback port with an API key, curl for the raw HTTP and SSE framing, then the official
+# OpenAI SDK's suite (tests/openai, node's test runner). TAP.
+set -u
+: "${HEARTH_BUILDDIR:?HEARTH_BUILDDIR is not set (make check sets it)}"
+: "${HEARTH_SRCDIR:?HEARTH_SRCDIR is not set (make check sets it)}"
+: "${HEARTH_SHARED:?HEARTH_SHARED is not set (make check sets it)}"
+MODEL="$HEARTH_SHARED/fixtures/fx-qwen3.gguf"
+SDK="$HEARTH_SRCDIR/tests/openai"
+if ! command -v node >/dev/null || [ ! -d "$SDK/node_modules/openai" ]; then
+	echo "Bail out! node or the pinned openai package is missing (scripts/deps.sh installs them)"
+	exit 1
+fi
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/test_openai.XXXXXX") || exit 1
+HPID= GPID=
+cleanup() {
+	[ -n "$GPID" ] && kill "$GPID" 2>/dev/null
+	[ -n "$HPID" ] && kill "$HPID" 2>/dev/null
+	wait 2>/dev/null
+	rm -rf "$TMP"
+}
+trap cleanup EXIT
+n=0
+fails=0
+ok() { n=$((n + 1)); echo "ok $n - $1"; }
+not_ok() { n=$((n + 1)); fails=$((fails + 1)); echo "not ok $n - $1"; }
+expect() { if [ "$2" -eq 0 ]; then ok "$1"; else not_ok "$1"; fi; }
+
+"$HEARTH_BUILDDIR/hearthd" --model="$MODEL" --socket="$TMP/h.sock" --max-context=512 --kv-budget=8MiB \
+	--threads=2 --log-level=warning >"$TMP/hearthd.log" 2>&1 &
+HPID=$!
+KEY=hk-test-0123456789abcdef
+printf 'tester:%s\n' "$KEY" >"$TMP/keys"
+chmod 600 "$TMP/keys"
+i=0
+while [ ! -S "$TMP/h.sock" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+"$HEARTH_BUILDDIR/hearth-openai" --listen=127.0.0.1:0 --socket="$TMP/h.sock" --api-keys="$TMP/keys" \
+	--model-name=hearth >"$TMP/gw.log" 2>&1 &
+GPID=$!
+i=0
+PORT=
+while [ -z "$PORT" ] && [ $i -lt 300 ]; do
+	PORT=$(sed -n 's/.*listening on 127.0.0.1:\([0-9]*\).*/\1/p' "$TMP/gw.log")
+	sleep 0.1
+	i=$((i + 1))
+done
+if [ -z "$PORT" ]; then
+	echo "Bail out! hearth-openai did not start"
+	sed 's/^/# /' "$TMP/gw.log" "$TMP/hearthd.log"
+	exit 1
+fi
+URL="http://127.0.0.1:$PORT"
+i=0
+until curl -s -o /dev/null -w '%{http_code}' "$URL/health" | grep -q 200 || [ $i -ge 300 ]; do sleep 0.1; i=$((i + 1)); done
+
+# Raw HTTP and SSE framing, as curl sees it.
+code=$(curl -s -o "$TMP/h.json" -w '%{http_code}' "$URL/health")
+[ "$code" = 200 ] && grep -q '"status":"ok"' "$TMP/h.json"
+expect "GET /health is 200 ok once the model is loaded" $?
+code=$(curl -s -o /dev/null -w '%{http_code}' "$URL/v1/models")
+[ "$code" = 401 ]
+expect "/v1/models without a key is 401" $?
+code=$(curl -s -o "$TMP/nf.json" -w '%{http_code}' -H "Authorization: Bearer $KEY" "$URL/v1/nothing")
+[ "$code" = 404 ] && grep -q '"error":{' "$TMP/nf.json"
+expect "an unknown URL is 404 in OpenAI's error shape" $?
+code=$(curl -s -o "$TMP/bad.json" -w '%{http_code}' -H "Authorization: Bearer $KEY" \
+	-H 'Content-Type: application/json' -d '{"model":"x","messages":[' "$URL/v1/chat/completions")
+[ "$code" = 400 ] && grep -q 'invalid_json' "$TMP/bad.json"
+expect "a truncated JSON body is 400 invalid_json" $?
+curl -s -N -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' \
+	-d '{"model":"hearth","messages":[{"role":"user","content":"Hi"}],"max_tokens":5,"temperature":0,"stream":true}' \
+	"$URL/v1/chat/completions" -D "$TMP/sse.hdr" -o "$TMP/sse.txt"
+grep -qi '^content-type: text/event-stream' "$TMP/sse.hdr" &&
+	[ "$(tail -c 14 "$TMP/sse.txt")" = "$(printf 'data: [DONE]\n\n')" ] &&
+	! grep -v '^data: ' "$TMP/sse.txt" | grep -q . &&
+	[ "$(grep -c '^data: {' "$TMP/sse.txt")" -ge 3 ]
+expect "a streamed chat is text/event-stream: data lines, blank separators, [DONE] last" $?
+curl -s -o "$TMP/metrics.txt" "$URL/metrics"
+grep -q '^hearth_openai_requests_total{endpoint="chat_completions",outcome="2xx"} [1-9]' "$TMP/metrics.txt" &&
+	grep -q '^# TYPE hearth_openai_time_to_first_token_seconds histogram' "$TMP/metrics.txt" &&
+	grep -q '^hearth_kv_total_bytes ' "$TMP/metrics.txt" && grep -q '^hearth_up 1' "$TMP/metrics.txt"
+expect "GET /metrics is Prometheus text with the gateway's and hearthd's figures" $?
+
+# The OpenAI SDK's suite: its TAP lines renumbered into this stream.
+HEARTH_OPENAI_URL=$URL HEARTH_OPENAI_KEY=$KEY HEARTH_SOCKET="$TMP/h.sock" HEARTH_CLI="$HEARTH_BUILDDIR/hearth" \
+	node --test --test-reporter=tap "$SDK/openai.test.mjs" >"$TMP/sdk.tap" 2>&1
+while IFS= read -r line; do
+	case "$line" in
+	"ok "*) ok "sdk: ${line#* - }" ;;
+	"not ok "*) not_ok "sdk: ${line#* - }" ;;
+	esac
+done <"$TMP/sdk.tap"
+grep -q '^ok \|^not ok ' "$TMP/sdk.tap" || not_ok "the OpenAI SDK suite ran"
+echo "1..$n"
+if [ "$fails" -gt 0 ]; then
+	sed 's/^/# /' "$TMP/sdk.tap" | tail -n 80
+	sed 's/^/# gw: /' "$TMP/gw.log" | tail -n 20
+fi
+[ "$fails" -eq 0 ]
