@@ -15,6 +15,7 @@ static const char *const type_names[MSG_TYPE_COUNT] = {
 	[MSG_STATS] = "stats",
 	[MSG_LEDGER] = "ledger",
 	[MSG_PING] = "ping",
+	[MSG_CHAT] = "chat",
 	[MSG_WELCOME] = "welcome",
 	[MSG_LOADING] = "loading",
 	[MSG_TOKEN] = "token",
@@ -25,6 +26,7 @@ static const char *const type_names[MSG_TYPE_COUNT] = {
 	[MSG_LEDGER_REPLY] = "ledger_reply",
 	[MSG_PONG] = "pong",
 	[MSG_ERROR] = "error",
+	[MSG_DELTA] = "delta",
 };
 
 static const char *const errcode_names[MSG_ERR_COUNT] = {
@@ -53,6 +55,7 @@ static const char *const finish_names[MSG_FINISH_COUNT] = {
 	[MSG_FINISH_LENGTH] = "length",
 	[MSG_FINISH_CONTEXT] = "context",
 	[MSG_FINISH_CANCEL] = "cancel",
+	[MSG_FINISH_TOOL_CALLS] = "tool_calls",
 };
 
 const char *msg_type_name(enum msg_type t)
@@ -140,8 +143,12 @@ void msg_init(struct msg *m, enum msg_type type, uint64_t id)
 		m->u.welcome.proto_major = MSG_PROTO_MAJOR;
 		m->u.welcome.proto_minor = MSG_PROTO_MINOR;
 		break;
-	case MSG_GENERATE: {
-		struct msg_generate *g = &m->u.generate;
+	case MSG_GENERATE:
+	case MSG_CHAT: {
+		/* a chat's generation parameters come first in struct msg_chat */
+		struct msg_generate *g = type == MSG_CHAT ? &m->u.chat.gen : &m->u.generate;
+		if (type == MSG_CHAT)
+			m->u.chat.add_generation_prompt = true;
 		g->max_tokens = MSG_DEFAULT_MAX_TOKENS;
 		g->sampling.temperature = MSG_DEFAULT_TEMPERATURE;
 		g->sampling.top_k = MSG_DEFAULT_TOP_K;

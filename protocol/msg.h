@@ -11,7 +11,7 @@
 #include "protocol/error.h"
 
 #define MSG_PROTO_MAJOR 1
-#define MSG_PROTO_MINOR 0
+#define MSG_PROTO_MINOR 1
 
 /* Bounds checked before msgpack builds any object; see doc/protocol.md "Limits". */
 #define MSG_DEPTH_MAX 8            /* nesting of maps/arrays, the top map being depth 1 */
@@ -29,6 +29,11 @@
 #define MSG_LEDGER_MAX 64          /* ledger entries */
 #define MSG_MESSAGE_MAX 1024       /* error message bytes */
 #define MSG_ID_MAX ((1ull << 53) - 1) /* request ids stay exact in a double (JS clients) */
+#define MSG_CHAT_MESSAGES_MAX 1024 /* messages of one chat */
+#define MSG_CHAT_CALLS_MAX 64      /* tool calls of one message */
+#define MSG_ROLE_MAX 64            /* bytes of a role */
+#define MSG_TOOL_NAME_MAX 256      /* bytes of a tool (function) name or call id */
+#define MSG_GRAMMAR_MAX (256u << 10) /* bytes of a grammar or JSON schema */
 
 /* Sampling defaults applied by the decoder when a generate omits a field (llama.cpp's). */
 #define MSG_DEFAULT_MAX_TOKENS 256
@@ -50,6 +55,7 @@ enum msg_type {
 	MSG_STATS,
 	MSG_LEDGER,
 	MSG_PING,
+	MSG_CHAT,         /* protocol 1.1 */
 	/* daemon -> client */
 	MSG_WELCOME,      /* final for hello */
 	MSG_LOADING,      /* progress for hello while the model loads (not final) */
@@ -61,6 +67,7 @@ enum msg_type {
 	MSG_LEDGER_REPLY, /* final for ledger */
 	MSG_PONG,         /* final for ping */
 	MSG_ERROR,        /* final for any request, or id 0: about the connection */
+	MSG_DELTA,        /* a piece of a chat's parsed reply (not final; protocol 1.1) */
 	MSG_TYPE_COUNT
 };
 
@@ -100,6 +107,7 @@ enum msg_finish {
 	MSG_FINISH_LENGTH,    /* max_tokens reached */
 	MSG_FINISH_CONTEXT,   /* the context filled up */
 	MSG_FINISH_CANCEL,    /* canceled by a cancel request */
+	MSG_FINISH_TOOL_CALLS,/* a chat reply that called tools (protocol 1.1) */
 	MSG_FINISH_COUNT
 };
 
@@ -176,6 +184,65 @@ struct msg_generate {
 	bool logits;               /* the full logits row of each step, through the ring */
 	bool stream_socket;        /* token events as `token` frames instead of the ring */
 	bool ignore_eos;           /* end-of-generation tokens do not stop (benchmarks) */
+	/* Structured output (protocol 1.1), at most one: a GBNF grammar, a JSON Schema (JSON
+	 * text), or any JSON object. */
+	bool has_grammar;
+	struct msg_bytes grammar;
+	bool has_json_schema;
+	struct msg_bytes json_schema;
+	bool json_object;
+};
+
+/* A tool call as the wire carries it: arguments is JSON text of an object. */
+struct msg_chat_call {
+	struct msg_bytes id;
+	struct msg_bytes name;
+	struct msg_bytes arguments;
+};
+
+struct msg_chat_message {
+	struct msg_bytes role;
+	bool has_content, has_name, has_tool_call_id, has_reasoning;
+	struct msg_bytes content;
+	struct msg_bytes name;
+	struct msg_bytes tool_call_id;
+	struct msg_bytes reasoning_content;
+	struct msg_chat_call *tool_calls;
+	size_t n_tool_calls;
+};
+
+/* A chat turn: the daemon renders the model's template over the messages and generates
+ * with gen's parameters (gen has no prompt source on the wire: the rendering is it). */
+struct msg_chat {
+	struct msg_generate gen;
+	struct msg_chat_message *messages;
+	size_t n_messages;
+	bool has_tools;
+	struct msg_bytes tools;        /* JSON text: an array of OpenAI function tools */
+	bool has_tool_choice;
+	struct msg_bytes tool_choice;  /* "auto", "none", "required" or a function's name */
+	bool add_generation_prompt;    /* default true */
+	bool has_vars;
+	struct msg_bytes vars;         /* JSON text of an object: extra template variables */
+	bool has_template;
+	struct msg_bytes template_name;/* a named template of the model */
+};
+
+/* The assistant message a chat's done carries. */
+struct msg_chat_reply {
+	struct msg_bytes content;
+	struct msg_bytes reasoning_content;
+	struct msg_chat_call *tool_calls;
+	size_t n_tool_calls;
+};
+
+/* kind: "content" or "reasoning" with text, or "tool_call" with call and index. */
+struct msg_delta {
+	struct msg_bytes kind;
+	struct msg_bytes text;
+	uint32_t index;
+	bool has_call;
+	struct msg_chat_call call;
 };
 
 struct msg_cancel {
@@ -219,6 +286,8 @@ struct msg_done {
 	double decode_ms;
 	double prefill_tps;        /* prompt tokens per second */
 	double decode_tps;         /* generated tokens per second */
+	bool has_message;          /* a chat's done: the parsed assistant message */
+	struct msg_chat_reply message;
 };
 
 struct msg_tokens {
@@ -268,6 +337,8 @@ struct msg {
 	union {
 		struct msg_hello hello;
 		struct msg_generate generate;
+		struct msg_chat chat;
+		struct msg_delta delta;
 		struct msg_cancel cancel;
 		struct msg_tokenize tokenize;
 		struct msg_detokenize detokenize;

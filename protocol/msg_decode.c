@@ -497,7 +497,7 @@ static int decode_field(struct dec *d, const struct field *f, const msgpack_obje
 		break;
 	}
 	case FK_MAPS: {
-		if ((rc = get_array(d, f->key, o, (size_t)f->max, 0)))
+		if ((rc = get_array(d, f->key, o, (size_t)f->max, f->flags)))
 			return rc;
 		size_t n = o->via.array.size, size = f->sub->size;
 		char *v = msg_arena_take(d->m, n ? n * size : 1);
@@ -600,6 +600,18 @@ static int decode_map(struct dec *d, const msgpack_object *o, const struct field
 	return 0;
 }
 
+/* The rules generate and chat share. */
+static int check_generation(struct dec *d, const struct msg_generate *g)
+{
+	if (g->top_logprobs > 0 && !g->logprobs)
+		return bad_field(d, "top_logprobs", "needs logprobs: true", "");
+	if (g->logits && g->stream_socket)
+		return bad_field(d, "logits", "logits rows travel only through the ring", "");
+	if (g->has_grammar + g->has_json_schema + g->json_object > 1)
+		return bad_field(d, "grammar", "at most one of grammar, json_schema, json_object", "");
+	return 0;
+}
+
 /* Rules that span fields. */
 static int check_message(struct dec *d)
 {
@@ -620,12 +632,10 @@ static int check_message(struct dec *d)
 		if (sources != 1)
 			return bad_field(d, "prompt",
 					 "exactly one of prompt, tokens, prompt_ref is required", "");
-		if (g->top_logprobs > 0 && !g->logprobs)
-			return bad_field(d, "top_logprobs", "needs logprobs: true", "");
-		if (g->logits && g->stream_socket)
-			return bad_field(d, "logits", "logits rows travel only through the ring", "");
-		break;
+		return check_generation(d, g);
 	}
+	case MSG_CHAT:
+		return check_generation(d, &m->u.chat.gen);
 	case MSG_TOKENIZE:
 		if (m->u.tokenize.has_text + m->u.tokenize.has_text_ref != 1)
 			return bad_field(d, "text", "exactly one of text, text_ref is required", "");

@@ -30,30 +30,88 @@ static const struct field hello_fields[] = {
 	F("ring", FK_BOOL, 0, struct msg_hello, ring, 0, 0),
 };
 
+/* The generation parameters generate and chat share; g is the member path to the
+ * struct msg_generate inside st ("" for generate itself). */
+#define GEN_FIELDS(st, g) \
+	F("max_tokens", FK_U32, 0, st, g max_tokens, 0, MSG_MAX_TOKENS_LIMIT), \
+	F("temperature", FK_F64, 0, st, g sampling.temperature, 0, 100), \
+	F("top_k", FK_U32, 0, st, g sampling.top_k, 0, 1u << 20), \
+	F("top_p", FK_F64, FF_MIN_OPEN, st, g sampling.top_p, 0, 1), \
+	F("min_p", FK_F64, 0, st, g sampling.min_p, 0, 1), \
+	F("repeat_penalty", FK_F64, FF_MIN_OPEN, st, g sampling.repeat_penalty, 0, 100), \
+	F("repeat_last_n", FK_U32, 0, st, g sampling.repeat_last_n, 0, 1u << 20), \
+	FH("seed", FK_U64, 0, st, g sampling.seed, g sampling.has_seed, 0, U64MAX), \
+	FA("stop", FK_STRS, FF_OMIT_ZERO, st, g stop, g n_stop, MSG_STOP_MAX, MSG_STOP_LEN_MAX), \
+	FA("stop_tokens", FK_U32S, FF_OMIT_ZERO, st, g stop_tokens, g n_stop_tokens, MSG_STOP_TOKENS_MAX, \
+	   MSG_TOKEN_MAX), \
+	F("logprobs", FK_BOOL, FF_OMIT_ZERO, st, g logprobs, 0, 0), \
+	F("top_logprobs", FK_U32, FF_OMIT_ZERO, st, g top_logprobs, 0, MSG_TOP_MAX), \
+	F("logits", FK_BOOL, FF_OMIT_ZERO, st, g logits, 0, 0), \
+	F("socket", FK_BOOL, FF_OMIT_ZERO, st, g stream_socket, 0, 0), \
+	F("ignore_eos", FK_BOOL, FF_OMIT_ZERO, st, g ignore_eos, 0, 0), \
+	FH("grammar", FK_STR, FF_UTF8 | FF_NONEMPTY, st, g grammar, g has_grammar, 0, MSG_GRAMMAR_MAX), \
+	FH("json_schema", FK_STR, FF_UTF8 | FF_NONEMPTY, st, g json_schema, g has_json_schema, 0, MSG_GRAMMAR_MAX), \
+	F("json_object", FK_BOOL, FF_OMIT_ZERO, st, g json_object, 0, 0)
+
 static const struct field generate_fields[] = {
 	FH("prompt", FK_STR, FF_UTF8, struct msg_generate, prompt, has_prompt, 0, MSG_STR_MAX),
 	FA("tokens", FK_U32S, FF_NONEMPTY | FF_OMIT_ZERO, struct msg_generate, tokens, n_tokens, MSG_ARRAY_MAX,
 	   MSG_TOKEN_MAX),
 	FH("prompt_ref", FK_U64, 0, struct msg_generate, prompt_ref, has_prompt_ref, 0, U64MAX),
-	F("max_tokens", FK_U32, 0, struct msg_generate, max_tokens, 0, MSG_MAX_TOKENS_LIMIT),
-	F("temperature", FK_F64, 0, struct msg_generate, sampling.temperature, 0, 100),
-	F("top_k", FK_U32, 0, struct msg_generate, sampling.top_k, 0, 1u << 20),
-	F("top_p", FK_F64, FF_MIN_OPEN, struct msg_generate, sampling.top_p, 0, 1),
-	F("min_p", FK_F64, 0, struct msg_generate, sampling.min_p, 0, 1),
-	F("repeat_penalty", FK_F64, FF_MIN_OPEN, struct msg_generate, sampling.repeat_penalty, 0,
-	  100),
-	F("repeat_last_n", FK_U32, 0, struct msg_generate, sampling.repeat_last_n, 0, 1u << 20),
-	FH("seed", FK_U64, 0, struct msg_generate, sampling.seed, sampling.has_seed, 0, U64MAX),
-	FA("stop", FK_STRS, FF_OMIT_ZERO, struct msg_generate, stop, n_stop, MSG_STOP_MAX,
-	   MSG_STOP_LEN_MAX),
-	FA("stop_tokens", FK_U32S, FF_OMIT_ZERO, struct msg_generate, stop_tokens, n_stop_tokens,
-	   MSG_STOP_TOKENS_MAX, MSG_TOKEN_MAX),
-	F("logprobs", FK_BOOL, FF_OMIT_ZERO, struct msg_generate, logprobs, 0, 0),
-	F("top_logprobs", FK_U32, FF_OMIT_ZERO, struct msg_generate, top_logprobs, 0, MSG_TOP_MAX),
-	F("logits", FK_BOOL, FF_OMIT_ZERO, struct msg_generate, logits, 0, 0),
-	F("socket", FK_BOOL, FF_OMIT_ZERO, struct msg_generate, stream_socket, 0, 0),
-	F("ignore_eos", FK_BOOL, FF_OMIT_ZERO, struct msg_generate, ignore_eos, 0, 0),
+	GEN_FIELDS(struct msg_generate, ),
 };
+
+static const struct field chat_call_fields[] = {
+	F("id", FK_STR, FF_UTF8 | FF_OMIT_ZERO, struct msg_chat_call, id, 0, MSG_TOOL_NAME_MAX),
+	F("name", FK_STR, FF_REQUIRED | FF_UTF8 | FF_NONEMPTY, struct msg_chat_call, name, 0, MSG_TOOL_NAME_MAX),
+	F("arguments", FK_STR, FF_UTF8, struct msg_chat_call, arguments, 0, MSG_STR_MAX),
+};
+
+static const struct field_table chat_call_table = TABLE(chat_call_fields, struct msg_chat_call);
+
+static const struct field chat_message_fields[] = {
+	F("role", FK_STR, FF_REQUIRED | FF_UTF8 | FF_NONEMPTY, struct msg_chat_message, role, 0, MSG_ROLE_MAX),
+	FH("content", FK_STR, FF_UTF8, struct msg_chat_message, content, has_content, 0, MSG_STR_MAX),
+	FH("name", FK_STR, FF_UTF8, struct msg_chat_message, name, has_name, 0, MSG_TOOL_NAME_MAX),
+	FH("tool_call_id", FK_STR, FF_UTF8, struct msg_chat_message, tool_call_id, has_tool_call_id, 0,
+	   MSG_TOOL_NAME_MAX),
+	FH("reasoning_content", FK_STR, FF_UTF8, struct msg_chat_message, reasoning_content, has_reasoning, 0,
+	   MSG_STR_MAX),
+	FMA("tool_calls", FF_OMIT_ZERO, struct msg_chat_message, tool_calls, n_tool_calls, MSG_CHAT_CALLS_MAX,
+	    chat_call_table),
+};
+
+static const struct field_table chat_message_table = TABLE(chat_message_fields, struct msg_chat_message);
+
+static const struct field chat_fields[] = {
+	FMA("messages", FF_REQUIRED | FF_NONEMPTY, struct msg_chat, messages, n_messages, MSG_CHAT_MESSAGES_MAX,
+	    chat_message_table),
+	FH("tools", FK_STR, FF_UTF8 | FF_NONEMPTY, struct msg_chat, tools, has_tools, 0, MSG_STR_MAX),
+	FH("tool_choice", FK_STR, FF_UTF8 | FF_NONEMPTY, struct msg_chat, tool_choice, has_tool_choice, 0,
+	   MSG_TOOL_NAME_MAX),
+	F("add_generation_prompt", FK_BOOL, 0, struct msg_chat, add_generation_prompt, 0, 0),
+	FH("vars", FK_STR, FF_UTF8 | FF_NONEMPTY, struct msg_chat, vars, has_vars, 0, MSG_STR_MAX),
+	FH("template", FK_STR, FF_UTF8 | FF_NONEMPTY, struct msg_chat, template_name, has_template, 0,
+	   MSG_NAME_MAX),
+	GEN_FIELDS(struct msg_chat, gen.),
+};
+
+static const struct field delta_fields[] = {
+	F("kind", FK_STR, FF_REQUIRED | FF_NONEMPTY, struct msg_delta, kind, 0, MSG_NAME_MAX),
+	F("text", FK_STR, FF_OMIT_ZERO, struct msg_delta, text, 0, MSG_STR_MAX),
+	F("index", FK_U32, FF_OMIT_ZERO, struct msg_delta, index, 0, MSG_CHAT_CALLS_MAX * MSG_CHAT_MESSAGES_MAX),
+	{ "call", FK_MAP, 0, offsetof(struct msg_delta, call), FIELD_NO_OFF, offsetof(struct msg_delta, has_call), 0,
+	  0, 0, &chat_call_table },
+};
+
+static const struct field chat_reply_fields[] = {
+	F("content", FK_STR, 0, struct msg_chat_reply, content, 0, MSG_STR_MAX),
+	F("reasoning_content", FK_STR, FF_OMIT_ZERO, struct msg_chat_reply, reasoning_content, 0, MSG_STR_MAX),
+	FMA("tool_calls", FF_OMIT_ZERO, struct msg_chat_reply, tool_calls, n_tool_calls, MSG_CHAT_CALLS_MAX,
+	    chat_call_table),
+};
+
+static const struct field_table chat_reply_table = TABLE(chat_reply_fields, struct msg_chat_reply);
 
 static const struct field cancel_fields[] = {
 	F("target", FK_U64, FF_REQUIRED | FF_MIN_OPEN, struct msg_cancel, target, 0, MSG_ID_MAX),
@@ -118,6 +176,8 @@ static const struct field done_fields[] = {
 	F("decode_ms", FK_F64, 0, struct msg_done, decode_ms, 0, 1e15),
 	F("prefill_tps", FK_F64, 0, struct msg_done, prefill_tps, 0, 1e15),
 	F("decode_tps", FK_F64, 0, struct msg_done, decode_tps, 0, 1e15),
+	{ "message", FK_MAP, 0, offsetof(struct msg_done, message), FIELD_NO_OFF, offsetof(struct msg_done, has_message),
+	  0, 0, 0, &chat_reply_table },
 };
 
 static const struct field tokens_fields[] = {
@@ -174,6 +234,7 @@ const struct msg_type_desc msg_types[MSG_TYPE_COUNT] = {
 	[MSG_STATS] = T0(MSG_FROM_CLIENT),
 	[MSG_LEDGER] = T0(MSG_FROM_CLIENT),
 	[MSG_PING] = T0(MSG_FROM_CLIENT),
+	[MSG_CHAT] = T(MSG_FROM_CLIENT, chat_fields, struct msg_chat),
 	[MSG_WELCOME] = T(MSG_FROM_DAEMON, welcome_fields, struct msg_welcome),
 	[MSG_LOADING] = T(MSG_FROM_DAEMON, loading_fields, struct msg_loading),
 	[MSG_TOKEN] = T(MSG_FROM_DAEMON, token_fields, struct msg_token),
@@ -184,4 +245,5 @@ const struct msg_type_desc msg_types[MSG_TYPE_COUNT] = {
 	[MSG_LEDGER_REPLY] = T(MSG_FROM_DAEMON, ledger_fields, struct msg_ledger_reply),
 	[MSG_PONG] = T0(MSG_FROM_DAEMON),
 	[MSG_ERROR] = T(MSG_FROM_DAEMON, error_fields, struct msg_error),
+	[MSG_DELTA] = T(MSG_FROM_DAEMON, delta_fields, struct msg_delta),
 };

@@ -403,6 +403,16 @@ static uint32_t full_toks[] = { 1, 300, 70000 };
 static struct msg_bytes full_stops[] = { { "ab", 2 }, { "\n", 1 } };
 static struct msg_top full_top[] = { { 5, -0.5f }, { 6, -1.25f } };
 static struct msg_ledger_entry full_ledger[] = { { { "kv", 2 }, 100 }, { { "weights", 7 }, 1ull << 32 } };
+static struct msg_chat_call full_calls[] = {
+	{ { "call_1", 6 }, { "get_weather", 11 }, { "{\"city\":\"Paris\"}", 16 } },
+	{ { "call_2", 6 }, { "now", 3 }, { "{}", 2 } },
+};
+static struct msg_chat_message full_chat_messages[] = {
+	{ { "assistant", 9 }, true, true, true, true, { "c", 1 }, { "n", 1 }, { "call_0", 6 }, { "r", 1 },
+	  full_calls, 2 },
+	{ { "tool", 4 }, true, true, true, true, { "18C", 3 }, { "get_weather", 11 }, { "call_1", 6 }, { "-", 1 },
+	  full_calls + 1, 1 },
+};
 
 static size_t full_messages(enum msg_type type, struct msg *v)
 {
@@ -436,8 +446,66 @@ static size_t full_messages(enum msg_type type, struct msg *v)
 		msg_init(m, type, 9);
 		m->u.generate.has_prompt_ref = true;
 		m->u.generate.prompt_ref = 5;
+		m->u.generate.has_grammar = true;
+		m->u.generate.grammar = B("root ::= \"a\"");
+		m = &v[n++];
+		msg_init(m, type, 10);
+		m->u.generate.has_prompt = true;
+		m->u.generate.prompt = B("x");
+		m->u.generate.has_json_schema = true;
+		m->u.generate.json_schema = B("{\"type\":\"object\"}");
+		m = &v[n++];
+		msg_init(m, type, 11);
+		m->u.generate.has_prompt = true;
+		m->u.generate.prompt = B("x");
+		m->u.generate.json_object = true;
 		break;
 	}
+	case MSG_CHAT: {
+		struct msg_chat *c = &m->u.chat;
+		c->messages = full_chat_messages;
+		c->n_messages = 2;
+		c->has_tools = true;
+		c->tools = B("[]");
+		c->has_tool_choice = true;
+		c->tool_choice = B("required");
+		c->add_generation_prompt = false;
+		c->has_vars = true;
+		c->vars = B("{\"enable_thinking\":false}");
+		c->has_template = true;
+		c->template_name = B("tool_use");
+		c->gen.max_tokens = 5;
+		c->gen.stop = full_stops;
+		c->gen.n_stop = 2;
+		c->gen.stop_tokens = full_toks;
+		c->gen.n_stop_tokens = 3;
+		c->gen.sampling.has_seed = true;
+		c->gen.logprobs = true;
+		c->gen.top_logprobs = 2;
+		c->gen.logits = true;
+		c->gen.ignore_eos = true;
+		c->gen.json_object = true;
+		m = &v[n++];
+		msg_init(m, type, 8);
+		m->u.chat.messages = full_chat_messages;
+		m->u.chat.n_messages = 1;
+		m->u.chat.gen.stream_socket = true;
+		m->u.chat.gen.has_grammar = true;
+		m->u.chat.gen.grammar = B("root ::= \"a\"");
+		m = &v[n++];
+		msg_init(m, type, 9);
+		m->u.chat.messages = full_chat_messages;
+		m->u.chat.n_messages = 1;
+		m->u.chat.gen.has_json_schema = true;
+		m->u.chat.gen.json_schema = B("{}");
+		break;
+	}
+	case MSG_DELTA:
+		m->u.delta = (struct msg_delta){ B("content"), B("Hel"), 0, false, { { 0 } } };
+		m = &v[n++];
+		msg_init(m, type, 8);
+		m->u.delta = (struct msg_delta){ B("tool_call"), { 0 }, 2, true, full_calls[0] };
+		break;
 	case MSG_CANCEL:
 		m->u.cancel.target = 3;
 		break;
@@ -464,6 +532,10 @@ static size_t full_messages(enum msg_type type, struct msg *v)
 		break;
 	case MSG_DONE:
 		m->u.done = (struct msg_done){ MSG_FINISH_LENGTH, 3, 4, 1.5, 2.5, 3.5, 4.5, 5.5 };
+		m = &v[n++];
+		msg_init(m, type, 8);
+		m->u.done = (struct msg_done){ MSG_FINISH_TOOL_CALLS, 3, 4, 1.5, 2.5, 3.5, 4.5, 5.5, true,
+					       { B("ok"), B("hmm"), full_calls, 2 } };
 		break;
 	case MSG_TOKENS:
 		m->u.tokens = (struct msg_tokens){ full_toks, 3 };
@@ -556,7 +628,7 @@ static void test_msg_every_table_field_reaches_the_wire_and_comes_back(void **st
 	(void)state;
 	for (int type = MSG_HELLO; type < MSG_TYPE_COUNT; type++) {
 		const struct msg_type_desc *desc = &msg_types[type];
-		struct msg v[4];
+		struct msg v[8];
 		size_t n = full_messages((enum msg_type)type, v);
 		uint64_t seen = 0;
 		for (size_t i = 0; i < n; i++) {
@@ -1019,6 +1091,62 @@ static void test_msg_requires_exactly_one_prompt_source(void **state)
 	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 93);
 }
 
+/* chat: messages are required, each needs a role, unknown keys inside a message are refused
+ * like anywhere else, and structured output takes one form at a time. */
+static void test_msg_chat_rules(void **state)
+{
+	(void)state;
+	struct raw r;
+	raw_request(&r, "chat", 100, 0);
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 100);
+
+	raw_request(&r, "chat", 101, 1);
+	raw_str(&r, "messages");
+	msgpack_pack_array(&r.pk, 0);
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 101);
+
+	raw_request(&r, "chat", 102, 1);
+	raw_str(&r, "messages");
+	msgpack_pack_array(&r.pk, 1);
+	msgpack_pack_map(&r.pk, 1);
+	raw_kv_str(&r, "content", "no role");
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 102);
+
+	raw_request(&r, "chat", 103, 1);
+	raw_str(&r, "messages");
+	msgpack_pack_array(&r.pk, 1);
+	msgpack_pack_map(&r.pk, 2);
+	raw_kv_str(&r, "role", "user");
+	raw_kv_str(&r, "contnet", "typo");
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 103);
+
+	raw_request(&r, "chat", 104, 3);
+	raw_str(&r, "messages");
+	msgpack_pack_array(&r.pk, 1);
+	msgpack_pack_map(&r.pk, 1);
+	raw_kv_str(&r, "role", "user");
+	raw_kv_str(&r, "grammar", "root ::= \"a\"");
+	raw_kv_str(&r, "json_schema", "{}");
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 104);
+
+	/* prompt belongs to generate: the rendering is a chat's prompt */
+	raw_request(&r, "chat", 105, 2);
+	raw_str(&r, "messages");
+	msgpack_pack_array(&r.pk, 1);
+	msgpack_pack_map(&r.pk, 1);
+	raw_kv_str(&r, "role", "user");
+	raw_kv_str(&r, "prompt", "x");
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 105);
+
+	/* a chat is a request: a daemon never sends one */
+	raw_request(&r, "chat", 106, 1);
+	raw_str(&r, "messages");
+	msgpack_pack_array(&r.pk, 1);
+	msgpack_pack_map(&r.pk, 1);
+	raw_kv_str(&r, "role", "user");
+	raw_expect(&r, MSG_FROM_DAEMON, MSG_ERR_UNKNOWN_TYPE, 106);
+}
+
 static void test_msg_encode_refuses_what_the_peer_would_refuse(void **state)
 {
 	(void)state;
@@ -1104,6 +1232,7 @@ int main(void)
 		cmocka_unit_test(test_msg_unknown_fields_are_errors_from_clients_only),
 		cmocka_unit_test(test_msg_rejects_duplicate_and_mistyped_fields),
 		cmocka_unit_test(test_msg_requires_exactly_one_prompt_source),
+		cmocka_unit_test(test_msg_chat_rules),
 		cmocka_unit_test(test_msg_encode_refuses_what_the_peer_would_refuse),
 		cmocka_unit_test(test_msg_wire_names_are_stable),
 	};
