@@ -166,6 +166,7 @@ void conn_unregister(struct hearth *h, struct conn_req *r)
 	r->tail = NULL;
 	conn_event_free(r->pend_logits);
 	r->pend_logits = NULL;
+	hearth_chat_result_free(&r->chat);
 	while (r->loading) {
 		struct conn_loading *l = r->loading;
 		r->loading = l->next;
@@ -512,7 +513,8 @@ static void req_push_event(struct conn_req *r, struct conn_event *e)
 		e->tok.logits = e->logits->tok.logits;
 		e->tok.n_vocab = e->logits->tok.n_vocab;
 	}
-	e->tok.index = r->n_tokens++;
+	if (!e->is_delta)
+		e->tok.index = r->n_tokens++;
 	if (r->tail)
 		r->tail->next = e;
 	else
@@ -552,6 +554,65 @@ static void dispatch_token_frame(struct hearth *h, struct conn_req *r, const str
 	if (!e)
 		return;
 	req_push_event(r, e);
+}
+
+static char *dup_bytes(struct msg_bytes b)
+{
+	char *s = malloc(b.len + 1);
+	if (s) {
+		if (b.len)
+			memcpy(s, b.ptr, b.len);
+		s[b.len] = '\0';
+	}
+	return s;
+}
+
+/* A `delta` frame: one allocation holds the event and its strings. */
+static void dispatch_delta(struct conn_req *r, const struct msg_delta *d)
+{
+	size_t need = sizeof(struct conn_event) + d->text.len + d->call.id.len + d->call.name.len +
+		      d->call.arguments.len + 4;
+	struct conn_event *e = calloc(1, need);
+	if (!e)
+		return;
+	char *p = (char *)(e + 1);
+	const struct msg_bytes parts[4] = { d->text, d->call.id, d->call.name, d->call.arguments };
+	const char *at[4];
+	for (int i = 0; i < 4; i++) {
+		at[i] = p;
+		if (parts[i].len)
+			memcpy(p, parts[i].ptr, parts[i].len);
+		p[parts[i].len] = '\0';
+		p += parts[i].len + 1;
+	}
+	e->is_delta = true;
+	bool is = d->kind.len == 9 && !memcmp(d->kind.ptr, "reasoning", 9);
+	bool call = d->has_call && d->kind.len == 9 && !memcmp(d->kind.ptr, "tool_call", 9);
+	e->delta.kind = call ? HEARTH_DELTA_TOOL_CALL : is ? HEARTH_DELTA_REASONING : HEARTH_DELTA_CONTENT;
+	e->delta.text = at[0];
+	e->delta.len = d->text.len;
+	e->delta.call = (struct hearth_tool_call){ at[1], at[2], at[3] };
+	e->delta.index = d->index;
+	req_push_event(r, e);
+}
+
+/* done's assistant message, copied out of the frame (which is freed right after). */
+static void take_chat_reply(struct conn_req *r, const struct msg_chat_reply *m)
+{
+	struct hearth_chat_result *c = &r->chat;
+	hearth_chat_result_free(c);
+	c->content = dup_bytes(m->content);
+	c->reasoning_content = dup_bytes(m->reasoning_content);
+	if (m->n_tool_calls) {
+		c->tool_calls = calloc(m->n_tool_calls, sizeof *c->tool_calls);
+		if (c->tool_calls) {
+			for (size_t i = 0; i < m->n_tool_calls; i++)
+				c->tool_calls[i] = (struct hearth_tool_call){ dup_bytes(m->tool_calls[i].id),
+									      dup_bytes(m->tool_calls[i].name),
+									      dup_bytes(m->tool_calls[i].arguments) };
+			c->n_tool_calls = m->n_tool_calls;
+		}
+	}
 }
 
 static void dispatch_frame(struct hearth *h, struct msg *m)
@@ -597,6 +658,11 @@ static void dispatch_frame(struct hearth *h, struct msg *m)
 			dispatch_token_frame(h, r, m);
 		msg_free(m);
 		return;
+	case MSG_DELTA:
+		if (r->is_gen)
+			dispatch_delta(r, &m->u.delta);
+		msg_free(m);
+		return;
 	case MSG_ERROR: {
 		struct hearth_err e;
 		int code = conn_error_frame(&e, &m->u.error);
@@ -635,6 +701,8 @@ static void dispatch_frame(struct hearth *h, struct msg *m)
 			r->result.decode_ms = d->decode_ms;
 			r->result.prefill_tps = d->prefill_tps;
 			r->result.decode_tps = d->decode_tps;
+			if (d->has_message)
+				take_chat_reply(r, &d->message);
 			r->final = true;
 			msg_free(m);
 			return;
@@ -899,6 +967,7 @@ static int conn_hello(struct hearth *h, const struct hearth_connect_opts *o,
 	mi->n_vocab = w->model.n_vocab;
 	mi->n_layer = w->model.n_layer;
 	mi->n_embd = w->model.n_embd;
+	copy_bytes(mi->chat_template, sizeof mi->chat_template, w->model.chat_template);
 	if (w->max_frame && w->max_frame < CONN_INLINE_MAX + CONN_FRAME_SLACK)
 		h->inline_max = w->max_frame > 2 * CONN_FRAME_SLACK ? w->max_frame - CONN_FRAME_SLACK
 								     : CONN_FRAME_SLACK;

@@ -27,8 +27,10 @@ struct conn_event {
 	struct conn_event *next;
 	uint64_t req_id;
 	bool is_logits;           /* a RING_REC_LOGITS row waiting for its token */
+	bool is_delta;            /* a chat's `delta` frame, not a token */
 	struct conn_event *logits; /* the row attached to this token, owned by it */
 	struct hearth_token tok;
+	struct hearth_delta delta;
 };
 
 /* One `loading` progress frame, queued for hearth_connect's callback. */
@@ -59,6 +61,8 @@ struct conn_req {
 	struct conn_event *pend_logits;
 	uint32_t n_tokens;        /* events queued so far: the next token's index */
 	struct hearth_result result;
+	/* chat: the assistant message of its done (owned; hearth_chat_finish hands it over) */
+	struct hearth_chat_result chat;
 };
 
 struct hearth {
@@ -122,5 +126,29 @@ int conn_call(struct hearth *h, struct msg *m, const struct conn_bulk *bulk, enu
 	      struct msg *reply, struct hearth_err *err);
 
 void conn_event_free(struct conn_event *e);
+
+/* The generation handle both generate and chat hand out (client/gen.c). */
+struct hearth_gen {
+	struct hearth *h;
+	struct conn_req req;      /* in h's table until hearth_gen_finish */
+	struct conn_event *cur;   /* the event hearth_gen_next/hearth_chat_next returned last */
+	bool cancel_sent;         /* under h->mu */
+	bool idle_timed_out;      /* the daemon went silent: finish does not wait again */
+};
+
+/* Fills a generate's (or chat's) parameters; stop strings go into the caller's array
+ * (MSG_STOP_MAX). */
+int gen_fill(struct msg_generate *g, const struct hearth_gen_params *p, struct msg_bytes *stop,
+	     struct hearth_err *err);
+/* Registers g's request, sends m with its id, and hands g out; frees g on failure. */
+int gen_send(struct hearth *h, struct hearth_gen *g, struct msg *m, struct msg_generate *gm,
+	     struct conn_bulk *bulk, struct hearth_err *err);
+/* Waits for g's next queued event (token or delta): 1 with g->cur set, 0 at the end,
+ * negative on failure or timeout. */
+int gen_next_event(struct hearth_gen *g, int timeout_ms, struct hearth_err *err);
+/* Ends g's request (canceling it if it runs), fills result (and hands a chat's message over
+ * to chat, when not NULL), unregisters; does not free g. */
+int gen_end(struct hearth_gen *g, struct hearth_result *result, struct hearth_chat_result *chat,
+	    struct hearth_err *err);
 
 #endif

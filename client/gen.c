@@ -6,14 +6,6 @@
 
 #include "client/conn.h"
 
-struct hearth_gen {
-	struct hearth *h;
-	struct conn_req req;      /* in h's table until hearth_gen_finish */
-	struct conn_event *cur;   /* the token hearth_gen_next returned last */
-	bool cancel_sent;         /* under h->mu */
-	bool idle_timed_out;      /* the daemon went silent: finish does not wait again */
-};
-
 struct hearth_gen_params hearth_gen_params_default(void)
 {
 	struct hearth_gen_params p;
@@ -35,14 +27,27 @@ const char *hearth_finish_name(enum hearth_finish f)
 	case HEARTH_FINISH_LENGTH: return "length";
 	case HEARTH_FINISH_CONTEXT: return "context";
 	case HEARTH_FINISH_CANCEL: return "cancel";
+	case HEARTH_FINISH_TOOL_CALLS: return "tool_calls";
 	default: return "none";
 	}
 }
 
-/* Fills the generate message; stop strings go into the caller's array (MSG_STOP_MAX). */
-static int gen_fill(struct msg_generate *g, const struct hearth_gen_params *p,
-		    struct msg_bytes *stop, struct hearth_err *err)
+int gen_fill(struct msg_generate *g, const struct hearth_gen_params *p, struct msg_bytes *stop,
+	     struct hearth_err *err)
 {
+	if (!!p->grammar + !!p->json_schema + p->json_object > 1)
+		return conn_err_set(err, HEARTH_EINVAL, "at most one of grammar, json_schema, json_object");
+	for (int i = 0; i < 2; i++) {
+		const char *s = i ? p->json_schema : p->grammar;
+		if (s && (!*s || strlen(s) > MSG_GRAMMAR_MAX || !msg_utf8_valid(s, strlen(s))))
+			return conn_err_set(err, HEARTH_EINVAL, "the %s must be 1..%u bytes of UTF-8",
+					    i ? "JSON schema" : "grammar", MSG_GRAMMAR_MAX);
+	}
+	g->has_grammar = p->grammar != NULL;
+	g->grammar = (struct msg_bytes){ p->grammar, p->grammar ? strlen(p->grammar) : 0 };
+	g->has_json_schema = p->json_schema != NULL;
+	g->json_schema = (struct msg_bytes){ p->json_schema, p->json_schema ? strlen(p->json_schema) : 0 };
+	g->json_object = p->json_object;
 	if (p->n_stop > MSG_STOP_MAX)
 		return conn_err_set(err, HEARTH_EINVAL, "%zu stop strings; at most %d", p->n_stop,
 				    MSG_STOP_MAX);
@@ -143,34 +148,55 @@ int hearth_gen_start(struct hearth *h, const struct hearth_prompt *prompt,
 	struct hearth_gen *gen = calloc(1, sizeof *gen);
 	if (!gen)
 		return conn_err_set(err, HEARTH_ENOMEM, "out of memory for a generation");
+	rc = gen_send(h, gen, &m, g, use_bulk ? &bulk : NULL, err);
+	if (rc == 0)
+		*out = gen;
+	return rc;
+}
+
+int gen_send(struct hearth *h, struct hearth_gen *gen, struct msg *m, struct msg_generate *g,
+	     struct conn_bulk *bulk, struct hearth_err *err)
+{
 	gen->h = h;
-	rc = conn_register(h, &gen->req, true, err);
+	int rc = conn_register(h, &gen->req, true, err);
 	if (rc < 0) {
 		free(gen);
 		return rc;
 	}
-	m.id = gen->req.id;
-	if (use_bulk) {
+	m->id = gen->req.id;
+	if (bulk) {
 		/* The request id doubles as the bulk ref: unique on this connection. */
-		bulk.ref = gen->req.id;
+		bulk->ref = gen->req.id;
 		g->has_prompt_ref = true;
-		g->prompt_ref = bulk.ref;
+		g->prompt_ref = bulk->ref;
 	}
-	rc = conn_send(h, &m, use_bulk ? &bulk : NULL, err);
+	rc = conn_send(h, m, bulk, err);
 	if (rc < 0) {
 		conn_unregister(h, &gen->req);
 		free(gen);
-		return rc;
 	}
-	*out = gen;
-	return 0;
+	return rc;
 }
 
 int hearth_gen_next(struct hearth_gen *g, const struct hearth_token **tok, int timeout_ms,
 		    struct hearth_err *err)
 {
-	struct hearth *h = g->h;
 	*tok = NULL;
+	for (;;) {
+		int rc = gen_next_event(g, timeout_ms, err);
+		if (rc != 1)
+			return rc;
+		if (!g->cur->is_delta) {
+			*tok = &g->cur->tok;
+			return 1;
+		}
+		/* a chat driven as a plain generation: its deltas are not asked for */
+	}
+}
+
+int gen_next_event(struct hearth_gen *g, int timeout_ms, struct hearth_err *err)
+{
+	struct hearth *h = g->h;
 	conn_event_free(g->cur);
 	g->cur = NULL;
 	int wait_ms = timeout_ms < 0 ? h->timeout_ms : timeout_ms;
@@ -184,7 +210,6 @@ int hearth_gen_next(struct hearth_gen *g, const struct hearth_token **tok, int t
 		if (!r->head)
 			r->tail = NULL;
 		pthread_mutex_unlock(&h->mu);
-		*tok = &g->cur->tok;
 		return 1;
 	}
 	if (rc == HEARTH_ETIMEDOUT) {
@@ -222,6 +247,14 @@ int hearth_cancel(struct hearth_gen *g, struct hearth_err *err)
 int hearth_gen_finish(struct hearth_gen *g, struct hearth_result *result,
 		      struct hearth_err *err)
 {
+	int rc = gen_end(g, result, NULL, err);
+	free(g);
+	return rc;
+}
+
+int gen_end(struct hearth_gen *g, struct hearth_result *result, struct hearth_chat_result *chat,
+	    struct hearth_err *err)
+{
 	struct hearth *h = g->h;
 	struct conn_req *r = &g->req;
 	conn_event_free(g->cur);
@@ -254,12 +287,16 @@ int hearth_gen_finish(struct hearth_gen *g, struct hearth_result *result,
 		rc = r->rc;
 		if (err)
 			*err = r->err;
-	} else if (result) {
-		*result = r->result;
+	} else {
+		if (result)
+			*result = r->result;
+		if (chat) {
+			*chat = r->chat;
+			memset(&r->chat, 0, sizeof r->chat);
+		}
 	}
 	pthread_mutex_unlock(&h->mu);
 	conn_unregister(h, r);
-	free(g);
 	return rc;
 }
 

@@ -87,6 +87,8 @@ struct hearth_model {
 	uint32_t n_vocab;
 	uint32_t n_layer;
 	uint32_t n_embd;
+	char chat_template[65];  /* chat's template: "model", "file", or "chatml" (built in,
+				  * the model has none); empty from a protocol 1.0 daemon */
 };
 
 struct hearth_connect_opts {

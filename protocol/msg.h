@@ -135,6 +135,8 @@ struct msg_model_info {
 	uint32_t n_vocab;
 	uint32_t n_layer;
 	uint32_t n_embd;
+	struct msg_bytes chat_template; /* where chat's template comes from: "model", "file",
+					 * or "chatml" (built in: the model has none); 1.1 */
 };
 
 struct msg_welcome {

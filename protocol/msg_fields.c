@@ -139,6 +139,7 @@ static const struct field model_fields[] = {
 	F("n_vocab", FK_U32, 0, struct msg_model_info, n_vocab, 0, U32MAX),
 	F("n_layer", FK_U32, 0, struct msg_model_info, n_layer, 0, U32MAX),
 	F("n_embd", FK_U32, 0, struct msg_model_info, n_embd, 0, U32MAX),
+	F("chat_template", FK_STR, FF_OMIT_ZERO, struct msg_model_info, chat_template, 0, MSG_NAME_MAX),
 };
 
 static const struct field_table model_table = TABLE(model_fields, struct msg_model_info);

@@ -522,7 +522,7 @@ static size_t full_messages(enum msg_type type, struct msg *v)
 	case MSG_WELCOME:
 		m->u.welcome = (struct msg_welcome){ MSG_PROTO_MAJOR, 2, B("0.1"),
 			{ B("llama"), B("tiny"), B("q4_g128"), 123456789012ull, 4096, 8192, 32000,
-			  22, 2048 }, 1u << 20, true, 1u << 22, 1u << 21 };
+			  22, 2048, B("model") }, 1u << 20, true, 1u << 22, 1u << 21 };
 		break;
 	case MSG_LOADING:
 		m->u.loading = (struct msg_loading){ B("map"), 5, 10 };
