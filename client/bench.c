@@ -181,13 +181,11 @@ static double pct(const double *v, size_t n, double p)
 	return v[k ? k - 1 : 0];
 }
 
-/* Runs one level: forks k clients, releases them together, waits, and summarises. */
-static int bench_level_run(const struct bench_opts *o, uint32_t k, uint32_t n_vocab,
-			   struct bench_level *lv, struct bench_slot **slots_out,
-			   size_t *map_size_out)
+/* The memory a level's clients write into, shared across fork: k slots, then o->tokens
+ * samples per client. Returns 0 or 1 (message on stderr). */
+static int bench_map(const struct bench_opts *o, uint32_t k, struct bench_slot **slots,
+		     struct bench_sample **samp, size_t *map_size)
 {
-	memset(lv, 0, sizeof *lv);
-	lv->clients = k;
 	size_t slots_size = (((size_t)k * sizeof(struct bench_slot)) + 63) & ~(size_t)63;
 	size_t n_samples;
 	if (__builtin_mul_overflow((size_t)k, (size_t)o->tokens, &n_samples) ||
@@ -196,30 +194,26 @@ static int bench_level_run(const struct bench_opts *o, uint32_t k, uint32_t n_vo
 			o->tokens);
 		return 1;
 	}
-	size_t map_size = slots_size + n_samples * sizeof(struct bench_sample);
-	void *map = mmap(NULL, map_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+	*map_size = slots_size + n_samples * sizeof(struct bench_sample);
+	void *map = mmap(NULL, *map_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
 			 -1, 0);
 	if (map == MAP_FAILED) {
-		fprintf(stderr, "hearth: bench: mmap of %zu bytes: %s\n", map_size, strerror(errno));
+		fprintf(stderr, "hearth: bench: mmap of %zu bytes: %s\n", *map_size, strerror(errno));
 		return 1;
 	}
-	struct bench_slot *slots = map;
-	struct bench_sample *samp = (struct bench_sample *)((char *)map + slots_size);
-	*slots_out = slots;
-	*map_size_out = map_size;
+	*slots = map;
+	*samp = (struct bench_sample *)((char *)map + slots_size);
+	return 0;
+}
 
-	int ready[2], go[2];
-	if (pipe(ready) < 0 || pipe(go) < 0) {
-		fprintf(stderr, "hearth: bench: pipe: %s\n", strerror(errno));
-		return 1;
-	}
+/* Forks up to k clients into pids; each reports on ready and starts at EOF on go. Returns
+ * how many started. */
+static uint32_t bench_fork(const struct bench_opts *o, uint32_t k, uint32_t n_vocab,
+			   struct bench_slot *slots, struct bench_sample *samp, pid_t *pids,
+			   const int ready[2], const int go[2])
+{
 	fflush(stdout);
 	fflush(stderr);
-	pid_t *pids = calloc(k, sizeof *pids);
-	if (!pids) {
-		fprintf(stderr, "hearth: bench: out of memory\n");
-		return 1;
-	}
 	uint32_t started = 0;
 	for (; started < k; started++) {
 		pid_t pid = fork();
@@ -235,19 +229,14 @@ static int bench_level_run(const struct bench_opts *o, uint32_t k, uint32_t n_vo
 		}
 		pids[started] = pid;
 	}
-	close(ready[1]);
-	close(go[0]);
-	/* Every client connected (or failed to): start them all at once by closing go. */
-	for (uint32_t n = 0; n < started;) {
-		char c;
-		ssize_t r = read(ready[0], &c, 1);
-		if (r == 1)
-			n++;
-		else if (r == 0 || errno != EINTR)
-			break;
-	}
-	close(go[1]);
-	close(ready[0]);
+	return started;
+}
+
+/* Waits for every started client and checks it generated all its tokens. Returns 0, or 1
+ * when one failed (message on stderr). */
+static int bench_reap(const struct bench_opts *o, uint32_t k, uint32_t started,
+		      const pid_t *pids, struct bench_slot *slots)
+{
 	int failed = started < k;
 	for (uint32_t i = 0; i < started; i++) {
 		int st;
@@ -266,22 +255,91 @@ static int bench_level_run(const struct bench_opts *o, uint32_t k, uint32_t n_vo
 			failed = 1;
 		}
 	}
-	free(pids);
-	if (failed)
-		return 1;
+	return failed;
+}
 
-	uint64_t t0 = UINT64_MAX, t1 = 0, total = 0;
+/* Forks k clients, releases them together once all are connected, and waits for them.
+ * Returns 0, or 1 when a client failed (message on stderr). */
+static int bench_clients_run(const struct bench_opts *o, uint32_t k, uint32_t n_vocab,
+			     struct bench_slot *slots, struct bench_sample *samp)
+{
+	int ready[2], go[2];
+	if (pipe(ready) < 0) {
+		fprintf(stderr, "hearth: bench: pipe: %s\n", strerror(errno));
+		return 1;
+	}
+	if (pipe(go) < 0) {
+		fprintf(stderr, "hearth: bench: pipe: %s\n", strerror(errno));
+		close(ready[0]);
+		close(ready[1]);
+		return 1;
+	}
+	pid_t *pids = calloc(k, sizeof *pids);
+	if (!pids) {
+		fprintf(stderr, "hearth: bench: out of memory\n");
+		close(ready[0]);
+		close(ready[1]);
+		close(go[0]);
+		close(go[1]);
+		return 1;
+	}
+	uint32_t started = bench_fork(o, k, n_vocab, slots, samp, pids, ready, go);
+	close(ready[1]);
+	close(go[0]);
+	/* Every client connected (or failed to): start them all at once by closing go. */
+	for (uint32_t n = 0; n < started;) {
+		char c;
+		ssize_t r = read(ready[0], &c, 1);
+		if (r == 1)
+			n++;
+		else if (r == 0 || errno != EINTR)
+			break;
+	}
+	close(go[1]);
+	close(ready[0]);
+	int failed = bench_reap(o, k, started, pids, slots);
+	free(pids);
+	return failed;
+}
+
+/* Tokens per second in the window in which every client was decoding (after the last first
+ * token, before the first done), so each step was one batch of k decode tokens with no
+ * prefill in it. NAN when the window is empty. */
+static double bench_steady_tps(const struct bench_opts *o, uint32_t k,
+			       const struct bench_slot *slots, const struct bench_sample *samp)
+{
+	uint64_t w0 = 0, w1 = UINT64_MAX;
+	for (uint32_t i = 0; i < k; i++) {
+		w0 = slots[i].t_first > w0 ? slots[i].t_first : w0;
+		w1 = slots[i].t_done < w1 ? slots[i].t_done : w1;
+	}
+	if (w1 <= w0)
+		return NAN;
+	uint64_t n_in = 0;
+	for (uint32_t i = 0; i < k; i++) {
+		const struct bench_sample *sp = samp + (size_t)i * o->tokens;
+		for (uint32_t j = 0; j < slots[i].n_gen && j < o->tokens; j++)
+			n_in += sp[j].t_cb > w0 && sp[j].t_cb <= w1;
+	}
+	return (double)n_in / ((double)(w1 - w0) / 1e9);
+}
+
+/* The level's figures from what the clients recorded. Returns 0 or 1 (out of memory). */
+static int bench_summarise(const struct bench_opts *o, uint32_t k, const struct bench_slot *slots,
+			   const struct bench_sample *samp, struct bench_level *lv)
+{
+	size_t n_samples = (size_t)k * o->tokens; /* bench_map checked the product */
 	double *ttft = calloc(k, sizeof *ttft);
-	double *samples = malloc((n_samples ? n_samples : 1) * sizeof *samples);
-	if (!ttft || !samples) {
+	double *ipc = malloc((n_samples ? n_samples : 1) * sizeof *ipc);
+	if (!ttft || !ipc) {
 		free(ttft);
-		free(samples);
+		free(ipc);
 		fprintf(stderr, "hearth: bench: out of memory\n");
 		return 1;
 	}
-	lv->client_tps_min = INFINITY;
+	uint64_t t0 = UINT64_MAX, t1 = 0, total = 0;
 	size_t ns = 0;
-	uint64_t w0 = 0, w1 = UINT64_MAX;   /* every client between first token and done */
+	lv->client_tps_min = INFINITY;
 	for (uint32_t i = 0; i < k; i++) {
 		const struct bench_slot *s = &slots[i];
 		t0 = s->t_send < t0 ? s->t_send : t0;
@@ -294,38 +352,42 @@ static int bench_level_run(const struct bench_opts *o, uint32_t k, uint32_t n_vo
 			lv->decode_tps_mean += (s->n_gen - 1) /
 					       ((double)(s->t_done - s->t_first) / 1e9) / k;
 		ttft[i] = (double)(s->t_first - s->t_send) / 1e6;
-		w0 = s->t_first > w0 ? s->t_first : w0;
-		w1 = s->t_done < w1 ? s->t_done : w1;
 		const struct bench_sample *sp = samp + (size_t)i * o->tokens;
 		for (uint32_t j = 0; j < s->n_gen && j < o->tokens; j++)
 			if (sp[j].t_sampled)
-				samples[ns++] = ((double)sp[j].t_cb - (double)sp[j].t_sampled) / 1e3;
+				ipc[ns++] = ((double)sp[j].t_cb - (double)sp[j].t_sampled) / 1e3;
 	}
-	/* Steady state: the window in which every client was decoding, so each step was one
-	 * batch of k decode tokens with no prefill in it. */
-	lv->steady_tps = NAN;
-	if (w1 > w0) {
-		uint64_t n_in = 0;
-		for (uint32_t i = 0; i < k; i++) {
-			const struct bench_sample *sp = samp + (size_t)i * o->tokens;
-			for (uint32_t j = 0; j < slots[i].n_gen && j < o->tokens; j++)
-				n_in += sp[j].t_cb > w0 && sp[j].t_cb <= w1;
-		}
-		lv->steady_tps = (double)n_in / ((double)(w1 - w0) / 1e9);
-	}
+	lv->steady_tps = bench_steady_tps(o, k, slots, samp);
 	lv->wall_s = (double)(t1 - t0) / 1e9;
 	lv->agg_tps = (double)total / lv->wall_s;
 	qsort(ttft, k, sizeof *ttft, cmp_double);
 	lv->ttft_p50_ms = pct(ttft, k, 50);
 	lv->ttft_p99_ms = pct(ttft, k, 99);
-	qsort(samples, ns, sizeof *samples, cmp_double);
+	qsort(ipc, ns, sizeof *ipc, cmp_double);
 	lv->n_ipc = ns;  /* tokens with a daemon timestamp */
-	lv->ipc_p50_us = pct(samples, ns, 50);
-	lv->ipc_p99_us = pct(samples, ns, 99);
-	lv->ipc_max_us = ns ? samples[ns - 1] : NAN;
-	lv->ok = true;
+	lv->ipc_p50_us = pct(ipc, ns, 50);
+	lv->ipc_p99_us = pct(ipc, ns, 99);
+	lv->ipc_max_us = ns ? ipc[ns - 1] : NAN;
 	free(ttft);
-	free(samples);
+	free(ipc);
+	return 0;
+}
+
+/* Runs one level: forks k clients, releases them together, waits, and summarises. The
+ * shared memory goes to *slots_out / *map_size_out for the caller to print and unmap. */
+static int bench_level_run(const struct bench_opts *o, uint32_t k, uint32_t n_vocab,
+			   struct bench_level *lv, struct bench_slot **slots_out,
+			   size_t *map_size_out)
+{
+	memset(lv, 0, sizeof *lv);
+	lv->clients = k;
+	struct bench_sample *samp;
+	if (bench_map(o, k, slots_out, &samp, map_size_out))
+		return 1;
+	if (bench_clients_run(o, k, n_vocab, *slots_out, samp) ||
+	    bench_summarise(o, k, *slots_out, samp, lv))
+		return 1;
+	lv->ok = true;
 	return 0;
 }
 
