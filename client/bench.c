@@ -511,7 +511,10 @@ out:
 	return rc;
 }
 
-int bench_run(const struct bench_opts *o)
+/* Connects once for the model's facts, and runs a short generation that touches the paths
+ * once (page faults, first-use lazy state) so the first level does not pay for them.
+ * Returns 0 or 1 (message on stderr). */
+static int bench_warm_up(const struct bench_opts *o, struct hearth_model *m)
 {
 	struct hearth_err e = { 0 };
 	struct hearth *h;
@@ -521,25 +524,29 @@ int bench_run(const struct bench_opts *o)
 		fprintf(stderr, "hearth: %s\n", e.msg[0] ? e.msg : hearth_strerror(e.code));
 		return 1;
 	}
-	struct hearth_model m;
-	if (hearth_model_info(h, &m, &e) < 0 || m.n_vocab == 0) {
+	if (hearth_model_info(h, m, &e) < 0 || m->n_vocab == 0) {
 		fprintf(stderr, "hearth: bench: no model facts: %s\n", e.msg);
 		hearth_close(h);
 		return 1;
 	}
-	/* Warm-up: a short generation touches the paths once (page faults, first-use lazy
-	 * state) so the first level does not pay for them. */
 	uint32_t warm[16];
-	bench_prompt(warm, 16, m.n_vocab, o->seed, 1000);
+	bench_prompt(warm, 16, m->n_vocab, o->seed, 1000);
 	struct hearth_prompt wp = { .tokens = warm, .n_tokens = 16 };
 	struct hearth_gen_params wpar = bench_params(o);
 	wpar.max_tokens = 4;
-	if (hearth_generate(h, &wp, &wpar, NULL, NULL, NULL, &e) < 0) {
+	int rc = hearth_generate(h, &wp, &wpar, NULL, NULL, NULL, &e);
+	hearth_close(h);
+	if (rc < 0) {
 		fprintf(stderr, "hearth: bench: warm-up generation: %s\n", e.msg);
-		hearth_close(h);
 		return 1;
 	}
-	hearth_close(h);
+	return 0;
+}
+
+/* The wake floor's p50/p99 on one cpu and across two: wake[0..1] same cpu, wake[2..3] other
+ * cpu (NAN when this process may use one cpu only, or the probe failed). */
+static void bench_wake(double wake[4])
+{
 	/* Waker and sleeper on the first two cpus this process may use (one cpu: the same). */
 	cpu_set_t mine;
 	int cpus[2] = { 0, 0 }, n_cpus = 0;
@@ -547,22 +554,27 @@ int bench_run(const struct bench_opts *o)
 		for (int c = 0; c < CPU_SETSIZE && n_cpus < 2; c++)
 			if (CPU_ISSET(c, &mine))
 				cpus[n_cpus++] = c;
-	double same50 = NAN, same99 = NAN, cross50 = NAN, cross99 = NAN;
-	if (bench_wake_floor(cpus[0], cpus[0], &same50, &same99) < 0 ||
-	    (n_cpus > 1 && bench_wake_floor(cpus[0], cpus[1], &cross50, &cross99) < 0))
+	for (int i = 0; i < 4; i++)
+		wake[i] = NAN;
+	if (bench_wake_floor(cpus[0], cpus[0], &wake[0], &wake[1]) < 0 ||
+	    (n_cpus > 1 && bench_wake_floor(cpus[0], cpus[1], &wake[2], &wake[3]) < 0))
 		fprintf(stderr, "hearth: bench: the wake-latency probe failed; its figures are left out\n");
+}
 
+static void print_header(const struct bench_opts *o, const struct hearth_model *m,
+			 const double wake[4])
+{
 	if (o->json) {
 		printf("{\"model\":{");
-		json_str("arch", m.arch);
-		json_str("quant", m.quant);
+		json_str("arch", m->arch);
+		json_str("quant", m->quant);
 		printf("\"n_params\":%" PRIu64 ",\"n_vocab\":%u},\"prompt_tokens\":%u,"
-		       "\"tokens\":%u,\"seed\":%" PRIu64 ",", m.n_params, m.n_vocab,
+		       "\"tokens\":%u,\"seed\":%" PRIu64 ",", m->n_params, m->n_vocab,
 		       o->prompt_tokens, o->tokens, o->seed);
-		json_num("wake_same_cpu_us_p50", same50, true);
-		json_num("wake_same_cpu_us_p99", same99, true);
-		json_num("wake_other_cpu_us_p50", cross50, true);
-		json_num("wake_other_cpu_us_p99", cross99, true);
+		json_num("wake_same_cpu_us_p50", wake[0], true);
+		json_num("wake_same_cpu_us_p99", wake[1], true);
+		json_num("wake_other_cpu_us_p50", wake[2], true);
+		json_num("wake_other_cpu_us_p99", wake[3], true);
 		printf("\"levels\":[");
 	} else {
 		printf("hearth bench: %s (%s, %.2fB params), prompt %u tokens, %u generated per "
@@ -571,10 +583,52 @@ int bench_run(const struct bench_opts *o)
 		       "p50 %.1f / p99 %.1f us, other cpu p50 %.1f / p99 %.1f us\n"
 		       "clients   agg tok/s  client tok/s (mean/min)  decode tok/s  steady tok/s  "
 		       "TTFT p50/p99 ms   IPC p50/p99/max us\n",
-		       m.arch, m.quant, (double)m.n_params / 1e9, o->prompt_tokens, o->tokens,
-		       o->seed, same50, same99, cross50, cross99);
+		       m->arch, m->quant, (double)m->n_params / 1e9, o->prompt_tokens, o->tokens,
+		       o->seed, wake[0], wake[1], wake[2], wake[3]);
 	}
 	fflush(stdout);
+}
+
+/* One level's line (or JSON object; first: no comma before it). */
+static void print_level(const struct bench_opts *o, bool first, const struct bench_level *lv,
+			const struct bench_slot *slots)
+{
+	if (o->json) {
+		printf("%s{\"clients\":%u,", first ? "" : ",", lv->clients);
+		json_num("wall_s", lv->wall_s, true);
+		json_num("aggregate_tps", lv->agg_tps, true);
+		json_num("client_tps_mean", lv->client_tps_mean, true);
+		json_num("client_tps_min", lv->client_tps_min, true);
+		json_num("decode_tps_mean", lv->decode_tps_mean, true);
+		json_num("steady_tps", lv->steady_tps, true);
+		json_num("ttft_ms_p50", lv->ttft_p50_ms, true);
+		json_num("ttft_ms_p99", lv->ttft_p99_ms, true);
+		json_num("ipc_us_p50", lv->ipc_p50_us, true);
+		json_num("ipc_us_p99", lv->ipc_p99_us, true);
+		json_num("ipc_us_max", lv->ipc_max_us, true);
+		printf("\"ipc_samples\":%zu,\"per_client\":[", lv->n_ipc);
+		print_clients(o, lv, slots);
+		printf("]}");
+	} else {
+		printf("%7u  %10.2f  %12.2f / %-9.2f  %12.2f  %12.2f  %7.1f / %-7.1f  "
+		       "%6.1f / %.1f / %.1f\n", lv->clients, lv->agg_tps,
+		       lv->client_tps_mean, lv->client_tps_min, lv->decode_tps_mean,
+		       lv->steady_tps, lv->ttft_p50_ms, lv->ttft_p99_ms, lv->ipc_p50_us, lv->ipc_p99_us,
+		       lv->ipc_max_us);
+		if (o->verbose)
+			print_clients(o, lv, slots);
+	}
+	fflush(stdout);
+}
+
+int bench_run(const struct bench_opts *o)
+{
+	struct hearth_model m;
+	if (bench_warm_up(o, &m))
+		return 1;
+	double wake[4];
+	bench_wake(wake);
+	print_header(o, &m, wake);
 
 	int status = 0;
 	double agg1 = NAN, agg8 = NAN;
@@ -582,40 +636,14 @@ int bench_run(const struct bench_opts *o)
 		struct bench_level lv;
 		struct bench_slot *slots = NULL;
 		size_t map_size = 0;
-		int rc = bench_level_run(o, o->clients[li], m.n_vocab, &lv, &slots, &map_size);
-		if (rc) {
+		if (bench_level_run(o, o->clients[li], m.n_vocab, &lv, &slots, &map_size)) {
 			status = 1;
 		} else {
 			if (lv.clients == 1)
 				agg1 = lv.agg_tps;
 			if (lv.clients == 8)
 				agg8 = lv.agg_tps;
-			if (o->json) {
-				printf("%s{\"clients\":%u,", li ? "," : "", lv.clients);
-				json_num("wall_s", lv.wall_s, true);
-				json_num("aggregate_tps", lv.agg_tps, true);
-				json_num("client_tps_mean", lv.client_tps_mean, true);
-				json_num("client_tps_min", lv.client_tps_min, true);
-				json_num("decode_tps_mean", lv.decode_tps_mean, true);
-				json_num("steady_tps", lv.steady_tps, true);
-				json_num("ttft_ms_p50", lv.ttft_p50_ms, true);
-				json_num("ttft_ms_p99", lv.ttft_p99_ms, true);
-				json_num("ipc_us_p50", lv.ipc_p50_us, true);
-				json_num("ipc_us_p99", lv.ipc_p99_us, true);
-				json_num("ipc_us_max", lv.ipc_max_us, true);
-				printf("\"ipc_samples\":%zu,\"per_client\":[", lv.n_ipc);
-				print_clients(o, &lv, slots);
-				printf("]}");
-			} else {
-				printf("%7u  %10.2f  %12.2f / %-9.2f  %12.2f  %12.2f  %7.1f / %-7.1f  "
-				       "%6.1f / %.1f / %.1f\n", lv.clients, lv.agg_tps,
-				       lv.client_tps_mean, lv.client_tps_min, lv.decode_tps_mean,
-				       lv.steady_tps, lv.ttft_p50_ms, lv.ttft_p99_ms, lv.ipc_p50_us, lv.ipc_p99_us,
-				       lv.ipc_max_us);
-				if (o->verbose)
-					print_clients(o, &lv, slots);
-			}
-			fflush(stdout);
+			print_level(o, li == 0, &lv, slots);
 		}
 		if (slots)
 			munmap(slots, map_size);
