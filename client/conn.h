@@ -93,8 +93,6 @@ struct hearth {
 
 int conn_err_set(struct hearth_err *err, int code, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
-/* Copies a protocol-level error into the public struct; returns its code. */
-int conn_err_from(struct hearth_err *err, const struct hearth_error *e);
 
 /* Adds r (zeroed by the caller) to the table with a fresh id; fails on a dead connection. */
 int conn_register(struct hearth *h, struct conn_req *r, bool is_gen, struct hearth_err *err);
@@ -124,6 +122,5 @@ int conn_call(struct hearth *h, struct msg *m, const struct conn_bulk *bulk, enu
 	      struct msg *reply, struct hearth_err *err);
 
 void conn_event_free(struct conn_event *e);
-int conn_error_code(enum msg_errcode code);
 
 #endif

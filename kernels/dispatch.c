@@ -2,7 +2,6 @@
  * process (in a VM each cpuid is a trap to the hypervisor, so never on a hot path). */
 #include "kernels/dispatch.h"
 
-#include <errno.h>
 #include <pthread.h>
 #include <string.h>
 
@@ -83,11 +82,11 @@ int kern_select(const char *name)
 		const struct kern_table *t = kern_table_for(names[i].isa);
 
 		if (t == NULL)
-			return -ENOTSUP;
+			return HEARTH_EUNSUPPORTED;
 		active = t;
 		return 0;
 	}
-	return -EINVAL;
+	return HEARTH_EINVAL;
 }
 
 const struct kern_table *kern_active(void)

@@ -34,7 +34,7 @@ const struct kern_table *kern_table_for(enum kern_isa isa);
 const struct kern_table *kern_best(void);
 
 /* Selects the table the daemon uses: name NULL, "" or "auto" picks kern_best();
- * "ref", "avx2", "avx512" force one. Returns 0, -EINVAL for an unknown name, -ENOTSUP
+ * "ref", "avx2", "avx512" force one. Returns 0, HEARTH_EINVAL for an unknown name, HEARTH_EUNSUPPORTED
  * when the CPU lacks the forced ISA. Call once at start-up, before threads run. */
 int kern_select(const char *name);
 

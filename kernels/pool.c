@@ -113,13 +113,14 @@ static void pool_stop_workers(struct pool *p)
 int pool_create(struct pool **out, size_t n_threads, const int *cpus, unsigned spin, unsigned flags)
 {
 	struct pool *p;
-	int rc = 0;
+	int rc = HEARTH_EIO;
+	int sys = 0; /* a pthread call's error number, for HEARTH_EIO */
 
 	*out = NULL;
 	if (n_threads == 0 || n_threads > CPU_SETSIZE)
-		return -EINVAL;
+		return HEARTH_EINVAL;
 	if (posix_memalign((void **)&p, 64, sizeof(*p)) != 0)
-		return -ENOMEM;
+		return HEARTH_ENOMEM;
 	memset(p, 0, sizeof(*p));
 	p->n_threads = n_threads;
 	p->spin = spin ? spin : POOL_DEFAULT_SPIN;
@@ -127,19 +128,19 @@ int pool_create(struct pool **out, size_t n_threads, const int *cpus, unsigned s
 	p->workers = calloc(n_threads, sizeof(*p->workers));
 	if (p->workers == NULL) {
 		free(p);
-		return -ENOMEM;
+		return HEARTH_ENOMEM;
 	}
 	if (cpus && (flags & POOL_PIN_CALLER)) {
 		cpu_set_t set;
 
 		if (cpus[0] < 0 || cpus[0] >= CPU_SETSIZE) {
-			rc = -EINVAL;
+			rc = HEARTH_EINVAL;
 			goto fail;
 		}
 		CPU_ZERO(&set);
 		CPU_SET(cpus[0], &set);
-		rc = -pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
-		if (rc != 0)
+		sys = pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+		if (sys != 0)
 			goto fail;
 	}
 	for (size_t i = 1; i < n_threads; i++) {
@@ -148,25 +149,25 @@ int pool_create(struct pool **out, size_t n_threads, const int *cpus, unsigned s
 
 		w->pool = p;
 		w->index = i;
-		rc = -pthread_attr_init(&attr);
-		if (rc != 0)
+		sys = pthread_attr_init(&attr);
+		if (sys != 0)
 			goto fail;
 		if (cpus) {
 			cpu_set_t set;
 
 			if (cpus[i] < 0 || cpus[i] >= CPU_SETSIZE) {
 				pthread_attr_destroy(&attr);
-				rc = -EINVAL;
+				rc = HEARTH_EINVAL;
 				goto fail;
 			}
 			CPU_ZERO(&set);
 			CPU_SET(cpus[i], &set);
-			rc = -pthread_attr_setaffinity_np(&attr, sizeof(set), &set);
+			sys = pthread_attr_setaffinity_np(&attr, sizeof(set), &set);
 		}
-		if (rc == 0)
-			rc = -pthread_create(&w->thread, &attr, worker_main, w);
+		if (sys == 0)
+			sys = pthread_create(&w->thread, &attr, worker_main, w);
 		pthread_attr_destroy(&attr);
-		if (rc != 0)
+		if (sys != 0)
 			goto fail;
 		p->n_started++;
 	}
@@ -176,6 +177,8 @@ fail:
 	pool_stop_workers(p);
 	free(p->workers);
 	free(p);
+	if (rc == HEARTH_EIO)
+		errno = sys;
 	return rc;
 }
 

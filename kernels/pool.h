@@ -8,6 +8,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "protocol/error.h"
+
 struct pool;
 
 /* Called on every thread of the pool; thread 0 is the caller of pool_run. */
@@ -22,7 +24,8 @@ typedef void (*pool_fn)(void *arg, size_t thread, size_t n_threads);
 /* Creates a pool of n_threads threads: the caller (thread 0) plus n_threads-1 workers.
  * With cpus (n_threads entries), worker i is pinned to cpus[i] before it runs anything;
  * cpus NULL leaves placement to the OS (tests). spin is how many pause-loops a waiting
- * thread spins before it sleeps (0 picks a default). Returns 0 or a negative errno. */
+ * thread spins before it sleeps (0 picks a default). Returns 0, HEARTH_EINVAL for a bad
+ * count or CPU, HEARTH_ENOMEM, or HEARTH_EIO with errno set to the pthread call's error. */
 int pool_create(struct pool **out, size_t n_threads, const int *cpus, unsigned spin, unsigned flags);
 
 /* Stops and joins the workers and frees the pool. NULL is fine. */

@@ -3,7 +3,6 @@
  * loader calls it a few rows at a time, so its working set stays in cache. */
 #include "kernels/q4.h"
 
-#include <errno.h>
 #include <math.h>
 #include <string.h>
 
@@ -18,7 +17,7 @@ int q4_matrix_plan(struct q4_matrix *m, size_t rows, size_t cols, size_t group, 
 
 	memset(m, 0, sizeof(*m));
 	if (rows == 0 || cols == 0 || (group != 32 && group != 128) || cols % group != 0)
-		return -EINVAL;
+		return HEARTH_EINVAL;
 	m->rows = rows;
 	m->cols = cols;
 	m->group = group;
@@ -28,12 +27,12 @@ int q4_matrix_plan(struct q4_matrix *m, size_t rows, size_t cols, size_t group, 
 	/* 16 fp16 per group for d, as many again for m; cols/2 code bytes per row. */
 	if (__builtin_mul_overflow(m->n_groups, (size_t)(asym ? 64 : 32), &m->scale_bytes) ||
 	    m->scale_bytes > SIZE_MAX - 64)
-		return -ERANGE;
+		return HEARTH_ERANGE;
 	m->scale_bytes = align64(m->scale_bytes);
 	if (__builtin_mul_overflow(cols, (size_t)(Q4_ROWS / 2), &codes) ||
 	    __builtin_add_overflow(codes, m->scale_bytes, &m->block_bytes) ||
 	    __builtin_mul_overflow(m->block_bytes, m->n_row_blocks, &total))
-		return -ERANGE;
+		return HEARTH_ERANGE;
 	return 0;
 }
 
@@ -515,7 +514,7 @@ int q4_pack_rows_q4_0(struct q4_matrix *m, const void *src, size_t row0, size_t 
 	uint8_t q[QK4_0];
 
 	if (m->group != QK4_0 || m->asym)
-		return -EINVAL;
+		return HEARTH_EINVAL;
 	for (size_t i = 0; i < n_rows; i++) {
 		size_t row = row0 + i;
 
@@ -538,7 +537,7 @@ int q4_pack_rows_q4_1(struct q4_matrix *m, const void *src, size_t row0, size_t 
 	uint8_t q[QK4_1];
 
 	if (m->group != QK4_1 || !m->asym)
-		return -EINVAL;
+		return HEARTH_EINVAL;
 	for (size_t i = 0; i < n_rows; i++) {
 		size_t row = row0 + i;
 
@@ -574,7 +573,7 @@ int q4_pack_rows_q4_k(struct q4_matrix *m, const void *src, size_t row0, size_t 
 	uint8_t q[QK_K];
 
 	if (m->group != 32 || !m->asym || m->cols % QK_K != 0)
-		return -EINVAL;
+		return HEARTH_EINVAL;
 	for (size_t i = 0; i < n_rows; i++) {
 		size_t row = row0 + i;
 
@@ -628,12 +627,12 @@ static int acts_layout(enum q4_act_kind kind, size_t n_tok, size_t cols, size_t 
 
 	if ((kind != Q4_ACT_A16 && kind != Q4_ACT_A8) || n_tok == 0 || cols == 0 ||
 	    (group != 32 && group != 128) || cols % group != 0)
-		return -EINVAL;
+		return HEARTH_EINVAL;
 	if (__builtin_mul_overflow(n_tok, cols, &n) || __builtin_mul_overflow(n, elem, codes) ||
 	    __builtin_mul_overflow(n_tok, cols / group, &ng) ||
 	    __builtin_mul_overflow(ng, sizeof(float), scales) || *codes > SIZE_MAX / 2 ||
 	    *scales > SIZE_MAX / 8)
-		return -ERANGE;
+		return HEARTH_ERANGE;
 	*codes = align64(*codes);
 	*scales = align64(*scales);
 	*total = *codes + *scales * (kind == Q4_ACT_A8 ? 2 : 1);
@@ -659,7 +658,7 @@ int q4_acts_init(struct q4_acts *a, enum q4_act_kind kind, size_t n_tok, size_t 
 	if (rc != 0)
 		return rc;
 	if (mem == NULL || ((uintptr_t)mem & 63) != 0)
-		return -EINVAL;
+		return HEARTH_EINVAL;
 	a->kind = kind;
 	a->n_tok = n_tok;
 	a->cols = cols;

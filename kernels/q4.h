@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "kernels/quant.h"
+#include "protocol/error.h"
 
 #define Q4_ROWS 16          /* rows interleaved in one row block */
 #define Q4_CHUNK_COLS 8     /* columns of one 64-byte chunk (16 rows x 8 codes) */
@@ -34,7 +35,7 @@ struct q4_matrix {
 };
 
 /* Fills the geometry for rows x cols at `group` (32 or 128; cols a multiple of it) and
- * sets data to NULL. Returns 0, -EINVAL for a bad shape, -ERANGE when the size overflows. */
+ * sets data to NULL. Returns 0, HEARTH_EINVAL for a bad shape, HEARTH_ERANGE when the size overflows. */
 int q4_matrix_plan(struct q4_matrix *m, size_t rows, size_t cols, size_t group, bool asym);
 size_t q4_matrix_bytes(const struct q4_matrix *m);
 /* Bits per weight the layout spends, scales included (4.125 sym g128, 4.25 asym g128). */
@@ -69,7 +70,7 @@ void q4_quantize_group_f32(const float *x, size_t n, enum q4_rule rule, uint8_t 
  * Q4_0 needs a sym group-32 matrix and is exact (same values as quant_dequant_row);
  * Q4_1 needs asym group 32 and is exact; Q4_K needs asym group 32: its sub-block scale
  * d*sc and offset -dmin*m are rounded to fp16 (relative error <= 2^-11 on each).
- * Return 0 or -EINVAL when the matrix's group/asym/cols do not fit the type. */
+ * Return 0 or HEARTH_EINVAL when the matrix's group/asym/cols do not fit the type. */
 int q4_pack_rows_q4_0(struct q4_matrix *m, const void *src, size_t row0, size_t n_rows);
 int q4_pack_rows_q4_1(struct q4_matrix *m, const void *src, size_t row0, size_t n_rows);
 int q4_pack_rows_q4_k(struct q4_matrix *m, const void *src, size_t row0, size_t n_rows);
@@ -103,7 +104,7 @@ struct q4_acts {
  * carved for max_tokens serves any smaller batch: set a->n_tok (<= the carved count)
  * before acts_prepare/matmul, the regions do not move. */
 size_t q4_acts_bytes(enum q4_act_kind kind, size_t n_tok, size_t cols, size_t group);
-/* Carves mem (q4_acts_bytes long, 64-byte aligned) into a. Returns 0 or -EINVAL. */
+/* Carves mem (q4_acts_bytes long, 64-byte aligned) into a. Returns 0 or HEARTH_EINVAL. */
 int q4_acts_init(struct q4_acts *a, enum q4_act_kind kind, size_t n_tok, size_t cols, size_t group,
 		 void *mem);
 

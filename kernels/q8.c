@@ -2,7 +2,6 @@
  * only, a few rows per call like kernels/q4.c. */
 #include "kernels/q8.h"
 
-#include <errno.h>
 #include <math.h>
 #include <string.h>
 
@@ -12,7 +11,7 @@ int q8_matrix_plan(struct q8_matrix *m, size_t rows, size_t cols, size_t group)
 
 	memset(m, 0, sizeof(*m));
 	if (rows == 0 || cols == 0 || (group != 32 && group != 128) || cols % group != 0)
-		return -EINVAL;
+		return HEARTH_EINVAL;
 	m->rows = rows;
 	m->cols = cols;
 	m->group = group;
@@ -23,7 +22,7 @@ int q8_matrix_plan(struct q8_matrix *m, size_t rows, size_t cols, size_t group)
 	    __builtin_mul_overflow(cols, (size_t)Q4_ROWS, &codes) ||
 	    __builtin_add_overflow(codes, m->scale_bytes, &m->block_bytes) ||
 	    __builtin_mul_overflow(m->block_bytes, m->n_row_blocks, &total))
-		return -ERANGE;
+		return HEARTH_ERANGE;
 	return 0;
 }
 
@@ -116,7 +115,7 @@ int q8_pack_rows_q8_0(struct q8_matrix *m, const void *src, size_t row0, size_t 
 	const struct block_q8_0 *b = src;
 
 	if (m->group != QK8_0)
-		return -EINVAL;
+		return HEARTH_EINVAL;
 	for (size_t i = 0; i < n_rows; i++)
 		for (size_t g = 0; g < m->n_groups; g++, b++)
 			put_group(m, row0 + i, g, b->d, b->qs);

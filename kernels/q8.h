@@ -22,13 +22,13 @@ struct q8_matrix {
 	uint8_t *data;
 };
 
-/* group 32 or 128, cols a multiple of it. 0, -EINVAL or -ERANGE. */
+/* group 32 or 128, cols a multiple of it. 0, HEARTH_EINVAL or HEARTH_ERANGE. */
 int q8_matrix_plan(struct q8_matrix *m, size_t rows, size_t cols, size_t group);
 size_t q8_matrix_bytes(const struct q8_matrix *m);
 
 /* From f32 rows: d = absmax/127 per group (rounded to fp16 first), q = round(x/d). */
 void q8_pack_rows_f32(struct q8_matrix *m, const float *src, size_t ld, size_t row0, size_t n_rows);
-/* From Q8_0 rows (cols/32 blocks each), exact; needs group 32. 0 or -EINVAL. */
+/* From Q8_0 rows (cols/32 blocks each), exact; needs group 32. 0 or HEARTH_EINVAL. */
 int q8_pack_rows_q8_0(struct q8_matrix *m, const void *src, size_t row0, size_t n_rows);
 /* dst[i*ld + k] = d*q (an embedding lookup; equal to quant_dequant_row for Q8_0). */
 void q8_unpack_rows(const struct q8_matrix *m, size_t row0, size_t n_rows, float *dst, size_t ld);

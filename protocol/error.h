@@ -1,6 +1,7 @@
-/* Errors as values, shared by every module: a negative HEARTH_E* code and a caller-owned
- * message that names what was wrong (which file, offset, field or limit). The caller
- * decides what to do; nothing here logs or exits. */
+/* Errors as values, shared by every module (kernels/ included, which return these codes
+ * rather than -errno): a negative HEARTH_E* code and a caller-owned message that names what
+ * was wrong (which file, offset, field or limit). The caller decides what to do; nothing
+ * here logs or exits. */
 #ifndef HEARTH_PROTOCOL_ERROR_H
 #define HEARTH_PROTOCOL_ERROR_H
 
@@ -23,6 +24,9 @@ enum {
 	HEARTH_ETIMEDOUT = -13,
 	HEARTH_ECANCELED = -14,
 	HEARTH_ESHUTDOWN = -15,  /* the daemon is stopping */
+	/* The most negative code: codes run from 0 down to it without gaps, so a new code
+	 * takes the next value and moves this (test_error walks the range). */
+	HEARTH_ECODE_LAST = HEARTH_ESHUTDOWN,
 };
 
 #define HEARTH_ERROR_MSG_MAX 512

@@ -92,6 +92,28 @@ enum msg_errcode msg_errcode_from_hearth(int code)
 	}
 }
 
+int msg_errcode_to_hearth(enum msg_errcode code)
+{
+	switch (code) {
+	case MSG_ERR_BAD_FRAME: return HEARTH_EPROTO;
+	case MSG_ERR_TOO_LARGE: return HEARTH_ERANGE;
+	case MSG_ERR_UNKNOWN_TYPE: return HEARTH_EUNSUPPORTED;
+	case MSG_ERR_BAD_FIELD: return HEARTH_EINVAL;
+	case MSG_ERR_BAD_STATE: return HEARTH_EPROTO;
+	case MSG_ERR_BAD_VERSION: return HEARTH_EUNSUPPORTED;
+	case MSG_ERR_DUPLICATE_ID: return HEARTH_EINVAL;
+	case MSG_ERR_BUSY: return HEARTH_EBUSY;
+	case MSG_ERR_KV_FULL: return HEARTH_EKVFULL;
+	case MSG_ERR_CONTEXT: return HEARTH_ERANGE;
+	case MSG_ERR_BAD_TOKEN: return HEARTH_EINVAL;
+	case MSG_ERR_RING: return HEARTH_EPROTO;
+	case MSG_ERR_LOADING: return HEARTH_EBUSY;
+	case MSG_ERR_SHUTTING_DOWN: return HEARTH_ESHUTDOWN;
+	case MSG_ERR_FORBIDDEN: return HEARTH_EPERM;
+	default: return HEARTH_EIO;
+	}
+}
+
 bool msg_type_is_final(enum msg_type t)
 {
 	switch (t) {

@@ -334,6 +334,9 @@ const char *msg_finish_name(enum msg_finish f);
 bool msg_utf8_valid(const void *s, size_t n);
 /* Maps a HEARTH_E* code from the engine to the closest wire code. */
 enum msg_errcode msg_errcode_from_hearth(int code);
+/* Maps a wire code from the daemon to the HEARTH_E* a client returns (HEARTH_EIO for
+ * internal and codes this side does not know). */
+int msg_errcode_to_hearth(enum msg_errcode code);
 /* True for the types whose frame ends a request (welcome, done, tokens, ..., error). */
 bool msg_type_is_final(enum msg_type t);
 

@@ -3,6 +3,7 @@
  * known to be sane before msgpack-c builds objects; then a table per message type checks
  * every field's type and range and copies it into memory the msg owns. */
 #include "protocol/msg.h"
+#include "protocol/msg_fields.h"
 
 #include <math.h>
 #include <msgpack.h>
@@ -22,7 +23,7 @@ struct msg_arena_block {
 	max_align_t data[];
 };
 
-static void *arena_alloc(struct msg *m, size_t size)
+static void *msg_arena_take(struct msg *m, size_t size)
 {
 	size = (size + 15) & ~(size_t)15;
 	struct msg_arena_block *b = m->arena;
@@ -104,6 +105,126 @@ static uint64_t be_read(const uint8_t *p, size_t n)
 	return v;
 }
 
+/* One msgpack object's header, as scan_header reads it. */
+struct scan_obj {
+	size_t at;         /* byte offset of the header, for messages */
+	int container;     /* 0 scalar, 1 array, 2 map */
+	int is_str;        /* 0, 1 str, 2 bin */
+	bool is_uint;
+	uint64_t count;    /* container entries, or payload bytes of a str/bin */
+	uint64_t value;    /* an unsigned integer's value */
+};
+
+static int scan_truncated(size_t pos, struct msg_reject *rej, struct hearth_error *err)
+{
+	hearth_error_set(err, HEARTH_EFORMAT, "frame: msgpack truncated at byte %zu", pos);
+	return reject(rej, MSG_ERR_BAD_FRAME, HEARTH_EFORMAT);
+}
+
+/* Reads the header at *pos and moves *pos past it and past a scalar's fixed-size value (a
+ * str/bin payload and a container's items stay for the caller). Refuses ext types and 0xc1. */
+static int scan_header(const uint8_t *p, size_t n, size_t *pos, struct scan_obj *o,
+		       struct msg_reject *rej, struct hearth_error *err)
+{
+	if (*pos >= n)
+		return scan_truncated(*pos, rej, err);
+	memset(o, 0, sizeof *o);
+	o->at = *pos;
+	uint8_t b = p[(*pos)++];
+	size_t lenbytes = 0, fixed = 0;
+
+	if (b <= 0x7f) { o->is_uint = true; }
+	else if (b <= 0x8f) { o->container = 2; o->count = b & 0x0f; }
+	else if (b <= 0x9f) { o->container = 1; o->count = b & 0x0f; }
+	else if (b <= 0xbf) { o->is_str = 1; o->count = b & 0x1f; }
+	else if (b >= 0xe0) { /* negative fixint */ }
+	else switch (b) {
+	case 0xc0: case 0xc2: case 0xc3: break;
+	case 0xc4: o->is_str = 2; lenbytes = 1; break;
+	case 0xc5: o->is_str = 2; lenbytes = 2; break;
+	case 0xc6: o->is_str = 2; lenbytes = 4; break;
+	case 0xca: fixed = 4; break;
+	case 0xcb: fixed = 8; break;
+	case 0xcc: fixed = 1; o->is_uint = true; break;
+	case 0xcd: fixed = 2; o->is_uint = true; break;
+	case 0xce: fixed = 4; o->is_uint = true; break;
+	case 0xcf: fixed = 8; o->is_uint = true; break;
+	case 0xd0: fixed = 1; break;
+	case 0xd1: fixed = 2; break;
+	case 0xd2: fixed = 4; break;
+	case 0xd3: fixed = 8; break;
+	case 0xd9: o->is_str = 1; lenbytes = 1; break;
+	case 0xda: o->is_str = 1; lenbytes = 2; break;
+	case 0xdb: o->is_str = 1; lenbytes = 4; break;
+	case 0xdc: o->container = 1; lenbytes = 2; break;
+	case 0xdd: o->container = 1; lenbytes = 4; break;
+	case 0xde: o->container = 2; lenbytes = 2; break;
+	case 0xdf: o->container = 2; lenbytes = 4; break;
+	case 0xc1:
+		hearth_error_set(err, HEARTH_EFORMAT, "frame: byte 0xc1 (never used) at %zu", o->at);
+		return reject(rej, MSG_ERR_BAD_FRAME, HEARTH_EFORMAT);
+	default: /* 0xc7-0xc9, 0xd4-0xd8: ext types */
+		hearth_error_set(err, HEARTH_EFORMAT,
+				 "frame: msgpack ext type 0x%02x at byte %zu is not used by "
+				 "this protocol", b, o->at);
+		return reject(rej, MSG_ERR_BAD_FRAME, HEARTH_EFORMAT);
+	}
+	if (lenbytes + fixed > n - *pos)
+		return scan_truncated(*pos, rej, err);
+	if (lenbytes) {
+		o->count = be_read(p + *pos, lenbytes);
+		*pos += lenbytes;
+	}
+	if (o->is_uint)
+		o->value = fixed ? be_read(p + *pos, fixed) : b;
+	*pos += fixed;
+	return 0;
+}
+
+/* A container's entry count against its bound, the nesting depth, and the bytes left
+ * (every item takes at least one byte). *items is what the container counts down. */
+static int scan_container(const struct scan_obj *o, size_t depth, size_t left, uint64_t *items,
+			  struct msg_reject *rej, struct hearth_error *err)
+{
+	uint64_t limit = o->container == 2 ? MSG_MAP_MAX : MSG_ARRAY_MAX;
+	if (o->count > limit) {
+		hearth_error_set(err, HEARTH_ERANGE, "frame: %s of %llu entries at byte %zu (limit %llu)",
+				 o->container == 2 ? "map" : "array", (unsigned long long)o->count,
+				 o->at, (unsigned long long)limit);
+		return reject(rej, MSG_ERR_TOO_LARGE, HEARTH_ERANGE);
+	}
+	if (depth >= MSG_DEPTH_MAX) {
+		hearth_error_set(err, HEARTH_ERANGE, "frame: nesting deeper than %d at byte %zu",
+				 MSG_DEPTH_MAX, o->at);
+		return reject(rej, MSG_ERR_TOO_LARGE, HEARTH_ERANGE);
+	}
+	*items = o->container == 2 ? o->count * 2 : o->count;
+	if (*items > left) {
+		hearth_error_set(err, HEARTH_EFORMAT,
+				 "frame: %llu items announced at byte %zu, %zu bytes left",
+				 (unsigned long long)*items, o->at, left);
+		return reject(rej, MSG_ERR_BAD_FRAME, HEARTH_EFORMAT);
+	}
+	return 0;
+}
+
+/* A str/bin payload against MSG_STR_MAX and the bytes left. */
+static int scan_payload(const struct scan_obj *o, size_t left, struct msg_reject *rej,
+			struct hearth_error *err)
+{
+	if (o->is_str && o->count > MSG_STR_MAX) {
+		hearth_error_set(err, HEARTH_ERANGE, "frame: string of %llu bytes at byte %zu (limit %u)",
+				 (unsigned long long)o->count, o->at, MSG_STR_MAX);
+		return reject(rej, MSG_ERR_TOO_LARGE, HEARTH_ERANGE);
+	}
+	if (o->count > left) {
+		hearth_error_set(err, HEARTH_EFORMAT, "frame: %llu bytes announced at byte %zu, %zu left",
+				 (unsigned long long)o->count, o->at, left);
+		return reject(rej, MSG_ERR_BAD_FRAME, HEARTH_EFORMAT);
+	}
+	return 0;
+}
+
 /* Walks the msgpack bytes once. Checks: one top-level map, nothing after it, no container
  * deeper than MSG_DEPTH_MAX, counts and lengths within bounds and within the bytes that
  * remain, no ext types. Also picks up the top map's "id" so even a refused frame can be
@@ -114,70 +235,13 @@ static int scan_frame(const uint8_t *p, size_t n, struct msg_reject *rej,
 	uint64_t remaining[MSG_DEPTH_MAX];
 	size_t depth = 0, pos = 0, objects = 0;
 	bool top_seen = false, id_key = false;
+	int rc;
 
 	while (!(depth == 0 && top_seen)) {
-		if (pos >= n) {
-			hearth_error_set(err, HEARTH_EFORMAT, "frame: msgpack truncated at byte %zu", pos);
-			return reject(rej, MSG_ERR_BAD_FRAME, HEARTH_EFORMAT);
-		}
-		size_t at = pos;
-		uint8_t b = p[pos++];
-		uint64_t count = 0;   /* container items, or payload bytes of a scalar */
-		int container = 0;    /* 1 array, 2 map */
-		size_t lenbytes = 0, fixed = 0;
-		int is_str = 0;       /* 1 str, 2 bin */
-		bool is_uint = false;
-
-		if (b <= 0x7f) { is_uint = true; }
-		else if (b <= 0x8f) { container = 2; count = b & 0x0f; }
-		else if (b <= 0x9f) { container = 1; count = b & 0x0f; }
-		else if (b <= 0xbf) { is_str = 1; count = b & 0x1f; }
-		else if (b >= 0xe0) { /* negative fixint */ }
-		else switch (b) {
-		case 0xc0: case 0xc2: case 0xc3: break;
-		case 0xc4: is_str = 2; lenbytes = 1; break;
-		case 0xc5: is_str = 2; lenbytes = 2; break;
-		case 0xc6: is_str = 2; lenbytes = 4; break;
-		case 0xca: fixed = 4; break;
-		case 0xcb: fixed = 8; break;
-		case 0xcc: fixed = 1; is_uint = true; break;
-		case 0xcd: fixed = 2; is_uint = true; break;
-		case 0xce: fixed = 4; is_uint = true; break;
-		case 0xcf: fixed = 8; is_uint = true; break;
-		case 0xd0: fixed = 1; break;
-		case 0xd1: fixed = 2; break;
-		case 0xd2: fixed = 4; break;
-		case 0xd3: fixed = 8; break;
-		case 0xd9: is_str = 1; lenbytes = 1; break;
-		case 0xda: is_str = 1; lenbytes = 2; break;
-		case 0xdb: is_str = 1; lenbytes = 4; break;
-		case 0xdc: container = 1; lenbytes = 2; break;
-		case 0xdd: container = 1; lenbytes = 4; break;
-		case 0xde: container = 2; lenbytes = 2; break;
-		case 0xdf: container = 2; lenbytes = 4; break;
-		case 0xc1:
-			hearth_error_set(err, HEARTH_EFORMAT, "frame: byte 0xc1 (never used) at %zu", at);
-			return reject(rej, MSG_ERR_BAD_FRAME, HEARTH_EFORMAT);
-		default: /* 0xc7-0xc9, 0xd4-0xd8: ext types */
-			hearth_error_set(err, HEARTH_EFORMAT,
-					 "frame: msgpack ext type 0x%02x at byte %zu is not used by "
-					 "this protocol", b, at);
-			return reject(rej, MSG_ERR_BAD_FRAME, HEARTH_EFORMAT);
-		}
-		if (lenbytes + fixed > n - pos) {
-			hearth_error_set(err, HEARTH_EFORMAT, "frame: msgpack truncated at byte %zu", pos);
-			return reject(rej, MSG_ERR_BAD_FRAME, HEARTH_EFORMAT);
-		}
-		if (lenbytes) {
-			count = be_read(p + pos, lenbytes);
-			pos += lenbytes;
-		}
-		uint64_t value = 0;
-		if (is_uint)
-			value = fixed ? be_read(p + pos, fixed) : b;
-		pos += fixed;
-
-		if (depth == 0 && container != 2) {
+		struct scan_obj o;
+		if ((rc = scan_header(p, n, &pos, &o, rej, err)))
+			return rc;
+		if (depth == 0 && o.container != 2) {
 			hearth_error_set(err, HEARTH_EFORMAT, "frame: payload is not a msgpack map");
 			return reject(rej, MSG_ERR_BAD_FRAME, HEARTH_EFORMAT);
 		}
@@ -193,53 +257,25 @@ static int scan_frame(const uint8_t *p, size_t n, struct msg_reject *rej,
 		}
 		/* The top map's "id": the key is a str at depth 1, the next object its value. */
 		if (depth == 1) {
-			if (id_key && is_uint && rej->id == 0 && value <= MSG_ID_MAX)
-				rej->id = value;
+			if (id_key && o.is_uint && rej->id == 0 && o.value <= MSG_ID_MAX)
+				rej->id = o.value;
 			id_key = false;
 		}
 
-		if (container) {
-			uint64_t limit = container == 2 ? MSG_MAP_MAX : MSG_ARRAY_MAX;
-			if (count > limit) {
-				hearth_error_set(err, HEARTH_ERANGE,
-						 "frame: %s of %llu entries at byte %zu (limit %llu)",
-						 container == 2 ? "map" : "array",
-						 (unsigned long long)count, at, (unsigned long long)limit);
-				return reject(rej, MSG_ERR_TOO_LARGE, HEARTH_ERANGE);
-			}
-			if (depth >= MSG_DEPTH_MAX) {
-				hearth_error_set(err, HEARTH_ERANGE,
-						 "frame: nesting deeper than %d at byte %zu",
-						 MSG_DEPTH_MAX, at);
-				return reject(rej, MSG_ERR_TOO_LARGE, HEARTH_ERANGE);
-			}
-			uint64_t items = container == 2 ? count * 2 : count;
-			if (items > n - pos) {
-				hearth_error_set(err, HEARTH_EFORMAT,
-						 "frame: %llu items announced at byte %zu, %zu bytes left",
-						 (unsigned long long)items, at, n - pos);
-				return reject(rej, MSG_ERR_BAD_FRAME, HEARTH_EFORMAT);
-			}
+		if (o.container) {
+			uint64_t items;
+			if ((rc = scan_container(&o, depth, n - pos, &items, rej, err)))
+				return rc;
 			if (depth == 0)
 				top_seen = true;
-			remaining[depth++] = items | (container == 2 ? 0 : SCAN_ARRAY);
+			remaining[depth++] = items | (o.container == 2 ? 0 : SCAN_ARRAY);
 		} else {
-			if (is_str && count > MSG_STR_MAX) {
-				hearth_error_set(err, HEARTH_ERANGE,
-						 "frame: string of %llu bytes at byte %zu (limit %u)",
-						 (unsigned long long)count, at, MSG_STR_MAX);
-				return reject(rej, MSG_ERR_TOO_LARGE, HEARTH_ERANGE);
-			}
-			if (count > n - pos) {
-				hearth_error_set(err, HEARTH_EFORMAT,
-						 "frame: %llu bytes announced at byte %zu, %zu left",
-						 (unsigned long long)count, at, n - pos);
-				return reject(rej, MSG_ERR_BAD_FRAME, HEARTH_EFORMAT);
-			}
-			if (depth == 1 && is_key && is_str == 1 && count == 2 &&
+			if ((rc = scan_payload(&o, n - pos, rej, err)))
+				return rc;
+			if (depth == 1 && is_key && o.is_str == 1 && o.count == 2 &&
 			    memcmp(p + pos, "id", 2) == 0)
 				id_key = true;
-			pos += count;
+			pos += o.count;
 		}
 		while (depth > 0 && (remaining[depth - 1] & ~SCAN_ARRAY) == 0)
 			depth--;
@@ -251,210 +287,6 @@ static int scan_frame(const uint8_t *p, size_t n, struct msg_reject *rej,
 	}
 	return 0;
 }
-
-/* ---- field tables ---- */
-
-enum field_kind {
-	FK_U32, FK_U64, FK_F64, FK_F32, FK_BOOL, FK_STR, FK_U32S, FK_STRS,
-	FK_MODEL, FK_TOP, FK_LEDGER, FK_ERRCODE, FK_FINISH,
-};
-
-#define FF_REQUIRED 1u
-#define FF_UTF8 2u      /* strings: must be valid UTF-8 */
-#define FF_NONEMPTY 4u  /* strings and arrays: at least one byte/element */
-#define FF_MIN_OPEN 8u  /* numbers: strictly above min */
-#define NO_OFF UINT32_MAX
-
-/* off: the value, relative to the table's base struct; off_n: element count for arrays;
- * off_has: a bool set when the field is present. min/max bound a number, or the bytes of
- * a string, or the elements of an array; elem_max bounds array elements (bytes of each
- * string, value of each integer). */
-struct field {
-	const char *key;
-	uint8_t kind;
-	uint8_t flags;
-	uint32_t off;
-	uint32_t off_n;
-	uint32_t off_has;
-	double min;
-	double max;
-	double elem_max;
-};
-
-#define F(key, kind, flags, st, member, min, max) \
-	{ key, kind, flags, offsetof(st, member), NO_OFF, NO_OFF, min, max, 0 }
-#define FH(key, kind, flags, st, member, has, min, max) \
-	{ key, kind, flags, offsetof(st, member), NO_OFF, offsetof(st, has), min, max, 0 }
-#define FA(key, kind, flags, st, member, n, max, elem_max) \
-	{ key, kind, flags, offsetof(st, member), offsetof(st, n), NO_OFF, 0, max, elem_max }
-
-#define U32MAX 4294967295.0
-#define U64MAX 18446744073709551615.0
-
-static const struct field hello_fields[] = {
-	F("proto", FK_U32, FF_REQUIRED, struct msg_hello, proto_major, 0, U32MAX),
-	F("proto_minor", FK_U32, 0, struct msg_hello, proto_minor, 0, U32MAX),
-	F("name", FK_STR, FF_REQUIRED | FF_UTF8 | FF_NONEMPTY, struct msg_hello, name, 0,
-	  MSG_NAME_MAX),
-	F("ring", FK_BOOL, 0, struct msg_hello, ring, 0, 0),
-};
-
-static const struct field generate_fields[] = {
-	FH("prompt", FK_STR, FF_UTF8, struct msg_generate, prompt, has_prompt, 0, MSG_STR_MAX),
-	FA("tokens", FK_U32S, FF_NONEMPTY, struct msg_generate, tokens, n_tokens, MSG_ARRAY_MAX,
-	   MSG_TOKEN_MAX),
-	FH("prompt_ref", FK_U64, 0, struct msg_generate, prompt_ref, has_prompt_ref, 0, U64MAX),
-	F("max_tokens", FK_U32, 0, struct msg_generate, max_tokens, 0, MSG_MAX_TOKENS_LIMIT),
-	F("temperature", FK_F64, 0, struct msg_generate, sampling.temperature, 0, 100),
-	F("top_k", FK_U32, 0, struct msg_generate, sampling.top_k, 0, 1u << 20),
-	F("top_p", FK_F64, FF_MIN_OPEN, struct msg_generate, sampling.top_p, 0, 1),
-	F("min_p", FK_F64, 0, struct msg_generate, sampling.min_p, 0, 1),
-	F("repeat_penalty", FK_F64, FF_MIN_OPEN, struct msg_generate, sampling.repeat_penalty, 0,
-	  100),
-	F("repeat_last_n", FK_U32, 0, struct msg_generate, sampling.repeat_last_n, 0, 1u << 20),
-	FH("seed", FK_U64, 0, struct msg_generate, sampling.seed, sampling.has_seed, 0, U64MAX),
-	FA("stop", FK_STRS, 0, struct msg_generate, stop, n_stop, MSG_STOP_MAX,
-	   MSG_STOP_LEN_MAX),
-	FA("stop_tokens", FK_U32S, 0, struct msg_generate, stop_tokens, n_stop_tokens,
-	   MSG_STOP_TOKENS_MAX, MSG_TOKEN_MAX),
-	F("logprobs", FK_BOOL, 0, struct msg_generate, logprobs, 0, 0),
-	F("top_logprobs", FK_U32, 0, struct msg_generate, top_logprobs, 0, MSG_TOP_MAX),
-	F("logits", FK_BOOL, 0, struct msg_generate, logits, 0, 0),
-	F("socket", FK_BOOL, 0, struct msg_generate, stream_socket, 0, 0),
-	F("ignore_eos", FK_BOOL, 0, struct msg_generate, ignore_eos, 0, 0),
-};
-
-static const struct field cancel_fields[] = {
-	F("target", FK_U64, FF_REQUIRED | FF_MIN_OPEN, struct msg_cancel, target, 0, MSG_ID_MAX),
-};
-
-static const struct field tokenize_fields[] = {
-	FH("text", FK_STR, FF_UTF8, struct msg_tokenize, text, has_text, 0, MSG_STR_MAX),
-	FH("text_ref", FK_U64, 0, struct msg_tokenize, text_ref, has_text_ref, 0, U64MAX),
-	F("add_bos", FK_BOOL, 0, struct msg_tokenize, add_bos, 0, 0),
-	F("special", FK_BOOL, 0, struct msg_tokenize, special, 0, 0),
-};
-
-static const struct field detokenize_fields[] = {
-	FA("tokens", FK_U32S, FF_REQUIRED, struct msg_detokenize, tokens, n_tokens,
-	   MSG_ARRAY_MAX, MSG_TOKEN_MAX),
-};
-
-static const struct field model_fields[] = {
-	F("arch", FK_STR, 0, struct msg_model_info, arch, 0, MSG_NAME_MAX),
-	F("name", FK_STR, 0, struct msg_model_info, name, 0, 256),
-	F("quant", FK_STR, 0, struct msg_model_info, quant, 0, MSG_NAME_MAX),
-	F("n_params", FK_U64, 0, struct msg_model_info, n_params, 0, U64MAX),
-	F("n_ctx", FK_U32, 0, struct msg_model_info, n_ctx, 0, U32MAX),
-	F("n_ctx_train", FK_U32, 0, struct msg_model_info, n_ctx_train, 0, U32MAX),
-	F("n_vocab", FK_U32, 0, struct msg_model_info, n_vocab, 0, U32MAX),
-	F("n_layer", FK_U32, 0, struct msg_model_info, n_layer, 0, U32MAX),
-	F("n_embd", FK_U32, 0, struct msg_model_info, n_embd, 0, U32MAX),
-};
-
-static const struct field welcome_fields[] = {
-	F("proto", FK_U32, FF_REQUIRED, struct msg_welcome, proto_major, 0, U32MAX),
-	F("proto_minor", FK_U32, 0, struct msg_welcome, proto_minor, 0, U32MAX),
-	F("daemon", FK_STR, 0, struct msg_welcome, daemon, 0, MSG_NAME_MAX),
-	F("model", FK_MODEL, 0, struct msg_welcome, model, 0, 0),
-	F("max_frame", FK_U32, 0, struct msg_welcome, max_frame, 0, U32MAX),
-	F("ring", FK_BOOL, 0, struct msg_welcome, ring, 0, 0),
-	F("ring_d2c", FK_U64, 0, struct msg_welcome, ring_d2c, 0, U64MAX),
-	F("ring_c2d", FK_U64, 0, struct msg_welcome, ring_c2d, 0, U64MAX),
-};
-
-static const struct field loading_fields[] = {
-	F("phase", FK_STR, 0, struct msg_loading, phase, 0, MSG_NAME_MAX),
-	F("done", FK_U64, 0, struct msg_loading, done, 0, U64MAX),
-	F("total", FK_U64, 0, struct msg_loading, total, 0, U64MAX),
-};
-
-static const struct field token_fields[] = {
-	F("token", FK_U32, FF_REQUIRED, struct msg_token, token, 0, MSG_TOKEN_MAX),
-	F("text", FK_STR, 0, struct msg_token, text, 0, MSG_STR_MAX),
-	FH("logprob", FK_F32, 0, struct msg_token, logprob, has_logprob, -1e30, 0),
-	FA("top", FK_TOP, 0, struct msg_token, top, n_top, MSG_TOP_MAX, 0),
-};
-
-static const struct field done_fields[] = {
-	F("finish", FK_FINISH, FF_REQUIRED, struct msg_done, finish, 0, 0),
-	F("n_prompt", FK_U32, 0, struct msg_done, n_prompt, 0, U32MAX),
-	F("n_gen", FK_U32, 0, struct msg_done, n_gen, 0, U32MAX),
-	F("queue_ms", FK_F64, 0, struct msg_done, queue_ms, 0, 1e15),
-	F("prefill_ms", FK_F64, 0, struct msg_done, prefill_ms, 0, 1e15),
-	F("decode_ms", FK_F64, 0, struct msg_done, decode_ms, 0, 1e15),
-	F("prefill_tps", FK_F64, 0, struct msg_done, prefill_tps, 0, 1e15),
-	F("decode_tps", FK_F64, 0, struct msg_done, decode_tps, 0, 1e15),
-};
-
-static const struct field tokens_fields[] = {
-	FA("tokens", FK_U32S, FF_REQUIRED, struct msg_tokens, tokens, n_tokens, MSG_ARRAY_MAX,
-	   MSG_TOKEN_MAX),
-};
-
-static const struct field text_fields[] = {
-	F("text", FK_STR, FF_REQUIRED, struct msg_text, text, 0, MSG_STR_MAX),
-};
-
-static const struct field stats_fields[] = {
-	F("uptime_ms", FK_U64, 0, struct msg_stats_reply, uptime_ms, 0, U64MAX),
-	F("clients", FK_U32, 0, struct msg_stats_reply, clients, 0, U32MAX),
-	F("running", FK_U32, 0, struct msg_stats_reply, running, 0, U32MAX),
-	F("queued", FK_U32, 0, struct msg_stats_reply, queued, 0, U32MAX),
-	F("prompt_tokens", FK_U64, 0, struct msg_stats_reply, prompt_tokens, 0, U64MAX),
-	F("gen_tokens", FK_U64, 0, struct msg_stats_reply, gen_tokens, 0, U64MAX),
-	F("kv_used", FK_U64, 0, struct msg_stats_reply, kv_used, 0, U64MAX),
-	F("kv_total", FK_U64, 0, struct msg_stats_reply, kv_total, 0, U64MAX),
-	F("rss", FK_U64, 0, struct msg_stats_reply, rss, 0, U64MAX),
-};
-
-static const struct field ledger_entry_fields[] = {
-	F("name", FK_STR, FF_REQUIRED, struct msg_ledger_entry, name, 0, MSG_NAME_MAX),
-	F("bytes", FK_U64, FF_REQUIRED, struct msg_ledger_entry, bytes, 0, U64MAX),
-};
-
-static const struct field ledger_fields[] = {
-	FA("entries", FK_LEDGER, 0, struct msg_ledger_reply, entries, n_entries,
-	   MSG_LEDGER_MAX, 0),
-	F("total", FK_U64, 0, struct msg_ledger_reply, total, 0, U64MAX),
-	F("peak", FK_U64, 0, struct msg_ledger_reply, peak, 0, U64MAX),
-};
-
-static const struct field error_fields[] = {
-	F("code", FK_ERRCODE, FF_REQUIRED, struct msg_error, code, 0, 0),
-	F("message", FK_STR, 0, struct msg_error, message, 0, MSG_MESSAGE_MAX),
-	F("fatal", FK_BOOL, 0, struct msg_error, fatal, 0, 0),
-};
-
-struct type_desc {
-	enum msg_from from;
-	const struct field *fields;
-	size_t n_fields;
-};
-
-#define T(from, tab) { from, tab, sizeof tab / sizeof tab[0] }
-#define T0(from) { from, NULL, 0 }
-
-static const struct type_desc types[MSG_TYPE_COUNT] = {
-	[MSG_HELLO] = T(MSG_FROM_CLIENT, hello_fields),
-	[MSG_GENERATE] = T(MSG_FROM_CLIENT, generate_fields),
-	[MSG_CANCEL] = T(MSG_FROM_CLIENT, cancel_fields),
-	[MSG_TOKENIZE] = T(MSG_FROM_CLIENT, tokenize_fields),
-	[MSG_DETOKENIZE] = T(MSG_FROM_CLIENT, detokenize_fields),
-	[MSG_STATS] = T0(MSG_FROM_CLIENT),
-	[MSG_LEDGER] = T0(MSG_FROM_CLIENT),
-	[MSG_PING] = T0(MSG_FROM_CLIENT),
-	[MSG_WELCOME] = T(MSG_FROM_DAEMON, welcome_fields),
-	[MSG_LOADING] = T(MSG_FROM_DAEMON, loading_fields),
-	[MSG_TOKEN] = T(MSG_FROM_DAEMON, token_fields),
-	[MSG_DONE] = T(MSG_FROM_DAEMON, done_fields),
-	[MSG_TOKENS] = T(MSG_FROM_DAEMON, tokens_fields),
-	[MSG_TEXT] = T(MSG_FROM_DAEMON, text_fields),
-	[MSG_STATS_REPLY] = T(MSG_FROM_DAEMON, stats_fields),
-	[MSG_LEDGER_REPLY] = T(MSG_FROM_DAEMON, ledger_fields),
-	[MSG_PONG] = T0(MSG_FROM_DAEMON),
-	[MSG_ERROR] = T(MSG_FROM_DAEMON, error_fields),
-};
 
 /* ---- decoding values ---- */
 
@@ -503,8 +335,8 @@ static int get_uint(struct dec *d, const char *key, const msgpack_object *o, dou
 	if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
 		return bad_field(d, key, "expected an unsigned integer, got ", kind_name(o->type));
 	uint64_t v = o->via.u64;
-	/* Compare in integers where the bound is exact, so U64MAX rounding cannot leak. */
-	if (max < U64MAX && (double)v > max)
+	/* Compare in integers where the bound is exact, so FIELD_U64MAX rounding cannot leak. */
+	if (max < FIELD_U64MAX && (double)v > max)
 		return bad_field(d, key, "value above the limit", "");
 	if ((double)v < min || ((flags & FF_MIN_OPEN) && (double)v <= min))
 		return bad_field(d, key, "value below the limit", "");
@@ -547,7 +379,7 @@ static int get_bytes(struct dec *d, const char *key, const msgpack_object *o, si
 		return bad_field(d, key, "must not be empty", "");
 	if ((flags & FF_UTF8) && !msg_utf8_valid(o->via.str.ptr, n))
 		return bad_field(d, key, "not valid UTF-8", "");
-	char *s = arena_alloc(d->m, n + 1);
+	char *s = msg_arena_take(d->m, n + 1);
 	if (!s)
 		return no_memory(d, key);
 	memcpy(s, o->via.str.ptr, n);
@@ -573,8 +405,92 @@ static int get_array(struct dec *d, const char *key, const msgpack_object *o, si
 	return 0;
 }
 
-static int decode_map(struct dec *d, const msgpack_object *o, const struct field *tab,
-		      size_t n_tab, void *base, bool top);
+static int decode_map(struct dec *d, const msgpack_object *o, const struct field_table *t,
+		      void *base, bool top);
+
+/* Bytes of one element of an array field. */
+static size_t elem_size(const struct field *f)
+{
+	switch (f->kind) {
+	case FK_U32S: return sizeof(uint32_t);
+	case FK_STRS: return sizeof(struct msg_bytes);
+	case FK_TOP: return sizeof(struct msg_top);
+	default: return f->sub->size; /* FK_MAPS */
+	}
+}
+
+/* One element of an array field into at. */
+static int decode_elem(struct dec *d, const struct field *f, const msgpack_object *e, void *at)
+{
+	int rc;
+	switch (f->kind) {
+	case FK_U32S: {
+		uint64_t x;
+		if ((rc = get_uint(d, f->key, e, 0, f->elem_max, 0, &x)))
+			return rc;
+		*(uint32_t *)at = (uint32_t)x;
+		return 0;
+	}
+	case FK_STRS:
+		return get_bytes(d, f->key, e, (size_t)f->elem_max, FF_UTF8 | FF_NONEMPTY, at);
+	case FK_TOP: {
+		if (e->type != MSGPACK_OBJECT_ARRAY || e->via.array.size != 2)
+			return bad_field(d, f->key, "entries must be [token, logprob]", "");
+		uint64_t tok;
+		double lp;
+		if ((rc = get_uint(d, f->key, &e->via.array.ptr[0], 0, MSG_TOKEN_MAX, 0, &tok)) ||
+		    (rc = get_double(d, f->key, &e->via.array.ptr[1], -1e30, 0, 0, &lp)))
+			return rc;
+		((struct msg_top *)at)->token = (uint32_t)tok;
+		((struct msg_top *)at)->logprob = (float)lp;
+		return 0;
+	}
+	default: /* FK_MAPS */
+		return decode_map(d, e, f->sub, at, false);
+	}
+}
+
+/* An array field: its bounds, then each element into memory the msg owns. */
+static int decode_array(struct dec *d, const struct field *f, const msgpack_object *o,
+			void *base)
+{
+	int rc = get_array(d, f->key, o, (size_t)f->max, f->flags);
+	if (rc)
+		return rc;
+	size_t n = o->via.array.size, size = elem_size(f);  /* n <= MSG_ARRAY_MAX */
+	char *v = msg_arena_take(d->m, n ? n * size : 1);
+	if (!v)
+		return no_memory(d, f->key);
+	memset(v, 0, n * size);
+	for (size_t i = 0; i < n; i++)
+		if ((rc = decode_elem(d, f, &o->via.array.ptr[i], v + i * size)))
+			return rc;
+	*(void **)((char *)base + f->off) = v;
+	*(size_t *)((char *)base + f->off_n) = n;
+	return 0;
+}
+
+/* An error code or finish reason by its wire name. */
+static int decode_name(struct dec *d, const struct field *f, const msgpack_object *o, int *at)
+{
+	if (o->type != MSGPACK_OBJECT_STR)
+		return bad_field(d, f->key, "expected a string, got ", kind_name(o->type));
+	size_t count = f->kind == FK_ERRCODE ? MSG_ERR_COUNT : MSG_FINISH_COUNT;
+	for (size_t i = 0; i < count; i++) {
+		const char *name = f->kind == FK_ERRCODE ? msg_errcode_name((enum msg_errcode)i)
+						       : msg_finish_name((enum msg_finish)i);
+		if (strlen(name) == o->via.str.size &&
+		    memcmp(name, o->via.str.ptr, o->via.str.size) == 0) {
+			*at = (int)i;
+			return 0;
+		}
+	}
+	/* A newer daemon's code or reason: keep the frame, degrade to the generic one. */
+	if (d->strict)
+		return bad_field(d, f->key, "unknown value", "");
+	*at = f->kind == FK_ERRCODE ? MSG_ERR_INTERNAL : MSG_FINISH_OK;
+	return 0;
+}
 
 static int decode_field(struct dec *d, const struct field *f, const msgpack_object *o,
 			void *base)
@@ -587,7 +503,7 @@ static int decode_field(struct dec *d, const struct field *f, const msgpack_obje
 		if ((rc = get_uint(d, f->key, o, f->min, f->max, f->flags, &v)))
 			return rc;
 		*(uint32_t *)at = (uint32_t)v;
-		break;
+		return 0;
 	}
 	case FK_U64:
 		return get_uint(d, f->key, o, f->min, f->max, f->flags, (uint64_t *)at);
@@ -598,112 +514,23 @@ static int decode_field(struct dec *d, const struct field *f, const msgpack_obje
 		if ((rc = get_double(d, f->key, o, f->min, f->max, f->flags, &v)))
 			return rc;
 		*(float *)at = (float)v;
-		break;
+		return 0;
 	}
 	case FK_BOOL:
 		if (o->type != MSGPACK_OBJECT_BOOLEAN)
 			return bad_field(d, f->key, "expected a boolean, got ", kind_name(o->type));
 		*(bool *)at = o->via.boolean;
-		break;
+		return 0;
 	case FK_STR:
 		return get_bytes(d, f->key, o, (size_t)f->max, f->flags, (struct msg_bytes *)at);
-	case FK_U32S: {
-		if ((rc = get_array(d, f->key, o, (size_t)f->max, f->flags)))
-			return rc;
-		size_t n = o->via.array.size;
-		uint32_t *v = arena_alloc(d->m, n ? n * sizeof *v : 1);
-		if (!v)
-			return no_memory(d, f->key);
-		for (size_t i = 0; i < n; i++) {
-			uint64_t x;
-			if ((rc = get_uint(d, f->key, &o->via.array.ptr[i], 0, f->elem_max, 0, &x)))
-				return rc;
-			v[i] = (uint32_t)x;
-		}
-		*(uint32_t **)at = v;
-		*(size_t *)((char *)base + f->off_n) = n;
-		break;
-	}
-	case FK_STRS: {
-		if ((rc = get_array(d, f->key, o, (size_t)f->max, f->flags)))
-			return rc;
-		size_t n = o->via.array.size;
-		struct msg_bytes *v = arena_alloc(d->m, n ? n * sizeof *v : 1);
-		if (!v)
-			return no_memory(d, f->key);
-		for (size_t i = 0; i < n; i++)
-			if ((rc = get_bytes(d, f->key, &o->via.array.ptr[i], (size_t)f->elem_max,
-					    FF_UTF8 | FF_NONEMPTY, &v[i])))
-				return rc;
-		*(struct msg_bytes **)at = v;
-		*(size_t *)((char *)base + f->off_n) = n;
-		break;
-	}
-	case FK_MODEL:
-		return decode_map(d, o, model_fields, sizeof model_fields / sizeof model_fields[0],
-				  at, false);
-	case FK_TOP: {
-		if ((rc = get_array(d, f->key, o, (size_t)f->max, 0)))
-			return rc;
-		size_t n = o->via.array.size;
-		struct msg_top *v = arena_alloc(d->m, n ? n * sizeof *v : 1);
-		if (!v)
-			return no_memory(d, f->key);
-		for (size_t i = 0; i < n; i++) {
-			const msgpack_object *e = &o->via.array.ptr[i];
-			if (e->type != MSGPACK_OBJECT_ARRAY || e->via.array.size != 2)
-				return bad_field(d, f->key, "entries must be [token, logprob]", "");
-			uint64_t tok;
-			double lp;
-			if ((rc = get_uint(d, f->key, &e->via.array.ptr[0], 0, MSG_TOKEN_MAX, 0, &tok)) ||
-			    (rc = get_double(d, f->key, &e->via.array.ptr[1], -1e30, 0, 0, &lp)))
-				return rc;
-			v[i].token = (uint32_t)tok;
-			v[i].logprob = (float)lp;
-		}
-		*(struct msg_top **)at = v;
-		*(size_t *)((char *)base + f->off_n) = n;
-		break;
-	}
-	case FK_LEDGER: {
-		if ((rc = get_array(d, f->key, o, (size_t)f->max, 0)))
-			return rc;
-		size_t n = o->via.array.size;
-		struct msg_ledger_entry *v = arena_alloc(d->m, n ? n * sizeof *v : 1);
-		if (!v)
-			return no_memory(d, f->key);
-		memset(v, 0, n * sizeof *v);
-		for (size_t i = 0; i < n; i++)
-			if ((rc = decode_map(d, &o->via.array.ptr[i], ledger_entry_fields,
-					     sizeof ledger_entry_fields / sizeof ledger_entry_fields[0],
-					     &v[i], false)))
-				return rc;
-		*(struct msg_ledger_entry **)at = v;
-		*(size_t *)((char *)base + f->off_n) = n;
-		break;
-	}
+	case FK_MAP:
+		return decode_map(d, o, f->sub, at, false);
 	case FK_ERRCODE:
-	case FK_FINISH: {
-		if (o->type != MSGPACK_OBJECT_STR)
-			return bad_field(d, f->key, "expected a string, got ", kind_name(o->type));
-		size_t count = f->kind == FK_ERRCODE ? MSG_ERR_COUNT : MSG_FINISH_COUNT;
-		for (size_t i = 0; i < count; i++) {
-			const char *name = f->kind == FK_ERRCODE ? msg_errcode_name((enum msg_errcode)i)
-							       : msg_finish_name((enum msg_finish)i);
-			if (strlen(name) == o->via.str.size &&
-			    memcmp(name, o->via.str.ptr, o->via.str.size) == 0) {
-				*(int *)at = (int)i;
-				return 0;
-			}
-		}
-		/* A newer daemon's code or reason: keep the frame, degrade to the generic one. */
-		if (d->strict)
-			return bad_field(d, f->key, "unknown value", "");
-		*(int *)at = f->kind == FK_ERRCODE ? MSG_ERR_INTERNAL : MSG_FINISH_OK;
-		break;
+	case FK_FINISH:
+		return decode_name(d, f, o, (int *)at);
+	default: /* FK_U32S, FK_STRS, FK_TOP, FK_MAPS */
+		return decode_array(d, f, o, base);
 	}
-	}
-	return 0;
 }
 
 static bool key_is(const msgpack_object *k, const char *s)
@@ -715,9 +542,11 @@ static bool key_is(const msgpack_object *k, const char *s)
 
 /* Decodes a map through a table. Keys must be strings of at most MSG_KEY_MAX bytes and
  * appear once; nil counts as absent. At the top, `t` and `id` were handled already. */
-static int decode_map(struct dec *d, const msgpack_object *o, const struct field *tab,
-		      size_t n_tab, void *base, bool top)
+static int decode_map(struct dec *d, const msgpack_object *o, const struct field_table *t,
+		      void *base, bool top)
 {
+	const struct field *tab = t->fields;
+	size_t n_tab = t->n_fields;
 	if (o->type != MSGPACK_OBJECT_MAP)
 		return bad_field(d, "?", "expected a map, got ", kind_name(o->type));
 	uint64_t seen = 0;  /* tables have fewer than 64 fields */
@@ -752,7 +581,7 @@ static int decode_map(struct dec *d, const msgpack_object *o, const struct field
 		int rc = decode_field(d, &tab[j], v, base);
 		if (rc)
 			return rc;
-		if (tab[j].off_has != NO_OFF)
+		if (tab[j].off_has != FIELD_NO_OFF)
 			*(bool *)((char *)base + tab[j].off_has) = true;
 	}
 	for (size_t j = 0; j < n_tab; j++) {
@@ -862,7 +691,7 @@ int msg_decode(const void *payload, size_t len, enum msg_from from, struct msg *
 	for (int i = 1; i < MSG_TYPE_COUNT; i++)
 		if (key_is(t, msg_type_name((enum msg_type)i)))
 			type = (enum msg_type)i;
-	if (type == MSG_NONE || types[type].from != from) {
+	if (type == MSG_NONE || msg_types[type].from != from) {
 		char name[MSG_KEY_MAX + 1];
 		size_t n = t->via.str.size < MSG_KEY_MAX ? t->via.str.size : MSG_KEY_MAX;
 		memcpy(name, t->via.str.ptr, n);
@@ -880,7 +709,7 @@ int msg_decode(const void *payload, size_t len, enum msg_from from, struct msg *
 	uint64_t keep_id = out->id;
 	msg_init(out, type, keep_id);
 	d.tname = msg_type_name(type);
-	rc = decode_map(&d, top, types[type].fields, types[type].n_fields, &out->u, true);
+	rc = decode_map(&d, top, &msg_types[type].body, &out->u, true);
 	if (rc == 0)
 		rc = check_message(&d);
 	if (rc)

@@ -270,8 +270,11 @@ static void put_header(uint8_t *at, uint32_t len, uint32_t type)
 	memcpy(at + 4, &type, 4);
 }
 
-int ring_reserve(struct ring *r, uint32_t type, size_t len, void **payload,
-		 struct hearth_error *err)
+/* Reserves len bytes of payload (returned in *payload, 8-byte aligned) for one record, so
+ * the pushers below write in place; ring_commit publishes it. One reservation at a time,
+ * committed by the same caller before it returns. Same returns as ring_push. */
+static int ring_reserve(struct ring *r, uint32_t type, size_t len, void **payload,
+			struct hearth_error *err)
 {
 	*payload = NULL;
 	if (ring_is_broken(r))
@@ -313,7 +316,7 @@ int ring_reserve(struct ring *r, uint32_t type, size_t len, void **payload,
 	return 0;
 }
 
-void ring_commit(struct ring *r)
+static void ring_commit(struct ring *r)
 {
 	struct ring_lane *l = &r->tx;
 	if (!l->pending)
@@ -321,11 +324,6 @@ void ring_commit(struct ring *r)
 	l->pos += l->pending;
 	l->pending = 0;
 	__atomic_store_n(l->head, l->pos, __ATOMIC_RELEASE);
-}
-
-void ring_abort(struct ring *r)
-{
-	r->tx.pending = 0;
 }
 
 int ring_push(struct ring *r, uint32_t type, const void *payload, size_t len,

@@ -96,14 +96,6 @@ size_t ring_max_payload(const struct ring *r);
 int ring_push(struct ring *r, uint32_t type, const void *payload, size_t len,
 	      struct hearth_error *err);
 
-/* Zero-copy push: reserves len bytes of payload (returned in *payload, 8-byte aligned) for
- * one record; ring_commit publishes it, ring_abort drops it. One reservation at a time.
- * Same returns as ring_push. */
-int ring_reserve(struct ring *r, uint32_t type, size_t len, void **payload,
-		 struct hearth_error *err);
-void ring_commit(struct ring *r);
-void ring_abort(struct ring *r);
-
 /* Takes the next record from rx, copying its payload into buf (cap bytes) before anything
  * looks at it. Returns 1 with *type and *len set; 0 when empty; HEARTH_ERANGE when the
  * record is larger than cap (nothing consumed; ring_max_payload of the peer's lane, i.e.

@@ -4,6 +4,7 @@
  * the settled process holds only the arena. */
 #include "daemon/engine/load.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <malloc.h>
 #include <stdlib.h>
@@ -175,8 +176,8 @@ static int load_add_mat(struct load_ctx *c, const struct gguf_tensor *t, struct 
 					(int)t->name.len, t->name.ptr, (unsigned long long)t->ne[0]);
 	int rc = q4_matrix_plan(dst, t->ne[1] * t->ne[2] * t->ne[3], t->ne[0], lm->group, lm->asym);
 	if (rc < 0)
-		return hearth_error_set(err, HEARTH_ERANGE, "tensor '%.*s': cannot plan its int4 layout",
-					(int)t->name.len, t->name.ptr);
+		return hearth_error_set(err, rc, "tensor '%.*s': cannot plan its int4 layout (%s)",
+					(int)t->name.len, t->name.ptr, hearth_strerror(rc));
 	return 0;
 }
 
@@ -194,9 +195,10 @@ static int load_add_mat8(struct load_ctx *c, const struct gguf_tensor *t, struct
 		return hearth_error_set(err, HEARTH_EUNSUPPORTED,
 					"tensor '%.*s': rows of %llu are not a multiple of 32, which the int8 layout needs",
 					(int)t->name.len, t->name.ptr, (unsigned long long)t->ne[0]);
-	if (q8_matrix_plan(dst, t->ne[1] * t->ne[2] * t->ne[3], t->ne[0], lm->group) < 0)
-		return hearth_error_set(err, HEARTH_ERANGE, "tensor '%.*s': cannot plan its int8 layout",
-					(int)t->name.len, t->name.ptr);
+	int rc = q8_matrix_plan(dst, t->ne[1] * t->ne[2] * t->ne[3], t->ne[0], lm->group);
+	if (rc < 0)
+		return hearth_error_set(err, rc, "tensor '%.*s': cannot plan its int8 layout (%s)",
+					(int)t->name.len, t->name.ptr, hearth_strerror(rc));
 	return 0;
 }
 
@@ -585,8 +587,11 @@ static int load_threads(struct model_q4 *m, const struct load_opts *o, struct he
 	/* The caller is not pinned here: the loader thread goes away, and the compute thread
 	 * that steps the model pins itself to cpus[0] (engine thread_init). */
 	rc = pool_create(&m->pool, n, cpus, 0, POOL_YIELD_IDLE);
+	if (rc == HEARTH_EIO)
+		return hearth_error_errno(err, rc, errno, "cannot start %zu compute threads", n);
 	if (rc < 0)
-		return hearth_error_errno(err, HEARTH_EIO, -rc, "cannot start %zu compute threads", n);
+		return hearth_error_set(err, rc, "cannot start %zu compute threads (%s)", n,
+					hearth_strerror(rc));
 	return 0;
 }
 

@@ -706,7 +706,7 @@ int tool_bench(int argc, char **argv)
 	rc = kern_select(o.kernels);
 	if (rc < 0) {
 		fprintf(stderr, "hearthd-tool bench: --kernels '%s': %s\n", o.kernels,
-			rc == -ENOTSUP ? "this CPU cannot run it" : "unknown (auto, ref, avx2, avx512)");
+			rc == HEARTH_EUNSUPPORTED ? "this CPU cannot run it" : "unknown (auto, ref, avx2, avx512)");
 		return 2;
 	}
 	const enum q4_act_kind acts[2] = { Q4_ACT_A16, Q4_ACT_A8 };

@@ -14,6 +14,7 @@
 
 #include "protocol/frame.h"
 #include "protocol/msg.h"
+#include "protocol/msg_fields.h"
 
 /* ---- helpers ---- */
 
@@ -390,6 +391,228 @@ static void test_msg_roundtrips_replies(void **state)
 	assert_true(d.u.error.fatal);
 	assert_bytes(d.u.error.message, "framing lost at byte 17");
 	msg_free(&d);
+	msg_buf_free(&b);
+}
+
+/* ---- every field of every table reaches the wire and comes back ---- */
+
+/* Messages with every field away from its default, several per type where cross-field rules
+ * exclude each other (one prompt source, logits only through the ring). Built by hand, not
+ * from the tables, so a table field no message sets shows up as missing below. */
+static uint32_t full_toks[] = { 1, 300, 70000 };
+static struct msg_bytes full_stops[] = { { "ab", 2 }, { "\n", 1 } };
+static struct msg_top full_top[] = { { 5, -0.5f }, { 6, -1.25f } };
+static struct msg_ledger_entry full_ledger[] = { { { "kv", 2 }, 100 }, { { "weights", 7 }, 1ull << 32 } };
+
+static size_t full_messages(enum msg_type type, struct msg *v)
+{
+	size_t n = 0;
+	struct msg *m = &v[n++];
+	msg_init(m, type, 7);
+	switch (type) {
+	case MSG_HELLO:
+		m->u.hello = (struct msg_hello){ MSG_PROTO_MAJOR, 3, B("cli"), false };
+		break;
+	case MSG_GENERATE: {
+		struct msg_generate *g = &m->u.generate;
+		g->has_prompt = true;
+		g->prompt = B("hi");
+		g->max_tokens = 9;
+		g->sampling = (struct msg_sampling){ 0.5, 7, 0.75, 0.125, 1.5, 32, true, 99 };
+		g->stop = full_stops;
+		g->n_stop = 2;
+		g->stop_tokens = full_toks;
+		g->n_stop_tokens = 3;
+		g->logprobs = true;
+		g->top_logprobs = 3;
+		g->logits = true;
+		g->ignore_eos = true;
+		m = &v[n++];
+		msg_init(m, type, 8);
+		m->u.generate.tokens = full_toks;
+		m->u.generate.n_tokens = 3;
+		m->u.generate.stream_socket = true;
+		m = &v[n++];
+		msg_init(m, type, 9);
+		m->u.generate.has_prompt_ref = true;
+		m->u.generate.prompt_ref = 5;
+		break;
+	}
+	case MSG_CANCEL:
+		m->u.cancel.target = 3;
+		break;
+	case MSG_TOKENIZE:
+		m->u.tokenize = (struct msg_tokenize){ true, B("x"), false, 0, false, true };
+		m = &v[n++];
+		msg_init(m, type, 8);
+		m->u.tokenize.has_text_ref = true;
+		m->u.tokenize.text_ref = 6;
+		break;
+	case MSG_DETOKENIZE:
+		m->u.detokenize = (struct msg_detokenize){ full_toks, 3 };
+		break;
+	case MSG_WELCOME:
+		m->u.welcome = (struct msg_welcome){ MSG_PROTO_MAJOR, 2, B("0.1"),
+			{ B("llama"), B("tiny"), B("q4_g128"), 123456789012ull, 4096, 8192, 32000,
+			  22, 2048 }, 1u << 20, true, 1u << 22, 1u << 21 };
+		break;
+	case MSG_LOADING:
+		m->u.loading = (struct msg_loading){ B("map"), 5, 10 };
+		break;
+	case MSG_TOKEN:
+		m->u.token = (struct msg_token){ 42, B("a"), true, -0.125f, full_top, 2 };
+		break;
+	case MSG_DONE:
+		m->u.done = (struct msg_done){ MSG_FINISH_LENGTH, 3, 4, 1.5, 2.5, 3.5, 4.5, 5.5 };
+		break;
+	case MSG_TOKENS:
+		m->u.tokens = (struct msg_tokens){ full_toks, 3 };
+		break;
+	case MSG_TEXT:
+		m->u.text.text = B("hey");
+		break;
+	case MSG_STATS_REPLY:
+		m->u.stats = (struct msg_stats_reply){ 1000, 2, 3, 4, 5, 6, 7, 8, 1ull << 33 };
+		break;
+	case MSG_LEDGER_REPLY:
+		m->u.ledger = (struct msg_ledger_reply){ full_ledger, 2, 9, 10 };
+		break;
+	case MSG_ERROR:
+		m->u.error = (struct msg_error){ MSG_ERR_BUSY, B("no"), true };
+		break;
+	default: /* stats, ledger, ping, pong: no fields */
+		break;
+	}
+	return n;
+}
+
+/* Whether a msgpack object has the wire type of a table field's kind. */
+static bool wire_type_fits(const struct field *f, const msgpack_object *o)
+{
+	switch (f->kind) {
+	case FK_U32: case FK_U64: return o->type == MSGPACK_OBJECT_POSITIVE_INTEGER;
+	case FK_F64: case FK_F32: return o->type == MSGPACK_OBJECT_FLOAT64;
+	case FK_BOOL: return o->type == MSGPACK_OBJECT_BOOLEAN;
+	case FK_STR: case FK_ERRCODE: case FK_FINISH: return o->type == MSGPACK_OBJECT_STR;
+	case FK_MAP: return o->type == MSGPACK_OBJECT_MAP;
+	default: return o->type == MSGPACK_OBJECT_ARRAY;
+	}
+}
+
+static const msgpack_object *map_get(const msgpack_object *map, const char *key)
+{
+	for (uint32_t i = 0; i < map->via.map.size; i++) {
+		const msgpack_object *k = &map->via.map.ptr[i].key;
+		if (k->type == MSGPACK_OBJECT_STR && k->via.str.size == strlen(key) &&
+		    memcmp(k->via.str.ptr, key, k->via.str.size) == 0)
+			return &map->via.map.ptr[i].val;
+	}
+	return NULL;
+}
+
+/* Marks in *seen (bit j for field j) the table fields present in map with their wire type,
+ * and checks nested tables fully: each nested map must carry every field of its table. */
+static void mark_fields(const struct field_table *t, const msgpack_object *map, uint64_t *seen,
+			const char *where)
+{
+	assert_int_equal(map->type, MSGPACK_OBJECT_MAP);
+	for (size_t j = 0; j < t->n_fields; j++) {
+		const struct field *f = &t->fields[j];
+		const msgpack_object *o = map_get(map, f->key);
+		if (!o)
+			continue;
+		if (!wire_type_fits(f, o))
+			fail_msg("%s.%s: wrong msgpack type %d", where, f->key, (int)o->type);
+		*seen |= 1ull << j;
+		const msgpack_object *sub[MSG_LEDGER_MAX];
+		size_t n_sub = 0;
+		if (f->kind == FK_MAP)
+			sub[n_sub++] = o;
+		else if (f->kind == FK_MAPS)
+			for (uint32_t i = 0; i < o->via.array.size && n_sub < MSG_LEDGER_MAX; i++)
+				sub[n_sub++] = &o->via.array.ptr[i];
+		for (size_t i = 0; i < n_sub; i++) {
+			uint64_t sub_seen = 0;
+			mark_fields(f->sub, sub[i], &sub_seen, f->key);
+			for (size_t k = 0; k < f->sub->n_fields; k++)
+				if (!(sub_seen & (1ull << k)))
+					fail_msg("%s.%s.%s never reaches the wire", where, f->key,
+						 f->sub->fields[k].key);
+		}
+		if (f->kind == FK_MAPS)
+			assert_true(n_sub > 0); /* an empty array would prove nothing of its table */
+	}
+}
+
+static void encode_or_fail(const struct msg *m, struct msg_buf *b)
+{
+	struct hearth_error err = { 0 };
+	if (msg_encode(m, b, &err))
+		fail_msg("encode %s: %s", msg_type_name(m->type), err.msg);
+}
+
+static void test_msg_every_table_field_reaches_the_wire_and_comes_back(void **state)
+{
+	(void)state;
+	for (int type = MSG_HELLO; type < MSG_TYPE_COUNT; type++) {
+		const struct msg_type_desc *desc = &msg_types[type];
+		struct msg v[4];
+		size_t n = full_messages((enum msg_type)type, v);
+		uint64_t seen = 0;
+		for (size_t i = 0; i < n; i++) {
+			struct msg_buf b = { 0 }, again = { 0 };
+			encode_or_fail(&v[i], &b);
+
+			msgpack_unpacked up;
+			msgpack_unpacked_init(&up);
+			size_t off = 0;
+			assert_int_equal(msgpack_unpack_next(&up, (const char *)b.data + 4, b.len - 4,
+							     &off), MSGPACK_UNPACK_SUCCESS);
+			mark_fields(&desc->body, &up.data, &seen, msg_type_name((enum msg_type)type));
+			msgpack_unpacked_destroy(&up);
+
+			/* Decoding and encoding again gives the same bytes: no field is lost or
+			 * altered on the way through the decoder. */
+			struct msg d;
+			struct hearth_error err = { 0 };
+			if (msg_decode(b.data + 4, b.len - 4, desc->from, &d, NULL, &err))
+				fail_msg("decode %s: %s", msg_type_name((enum msg_type)type), err.msg);
+			encode_or_fail(&d, &again);
+			assert_int_equal(again.len, b.len);
+			assert_memory_equal(again.data, b.data, b.len);
+			msg_free(&d);
+			msg_buf_free(&b);
+			msg_buf_free(&again);
+		}
+		for (size_t j = 0; j < desc->body.n_fields; j++)
+			if (!(seen & (1ull << j)))
+				fail_msg("%s.%s never reaches the wire", msg_type_name((enum msg_type)type),
+					 desc->body.fields[j].key);
+	}
+}
+
+static void test_msg_encoder_leaves_out_defaults_marked_omittable(void **state)
+{
+	(void)state;
+	/* A bare generate carries the always-written sampling fields but none of the
+	 * FF_OMIT_ZERO ones (stop, logprobs, socket ...), as doc/protocol.md's example shows. */
+	struct msg m;
+	msg_init(&m, MSG_GENERATE, 4);
+	m.u.generate.has_prompt = true;
+	m.u.generate.prompt = B("hi");
+	struct msg_buf b = { 0 };
+	encode_or_fail(&m, &b);
+	msgpack_unpacked up;
+	msgpack_unpacked_init(&up);
+	size_t off = 0;
+	assert_int_equal(msgpack_unpack_next(&up, (const char *)b.data + 4, b.len - 4, &off),
+			 MSGPACK_UNPACK_SUCCESS);
+	const char *written[] = { "t", "id", "prompt", "max_tokens", "temperature", "top_k", "top_p",
+				  "min_p", "repeat_penalty", "repeat_last_n" };
+	assert_int_equal(up.data.via.map.size, sizeof written / sizeof written[0]);
+	for (size_t i = 0; i < sizeof written / sizeof written[0]; i++)
+		assert_non_null(map_get(&up.data, written[i]));
+	msgpack_unpacked_destroy(&up);
 	msg_buf_free(&b);
 }
 
@@ -845,6 +1068,13 @@ static void test_msg_wire_names_are_stable(void **state)
 	assert_string_equal(msg_type_name(MSG_LEDGER_REPLY), "ledger_reply");
 	assert_int_equal(msg_errcode_from_hearth(HEARTH_EKVFULL), MSG_ERR_KV_FULL);
 	assert_int_equal(msg_errcode_from_hearth(HEARTH_EPERM), MSG_ERR_FORBIDDEN);
+	/* A client turns every wire code into a code of the one error space. */
+	for (int i = 0; i < MSG_ERR_COUNT; i++)
+		assert_string_not_equal(hearth_strerror(msg_errcode_to_hearth((enum msg_errcode)i)),
+					"unknown_error");
+	assert_int_equal(msg_errcode_to_hearth(MSG_ERR_KV_FULL), HEARTH_EKVFULL);
+	assert_int_equal(msg_errcode_to_hearth(MSG_ERR_FORBIDDEN), HEARTH_EPERM);
+	assert_int_equal(msg_errcode_to_hearth(MSG_ERR_SHUTTING_DOWN), HEARTH_ESHUTDOWN);
 	assert_true(msg_type_is_final(MSG_ERROR));
 	assert_false(msg_type_is_final(MSG_TOKEN));
 	assert_false(msg_type_is_final(MSG_LOADING));
@@ -857,6 +1087,8 @@ int main(void)
 		cmocka_unit_test(test_msg_roundtrips_generate_with_every_field),
 		cmocka_unit_test(test_msg_roundtrips_small_requests),
 		cmocka_unit_test(test_msg_roundtrips_replies),
+		cmocka_unit_test(test_msg_every_table_field_reaches_the_wire_and_comes_back),
+		cmocka_unit_test(test_msg_encoder_leaves_out_defaults_marked_omittable),
 		cmocka_unit_test(test_msg_encode_appends_frames_back_to_back),
 		cmocka_unit_test(test_msg_decode_fills_generate_defaults),
 		cmocka_unit_test(test_msg_accepts_integer_for_float_and_nil_as_absent),

@@ -174,9 +174,9 @@ static void test_pool_create_rejects_bad_arguments(void **state)
 	int bad[2] = { 0, -1 };
 
 	(void)state;
-	assert_int_equal(pool_create(&p, 0, NULL, 0, 0), -EINVAL);
+	assert_int_equal(pool_create(&p, 0, NULL, 0, 0), HEARTH_EINVAL);
 	assert_null(p);
-	assert_int_equal(pool_create(&p, 2, bad, 0, 0), -EINVAL);
+	assert_int_equal(pool_create(&p, 2, bad, 0, 0), HEARTH_EINVAL);
 	assert_null(p);
 	pool_destroy(NULL);
 }
