@@ -3,6 +3,7 @@
  * hash collision or a client crafting token ids cannot make one prompt read another's KV.
  * Released shared blocks stay findable (LRU, leaves first) until their memory is needed. */
 #include "daemon/engine/kv.h"
+#include "protocol/assert.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -132,6 +133,7 @@ static void lru_remove(struct kv_cache *kv, uint32_t b)
 	else
 		kv->lru_tail = p;
 	kv->lru_prev[b] = kv->lru_next[b] = KV_NO_BLOCK;
+	hearth_assert(kv->n_cached > 0);
 	kv->n_cached--;
 }
 
@@ -208,10 +210,12 @@ static uint32_t block_take(struct kv_cache *kv)
 		b = kv->free_stack[--kv->n_free];
 	} else {
 		b = kv->lru_head; /* the caller checked that free + cached suffices */
+		hearth_assert(b != KV_NO_BLOCK);
 		lru_remove(kv, b);
 		table_remove(kv, b);
 		kv->hashed[b] = 0;
 	}
+	hearth_assert(kv->ref[b] == 0);
 	kv->ref[b] = 1;
 	return b;
 }
@@ -225,12 +229,15 @@ static void block_attach(struct kv_cache *kv, uint32_t b)
 
 static void block_release(struct kv_cache *kv, uint32_t b)
 {
+	hearth_assert(b < kv->geo.n_blocks && kv->ref[b] > 0);
 	if (--kv->ref[b] != 0)
 		return;
-	if (kv->hashed[b])
+	if (kv->hashed[b]) {
 		lru_append(kv, b);
-	else
+	} else {
+		hearth_assert(kv->n_free < kv->geo.n_blocks);
 		kv->free_stack[kv->n_free++] = b;
+	}
 }
 
 /* ---- lifecycle ---- */
@@ -483,6 +490,7 @@ void kv_seq_free(struct kv_cache *kv, struct kv_seq *seq)
 		block_release(kv, seq->blocks[i]);
 	seq->live = false;
 	seq->n_tokens = seq->n_blocks = seq->n_committed = 0;
+	hearth_assert(kv->n_seq_free < kv->max_seqs);
 	kv->seq_free[kv->n_seq_free++] = seq->id;
 }
 

@@ -49,10 +49,3 @@ void *queue_pop(struct queue *q)
 	atomic_store_explicit(&q->head, head + 1, memory_order_release);
 	return item;
 }
-
-size_t queue_count(struct queue *q)
-{
-	size_t tail = atomic_load_explicit(&q->tail, memory_order_acquire);
-	size_t head = atomic_load_explicit(&q->head, memory_order_acquire);
-	return tail - head;
-}

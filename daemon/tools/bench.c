@@ -21,6 +21,7 @@
 #include "kernels/dispatch.h"
 #include "kernels/pool.h"
 #include "protocol/error.h"
+#include "protocol/clock.h"
 
 #define BENCH_MAX_REPS 100
 #define BENCH_PROBE_RUNS 5
@@ -69,13 +70,6 @@ struct bench_model {
 	size_t n_threads;
 	int cpus[256];
 };
-
-static double bench_now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static int bench_cmp_double(const void *a, const void *b)
 {
@@ -161,9 +155,9 @@ static double probe_pass(struct pool *pool, struct bench_probe *p)
 {
 	p->win_off = 0;
 	p->win_len = p->bytes;
-	double t0 = bench_now();
+	double t0 = ((double)hearth_now_ns() * 1e-9);
 	pool_run(pool, probe_run, p);
-	return (double)p->bytes / (bench_now() - t0) * 1e-9;
+	return (double)p->bytes / (((double)hearth_now_ns() * 1e-9) - t0) * 1e-9;
 }
 
 /* The next slice of the buffer (the whole of a small one), so consecutive slices never
@@ -176,9 +170,9 @@ static void probe_slice(struct pool *pool, struct bench_probe *p, double *bytes,
 	else
 		p->win_off += p->win_len;
 	p->win_len = len;
-	double t0 = bench_now();
+	double t0 = ((double)hearth_now_ns() * 1e-9);
 	pool_run(pool, probe_run, p);
-	*secs += bench_now() - t0;
+	*secs += ((double)hearth_now_ns() * 1e-9) - t0;
 	*bytes += (double)len;
 }
 
@@ -279,16 +273,16 @@ static int bench_once(struct engine *eng, uint32_t pp, uint32_t tg, uint64_t see
 					(unsigned long long)seed);
 	}
 	struct engine_span sp = { .seq = seq, .tokens = ids, .n = pp, .logits = logits };
-	double t0 = bench_now();
+	double t0 = ((double)hearth_now_ns() * 1e-9);
 	rc = eng->forward(eng->impl, &sp, 1, err);
-	double t1 = bench_now(), tg_sum = 0, p_bytes = 0, p_secs = 0;
+	double t1 = ((double)hearth_now_ns() * 1e-9), tg_sum = 0, p_bytes = 0, p_secs = 0;
 	for (uint32_t i = 0; rc == 0 && i < tg; i++) {
-		double ta = bench_now();
+		double ta = ((double)hearth_now_ns() * 1e-9);
 		/* Greedy, with the kernel the daemon's sampler uses. */
 		int32_t next = (int32_t)kern_active()->argmax(logits, eng->n_vocab);
 		sp = (struct engine_span){ .seq = seq, .tokens = &next, .n = 1, .logits = logits };
 		rc = eng->forward(eng->impl, &sp, 1, err);
-		tg_sum += bench_now() - ta;
+		tg_sum += ((double)hearth_now_ns() * 1e-9) - ta;
 		if (pb)
 			probe_slice(pool, pb, &p_bytes, &p_secs);
 	}
@@ -336,10 +330,10 @@ static int bench_act(const struct bench_opts *o, enum q4_act_kind act, struct be
 
 	memset(run, 0, sizeof *run);
 	run->act = act;
-	double t0 = bench_now();
+	double t0 = ((double)hearth_now_ns() * 1e-9);
 	if ((rc = load_q4(&m, &tok, o->model, &lo, err)) < 0)
 		return rc;
-	run->load_s = bench_now() - t0;
+	run->load_s = ((double)hearth_now_ns() * 1e-9) - t0;
 	model_q4_engine(m, &eng);
 	/* The bench thread is the step thread: pinned to cpus[0] like the daemon's. */
 	if (eng.thread_init)
