@@ -382,6 +382,10 @@ static void server_begin_stop(struct server *srv, const char *why)
 		server_finish_stop(srv);
 }
 
+/* What a loaded model holds beyond its weights and KV: step scratch, tokenizer, RoPE
+ * tables and bookkeeping (tens of MiB for the models hearth serves). */
+#define SERVER_MODEL_OVERHEAD (64ull << 20)
+
 /* Whether the machine can hold a second model beside the first: the file's size bounds
  * the repacked weights (int4 is never larger than its source), plus the KV budget. */
 static bool server_room_beside(const struct hearth_config *cfg)
@@ -398,7 +402,7 @@ static bool server_room_beside(const struct hearth_config *cfg)
 		if (sscanf(line, "MemAvailable: %llu kB", &avail_kb) == 1)
 			break;
 	fclose(f);
-	unsigned long long need = (unsigned long long)st.st_size + cfg->kv_budget + (64ull << 20);
+	unsigned long long need = (unsigned long long)st.st_size + cfg->kv_budget + SERVER_MODEL_OVERHEAD;
 	return avail_kb * 1024ull > need;
 }
 

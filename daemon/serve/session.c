@@ -21,6 +21,13 @@
 #define SESSION_WRITE_QUEUE_MAX (8u << 20)   /* unread replies before a client is dropped */
 #define SESSION_RING_D2C (1u << 20)
 #define SESSION_RING_C2D (1u << 20)
+/* Full logit rows (f32) the daemon-to-client ring holds beyond SESSION_RING_D2C, so a
+ * request that asks for logits does not stall on a client a few tokens behind. */
+#define SESSION_RING_LOGIT_ROWS 4
+/* The private ring of socket-streamed tokens: the loop thread frames its records onto the
+ * socket each time its doorbell rings, so it holds only what one wake-up's worth of steps
+ * produced; 256 KiB is thousands of token records. */
+#define SESSION_SOCKET_RING (256u << 10)
 
 struct session_write {
 	uv_write_t req;
@@ -145,7 +152,8 @@ static void session_welcome(struct session *ss)
 	struct hearth_error e;
 	ss->hello_pending = false;
 	if (ss->want_ring && !ss->ring_open) {
-		if (ring_create(&ss->ring, SESSION_RING_D2C + 4ull * srv->model.eng.n_vocab * 4,
+		if (ring_create(&ss->ring, SESSION_RING_D2C + (uint64_t)SESSION_RING_LOGIT_ROWS *
+						   srv->model.eng.n_vocab * sizeof(float),
 				SESSION_RING_C2D, &e) < 0) {
 			log_error(srv->log, "client %s: cannot make its ring: %s", ss->name, e.msg);
 			session_send_error(ss, ss->hello_id, MSG_ERR_INTERNAL, true,
@@ -487,7 +495,7 @@ static int session_open_socket_ring(struct session *ss, struct hearth_error *e)
 {
 	if (ss->sring_open)
 		return 0;
-	int rc = ring_create(&ss->sring, 256u << 10, RING_CAP_MIN, e);
+	int rc = ring_create(&ss->sring, SESSION_SOCKET_RING, RING_CAP_MIN, e);
 	if (rc < 0)
 		return rc;
 	int fds[3], dups[3] = { -1, -1, -1 };

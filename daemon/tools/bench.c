@@ -28,6 +28,11 @@
 #define BENCH_WARM_TOKENS 64
 /* The probe slice read after every decode token: 4x the L3, so it streams from memory. */
 #define BENCH_PROBE_SLICE (128u << 20)
+/* KV bytes per position the bench budgets for: above any model it runs (an 8B model at
+ * f16 needs 128 KiB). */
+#define BENCH_KV_POS_BYTES (256u << 10)
+/* uint64_t sums in a cache line: each probe thread writes its own line. */
+#define BENCH_SUMS_PER_LINE 8
 
 struct bench_opts {
 	const char *model;
@@ -68,7 +73,7 @@ struct bench_model {
 	uint64_t n_params, matrix_params, matrix_bytes, decode_weight_bytes, kv_bytes_per_pos;
 	uint32_t n_vocab, n_layer;
 	size_t n_threads;
-	int cpus[256];
+	int cpus[MQ4_THREADS_MAX];
 };
 
 static int bench_cmp_double(const void *a, const void *b)
@@ -96,7 +101,7 @@ struct bench_probe {
 	size_t bytes;
 	size_t win_off, win_len;    /* the window the next run reads */
 	vec_sum_u64_fn sum_u64;
-	uint64_t sums[256 * 8];     /* one cache line per thread: no false sharing */
+	uint64_t sums[MQ4_THREADS_MAX * BENCH_SUMS_PER_LINE]; /* a line per thread: no false sharing */
 };
 
 /* Each pool thread reads its own contiguous slice, the way the matmuls split row blocks. */
@@ -107,7 +112,7 @@ static void probe_run(void *arg, size_t t, size_t nt)
 	pool_split(p->win_len / 4096, 1, t, nt, &b, &e);
 	const uint8_t *s = p->buf + p->win_off + b * 4096;
 	size_t n = (e - b) * 4096;
-	p->sums[t * 8] = p->sum_u64(s, n);
+	p->sums[t * BENCH_SUMS_PER_LINE] = p->sum_u64(s, n);
 }
 
 /* First touch from the pool threads, so each slice's pages sit where its reader runs. Every
@@ -210,9 +215,9 @@ static void bench_describe(const struct model_q4 *m, struct bench_model *d)
 	memcpy(d->cpus, m->cpus, sizeof d->cpus);
 	for (uint32_t l = 0; l < m->n_layer; l++) {
 		const struct mq4_layer *L = &m->layers[l];
-		const struct q4_matrix *ws[7] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up,
-						  &L->down };
-		for (size_t i = 0; i < 7; i++) {
+		const struct q4_matrix *ws[MQ4_LAYER_MATRICES] = { &L->wq, &L->wk, &L->wv, &L->wo,
+								   &L->gate, &L->up, &L->down };
+		for (size_t i = 0; i < MQ4_LAYER_MATRICES; i++) {
 			d->decode_weight_bytes += q4_matrix_bytes(ws[i]);
 			d->matrix_params += (uint64_t)ws[i]->rows * ws[i]->cols;
 		}
@@ -322,9 +327,9 @@ static int bench_act(const struct bench_opts *o, enum q4_act_kind act, struct be
 	lo.max_context = (o->pp + o->tg + 15) / 16 * 16;
 	if (lo.max_context < 2 * BENCH_WARM_TOKENS)
 		lo.max_context = 2 * BENCH_WARM_TOKENS;
-	/* Room for two full sequences at up to 256 KiB of KV per position (an 8B model has
-	 * 128 KiB), so a long --pp does not run out of blocks. */
-	uint64_t kv = (uint64_t)lo.max_context * 2 * (256u << 10);
+	/* Room for two full sequences at BENCH_KV_POS_BYTES each position, so a long --pp does
+	 * not run out of blocks. */
+	uint64_t kv = (uint64_t)lo.max_context * 2 * BENCH_KV_POS_BYTES;
 	if (kv > lo.kv_budget)
 		lo.kv_budget = kv;
 
@@ -606,7 +611,7 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
 		case OPT_BENCH: break;
 		case 'm': o->model = optarg; break;
 		case 't':
-			if (bench_parse_num("--threads", optarg, 1, 256, &v) < 0)
+			if (bench_parse_num("--threads", optarg, 1, MQ4_THREADS_MAX, &v) < 0)
 				return -1;
 			o->threads = (size_t)v;
 			break;
