@@ -765,13 +765,13 @@ static void sched_step(struct sched *s, size_t n_spans)
 			/* Out at once, not after every other sequence of the batch was sampled:
 			 * greedy sampling of a 152k vocabulary takes ~0.2 ms, which a client at
 			 * the end of a 16-sequence batch would otherwise wait 15 times over.
-			 * A full ring leaves the event parked for sched_settle, as before. */
+			 * A full ring leaves the event parked for sched_settle. */
 			if (q->has_event && !q->cancel && seq_try_emit(s, q)) {
 				q->blocked_since = 0;
 				/* The doorbell just woke the client, often onto this CPU, where
 				 * the compute threads would hold it off for the rest of their time
-				 * slice (token-to-callback p99 3.7-4.1 ms at one client): give it
-				 * the CPU now (p99 0.1-0.3 ms; doc/benchmarks.md, Serving). */
+				 * slice, milliseconds of token-to-callback latency: give it the CPU
+				 * now (doc/benchmarks.md, Serving). */
 				sched_yield();
 			}
 		}

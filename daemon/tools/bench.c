@@ -58,8 +58,8 @@ struct bench_run {
 	double load_s;
 	struct bench_stat pp_tps, tg_tps, tg_gbs;
 	/* With the probe: a probe slice read after every decode token of a repetition, their
-	 * bytes over their time, and that repetition's decode GB/s as a percentage of it. This
-	 * machine's bandwidth jumps between ~33 and ~55 GB/s from one 30 ms pass to the next
+	 * bytes over their time, and that repetition's decode GB/s as a percentage of it. A
+	 * shared machine's bandwidth can change by half from one 30 ms pass to the next
 	 * (doc/benchmarks.md), so decode is judged against the probe of its own moments, not
 	 * only against the passes measured at start-up or a pass on either side. */
 	struct bench_stat probe_paired, pct_paired;
@@ -117,8 +117,8 @@ static void probe_run(void *arg, size_t t, size_t nt)
 
 /* First touch from the pool threads, so each slice's pages sit where its reader runs. Every
  * word differs: pages of one repeated byte let something below us (a hypervisor merging
- * same-content pages) serve the probe from a few cached pages; it then read 49-57 GB/s,
- * far above what this machine's memory delivers, in some runs and not others. */
+ * same-content pages) serve the probe from a few cached pages, at rates far above what the
+ * memory delivers, in some runs and not others. */
 static void probe_touch(void *arg, size_t t, size_t nt)
 {
 	struct bench_probe *p = arg;
