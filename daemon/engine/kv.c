@@ -4,6 +4,7 @@
  * Released shared blocks stay findable (LRU, leaves first) until their memory is needed. */
 #include "daemon/engine/kv.h"
 #include "protocol/assert.h"
+#include "protocol/clock.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -340,12 +341,8 @@ int kv_create(struct kv_cache *kv, const struct kv_config *cfg, struct arena *ar
 	}
 	kv->n_seq_free = cfg->max_seqs;
 
-	if (getrandom(&kv->hash_key, sizeof kv->hash_key, GRND_NONBLOCK) != sizeof kv->hash_key) {
-		struct timespec ts;
-		clock_gettime(CLOCK_MONOTONIC, &ts);
-		kv->hash_key = mix64((uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 32) ^
-				     (uint64_t)(uintptr_t)kv);
-	}
+	if (getrandom(&kv->hash_key, sizeof kv->hash_key, GRND_NONBLOCK) != sizeof kv->hash_key)
+		kv->hash_key = mix64(hearth_now_ns() ^ (uint64_t)(uintptr_t)kv);
 	return 0;
 }
 
