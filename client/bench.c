@@ -19,6 +19,7 @@
 
 #include "client/bench.h"
 #include "client/hearth.h"
+#include "protocol/clock.h"
 
 /* What one client process reports back, in memory shared with the parent. */
 struct bench_slot {
@@ -59,13 +60,6 @@ struct bench_cb {
 	uint32_t cap;
 };
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static uint64_t splitmix64(uint64_t *x)
 {
 	uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
@@ -89,7 +83,7 @@ static void bench_prompt(uint32_t *ids, uint32_t n, uint32_t n_vocab, uint64_t s
 
 static int bench_on_token(void *user, const struct hearth_token *tok)
 {
-	uint64_t t = now_ns();
+	uint64_t t = hearth_now_ns();
 	struct bench_cb *cb = user;
 	struct bench_slot *s = cb->slot;
 	if (s->n_gen == 0)
@@ -149,9 +143,9 @@ static void bench_child(const struct bench_opts *o, uint32_t idx, uint32_t n_voc
 		struct hearth_gen_params p = bench_params(o);
 		struct bench_cb cb = { s, samp, o->tokens };
 		struct hearth_result res = { 0 };
-		s->t_send = now_ns();
+		s->t_send = hearth_now_ns();
 		int rc = hearth_generate(h, &pr, &p, bench_on_token, &cb, &res, &e);
-		s->t_done = now_ns();
+		s->t_done = hearth_now_ns();
 		if (rc < 0) {
 			slot_fail(s, &e, "generate");
 		} else {
@@ -472,7 +466,7 @@ static int bench_wake_floor(int cpu_waker, int cpu_sleeper, double *p50, double 
 			uint64_t v = 1;
 			if (poll(&pf, 1, 5000) != 1)
 				_exit(1);
-			t[i] = now_ns() - t[i];
+			t[i] = hearth_now_ns() - t[i];
 			if (read(ping, &v, sizeof v) != sizeof v || write(pong, &v, sizeof v) != sizeof v)
 				_exit(1);
 		}
@@ -487,7 +481,7 @@ static int bench_wake_floor(int cpu_waker, int cpu_sleeper, double *p50, double 
 		uint64_t v = 1;
 		struct timespec gap = { 0, 1000000 };
 		nanosleep(&gap, NULL);
-		t[n] = now_ns();
+		t[n] = hearth_now_ns();
 		if (write(ping, &v, sizeof v) != sizeof v || read(pong, &v, sizeof v) != sizeof v)
 			break;
 		lat[n] = (double)t[n] / 1e3;

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "protocol/fdpass.h"
+#include "protocol/clock.h"
 
 #define CONN_RECV_CHUNK (64u * 1024u)
 /* Bytes one reader step takes from the socket before it dispatches, so a flood of frames
@@ -56,20 +57,6 @@ static int conn_error_frame(struct hearth_err *err, const struct msg_error *e)
 }
 
 /* ---- time ---- */
-
-static int64_t now_us(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* ---- the request table (h->mu held) ---- */
 
@@ -217,7 +204,7 @@ static int conn_write_all(struct hearth *h, const uint8_t *p, size_t n, struct h
 static int conn_push_bulk(struct hearth *h, const struct conn_bulk *b, struct hearth_err *err)
 {
 	struct hearth_error e;
-	int64_t deadline = h->timeout_ms < 0 ? -1 : now_ms() + h->timeout_ms;
+	int64_t deadline = h->timeout_ms < 0 ? -1 : (int64_t)(hearth_now_ns() / 1000000) + h->timeout_ms;
 	for (;;) {
 		int rc = ring_push_bulk(&h->ring, b->type, b->ref, b->data, b->len, &e);
 		if (rc == 0)
@@ -230,7 +217,7 @@ static int conn_push_bulk(struct hearth *h, const struct conn_bulk *b, struct he
 						    ring_max_payload(&h->ring) - 8);
 			return conn_err_from(err, &e);
 		}
-		if (deadline >= 0 && now_ms() >= deadline)
+		if (deadline >= 0 && (int64_t)(hearth_now_ns() / 1000000) >= deadline)
 			return conn_err_set(err, HEARTH_ETIMEDOUT,
 					    "hearthd's ring stayed full for %d ms", h->timeout_ms);
 		if (__atomic_load_n(&h->dead, __ATOMIC_ACQUIRE))
@@ -663,11 +650,11 @@ static void conn_read_step(struct hearth *h, int timeout_ms)
 	/* The opt-in spin: a record in the ring ends it; the socket is checked only by the
 	 * poll after it (frames other than tokens are not latency-bound). */
 	if (h->spin_us && h->has_ring) {
-		int64_t end = now_us() + h->spin_us;
+		int64_t end = (int64_t)(hearth_now_ns() / 1000) + h->spin_us;
 		uint32_t type;
 		const void *p;
 		size_t len;
-		while (ring_peek(&h->ring, &type, &p, &len, NULL) == 0 && now_us() < end) {
+		while (ring_peek(&h->ring, &type, &p, &len, NULL) == 0 && (int64_t)(hearth_now_ns() / 1000) < end) {
 #if defined(__x86_64__) || defined(__i386__)
 			__builtin_ia32_pause();
 #endif
@@ -714,13 +701,13 @@ static bool req_ready(const struct conn_req *r)
 
 int conn_wait(struct hearth *h, struct conn_req *r, int timeout_ms)
 {
-	int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+	int64_t deadline = timeout_ms < 0 ? -1 : (int64_t)(hearth_now_ns() / 1000000) + timeout_ms;
 	for (;;) {
 		if (req_ready(r))
 			return 0;
 		int64_t left = -1;
 		if (deadline >= 0) {
-			left = deadline - now_ms();
+			left = deadline - (int64_t)(hearth_now_ns() / 1000000);
 			if (left < 0 || (left == 0 && timeout_ms > 0))
 				return HEARTH_ETIMEDOUT;
 		}
