@@ -11,6 +11,7 @@
 
 #include "kernels/dispatch.h"
 #include "kernels/pool.h"
+#include "protocol/clock.h"
 
 #define GGML_TYPE_Q4_0 2
 #define GGML_TYPE_Q8_0 8
@@ -65,10 +66,7 @@ static void run_hearth(void *arg, size_t t, size_t n)
 
 static double now(void)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+	return (double)hearth_now_ns() * 1e-9;
 }
 
 static void *open_lib(const char *dir, const char *name, int flags)

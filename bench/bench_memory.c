@@ -21,6 +21,7 @@
 #include "daemon/engine/tokenizer.h"
 #include "daemon/serve/units.h"
 #include "kernels/dispatch.h"
+#include "protocol/clock.h"
 
 #define MIB ((size_t)1 << 20)
 
@@ -175,14 +176,12 @@ int main(int argc, char **argv)
 
 	struct model_q4 *m;
 	struct tok *tok;
-	struct timespec t0, t1;
-	clock_gettime(CLOCK_MONOTONIC, &t0);
+	uint64_t t0 = hearth_now_ns();
 	if (load_q4(&m, &tok, path, &o, &e) < 0) {
 		fprintf(stderr, "bench_memory: %s\n", e.msg);
 		return 2;
 	}
-	clock_gettime(CLOCK_MONOTONIC, &t1);
-	double load_s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+	double load_s = (double)(hearth_now_ns() - t0) * 1e-9;
 	/* On a shared machine wall time says little; CPU time says what the load costs. */
 	struct rusage ru;
 	getrusage(RUSAGE_SELF, &ru);
@@ -197,14 +196,13 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	/* Measured after the buffers above exist, so they are part of what is counted. */
-	clock_gettime(CLOCK_MONOTONIC, &t0);
+	t0 = hearth_now_ns();
 	if (ledger_collect(l, &m->arena, NULL, 0, &rec, &e) < 0) {
 		fprintf(stderr, "bench_memory: ledger: %s\n", e.msg);
 		return 2;
 	}
-	clock_gettime(CLOCK_MONOTONIC, &t1);
 	/* what a `hearth ledger` request costs the daemon's loop thread */
-	double collect_ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-6;
+	double collect_ms = (double)(hearth_now_ns() - t0) * 1e-6;
 	if (json) {
 		ledger_format_json(l, text, cap);
 		printf("%s\n", text);

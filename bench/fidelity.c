@@ -24,6 +24,7 @@
 #include "daemon/engine/tokenizer.h"
 #include "kernels/dispatch.h"
 #include "kernels/quant.h"
+#include "protocol/clock.h"
 
 struct fidelity_args {
 	const char *path;
@@ -42,13 +43,6 @@ struct fidelity_build {
 	struct fidelity_summary sum;
 	double ms;
 };
-
-static double now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 static void usage(FILE *to)
 {
@@ -574,20 +568,20 @@ int main(int argc, char **argv)
 	double ref_ms = 0;
 	for (uint32_t s = 0; s < corpus.n_seqs; s++) {
 		const int32_t *ids = corpus.ids + (size_t)s * a.len;
-		double t0 = now_ms();
+		double t0 = ((double)hearth_now_ns() * 1e-6);
 		model_ctx_reset(ctx);
 		float *rl = ref_logits + (size_t)s * per_seq;
 		if ((rc = model_forward(ref, ctx, ids, a.len, MODEL_LOGITS_ALL, rl, &e)) < 0)
 			goto out;
-		ref_ms += now_ms() - t0;
+		ref_ms += ((double)hearth_now_ns() * 1e-6) - t0;
 		for (int k = 0; k < 2; k++) {
 			if (!want[k])
 				continue;
-			t0 = now_ms();
+			t0 = ((double)hearth_now_ns() * 1e-6);
 			float *ql = q_all[k] ? q_all[k] + (size_t)s * per_seq : q_logits;
 			if ((rc = int4_logits(q[k], ids, a.len, ql, &e)) < 0)
 				goto out;
-			builds[k].ms += now_ms() - t0;
+			builds[k].ms += ((double)hearth_now_ns() * 1e-6) - t0;
 			if ((rc = fidelity_acc_add(&acc[k], rl, ql, a.len, n_vocab, &e)) < 0)
 				goto out;
 		}
@@ -597,7 +591,7 @@ int main(int argc, char **argv)
 	for (int k = 0; k < 2; k++)
 		builds[k].sum = fidelity_acc_summary(&acc[k]);
 	if (a.ablate) {
-		double t0 = now_ms();
+		double t0 = ((double)hearth_now_ns() * 1e-6);
 		for (size_t i = 0; i < N_ABLATIONS; i++) {
 			if ((rc = ablate_run(ref, q[0] ? q[0] : q[1], &fidelity_ablations[i], &corpus,
 					     ref_logits, q_logits, &abl_acc[i], q_all, i == 0 ? act_acc : NULL,
@@ -609,7 +603,7 @@ int main(int argc, char **argv)
 					act_sum[k] = fidelity_acc_summary(&act_acc[k]);
 			fprintf(stderr, "fidelity: ablation %s done\n", fidelity_ablations[i].label);
 		}
-		abl_ms = now_ms() - t0;
+		abl_ms = ((double)hearth_now_ns() * 1e-6) - t0;
 	}
 
 	const char *name = strrchr(a.path, '/') ? strrchr(a.path, '/') + 1 : a.path;

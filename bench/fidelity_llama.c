@@ -20,6 +20,7 @@
 #include "daemon/engine/ref/forward.h"
 #include "daemon/engine/tokenizer.h"
 #include "kernels/quant.h"
+#include "protocol/clock.h"
 
 /* Mirrors of the few llama.h structs that cross the ABI, as in the llama.cpp that
  * node-llama-cpp 3.21.1 bundles (tag v0.4.0, llama/gitRelease.bundle, commit 80fb11ac).
@@ -107,13 +108,6 @@ struct fidelity_llama_args {
 	uint32_t n_seqs, len, seed, threads;
 	bool text, json, check, pure;
 };
-
-static double now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 static void llama_quiet_log(int level, const char *text, void *ud)
 {
@@ -237,7 +231,7 @@ static int llama_logits(const struct llama_api *api, const char *path,
 		goto out;
 	}
 	struct llama_batch_abi b = api->batch_init((int32_t)c->len, 0, 1);
-	double t0 = now_ms();
+	double t0 = ((double)hearth_now_ns() * 1e-6);
 	for (uint32_t s = 0; s < c->n_seqs && rc == 0; s++) {
 		api->memory_clear(api->get_memory(ctx), true);
 		for (uint32_t i = 0; i < c->len; i++) {
@@ -262,7 +256,7 @@ static int llama_logits(const struct llama_api *api, const char *path,
 			memcpy(out + ((size_t)s * c->len + i) * n_vocab, l, n_vocab * sizeof(float));
 		}
 	}
-	*ms = now_ms() - t0;
+	*ms = ((double)hearth_now_ns() * 1e-6) - t0;
 	api->batch_free(b);
 out:
 	if (ctx)
@@ -435,9 +429,9 @@ int main(int argc, char **argv)
 		qp.ftype = LLAMA_FTYPE_MOSTLY_Q4_0;
 		qp.nthread = (int32_t)a.threads;
 		qp.pure = a.pure;
-		double t0 = now_ms();
+		double t0 = ((double)hearth_now_ns() * 1e-6);
 		uint32_t qr = api.model_quantize(a.path, tmp, &qp);
-		ms_quant = now_ms() - t0;
+		ms_quant = ((double)hearth_now_ns() * 1e-6) - t0;
 		if (qr != 0) {
 			rc = hearth_error_set(&e, HEARTH_EIO, "llama_model_quantize %s -> %s failed (%u)",
 					      a.path, tmp, qr);

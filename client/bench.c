@@ -19,6 +19,7 @@
 
 #include "client/bench.h"
 #include "client/hearth.h"
+#include "protocol/clock.h"
 
 /* What one client process reports back, in memory shared with the parent. */
 struct bench_slot {
@@ -59,13 +60,6 @@ struct bench_cb {
 	uint32_t cap;
 };
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static uint64_t splitmix64(uint64_t *x)
 {
 	uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
@@ -89,7 +83,7 @@ static void bench_prompt(uint32_t *ids, uint32_t n, uint32_t n_vocab, uint64_t s
 
 static int bench_on_token(void *user, const struct hearth_token *tok)
 {
-	uint64_t t = now_ns();
+	uint64_t t = hearth_now_ns();
 	struct bench_cb *cb = user;
 	struct bench_slot *s = cb->slot;
 	if (s->n_gen == 0)
@@ -149,9 +143,9 @@ static void bench_child(const struct bench_opts *o, uint32_t idx, uint32_t n_voc
 		struct hearth_gen_params p = bench_params(o);
 		struct bench_cb cb = { s, samp, o->tokens };
 		struct hearth_result res = { 0 };
-		s->t_send = now_ns();
+		s->t_send = hearth_now_ns();
 		int rc = hearth_generate(h, &pr, &p, bench_on_token, &cb, &res, &e);
-		s->t_done = now_ns();
+		s->t_done = hearth_now_ns();
 		if (rc < 0) {
 			slot_fail(s, &e, "generate");
 		} else {
@@ -181,13 +175,11 @@ static double pct(const double *v, size_t n, double p)
 	return v[k ? k - 1 : 0];
 }
 
-/* Runs one level: forks k clients, releases them together, waits, and summarises. */
-static int bench_level_run(const struct bench_opts *o, uint32_t k, uint32_t n_vocab,
-			   struct bench_level *lv, struct bench_slot **slots_out,
-			   size_t *map_size_out)
+/* The memory a level's clients write into, shared across fork: k slots, then o->tokens
+ * samples per client. Returns 0 or 1 (message on stderr). */
+static int bench_map(const struct bench_opts *o, uint32_t k, struct bench_slot **slots,
+		     struct bench_sample **samp, size_t *map_size)
 {
-	memset(lv, 0, sizeof *lv);
-	lv->clients = k;
 	size_t slots_size = (((size_t)k * sizeof(struct bench_slot)) + 63) & ~(size_t)63;
 	size_t n_samples;
 	if (__builtin_mul_overflow((size_t)k, (size_t)o->tokens, &n_samples) ||
@@ -196,30 +188,26 @@ static int bench_level_run(const struct bench_opts *o, uint32_t k, uint32_t n_vo
 			o->tokens);
 		return 1;
 	}
-	size_t map_size = slots_size + n_samples * sizeof(struct bench_sample);
-	void *map = mmap(NULL, map_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+	*map_size = slots_size + n_samples * sizeof(struct bench_sample);
+	void *map = mmap(NULL, *map_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
 			 -1, 0);
 	if (map == MAP_FAILED) {
-		fprintf(stderr, "hearth: bench: mmap of %zu bytes: %s\n", map_size, strerror(errno));
+		fprintf(stderr, "hearth: bench: mmap of %zu bytes: %s\n", *map_size, strerror(errno));
 		return 1;
 	}
-	struct bench_slot *slots = map;
-	struct bench_sample *samp = (struct bench_sample *)((char *)map + slots_size);
-	*slots_out = slots;
-	*map_size_out = map_size;
+	*slots = map;
+	*samp = (struct bench_sample *)((char *)map + slots_size);
+	return 0;
+}
 
-	int ready[2], go[2];
-	if (pipe(ready) < 0 || pipe(go) < 0) {
-		fprintf(stderr, "hearth: bench: pipe: %s\n", strerror(errno));
-		return 1;
-	}
+/* Forks up to k clients into pids; each reports on ready and starts at EOF on go. Returns
+ * how many started. */
+static uint32_t bench_fork(const struct bench_opts *o, uint32_t k, uint32_t n_vocab,
+			   struct bench_slot *slots, struct bench_sample *samp, pid_t *pids,
+			   const int ready[2], const int go[2])
+{
 	fflush(stdout);
 	fflush(stderr);
-	pid_t *pids = calloc(k, sizeof *pids);
-	if (!pids) {
-		fprintf(stderr, "hearth: bench: out of memory\n");
-		return 1;
-	}
 	uint32_t started = 0;
 	for (; started < k; started++) {
 		pid_t pid = fork();
@@ -235,19 +223,14 @@ static int bench_level_run(const struct bench_opts *o, uint32_t k, uint32_t n_vo
 		}
 		pids[started] = pid;
 	}
-	close(ready[1]);
-	close(go[0]);
-	/* Every client connected (or failed to): start them all at once by closing go. */
-	for (uint32_t n = 0; n < started;) {
-		char c;
-		ssize_t r = read(ready[0], &c, 1);
-		if (r == 1)
-			n++;
-		else if (r == 0 || errno != EINTR)
-			break;
-	}
-	close(go[1]);
-	close(ready[0]);
+	return started;
+}
+
+/* Waits for every started client and checks it generated all its tokens. Returns 0, or 1
+ * when one failed (message on stderr). */
+static int bench_reap(const struct bench_opts *o, uint32_t k, uint32_t started,
+		      const pid_t *pids, struct bench_slot *slots)
+{
 	int failed = started < k;
 	for (uint32_t i = 0; i < started; i++) {
 		int st;
@@ -266,22 +249,91 @@ static int bench_level_run(const struct bench_opts *o, uint32_t k, uint32_t n_vo
 			failed = 1;
 		}
 	}
-	free(pids);
-	if (failed)
-		return 1;
+	return failed;
+}
 
-	uint64_t t0 = UINT64_MAX, t1 = 0, total = 0;
+/* Forks k clients, releases them together once all are connected, and waits for them.
+ * Returns 0, or 1 when a client failed (message on stderr). */
+static int bench_clients_run(const struct bench_opts *o, uint32_t k, uint32_t n_vocab,
+			     struct bench_slot *slots, struct bench_sample *samp)
+{
+	int ready[2], go[2];
+	if (pipe(ready) < 0) {
+		fprintf(stderr, "hearth: bench: pipe: %s\n", strerror(errno));
+		return 1;
+	}
+	if (pipe(go) < 0) {
+		fprintf(stderr, "hearth: bench: pipe: %s\n", strerror(errno));
+		close(ready[0]);
+		close(ready[1]);
+		return 1;
+	}
+	pid_t *pids = calloc(k, sizeof *pids);
+	if (!pids) {
+		fprintf(stderr, "hearth: bench: out of memory\n");
+		close(ready[0]);
+		close(ready[1]);
+		close(go[0]);
+		close(go[1]);
+		return 1;
+	}
+	uint32_t started = bench_fork(o, k, n_vocab, slots, samp, pids, ready, go);
+	close(ready[1]);
+	close(go[0]);
+	/* Every client connected (or failed to): start them all at once by closing go. */
+	for (uint32_t n = 0; n < started;) {
+		char c;
+		ssize_t r = read(ready[0], &c, 1);
+		if (r == 1)
+			n++;
+		else if (r == 0 || errno != EINTR)
+			break;
+	}
+	close(go[1]);
+	close(ready[0]);
+	int failed = bench_reap(o, k, started, pids, slots);
+	free(pids);
+	return failed;
+}
+
+/* Tokens per second in the window in which every client was decoding (after the last first
+ * token, before the first done), so each step was one batch of k decode tokens with no
+ * prefill in it. NAN when the window is empty. */
+static double bench_steady_tps(const struct bench_opts *o, uint32_t k,
+			       const struct bench_slot *slots, const struct bench_sample *samp)
+{
+	uint64_t w0 = 0, w1 = UINT64_MAX;
+	for (uint32_t i = 0; i < k; i++) {
+		w0 = slots[i].t_first > w0 ? slots[i].t_first : w0;
+		w1 = slots[i].t_done < w1 ? slots[i].t_done : w1;
+	}
+	if (w1 <= w0)
+		return NAN;
+	uint64_t n_in = 0;
+	for (uint32_t i = 0; i < k; i++) {
+		const struct bench_sample *sp = samp + (size_t)i * o->tokens;
+		for (uint32_t j = 0; j < slots[i].n_gen && j < o->tokens; j++)
+			n_in += sp[j].t_cb > w0 && sp[j].t_cb <= w1;
+	}
+	return (double)n_in / ((double)(w1 - w0) / 1e9);
+}
+
+/* The level's figures from what the clients recorded. Returns 0 or 1 (out of memory). */
+static int bench_summarise(const struct bench_opts *o, uint32_t k, const struct bench_slot *slots,
+			   const struct bench_sample *samp, struct bench_level *lv)
+{
+	size_t n_samples = (size_t)k * o->tokens; /* bench_map checked the product */
 	double *ttft = calloc(k, sizeof *ttft);
-	double *samples = malloc((n_samples ? n_samples : 1) * sizeof *samples);
-	if (!ttft || !samples) {
+	double *ipc = malloc((n_samples ? n_samples : 1) * sizeof *ipc);
+	if (!ttft || !ipc) {
 		free(ttft);
-		free(samples);
+		free(ipc);
 		fprintf(stderr, "hearth: bench: out of memory\n");
 		return 1;
 	}
-	lv->client_tps_min = INFINITY;
+	uint64_t t0 = UINT64_MAX, t1 = 0, total = 0;
 	size_t ns = 0;
-	uint64_t w0 = 0, w1 = UINT64_MAX;   /* every client between first token and done */
+	lv->client_tps_min = INFINITY;
 	for (uint32_t i = 0; i < k; i++) {
 		const struct bench_slot *s = &slots[i];
 		t0 = s->t_send < t0 ? s->t_send : t0;
@@ -294,38 +346,42 @@ static int bench_level_run(const struct bench_opts *o, uint32_t k, uint32_t n_vo
 			lv->decode_tps_mean += (s->n_gen - 1) /
 					       ((double)(s->t_done - s->t_first) / 1e9) / k;
 		ttft[i] = (double)(s->t_first - s->t_send) / 1e6;
-		w0 = s->t_first > w0 ? s->t_first : w0;
-		w1 = s->t_done < w1 ? s->t_done : w1;
 		const struct bench_sample *sp = samp + (size_t)i * o->tokens;
 		for (uint32_t j = 0; j < s->n_gen && j < o->tokens; j++)
 			if (sp[j].t_sampled)
-				samples[ns++] = ((double)sp[j].t_cb - (double)sp[j].t_sampled) / 1e3;
+				ipc[ns++] = ((double)sp[j].t_cb - (double)sp[j].t_sampled) / 1e3;
 	}
-	/* Steady state: the window in which every client was decoding, so each step was one
-	 * batch of k decode tokens with no prefill in it. */
-	lv->steady_tps = NAN;
-	if (w1 > w0) {
-		uint64_t n_in = 0;
-		for (uint32_t i = 0; i < k; i++) {
-			const struct bench_sample *sp = samp + (size_t)i * o->tokens;
-			for (uint32_t j = 0; j < slots[i].n_gen && j < o->tokens; j++)
-				n_in += sp[j].t_cb > w0 && sp[j].t_cb <= w1;
-		}
-		lv->steady_tps = (double)n_in / ((double)(w1 - w0) / 1e9);
-	}
+	lv->steady_tps = bench_steady_tps(o, k, slots, samp);
 	lv->wall_s = (double)(t1 - t0) / 1e9;
 	lv->agg_tps = (double)total / lv->wall_s;
 	qsort(ttft, k, sizeof *ttft, cmp_double);
 	lv->ttft_p50_ms = pct(ttft, k, 50);
 	lv->ttft_p99_ms = pct(ttft, k, 99);
-	qsort(samples, ns, sizeof *samples, cmp_double);
+	qsort(ipc, ns, sizeof *ipc, cmp_double);
 	lv->n_ipc = ns;  /* tokens with a daemon timestamp */
-	lv->ipc_p50_us = pct(samples, ns, 50);
-	lv->ipc_p99_us = pct(samples, ns, 99);
-	lv->ipc_max_us = ns ? samples[ns - 1] : NAN;
-	lv->ok = true;
+	lv->ipc_p50_us = pct(ipc, ns, 50);
+	lv->ipc_p99_us = pct(ipc, ns, 99);
+	lv->ipc_max_us = ns ? ipc[ns - 1] : NAN;
 	free(ttft);
-	free(samples);
+	free(ipc);
+	return 0;
+}
+
+/* Runs one level: forks k clients, releases them together, waits, and summarises. The
+ * shared memory goes to *slots_out / *map_size_out for the caller to print and unmap. */
+static int bench_level_run(const struct bench_opts *o, uint32_t k, uint32_t n_vocab,
+			   struct bench_level *lv, struct bench_slot **slots_out,
+			   size_t *map_size_out)
+{
+	memset(lv, 0, sizeof *lv);
+	lv->clients = k;
+	struct bench_sample *samp;
+	if (bench_map(o, k, slots_out, &samp, map_size_out))
+		return 1;
+	if (bench_clients_run(o, k, n_vocab, *slots_out, samp) ||
+	    bench_summarise(o, k, *slots_out, samp, lv))
+		return 1;
+	lv->ok = true;
 	return 0;
 }
 
@@ -410,7 +466,7 @@ static int bench_wake_floor(int cpu_waker, int cpu_sleeper, double *p50, double 
 			uint64_t v = 1;
 			if (poll(&pf, 1, 5000) != 1)
 				_exit(1);
-			t[i] = now_ns() - t[i];
+			t[i] = hearth_now_ns() - t[i];
 			if (read(ping, &v, sizeof v) != sizeof v || write(pong, &v, sizeof v) != sizeof v)
 				_exit(1);
 		}
@@ -425,7 +481,7 @@ static int bench_wake_floor(int cpu_waker, int cpu_sleeper, double *p50, double 
 		uint64_t v = 1;
 		struct timespec gap = { 0, 1000000 };
 		nanosleep(&gap, NULL);
-		t[n] = now_ns();
+		t[n] = hearth_now_ns();
 		if (write(ping, &v, sizeof v) != sizeof v || read(pong, &v, sizeof v) != sizeof v)
 			break;
 		lat[n] = (double)t[n] / 1e3;
@@ -449,7 +505,10 @@ out:
 	return rc;
 }
 
-int bench_run(const struct bench_opts *o)
+/* Connects once for the model's facts, and runs a short generation that touches the paths
+ * once (page faults, first-use lazy state) so the first level does not pay for them.
+ * Returns 0 or 1 (message on stderr). */
+static int bench_warm_up(const struct bench_opts *o, struct hearth_model *m)
 {
 	struct hearth_err e = { 0 };
 	struct hearth *h;
@@ -459,25 +518,29 @@ int bench_run(const struct bench_opts *o)
 		fprintf(stderr, "hearth: %s\n", e.msg[0] ? e.msg : hearth_strerror(e.code));
 		return 1;
 	}
-	struct hearth_model m;
-	if (hearth_model_info(h, &m, &e) < 0 || m.n_vocab == 0) {
+	if (hearth_model_info(h, m, &e) < 0 || m->n_vocab == 0) {
 		fprintf(stderr, "hearth: bench: no model facts: %s\n", e.msg);
 		hearth_close(h);
 		return 1;
 	}
-	/* Warm-up: a short generation touches the paths once (page faults, first-use lazy
-	 * state) so the first level does not pay for them. */
 	uint32_t warm[16];
-	bench_prompt(warm, 16, m.n_vocab, o->seed, 1000);
+	bench_prompt(warm, 16, m->n_vocab, o->seed, 1000);
 	struct hearth_prompt wp = { .tokens = warm, .n_tokens = 16 };
 	struct hearth_gen_params wpar = bench_params(o);
 	wpar.max_tokens = 4;
-	if (hearth_generate(h, &wp, &wpar, NULL, NULL, NULL, &e) < 0) {
+	int rc = hearth_generate(h, &wp, &wpar, NULL, NULL, NULL, &e);
+	hearth_close(h);
+	if (rc < 0) {
 		fprintf(stderr, "hearth: bench: warm-up generation: %s\n", e.msg);
-		hearth_close(h);
 		return 1;
 	}
-	hearth_close(h);
+	return 0;
+}
+
+/* The wake floor's p50/p99 on one cpu and across two: wake[0..1] same cpu, wake[2..3] other
+ * cpu (NAN when this process may use one cpu only, or the probe failed). */
+static void bench_wake(double wake[4])
+{
 	/* Waker and sleeper on the first two cpus this process may use (one cpu: the same). */
 	cpu_set_t mine;
 	int cpus[2] = { 0, 0 }, n_cpus = 0;
@@ -485,22 +548,27 @@ int bench_run(const struct bench_opts *o)
 		for (int c = 0; c < CPU_SETSIZE && n_cpus < 2; c++)
 			if (CPU_ISSET(c, &mine))
 				cpus[n_cpus++] = c;
-	double same50 = NAN, same99 = NAN, cross50 = NAN, cross99 = NAN;
-	if (bench_wake_floor(cpus[0], cpus[0], &same50, &same99) < 0 ||
-	    (n_cpus > 1 && bench_wake_floor(cpus[0], cpus[1], &cross50, &cross99) < 0))
+	for (int i = 0; i < 4; i++)
+		wake[i] = NAN;
+	if (bench_wake_floor(cpus[0], cpus[0], &wake[0], &wake[1]) < 0 ||
+	    (n_cpus > 1 && bench_wake_floor(cpus[0], cpus[1], &wake[2], &wake[3]) < 0))
 		fprintf(stderr, "hearth: bench: the wake-latency probe failed; its figures are left out\n");
+}
 
+static void print_header(const struct bench_opts *o, const struct hearth_model *m,
+			 const double wake[4])
+{
 	if (o->json) {
 		printf("{\"model\":{");
-		json_str("arch", m.arch);
-		json_str("quant", m.quant);
+		json_str("arch", m->arch);
+		json_str("quant", m->quant);
 		printf("\"n_params\":%" PRIu64 ",\"n_vocab\":%u},\"prompt_tokens\":%u,"
-		       "\"tokens\":%u,\"seed\":%" PRIu64 ",", m.n_params, m.n_vocab,
+		       "\"tokens\":%u,\"seed\":%" PRIu64 ",", m->n_params, m->n_vocab,
 		       o->prompt_tokens, o->tokens, o->seed);
-		json_num("wake_same_cpu_us_p50", same50, true);
-		json_num("wake_same_cpu_us_p99", same99, true);
-		json_num("wake_other_cpu_us_p50", cross50, true);
-		json_num("wake_other_cpu_us_p99", cross99, true);
+		json_num("wake_same_cpu_us_p50", wake[0], true);
+		json_num("wake_same_cpu_us_p99", wake[1], true);
+		json_num("wake_other_cpu_us_p50", wake[2], true);
+		json_num("wake_other_cpu_us_p99", wake[3], true);
 		printf("\"levels\":[");
 	} else {
 		printf("hearth bench: %s (%s, %.2fB params), prompt %u tokens, %u generated per "
@@ -509,10 +577,52 @@ int bench_run(const struct bench_opts *o)
 		       "p50 %.1f / p99 %.1f us, other cpu p50 %.1f / p99 %.1f us\n"
 		       "clients   agg tok/s  client tok/s (mean/min)  decode tok/s  steady tok/s  "
 		       "TTFT p50/p99 ms   IPC p50/p99/max us\n",
-		       m.arch, m.quant, (double)m.n_params / 1e9, o->prompt_tokens, o->tokens,
-		       o->seed, same50, same99, cross50, cross99);
+		       m->arch, m->quant, (double)m->n_params / 1e9, o->prompt_tokens, o->tokens,
+		       o->seed, wake[0], wake[1], wake[2], wake[3]);
 	}
 	fflush(stdout);
+}
+
+/* One level's line (or JSON object; first: no comma before it). */
+static void print_level(const struct bench_opts *o, bool first, const struct bench_level *lv,
+			const struct bench_slot *slots)
+{
+	if (o->json) {
+		printf("%s{\"clients\":%u,", first ? "" : ",", lv->clients);
+		json_num("wall_s", lv->wall_s, true);
+		json_num("aggregate_tps", lv->agg_tps, true);
+		json_num("client_tps_mean", lv->client_tps_mean, true);
+		json_num("client_tps_min", lv->client_tps_min, true);
+		json_num("decode_tps_mean", lv->decode_tps_mean, true);
+		json_num("steady_tps", lv->steady_tps, true);
+		json_num("ttft_ms_p50", lv->ttft_p50_ms, true);
+		json_num("ttft_ms_p99", lv->ttft_p99_ms, true);
+		json_num("ipc_us_p50", lv->ipc_p50_us, true);
+		json_num("ipc_us_p99", lv->ipc_p99_us, true);
+		json_num("ipc_us_max", lv->ipc_max_us, true);
+		printf("\"ipc_samples\":%zu,\"per_client\":[", lv->n_ipc);
+		print_clients(o, lv, slots);
+		printf("]}");
+	} else {
+		printf("%7u  %10.2f  %12.2f / %-9.2f  %12.2f  %12.2f  %7.1f / %-7.1f  "
+		       "%6.1f / %.1f / %.1f\n", lv->clients, lv->agg_tps,
+		       lv->client_tps_mean, lv->client_tps_min, lv->decode_tps_mean,
+		       lv->steady_tps, lv->ttft_p50_ms, lv->ttft_p99_ms, lv->ipc_p50_us, lv->ipc_p99_us,
+		       lv->ipc_max_us);
+		if (o->verbose)
+			print_clients(o, lv, slots);
+	}
+	fflush(stdout);
+}
+
+int bench_run(const struct bench_opts *o)
+{
+	struct hearth_model m;
+	if (bench_warm_up(o, &m))
+		return 1;
+	double wake[4];
+	bench_wake(wake);
+	print_header(o, &m, wake);
 
 	int status = 0;
 	double agg1 = NAN, agg8 = NAN;
@@ -520,40 +630,14 @@ int bench_run(const struct bench_opts *o)
 		struct bench_level lv;
 		struct bench_slot *slots = NULL;
 		size_t map_size = 0;
-		int rc = bench_level_run(o, o->clients[li], m.n_vocab, &lv, &slots, &map_size);
-		if (rc) {
+		if (bench_level_run(o, o->clients[li], m.n_vocab, &lv, &slots, &map_size)) {
 			status = 1;
 		} else {
 			if (lv.clients == 1)
 				agg1 = lv.agg_tps;
 			if (lv.clients == 8)
 				agg8 = lv.agg_tps;
-			if (o->json) {
-				printf("%s{\"clients\":%u,", li ? "," : "", lv.clients);
-				json_num("wall_s", lv.wall_s, true);
-				json_num("aggregate_tps", lv.agg_tps, true);
-				json_num("client_tps_mean", lv.client_tps_mean, true);
-				json_num("client_tps_min", lv.client_tps_min, true);
-				json_num("decode_tps_mean", lv.decode_tps_mean, true);
-				json_num("steady_tps", lv.steady_tps, true);
-				json_num("ttft_ms_p50", lv.ttft_p50_ms, true);
-				json_num("ttft_ms_p99", lv.ttft_p99_ms, true);
-				json_num("ipc_us_p50", lv.ipc_p50_us, true);
-				json_num("ipc_us_p99", lv.ipc_p99_us, true);
-				json_num("ipc_us_max", lv.ipc_max_us, true);
-				printf("\"ipc_samples\":%zu,\"per_client\":[", lv.n_ipc);
-				print_clients(o, &lv, slots);
-				printf("]}");
-			} else {
-				printf("%7u  %10.2f  %12.2f / %-9.2f  %12.2f  %12.2f  %7.1f / %-7.1f  "
-				       "%6.1f / %.1f / %.1f\n", lv.clients, lv.agg_tps,
-				       lv.client_tps_mean, lv.client_tps_min, lv.decode_tps_mean,
-				       lv.steady_tps, lv.ttft_p50_ms, lv.ttft_p99_ms, lv.ipc_p50_us, lv.ipc_p99_us,
-				       lv.ipc_max_us);
-				if (o->verbose)
-					print_clients(o, &lv, slots);
-			}
-			fflush(stdout);
+			print_level(o, li == 0, &lv, slots);
 		}
 		if (slots)
 			munmap(slots, map_size);

@@ -353,7 +353,81 @@ static int gen_print(struct gen_out *o, const struct hearth_token *t)
 	return 0;
 }
 
-static int cmd_generate(struct cli *c, int argc, char **argv)
+#define GEN_STOP_MAX 16
+#define GEN_SLICE_MS 200  /* waits between ^C checks during a long prefill */
+
+struct gen_args {
+	struct hearth_gen_params p;
+	const char *stop[GEN_STOP_MAX];
+	size_t n_stop;
+};
+
+/* One sampling or output option of generate into a; 0, or the usage error's exit code. */
+static int gen_option(struct cli *c, struct gen_args *a, int opt, const char *arg)
+{
+	struct hearth_gen_params *p = &a->p;
+	uint64_t u;
+	double d;
+	switch (opt) {
+	case 'n':
+		if (!parse_u64(arg, 1u << 20, &u))
+			return usage_error("-n wants a token count up to 1048576, not \"%s\"", arg);
+		p->max_tokens = (uint32_t)u;
+		return 0;
+	case OPT_TEMP:
+		if (!parse_double(arg, &d) || d < 0 || d > 100)
+			return usage_error("--temp wants a number in [0, 100], not \"%s\"", arg);
+		p->temperature = d;
+		return 0;
+	case OPT_TOP_K:
+		if (!parse_u64(arg, 1u << 20, &u))
+			return usage_error("--top-k wants a count (0 = off), not \"%s\"", arg);
+		p->top_k = (uint32_t)u;
+		return 0;
+	case OPT_TOP_P:
+		if (!parse_double(arg, &d) || d <= 0 || d > 1)
+			return usage_error("--top-p wants a number in (0, 1], not \"%s\"", arg);
+		p->top_p = d;
+		return 0;
+	case OPT_MIN_P:
+		if (!parse_double(arg, &d) || d < 0 || d > 1)
+			return usage_error("--min-p wants a number in [0, 1], not \"%s\"", arg);
+		p->min_p = d;
+		return 0;
+	case OPT_REPEAT_PENALTY:
+		if (!parse_double(arg, &d) || d <= 0 || d > 100)
+			return usage_error("--repeat-penalty wants a number in (0, 100], not \"%s\"", arg);
+		p->repeat_penalty = d;
+		return 0;
+	case OPT_REPEAT_LAST_N:
+		if (!parse_u64(arg, 1u << 20, &u))
+			return usage_error("--repeat-last-n wants a count, not \"%s\"", arg);
+		p->repeat_last_n = (uint32_t)u;
+		return 0;
+	case OPT_SEED:
+		if (!parse_u64(arg, UINT64_MAX, &u))
+			return usage_error("--seed wants an unsigned integer, not \"%s\"", arg);
+		p->has_seed = true;
+		p->seed = u;
+		return 0;
+	case OPT_STOP:
+		if (a->n_stop == GEN_STOP_MAX)
+			return usage_error("at most %d --stop strings", GEN_STOP_MAX);
+		if (!*arg)
+			return usage_error("--stop wants a non-empty string");
+		a->stop[a->n_stop++] = arg;
+		return 0;
+	case OPT_JSON:
+		c->json = true;
+		return 0;
+	default:
+		return usage_error("unknown option for generate");
+	}
+}
+
+/* Parses generate's command line into a. Returns 0 to go on, -1 when done (--help), or a
+ * usage error's exit code. */
+static int gen_parse(struct cli *c, int argc, char **argv, struct gen_args *a)
 {
 	static const struct option opts[] = {
 		COMMON_OPTIONS,
@@ -370,80 +444,93 @@ static int cmd_generate(struct cli *c, int argc, char **argv)
 		{ "json", no_argument, NULL, OPT_JSON },
 		{ 0 },
 	};
-	struct hearth_gen_params p = hearth_gen_params_default();
-	const char *stop[16];
-	size_t n_stop = 0;
+	a->p = hearth_gen_params_default();
+	a->n_stop = 0;
 	int opt, rc;
-	uint64_t u;
-	double d;
 	while ((opt = getopt_long(argc, argv, "+n:vhV", opts, NULL)) != -1) {
 		if (common_option(c, opt, optarg, &rc)) {
 			if (rc)
-				return rc < 0 ? 0 : rc;
+				return rc;
 			continue;
 		}
-		switch (opt) {
-		case 'n':
-			if (!parse_u64(optarg, 1u << 20, &u))
-				return usage_error("-n wants a token count up to 1048576, not \"%s\"", optarg);
-			p.max_tokens = (uint32_t)u;
-			break;
-		case OPT_TEMP:
-			if (!parse_double(optarg, &d) || d < 0 || d > 100)
-				return usage_error("--temp wants a number in [0, 100], not \"%s\"", optarg);
-			p.temperature = d;
-			break;
-		case OPT_TOP_K:
-			if (!parse_u64(optarg, 1u << 20, &u))
-				return usage_error("--top-k wants a count (0 = off), not \"%s\"", optarg);
-			p.top_k = (uint32_t)u;
-			break;
-		case OPT_TOP_P:
-			if (!parse_double(optarg, &d) || d <= 0 || d > 1)
-				return usage_error("--top-p wants a number in (0, 1], not \"%s\"", optarg);
-			p.top_p = d;
-			break;
-		case OPT_MIN_P:
-			if (!parse_double(optarg, &d) || d < 0 || d > 1)
-				return usage_error("--min-p wants a number in [0, 1], not \"%s\"", optarg);
-			p.min_p = d;
-			break;
-		case OPT_REPEAT_PENALTY:
-			if (!parse_double(optarg, &d) || d <= 0 || d > 100)
-				return usage_error("--repeat-penalty wants a number in (0, 100], not \"%s\"",
-						   optarg);
-			p.repeat_penalty = d;
-			break;
-		case OPT_REPEAT_LAST_N:
-			if (!parse_u64(optarg, 1u << 20, &u))
-				return usage_error("--repeat-last-n wants a count, not \"%s\"", optarg);
-			p.repeat_last_n = (uint32_t)u;
-			break;
-		case OPT_SEED:
-			if (!parse_u64(optarg, UINT64_MAX, &u))
-				return usage_error("--seed wants an unsigned integer, not \"%s\"", optarg);
-			p.has_seed = true;
-			p.seed = u;
-			break;
-		case OPT_STOP:
-			if (n_stop == sizeof stop / sizeof stop[0])
-				return usage_error("at most %zu --stop strings", sizeof stop / sizeof stop[0]);
-			if (!*optarg)
-				return usage_error("--stop wants a non-empty string");
-			stop[n_stop++] = optarg;
-			break;
-		case OPT_JSON:
-			c->json = true;
-			break;
-		default:
-			return usage_error("unknown option for generate");
-		}
+		if ((rc = gen_option(c, a, opt, optarg)))
+			return rc;
 	}
 	if (argc - optind != 1)
 		return usage_error("generate wants exactly one PROMPT argument (quote it; - reads "
 				   "stdin)");
-	p.stop = stop;
-	p.n_stop = n_stop;
+	a->p.stop = a->stop;
+	a->p.n_stop = a->n_stop;
+	return 0;
+}
+
+/* Prints tokens as they come until the generation ends. The first ^C cancels (the daemon
+ * stops computing) and the stream goes on to its done frame; waits are short slices so ^C
+ * is noticed during a long prefill, and the idle timeout is counted across them. Returns
+ * 0, or 1 with e filled. */
+static int gen_stream(struct cli *c, struct hearth_gen *g, struct gen_out *out, bool *canceled,
+		      struct hearth_err *e)
+{
+	int idle_ms = 0;
+	int idle_max = c->timeout_ms == 0 ? HEARTH_TIMEOUT_DEFAULT_MS : c->timeout_ms;
+	for (;;) {
+		const struct hearth_token *t;
+		if (interrupted && !*canceled) {
+			*canceled = true;
+			hearth_cancel(g, NULL);
+		}
+		int rc = hearth_gen_next(g, &t, GEN_SLICE_MS, e);
+		if (rc == 1) {
+			idle_ms = 0;
+			if (gen_print(out, t) < 0) {
+				snprintf(e->msg, sizeof e->msg, "out of memory");
+				return 1;
+			}
+			continue;
+		}
+		if (rc == HEARTH_ETIMEDOUT) {
+			idle_ms += GEN_SLICE_MS;
+			if (idle_max > 0 && idle_ms >= idle_max) {
+				snprintf(e->msg, sizeof e->msg, "no token from hearthd for %d ms: giving "
+					 "up (--timeout)", idle_max);
+				return 1;
+			}
+			continue;
+		}
+		return rc < 0 ? 1 : 0;
+	}
+}
+
+/* The end of a generation: the final JSON line (with the whole text) or a newline, and the
+ * timings under -v. */
+static void gen_report(const struct cli *c, const struct hearth_result *res,
+		       const struct gen_out *out)
+{
+	if (c->json) {
+		printf("{\"finish\":\"%s\",\"n_prompt\":%u,\"n_gen\":%u,\"queue_ms\":%.3f,"
+		       "\"prefill_ms\":%.3f,\"decode_ms\":%.3f,\"prefill_tps\":%.2f,"
+		       "\"decode_tps\":%.2f,\"text\":", hearth_finish_name(res->finish),
+		       res->n_prompt, res->n_gen, res->queue_ms, res->prefill_ms, res->decode_ms,
+		       res->prefill_tps, res->decode_tps);
+		json_string(stdout, out->text ? out->text : "", out->len);
+		fputs("}\n", stdout);
+	} else {
+		fputc('\n', stdout);
+	}
+	fflush(stdout);
+	if (c->verbose)
+		fprintf(stderr, "hearth: %s; prompt %u tokens in %.1f ms (%.1f tok/s), generated %u "
+			"tokens in %.1f ms (%.1f tok/s), queued %.1f ms\n",
+			hearth_finish_name(res->finish), res->n_prompt, res->prefill_ms,
+			res->prefill_tps, res->n_gen, res->decode_ms, res->decode_tps, res->queue_ms);
+}
+
+static int cmd_generate(struct cli *c, int argc, char **argv)
+{
+	struct gen_args a;
+	int rc = gen_parse(c, argc, argv, &a);
+	if (rc)
+		return rc < 0 ? 0 : rc;
 
 	struct hearth_err e = { 0 };
 	char *stdin_text = NULL;
@@ -459,56 +546,22 @@ static int cmd_generate(struct cli *c, int argc, char **argv)
 		free(stdin_text);
 		return fail(&e);
 	}
-	/* The first ^C cancels (the daemon stops computing); a second one kills. */
+	/* The first ^C cancels; a second one kills. */
 	struct sigaction sa = { .sa_handler = on_sigint, .sa_flags = SA_RESETHAND };
 	sigemptyset(&sa.sa_mask);
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
 
 	struct hearth_gen *g;
-	rc = hearth_gen_start(h, &prompt, &p, &g, &e);
+	rc = hearth_gen_start(h, &prompt, &a.p, &g, &e);
 	free(stdin_text);
 	if (rc < 0) {
 		hearth_close(h);
 		return fail(&e);
 	}
-	/* Short slices so ^C is noticed during a long prefill; the idle timeout is counted
-	 * here across slices. */
 	struct gen_out out = { .json = c->json };
 	bool canceled = false;
-	int idle_ms = 0;
-	int idle_max = c->timeout_ms == 0 ? HEARTH_TIMEOUT_DEFAULT_MS : c->timeout_ms;
-	int status = 0;
-	for (;;) {
-		const struct hearth_token *t;
-		if (interrupted && !canceled) {
-			canceled = true;
-			hearth_cancel(g, NULL);
-		}
-		rc = hearth_gen_next(g, &t, 200, &e);
-		if (rc == 1) {
-			idle_ms = 0;
-			if (gen_print(&out, t) < 0) {
-				snprintf(e.msg, sizeof e.msg, "out of memory");
-				status = 1;
-				break;
-			}
-			continue;
-		}
-		if (rc == HEARTH_ETIMEDOUT) {
-			idle_ms += 200;
-			if (idle_max > 0 && idle_ms >= idle_max) {
-				snprintf(e.msg, sizeof e.msg, "no token from hearthd for %d ms: giving up "
-					 "(--timeout)", idle_max);
-				status = 1;
-				break;
-			}
-			continue;
-		}
-		if (rc < 0)
-			status = 1;
-		break;
-	}
+	int status = gen_stream(c, g, &out, &canceled, &e);
 	struct hearth_result res;
 	struct hearth_err fe;
 	int frc = hearth_gen_finish(g, &res, &fe);
@@ -523,24 +576,8 @@ static int cmd_generate(struct cli *c, int argc, char **argv)
 		free(out.text);
 		return fail(&fe);
 	}
-	if (c->json) {
-		printf("{\"finish\":\"%s\",\"n_prompt\":%u,\"n_gen\":%u,\"queue_ms\":%.3f,"
-		       "\"prefill_ms\":%.3f,\"decode_ms\":%.3f,\"prefill_tps\":%.2f,"
-		       "\"decode_tps\":%.2f,\"text\":", hearth_finish_name(res.finish), res.n_prompt,
-		       res.n_gen, res.queue_ms, res.prefill_ms, res.decode_ms, res.prefill_tps,
-		       res.decode_tps);
-		json_string(stdout, out.text ? out.text : "", out.len);
-		fputs("}\n", stdout);
-	} else {
-		fputc('\n', stdout);
-	}
-	fflush(stdout);
+	gen_report(c, &res, &out);
 	free(out.text);
-	if (c->verbose)
-		fprintf(stderr, "hearth: %s; prompt %u tokens in %.1f ms (%.1f tok/s), generated %u "
-			"tokens in %.1f ms (%.1f tok/s), queued %.1f ms\n",
-			hearth_finish_name(res.finish), res.n_prompt, res.prefill_ms, res.prefill_tps,
-			res.n_gen, res.decode_ms, res.decode_tps, res.queue_ms);
 	if (canceled) {
 		fprintf(stderr, "hearth: canceled\n");
 		return 1;

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "protocol/fdpass.h"
+#include "protocol/clock.h"
 
 #define CONN_RECV_CHUNK (64u * 1024u)
 /* Bytes one reader step takes from the socket before it dispatches, so a flood of frames
@@ -56,20 +57,6 @@ static int conn_error_frame(struct hearth_err *err, const struct msg_error *e)
 }
 
 /* ---- time ---- */
-
-static int64_t now_us(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* ---- the request table (h->mu held) ---- */
 
@@ -218,7 +205,7 @@ static int conn_write_all(struct hearth *h, const uint8_t *p, size_t n, struct h
 static int conn_push_bulk(struct hearth *h, const struct conn_bulk *b, struct hearth_err *err)
 {
 	struct hearth_error e;
-	int64_t deadline = h->timeout_ms < 0 ? -1 : now_ms() + h->timeout_ms;
+	int64_t deadline = h->timeout_ms < 0 ? -1 : (int64_t)(hearth_now_ns() / 1000000) + h->timeout_ms;
 	for (;;) {
 		int rc = ring_push_bulk(&h->ring, b->type, b->ref, b->data, b->len, &e);
 		if (rc == 0)
@@ -231,7 +218,7 @@ static int conn_push_bulk(struct hearth *h, const struct conn_bulk *b, struct he
 						    ring_max_payload(&h->ring) - 8);
 			return conn_err_from(err, &e);
 		}
-		if (deadline >= 0 && now_ms() >= deadline)
+		if (deadline >= 0 && (int64_t)(hearth_now_ns() / 1000000) >= deadline)
 			return conn_err_set(err, HEARTH_ETIMEDOUT,
 					    "hearthd's ring stayed full for %d ms", h->timeout_ms);
 		if (__atomic_load_n(&h->dead, __ATOMIC_ACQUIRE))
@@ -731,11 +718,11 @@ static void conn_read_step(struct hearth *h, int timeout_ms)
 	/* The opt-in spin: a record in the ring ends it; the socket is checked only by the
 	 * poll after it (frames other than tokens are not latency-bound). */
 	if (h->spin_us && h->has_ring) {
-		int64_t end = now_us() + h->spin_us;
+		int64_t end = (int64_t)(hearth_now_ns() / 1000) + h->spin_us;
 		uint32_t type;
 		const void *p;
 		size_t len;
-		while (ring_peek(&h->ring, &type, &p, &len, NULL) == 0 && now_us() < end) {
+		while (ring_peek(&h->ring, &type, &p, &len, NULL) == 0 && (int64_t)(hearth_now_ns() / 1000) < end) {
 #if defined(__x86_64__) || defined(__i386__)
 			__builtin_ia32_pause();
 #endif
@@ -782,13 +769,13 @@ static bool req_ready(const struct conn_req *r)
 
 int conn_wait(struct hearth *h, struct conn_req *r, int timeout_ms)
 {
-	int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+	int64_t deadline = timeout_ms < 0 ? -1 : (int64_t)(hearth_now_ns() / 1000000) + timeout_ms;
 	for (;;) {
 		if (req_ready(r))
 			return 0;
 		int64_t left = -1;
 		if (deadline >= 0) {
-			left = deadline - now_ms();
+			left = deadline - (int64_t)(hearth_now_ns() / 1000000);
 			if (left < 0 || (left == 0 && timeout_ms > 0))
 				return HEARTH_ETIMEDOUT;
 		}
@@ -898,39 +885,26 @@ static void copy_bytes(char *dst, size_t cap, struct msg_bytes b)
 	dst[n] = '\0';
 }
 
-static int conn_hello(struct hearth *h, const struct hearth_connect_opts *o,
-		      struct hearth_err *err)
+/* Waits for hello's final frame on r, passing loading progress to o->on_loading in order
+ * (even when the welcome came in the same read). Returns 0 with r->reply a welcome, or a
+ * HEARTH_E* with err filled. */
+static int conn_await_welcome(struct hearth *h, const struct hearth_connect_opts *o,
+			      struct conn_req *r, struct hearth_err *err)
 {
-	const char *name = o->client_name && *o->client_name ? o->client_name : "libhearth";
-	struct conn_req r;
-	memset(&r, 0, sizeof r);
-	int rc = conn_register(h, &r, false, err);
-	if (rc < 0)
-		return rc;
-	struct msg m;
-	msg_init(&m, MSG_HELLO, r.id);
-	m.u.hello.name = (struct msg_bytes){ name, strlen(name) };
-	m.u.hello.ring = true;
-	rc = conn_send(h, &m, NULL, err);
-	if (rc < 0 && rc != HEARTH_ECLOSED) {
-		conn_unregister(h, &r);
-		return rc;
-	}
-	/* On a closed socket, read on: the daemon may have said why before it closed. */
+	int rc;
 	pthread_mutex_lock(&h->mu);
 	for (;;) {
-		rc = conn_wait(h, &r, h->timeout_ms);
+		rc = conn_wait(h, r, h->timeout_ms);
 		if (rc == HEARTH_ETIMEDOUT) {
 			rc = conn_err_set(err, rc, "no welcome from hearthd within %d ms",
 					  h->timeout_ms);
 			break;
 		}
-		if (r.loading) {
-			/* Progress first, in order, even when the welcome came in the same read. */
-			struct conn_loading *l = r.loading;
-			r.loading = l->next;
-			if (!r.loading)
-				r.loading_tail = NULL;
+		if (r->loading) {
+			struct conn_loading *l = r->loading;
+			r->loading = l->next;
+			if (!r->loading)
+				r->loading_tail = NULL;
 			pthread_mutex_unlock(&h->mu);
 			if (o->on_loading)
 				o->on_loading(o->user, l->phase, l->done, l->total);
@@ -938,22 +912,23 @@ static int conn_hello(struct hearth *h, const struct hearth_connect_opts *o,
 			pthread_mutex_lock(&h->mu);
 			continue;
 		}
-		if (r.rc < 0) {
-			rc = r.rc;
+		if (r->rc < 0) {
+			rc = r->rc;
 			if (err)
-				*err = r.err;
-		} else if (r.reply.type != MSG_WELCOME) {
+				*err = r->err;
+		} else if (r->reply.type != MSG_WELCOME) {
 			rc = conn_err_set(err, HEARTH_EPROTO, "hearthd answered hello with %s",
-					  msg_type_name(r.reply.type));
+					  msg_type_name(r->reply.type));
 		}
 		break;
 	}
 	pthread_mutex_unlock(&h->mu);
-	if (rc < 0) {
-		conn_unregister(h, &r);
-		return rc;
-	}
-	const struct msg_welcome *w = &r.reply.u.welcome;
+	return rc;
+}
+
+/* The welcome's model facts into h->model, and the frame limit into h->inline_max. */
+static void conn_take_welcome(struct hearth *h, const struct msg_welcome *w)
+{
 	struct hearth_model *mi = &h->model;
 	copy_bytes(mi->daemon_version, sizeof mi->daemon_version, w->daemon);
 	mi->proto_major = w->proto_major;
@@ -971,43 +946,70 @@ static int conn_hello(struct hearth *h, const struct hearth_connect_opts *o,
 	if (w->max_frame && w->max_frame < CONN_INLINE_MAX + CONN_FRAME_SLACK)
 		h->inline_max = w->max_frame > 2 * CONN_FRAME_SLACK ? w->max_frame - CONN_FRAME_SLACK
 								     : CONN_FRAME_SLACK;
-	if (w->proto_major != MSG_PROTO_MAJOR) {
-		conn_unregister(h, &r);
-		return conn_err_set(err, HEARTH_EUNSUPPORTED,
-				    "hearthd speaks protocol %u, this library %d", w->proto_major,
-				    MSG_PROTO_MAJOR);
+}
+
+/* Maps the rings whose memfd and eventfds came with the welcome (r->fds), checks their
+ * sizes against what the welcome announced, and allocates the read buffer. */
+static int conn_attach_ring(struct hearth *h, struct conn_req *r, const struct msg_welcome *w,
+			    struct hearth_err *err)
+{
+	struct hearth_error e;
+	uint64_t d2c = w->ring_d2c, c2d = w->ring_c2d;
+	int rc = ring_attach(&h->ring, r->fds[0], r->fds[1], r->fds[2], &e);
+	r->n_fds = 0; /* ring_attach owns them now, also on failure */
+	if (rc < 0) {
+		conn_err_from(err, &e);
+		return rc;
 	}
-	if (w->ring) {
-		struct hearth_error e;
-		uint64_t d2c = w->ring_d2c, c2d = w->ring_c2d;
-		rc = ring_attach(&h->ring, r.fds[0], r.fds[1], r.fds[2], &e);
-		r.n_fds = 0; /* ring_attach owns them now, also on failure */
-		if (rc < 0) {
-			conn_unregister(h, &r);
-			conn_err_from(err, &e);
-			return rc;
-		}
-		h->has_ring = true;
-		if (h->ring.rx.cap != d2c || h->ring.tx.cap != c2d) {
-			conn_unregister(h, &r);
-			return conn_err_set(err, HEARTH_EPROTO,
-					    "hearthd's welcome announces rings of %llu/%llu bytes, "
-					    "the memfd holds %llu/%llu",
-					    (unsigned long long)d2c, (unsigned long long)c2d,
-					    (unsigned long long)h->ring.rx.cap,
-					    (unsigned long long)h->ring.tx.cap);
-		}
-		h->ring_buf_cap = (size_t)h->ring.rx.cap;
-		h->ring_buf = malloc(h->ring_buf_cap);
-		if (!h->ring_buf) {
-			conn_unregister(h, &r);
-			return conn_err_set(err, HEARTH_ENOMEM, "out of memory for a %zu-byte ring "
-					    "buffer", h->ring_buf_cap);
-		}
-	}
-	h->welcomed = true;
-	conn_unregister(h, &r);
+	h->has_ring = true;
+	if (h->ring.rx.cap != d2c || h->ring.tx.cap != c2d)
+		return conn_err_set(err, HEARTH_EPROTO,
+				    "hearthd's welcome announces rings of %llu/%llu bytes, "
+				    "the memfd holds %llu/%llu",
+				    (unsigned long long)d2c, (unsigned long long)c2d,
+				    (unsigned long long)h->ring.rx.cap,
+				    (unsigned long long)h->ring.tx.cap);
+	h->ring_buf_cap = (size_t)h->ring.rx.cap;
+	h->ring_buf = malloc(h->ring_buf_cap);
+	if (!h->ring_buf)
+		return conn_err_set(err, HEARTH_ENOMEM, "out of memory for a %zu-byte ring buffer",
+				    h->ring_buf_cap);
 	return 0;
+}
+
+static int conn_hello(struct hearth *h, const struct hearth_connect_opts *o,
+		      struct hearth_err *err)
+{
+	const char *name = o->client_name && *o->client_name ? o->client_name : "libhearth";
+	struct conn_req r;
+	memset(&r, 0, sizeof r);
+	int rc = conn_register(h, &r, false, err);
+	if (rc < 0)
+		return rc;
+	struct msg m;
+	msg_init(&m, MSG_HELLO, r.id);
+	m.u.hello.name = (struct msg_bytes){ name, strlen(name) };
+	m.u.hello.ring = true;
+	rc = conn_send(h, &m, NULL, err);
+	/* On a closed socket, read on: the daemon may have said why before it closed. */
+	if (rc >= 0 || rc == HEARTH_ECLOSED)
+		rc = conn_await_welcome(h, o, &r, err);
+	if (rc < 0)
+		goto out;
+	const struct msg_welcome *w = &r.reply.u.welcome;
+	conn_take_welcome(h, w);
+	if (w->proto_major != MSG_PROTO_MAJOR) {
+		rc = conn_err_set(err, HEARTH_EUNSUPPORTED, "hearthd speaks protocol %u, this library %d",
+				  w->proto_major, MSG_PROTO_MAJOR);
+		goto out;
+	}
+	if (w->ring && (rc = conn_attach_ring(h, &r, w, err)) < 0)
+		goto out;
+	h->welcomed = true;
+	rc = 0;
+out:
+	conn_unregister(h, &r);
+	return rc;
 }
 
 int hearth_connect_with(struct hearth **out, const struct hearth_connect_opts *opts,

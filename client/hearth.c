@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "client/conn.h"
+#include "protocol/clock.h"
 
 void hearth_free(void *p)
 {
@@ -152,18 +153,16 @@ int hearth_ledger(struct hearth *h, struct hearth_ledger *out, struct hearth_err
 
 int hearth_ping(struct hearth *h, uint64_t *rtt_us, struct hearth_err *err)
 {
-	struct timespec a, b;
 	struct msg m;
 	msg_init(&m, MSG_PING, 0);
 	struct msg reply;
-	clock_gettime(CLOCK_MONOTONIC, &a);
+	uint64_t a = hearth_now_ns();
 	int rc = conn_call(h, &m, NULL, MSG_PONG, &reply, err);
-	clock_gettime(CLOCK_MONOTONIC, &b);
+	uint64_t b = hearth_now_ns();
 	if (rc < 0)
 		return rc;
 	msg_free(&reply);
 	if (rtt_us)
-		*rtt_us = (uint64_t)((b.tv_sec - a.tv_sec) * 1000000LL +
-				     (b.tv_nsec - a.tv_nsec) / 1000);
+		*rtt_us = (b - a) / 1000;
 	return 0;
 }

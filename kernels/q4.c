@@ -117,9 +117,9 @@ static void zero_pad_rows(struct q4_matrix *m, size_t row0, size_t n_rows)
 
 /* Asym search (quantize_group_asym): grids of 15 + Q4_SEARCH_RMIN + k * Q4_SEARCH_RDELTA
  * steps over a group's range, k < Q4_SEARCH_STEPS, then up to Q4_SEARCH_REFITS rounds of
- * least squares over the chosen codes. Measured (doc/benchmarks.md): 21 grids in steps
- * of 0.1 gain little over these 8 at about twice the load time; no grid at all (refits
- * from min/max only) loses about half the gain. */
+ * least squares over the chosen codes. Why 8 grids (doc/benchmarks.md): 21 grids in steps
+ * of 0.1 gain little over them at about twice the load time; no grid at all (refits from
+ * min/max only) gives up about half the gain. */
 #define Q4_SEARCH_STEPS 8
 #define Q4_SEARCH_RMIN (-1.0f)
 #define Q4_SEARCH_RDELTA 0.25f

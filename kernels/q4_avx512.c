@@ -14,8 +14,8 @@
 
 /* GEMV (and the W4A8 GEMM tile) read this far ahead of themselves. W4A16 spends ~16 uops
  * per 64-byte chunk, so the out-of-order window alone keeps too few cache lines in flight
- * to cover DRAM latency; 4 KiB ahead measured ~10% faster from DRAM (the W4A8 GEMV, at ~7
- * uops a chunk, gains nothing). */
+ * to cover DRAM latency; 4 KiB ahead is ~10% faster from DRAM (the W4A8 GEMV, at ~7 uops
+ * a chunk, gains nothing from it). */
 #define GEMV_PREFETCH 4096
 
 static inline uint32_t load_u32(const void *p)
@@ -122,7 +122,7 @@ void q4_acts_prepare_avx512(struct q4_acts *a, const float *x, size_t ldx, size_
 
 /* NB (1 or 2) adjacent row blocks, one token: the decode GEMV. Two blocks at once are
  * two independent load streams, which keeps more cache lines in flight than one
- * (measured +13-17% from DRAM on one core); two integer accumulators per block and group
+ * (+13-17% from DRAM on one core); two integer accumulators per block and group
  * keep the vpdpbusd chains short. Only the last block may be ragged (valid rows). */
 static inline __attribute__((always_inline)) void
 gemv_a8(const struct q4_matrix *w, const struct q4_acts *a, const uint8_t *blk, float *y, const int NB,
@@ -156,10 +156,9 @@ gemv_a8(const struct q4_matrix *w, const struct q4_acts *a, const uint8_t *blk, 
 
 				/* The same chunk of the next pass's block, into L2: every new
 				 * block otherwise starts its streams cold, ~0.5 us per block,
-				 * which short rows (cols 1024-2048) pay every 8-16 KiB
-				 * (bench_kernels, 1 thread: 6144x2048 13-15 -> 20 GB/s,
-				 * 12288x1024 10-12 -> 19-21). Past the last block it is a
-				 * harmless prefetch. */
+				 * which short rows (cols 1024-2048) pay every 8-16 KiB, about
+				 * a third of their one-thread bandwidth. Past the last block it
+				 * is a harmless prefetch. */
 				_mm_prefetch((const char *)codes[b] + c * Q4_CHUNK_BYTES + NB * w->block_bytes, _MM_HINT_T1);
 				acc0[b] = dot_dpbusd(acc0[b], _mm512_and_si512(v, low), alo);
 				acc1[b] = dot_dpbusd(acc1[b], _mm512_and_si512(_mm512_srli_epi16(v, 4), low), ahi);
@@ -400,8 +399,8 @@ void q4_matmul_avx512(const struct q4_matrix *w, const struct q4_acts *a, float 
 	size_t rb0 = row_begin / Q4_ROWS, rb1 = (row_end + Q4_ROWS - 1) / Q4_ROWS;
 
 	if (a->n_tok == 1) {
-		/* W4A8 takes row blocks in pairs; W4A16, with twice the uops per byte, measured
-		 * no gain from pairs and keeps its prefetch instead. */
+		/* W4A8 takes row blocks in pairs; W4A16, with twice the uops per byte, gains
+		 * nothing from pairs and relies on its prefetch instead. */
 		size_t step = a->kind == Q4_ACT_A8 ? 2 : 1;
 
 		for (size_t rb = rb0; rb < rb1; rb += step) {

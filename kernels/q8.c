@@ -130,7 +130,3 @@ void q8_unpack_rows(const struct q8_matrix *m, size_t row0, size_t n_rows, float
 			dst[i * ld + k] = (float)q8_code(m, row0 + i, k) * q8_scale_d(m, row0 + i, k / m->group);
 }
 
-bool q8_acts_fit(const struct q8_matrix *w, const struct q4_acts *a)
-{
-	return a->cols == w->cols && a->group == w->group && a->codes != NULL;
-}

@@ -35,9 +35,6 @@ void q8_unpack_rows(const struct q8_matrix *m, size_t row0, size_t n_rows, float
 int q8_code(const struct q8_matrix *m, size_t row, size_t col);
 float q8_scale_d(const struct q8_matrix *m, size_t row, size_t group_index);
 
-/* As q4_acts_fit: a has w's cols and group. */
-bool q8_acts_fit(const struct q8_matrix *w, const struct q4_acts *a);
-
 /* y[t*ldy + r] = sum_k w[r][k] * act[t][k], rows [row_begin, row_end) as q4_matmul_fn.
  * A8 (act group == matrix group): exact integer dot per group, then
  * y = fma(dot, d*scale, y) in group order: bit-identical on every ISA. A16: float sums. */

@@ -408,6 +408,90 @@ static int get_array(struct dec *d, const char *key, const msgpack_object *o, si
 static int decode_map(struct dec *d, const msgpack_object *o, const struct field_table *t,
 		      void *base, bool top);
 
+/* Bytes of one element of an array field. */
+static size_t elem_size(const struct field *f)
+{
+	switch (f->kind) {
+	case FK_U32S: return sizeof(uint32_t);
+	case FK_STRS: return sizeof(struct msg_bytes);
+	case FK_TOP: return sizeof(struct msg_top);
+	default: return f->sub->size; /* FK_MAPS */
+	}
+}
+
+/* One element of an array field into at. */
+static int decode_elem(struct dec *d, const struct field *f, const msgpack_object *e, void *at)
+{
+	int rc;
+	switch (f->kind) {
+	case FK_U32S: {
+		uint64_t x;
+		if ((rc = get_uint(d, f->key, e, 0, f->elem_max, 0, &x)))
+			return rc;
+		*(uint32_t *)at = (uint32_t)x;
+		return 0;
+	}
+	case FK_STRS:
+		return get_bytes(d, f->key, e, (size_t)f->elem_max, FF_UTF8 | FF_NONEMPTY, at);
+	case FK_TOP: {
+		if (e->type != MSGPACK_OBJECT_ARRAY || e->via.array.size != 2)
+			return bad_field(d, f->key, "entries must be [token, logprob]", "");
+		uint64_t tok;
+		double lp;
+		if ((rc = get_uint(d, f->key, &e->via.array.ptr[0], 0, MSG_TOKEN_MAX, 0, &tok)) ||
+		    (rc = get_double(d, f->key, &e->via.array.ptr[1], -1e30, 0, 0, &lp)))
+			return rc;
+		((struct msg_top *)at)->token = (uint32_t)tok;
+		((struct msg_top *)at)->logprob = (float)lp;
+		return 0;
+	}
+	default: /* FK_MAPS */
+		return decode_map(d, e, f->sub, at, false);
+	}
+}
+
+/* An array field: its bounds, then each element into memory the msg owns. */
+static int decode_array(struct dec *d, const struct field *f, const msgpack_object *o,
+			void *base)
+{
+	int rc = get_array(d, f->key, o, (size_t)f->max, f->flags);
+	if (rc)
+		return rc;
+	size_t n = o->via.array.size, size = elem_size(f);  /* n <= MSG_ARRAY_MAX */
+	char *v = msg_arena_take(d->m, n ? n * size : 1);
+	if (!v)
+		return no_memory(d, f->key);
+	memset(v, 0, n * size);
+	for (size_t i = 0; i < n; i++)
+		if ((rc = decode_elem(d, f, &o->via.array.ptr[i], v + i * size)))
+			return rc;
+	*(void **)((char *)base + f->off) = v;
+	*(size_t *)((char *)base + f->off_n) = n;
+	return 0;
+}
+
+/* An error code or finish reason by its wire name. */
+static int decode_name(struct dec *d, const struct field *f, const msgpack_object *o, int *at)
+{
+	if (o->type != MSGPACK_OBJECT_STR)
+		return bad_field(d, f->key, "expected a string, got ", kind_name(o->type));
+	size_t count = f->kind == FK_ERRCODE ? MSG_ERR_COUNT : MSG_FINISH_COUNT;
+	for (size_t i = 0; i < count; i++) {
+		const char *name = f->kind == FK_ERRCODE ? msg_errcode_name((enum msg_errcode)i)
+						       : msg_finish_name((enum msg_finish)i);
+		if (strlen(name) == o->via.str.size &&
+		    memcmp(name, o->via.str.ptr, o->via.str.size) == 0) {
+			*at = (int)i;
+			return 0;
+		}
+	}
+	/* A newer daemon's code or reason: keep the frame, degrade to the generic one. */
+	if (d->strict)
+		return bad_field(d, f->key, "unknown value", "");
+	*at = f->kind == FK_ERRCODE ? MSG_ERR_INTERNAL : MSG_FINISH_OK;
+	return 0;
+}
+
 static int decode_field(struct dec *d, const struct field *f, const msgpack_object *o,
 			void *base)
 {
@@ -419,7 +503,7 @@ static int decode_field(struct dec *d, const struct field *f, const msgpack_obje
 		if ((rc = get_uint(d, f->key, o, f->min, f->max, f->flags, &v)))
 			return rc;
 		*(uint32_t *)at = (uint32_t)v;
-		break;
+		return 0;
 	}
 	case FK_U64:
 		return get_uint(d, f->key, o, f->min, f->max, f->flags, (uint64_t *)at);
@@ -430,109 +514,23 @@ static int decode_field(struct dec *d, const struct field *f, const msgpack_obje
 		if ((rc = get_double(d, f->key, o, f->min, f->max, f->flags, &v)))
 			return rc;
 		*(float *)at = (float)v;
-		break;
+		return 0;
 	}
 	case FK_BOOL:
 		if (o->type != MSGPACK_OBJECT_BOOLEAN)
 			return bad_field(d, f->key, "expected a boolean, got ", kind_name(o->type));
 		*(bool *)at = o->via.boolean;
-		break;
+		return 0;
 	case FK_STR:
 		return get_bytes(d, f->key, o, (size_t)f->max, f->flags, (struct msg_bytes *)at);
-	case FK_U32S: {
-		if ((rc = get_array(d, f->key, o, (size_t)f->max, f->flags)))
-			return rc;
-		size_t n = o->via.array.size;
-		uint32_t *v = msg_arena_take(d->m, n ? n * sizeof *v : 1);
-		if (!v)
-			return no_memory(d, f->key);
-		for (size_t i = 0; i < n; i++) {
-			uint64_t x;
-			if ((rc = get_uint(d, f->key, &o->via.array.ptr[i], 0, f->elem_max, 0, &x)))
-				return rc;
-			v[i] = (uint32_t)x;
-		}
-		*(uint32_t **)at = v;
-		*(size_t *)((char *)base + f->off_n) = n;
-		break;
-	}
-	case FK_STRS: {
-		if ((rc = get_array(d, f->key, o, (size_t)f->max, f->flags)))
-			return rc;
-		size_t n = o->via.array.size;
-		struct msg_bytes *v = msg_arena_take(d->m, n ? n * sizeof *v : 1);
-		if (!v)
-			return no_memory(d, f->key);
-		for (size_t i = 0; i < n; i++)
-			if ((rc = get_bytes(d, f->key, &o->via.array.ptr[i], (size_t)f->elem_max,
-					    FF_UTF8 | FF_NONEMPTY, &v[i])))
-				return rc;
-		*(struct msg_bytes **)at = v;
-		*(size_t *)((char *)base + f->off_n) = n;
-		break;
-	}
 	case FK_MAP:
 		return decode_map(d, o, f->sub, at, false);
-	case FK_TOP: {
-		if ((rc = get_array(d, f->key, o, (size_t)f->max, 0)))
-			return rc;
-		size_t n = o->via.array.size;
-		struct msg_top *v = msg_arena_take(d->m, n ? n * sizeof *v : 1);
-		if (!v)
-			return no_memory(d, f->key);
-		for (size_t i = 0; i < n; i++) {
-			const msgpack_object *e = &o->via.array.ptr[i];
-			if (e->type != MSGPACK_OBJECT_ARRAY || e->via.array.size != 2)
-				return bad_field(d, f->key, "entries must be [token, logprob]", "");
-			uint64_t tok;
-			double lp;
-			if ((rc = get_uint(d, f->key, &e->via.array.ptr[0], 0, MSG_TOKEN_MAX, 0, &tok)) ||
-			    (rc = get_double(d, f->key, &e->via.array.ptr[1], -1e30, 0, 0, &lp)))
-				return rc;
-			v[i].token = (uint32_t)tok;
-			v[i].logprob = (float)lp;
-		}
-		*(struct msg_top **)at = v;
-		*(size_t *)((char *)base + f->off_n) = n;
-		break;
-	}
-	case FK_MAPS: {
-		if ((rc = get_array(d, f->key, o, (size_t)f->max, f->flags)))
-			return rc;
-		size_t n = o->via.array.size, size = f->sub->size;
-		char *v = msg_arena_take(d->m, n ? n * size : 1);
-		if (!v)
-			return no_memory(d, f->key);
-		memset(v, 0, n * size);
-		for (size_t i = 0; i < n; i++)
-			if ((rc = decode_map(d, &o->via.array.ptr[i], f->sub, v + i * size, false)))
-				return rc;
-		*(void **)at = v;
-		*(size_t *)((char *)base + f->off_n) = n;
-		break;
-	}
 	case FK_ERRCODE:
-	case FK_FINISH: {
-		if (o->type != MSGPACK_OBJECT_STR)
-			return bad_field(d, f->key, "expected a string, got ", kind_name(o->type));
-		size_t count = f->kind == FK_ERRCODE ? MSG_ERR_COUNT : MSG_FINISH_COUNT;
-		for (size_t i = 0; i < count; i++) {
-			const char *name = f->kind == FK_ERRCODE ? msg_errcode_name((enum msg_errcode)i)
-							       : msg_finish_name((enum msg_finish)i);
-			if (strlen(name) == o->via.str.size &&
-			    memcmp(name, o->via.str.ptr, o->via.str.size) == 0) {
-				*(int *)at = (int)i;
-				return 0;
-			}
-		}
-		/* A newer daemon's code or reason: keep the frame, degrade to the generic one. */
-		if (d->strict)
-			return bad_field(d, f->key, "unknown value", "");
-		*(int *)at = f->kind == FK_ERRCODE ? MSG_ERR_INTERNAL : MSG_FINISH_OK;
-		break;
+	case FK_FINISH:
+		return decode_name(d, f, o, (int *)at);
+	default: /* FK_U32S, FK_STRS, FK_TOP, FK_MAPS */
+		return decode_array(d, f, o, base);
 	}
-	}
-	return 0;
 }
 
 static bool key_is(const msgpack_object *k, const char *s)

@@ -2,6 +2,7 @@
  * the SPSC push/pop with acquire/release indices. Every index the peer writes is checked
  * against the values this side keeps privately before it is used for any address. */
 #include "protocol/ring.h"
+#include "protocol/assert.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -323,6 +324,8 @@ static void ring_commit(struct ring *r)
 		return;
 	l->pos += l->pending;
 	l->pending = 0;
+	/* ring_reserve granted no more than the free space, on a record boundary. */
+	hearth_assert(l->pos - l->peer <= l->cap && l->pos % RING_ALIGN == 0);
 	__atomic_store_n(l->head, l->pos, __ATOMIC_RELEASE);
 }
 

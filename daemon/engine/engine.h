@@ -39,4 +39,20 @@ struct engine {
 	void (*thread_init)(void *impl);
 };
 
+/* One real step of one token on a fresh sequence, closed again: it touches every weight
+ * page and code path before the first request, and finds an engine that cannot step before
+ * anyone is told it is ready. 0, or the error of the seq_open or forward that failed. */
+static inline int engine_warm_up(const struct engine *eng, int32_t tok, struct hearth_error *err)
+{
+	struct engine_seq *s = NULL;
+	uint32_t cached;
+	int rc = eng->seq_open(eng->impl, &tok, 1, 1, &s, &cached, err);
+	if (rc < 0)
+		return rc;
+	struct engine_span sp = { s, &tok, 1, NULL };
+	rc = eng->forward(eng->impl, &sp, 1, err);
+	eng->seq_close(eng->impl, s);
+	return rc < 0 ? rc : 0;
+}
+
 #endif

@@ -3,6 +3,8 @@
  * hash collision or a client crafting token ids cannot make one prompt read another's KV.
  * Released shared blocks stay findable (LRU, leaves first) until their memory is needed. */
 #include "daemon/engine/kv.h"
+#include "protocol/assert.h"
+#include "protocol/clock.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -132,6 +134,7 @@ static void lru_remove(struct kv_cache *kv, uint32_t b)
 	else
 		kv->lru_tail = p;
 	kv->lru_prev[b] = kv->lru_next[b] = KV_NO_BLOCK;
+	hearth_assert(kv->n_cached > 0);
 	kv->n_cached--;
 }
 
@@ -208,10 +211,12 @@ static uint32_t block_take(struct kv_cache *kv)
 		b = kv->free_stack[--kv->n_free];
 	} else {
 		b = kv->lru_head; /* the caller checked that free + cached suffices */
+		hearth_assert(b != KV_NO_BLOCK);
 		lru_remove(kv, b);
 		table_remove(kv, b);
 		kv->hashed[b] = 0;
 	}
+	hearth_assert(kv->ref[b] == 0);
 	kv->ref[b] = 1;
 	return b;
 }
@@ -225,12 +230,15 @@ static void block_attach(struct kv_cache *kv, uint32_t b)
 
 static void block_release(struct kv_cache *kv, uint32_t b)
 {
+	hearth_assert(b < kv->geo.n_blocks && kv->ref[b] > 0);
 	if (--kv->ref[b] != 0)
 		return;
-	if (kv->hashed[b])
+	if (kv->hashed[b]) {
 		lru_append(kv, b);
-	else
+	} else {
+		hearth_assert(kv->n_free < kv->geo.n_blocks);
 		kv->free_stack[kv->n_free++] = b;
+	}
 }
 
 /* ---- lifecycle ---- */
@@ -333,12 +341,8 @@ int kv_create(struct kv_cache *kv, const struct kv_config *cfg, struct arena *ar
 	}
 	kv->n_seq_free = cfg->max_seqs;
 
-	if (getrandom(&kv->hash_key, sizeof kv->hash_key, GRND_NONBLOCK) != sizeof kv->hash_key) {
-		struct timespec ts;
-		clock_gettime(CLOCK_MONOTONIC, &ts);
-		kv->hash_key = mix64((uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 32) ^
-				     (uint64_t)(uintptr_t)kv);
-	}
+	if (getrandom(&kv->hash_key, sizeof kv->hash_key, GRND_NONBLOCK) != sizeof kv->hash_key)
+		kv->hash_key = mix64(hearth_now_ns() ^ (uint64_t)(uintptr_t)kv);
 	return 0;
 }
 
@@ -483,6 +487,7 @@ void kv_seq_free(struct kv_cache *kv, struct kv_seq *seq)
 		block_release(kv, seq->blocks[i]);
 	seq->live = false;
 	seq->n_tokens = seq->n_blocks = seq->n_committed = 0;
+	hearth_assert(kv->n_seq_free < kv->max_seqs);
 	kv->seq_free[kv->n_seq_free++] = seq->id;
 }
 

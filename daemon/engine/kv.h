@@ -180,8 +180,7 @@ void kv_stats(const struct kv_cache *kv, struct kv_stats *st);
  * [head][slot][dim]. Position p of a sequence is slot p % block_tokens of block
  * seq->blocks[p / block_tokens]. Head-major, so one head's rows of a block are one
  * contiguous run: decode splits a sequence's heads across threads, and each then
- * streams whole runs instead of a 256-byte slice of every 2 KiB row (measured ~12 GB/s
- * per step's attention that way). */
+ * streams whole runs instead of a 256-byte slice of every 2 KiB row. */
 static inline void *kv_block_k(const struct kv_cache *kv, uint32_t block, uint32_t layer)
 {
 	return kv->pool + (size_t)block * kv->geo.block_bytes + kv->layer_k_off[layer];

@@ -14,6 +14,7 @@
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
+#include "protocol/clock.h"
 
 #define MINCORE_CHUNK 4096  /* pages per mincore call: a 4 KiB vector on the stack */
 
@@ -459,13 +460,6 @@ void ledger_to_reply(const struct ledger *l, struct msg_ledger_entry *entries, s
 
 /* ---- load sampler ---- */
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* Only the sampler thread writes peak while it runs; stop writes after the join. */
 static void sampler_take(struct ledger_sampler *s)
 {
@@ -473,7 +467,7 @@ static void sampler_take(struct ledger_sampler *s)
 	if (memstat_statm_anon(s->statm_fd, &anon) == 0 &&
 	    anon > atomic_load_explicit(&s->peak_anon, memory_order_relaxed)) {
 		atomic_store_explicit(&s->peak_anon, anon, memory_order_relaxed);
-		atomic_store_explicit(&s->peak_at_ns, now_ns() - s->t0_ns, memory_order_relaxed);
+		atomic_store_explicit(&s->peak_at_ns, hearth_now_ns() - s->t0_ns, memory_order_relaxed);
 	}
 	atomic_fetch_add_explicit(&s->samples, 1, memory_order_release);
 }
@@ -482,11 +476,11 @@ static void *sampler_main(void *arg)
 {
 	struct ledger_sampler *s = arg;
 	uint64_t step = (uint64_t)s->interval_ms * 1000000ull;
-	uint64_t next = now_ns();
+	uint64_t next = hearth_now_ns();
 	while (!atomic_load_explicit(&s->stop, memory_order_acquire)) {
 		sampler_take(s);
 		next += step;
-		uint64_t now = now_ns();
+		uint64_t now = hearth_now_ns();
 		if (next < now)
 			next = now; /* fell behind (a busy machine): do not burst to catch up */
 		struct timespec ts = { (time_t)(next / 1000000000ull), (long)(next % 1000000000ull) };
@@ -508,7 +502,7 @@ int ledger_sampler_start(struct ledger_sampler *s, unsigned interval_ms, struct 
 	s->statm_fd = fd;
 	s->interval_ms = interval_ms;
 	memstat_reset_peak(NULL); /* best effort: without it VmHWM includes the time before */
-	s->t0_ns = now_ns();
+	s->t0_ns = hearth_now_ns();
 	size_t anon = 0;
 	if (memstat_statm_anon(fd, &anon) != 0) {
 		int e = errno;
@@ -568,7 +562,7 @@ int ledger_sampler_stop(struct ledger_sampler *s, struct ledger_load *out, struc
 	out->settled_anon = settled;
 	out->transient = out->peak_anon > settled ? out->peak_anon - settled : 0;
 	out->peak_at_ms = atomic_load(&s->peak_at_ns) / 1000000ull;
-	out->duration_ms = (now_ns() - s->t0_ns) / 1000000ull;
+	out->duration_ms = (hearth_now_ns() - s->t0_ns) / 1000000ull;
 	out->samples = atomic_load(&s->samples);
 	return 0;
 }

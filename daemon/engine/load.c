@@ -16,6 +16,7 @@
 #include "daemon/engine/ledger.h"
 #include "daemon/engine/model.h"
 #include "daemon/engine/tokenizer.h"
+#include "protocol/assert.h"
 #include "kernels/dispatch.h"
 #include "kernels/pool.h"
 
@@ -43,10 +44,9 @@ void load_opts_default(struct load_opts *o)
 	o->weights_group = LOAD_GROUP_128;
 }
 
-/* The embedding/head follows the layers. Measured (doc/benchmarks.md, Fidelity) with
- * group-32 layers: a group-32 head brings the 0.6B shape from 0.100 to 0.093 mean KL and
- * fx-quant from 0.130 to 0.119, for 4.50 instead of 4.44 / 4.29 bits per weight overall,
- * still Q4_0's bits. */
+/* The embedding/head follows the layers' group: with group-32 layers a group-32 head keeps
+ * the model measurably closer to the reference (mean KL, doc/benchmarks.md, Fidelity) for
+ * 4.50 bits per weight overall, still Q4_0's bits. */
 uint32_t load_head_group(uint32_t weights_group)
 {
 	return weights_group == LOAD_GROUP_32 ? LOAD_GROUP_32 : LOAD_GROUP_128;
@@ -130,12 +130,13 @@ struct load_ctx {
 };
 
 /* Threads the pool may have: what the caller asked for, else every CPU the machine has
- * (the node's CPUs are a subset), so the per-thread scratch is not planned for 256. */
+ * (the node's CPUs are a subset), so the per-thread scratch is not planned for
+ * MQ4_THREADS_MAX. */
 static size_t load_threads_max(const struct load_opts *o)
 {
 	long cpus = sysconf(_SC_NPROCESSORS_CONF);
 	size_t n = o->n_threads ? o->n_threads : cpus > 0 ? (size_t)cpus : 1;
-	return n > 256 ? 256 : n;
+	return n > MQ4_THREADS_MAX ? MQ4_THREADS_MAX : n;
 }
 
 static struct load_mat *load_mat_new(struct load_ctx *c, const struct gguf_tensor *t,
@@ -284,6 +285,8 @@ static void load_step_run(void *arg, size_t t, size_t nt)
 			else
 				rc = q4_pack_rows_q4_k(q, s, r0, n);
 		} else {
+			/* Each thread owns LOAD_ROWS scratch rows, planned for repack_threads. */
+			hearth_assert(t < st->c->repack_threads);
 			float *rows = st->c->rows + t * LOAD_ROWS * st->c->rows_cap;
 			for (size_t i = 0; i < n; i++)
 				quant_dequant_row(tn->type, s + i * st->row_bytes, rows + i * cols, cols);
@@ -335,7 +338,9 @@ static int load_repack(struct load_ctx *c, struct load_mat *lm, struct hearth_er
 	load_release(c, released, src + t->size, false);
 
 	struct model_q4 *m = c->m;
-	if (m->notes && m->n_notes < c->n_mats) {
+	/* load_model_new sized the notes for every matrix load_plan can add. */
+	hearth_assert(m->notes && m->n_notes < c->n_mats);
+	{
 		struct mq4_tensor_note *nt = &m->notes[m->n_notes++];
 		snprintf(nt->name, sizeof nt->name, "%.*s", (int)t->name.len, t->name.ptr);
 		nt->src = t->type;
@@ -356,7 +361,7 @@ static struct mq4_rope *load_rope_slot(struct model_q4 *m, float base, float sca
 	for (uint32_t i = 0; i < m->n_ropes; i++)
 		if (m->ropes[i].base == base && m->ropes[i].scale == scale && m->ropes[i].n_rot == n_rot)
 			return &m->ropes[i];
-	if (m->n_ropes == sizeof m->ropes / sizeof m->ropes[0])
+	if (m->n_ropes == MQ4_ROPES_MAX)
 		return NULL;
 	struct mq4_rope *r = &m->ropes[m->n_ropes++];
 	r->base = base;
@@ -388,35 +393,36 @@ static void load_widths(const struct model_q4 *m, struct load_widths *w)
 	}
 }
 
-static int load_plan(struct load_ctx *c, struct arena_plan *plan, struct kv_config *kvc,
-		     struct hearth_error *err)
+/* Bytes each arena region will hold, summed while the plan walks the model. */
+struct load_sizes {
+	size_t w_g128, w_g32;      /* layer matrices, by packed group */
+	size_t embed_head, norms, rope, scratch;
+};
+
+/* The layers' matrices, vectors and shapes: each matrix planned at `want`, each layer's
+ * RoPE setting given a table slot. */
+static int load_plan_layers(struct load_ctx *c, uint32_t want, struct load_sizes *sz,
+			    struct hearth_error *err)
 {
 	const struct model *ref = c->ref;
 	struct model_q4 *m = c->m;
-	const struct load_opts *o = c->o;
-	size_t w_bytes = 0, w_g128 = 0, w_g32 = 0, eh_bytes = 0, norm_bytes = 0, rope_bytes = 0;
-	uint32_t want = o->weights_group ? o->weights_group : LOAD_GROUP_128;
-	uint32_t want_head = o->head_group ? o->head_group : load_head_group(want);
 	int rc;
 	for (uint32_t l = 0; l < m->n_layer; l++) {
 		const struct model_layer *R = &ref->layers[l];
 		struct mq4_layer *L = &m->layers[l];
-		const struct gguf_tensor *ts[7] = { R->wq, R->wk, R->wv, R->wo, R->ffn_gate, R->ffn_up, R->ffn_down };
-		struct q4_matrix *ds[7] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down };
-		for (int i = 0; i < 7; i++) {
+		const struct gguf_tensor *ts[MQ4_LAYER_MATRICES] = { R->wq, R->wk, R->wv, R->wo,
+								     R->ffn_gate, R->ffn_up, R->ffn_down };
+		struct q4_matrix *ds[MQ4_LAYER_MATRICES] = { &L->wq, &L->wk, &L->wv, &L->wo,
+							     &L->gate, &L->up, &L->down };
+		for (int i = 0; i < MQ4_LAYER_MATRICES; i++) {
 			if ((rc = load_add_mat(c, ts[i], ds[i], NULL, want, err)) < 0)
 				return rc;
-			size_t b = align64(q4_matrix_bytes(ds[i]));
-			w_bytes += b;
-			if (ds[i]->group == 128)
-				w_g128 += b;
-			else
-				w_g32 += b;
+			*(ds[i]->group == 128 ? &sz->w_g128 : &sz->w_g32) += align64(q4_matrix_bytes(ds[i]));
 		}
 		const struct gguf_tensor *vs[8] = { R->attn_norm, R->ffn_norm, R->q_norm, R->k_norm,
 						    R->bq, R->bk, R->bv, R->bo };
 		for (int i = 0; i < 8; i++)
-			norm_bytes += vec_bytes(vs[i]);
+			sz->norms += vec_bytes(vs[i]);
 		if (R->bo)
 			return hearth_error_set(err, HEARTH_EUNSUPPORTED, "layer %u: an output bias is not supported", l);
 		L->n_head = R->n_head;
@@ -433,38 +439,52 @@ static int load_plan(struct load_ctx *c, struct arena_plan *plan, struct kv_conf
 						l, L->head_dim);
 		struct mq4_rope *r = load_rope_slot(m, R->rope_base, R->rope_scale, R->n_rot);
 		if (!r)
-			return hearth_error_set(err, HEARTH_EUNSUPPORTED, "more than 8 distinct RoPE settings");
+			return hearth_error_set(err, HEARTH_EUNSUPPORTED, "layer %u: more than %d distinct RoPE settings",
+						l, MQ4_ROPES_MAX);
 		L->rope = r;
 	}
+	return 0;
+}
+
+/* The embedding and an untied head: int8 (head_bits 8) or int4 at want_head. */
+static int load_plan_head(struct load_ctx *c, uint32_t want_head, struct load_sizes *sz,
+			  struct hearth_error *err)
+{
+	const struct model *ref = c->ref;
+	struct model_q4 *m = c->m;
+	int rc;
 	if (m->head_bits == LOAD_HEAD_INT8) {
 		/* int8 keeps group 128 whatever the layers use (8 bits leave little for a finer
 		 * group to win) unless head_group asks for 32. */
-		uint32_t want8 = o->head_group ? o->head_group : LOAD_GROUP_128;
+		uint32_t want8 = c->o->head_group ? c->o->head_group : LOAD_GROUP_128;
 		if ((rc = load_add_mat8(c, ref->tok_embd, &m->embd8, want8, err)) < 0)
 			return rc;
-		eh_bytes += align64(q8_matrix_bytes(&m->embd8));
+		sz->embed_head += align64(q8_matrix_bytes(&m->embd8));
 		if (!ref->hp.tied_output) {
 			if ((rc = load_add_mat8(c, ref->output, &m->output8, want8, err)) < 0)
 				return rc;
-			eh_bytes += align64(q8_matrix_bytes(&m->output8));
+			sz->embed_head += align64(q8_matrix_bytes(&m->output8));
 		}
-	} else {
-		if ((rc = load_add_mat(c, ref->tok_embd, &m->embd, ARENA_REGION_EMBED_HEAD, want_head,
-					err)) < 0)
-			return rc;
-		eh_bytes += align64(q4_matrix_bytes(&m->embd));
-		if (!ref->hp.tied_output) {
-			if ((rc = load_add_mat(c, ref->output, &m->output, ARENA_REGION_EMBED_HEAD, want_head,
-						err)) < 0)
-				return rc;
-			eh_bytes += align64(q4_matrix_bytes(&m->output));
-		}
+		return 0;
 	}
-	norm_bytes += vec_bytes(ref->output_norm);
-	for (uint32_t i = 0; i < m->n_ropes; i++)
-		rope_bytes += 2 * align64((size_t)o->max_context * (m->ropes[i].n_rot / 2) * sizeof(float));
+	if ((rc = load_add_mat(c, ref->tok_embd, &m->embd, ARENA_REGION_EMBED_HEAD, want_head, err)) < 0)
+		return rc;
+	sz->embed_head += align64(q4_matrix_bytes(&m->embd));
+	if (!ref->hp.tied_output) {
+		if ((rc = load_add_mat(c, ref->output, &m->output, ARENA_REGION_EMBED_HEAD, want_head,
+				       err)) < 0)
+			return rc;
+		sz->embed_head += align64(q4_matrix_bytes(&m->output));
+	}
+	return 0;
+}
 
-	/* KV: one shape per layer. */
+/* The KV cache's configuration, one shape per layer; *kvc owns the shapes array, which
+ * the caller frees. */
+static int load_plan_kv(const struct load_ctx *c, struct kv_config *kvc, struct kv_geometry *geo,
+			struct hearth_error *err)
+{
+	const struct model_q4 *m = c->m;
 	struct kv_layer_shape *shapes = calloc(m->n_layer, sizeof *shapes);
 	if (!shapes)
 		return hearth_error_set(err, HEARTH_ENOMEM, "loader: out of memory");
@@ -472,20 +492,23 @@ static int load_plan(struct load_ctx *c, struct arena_plan *plan, struct kv_conf
 		shapes[l] = (struct kv_layer_shape){ m->layers[l].n_head_kv, m->layers[l].head_dim,
 						     m->layers[l].head_dim_v };
 	*kvc = (struct kv_config){
-		.budget_bytes = o->kv_budget,
+		.budget_bytes = c->o->kv_budget,
 		.block_tokens = 16,
-		.elem_type = o->kv_type,
+		.elem_type = c->o->kv_type,
 		.n_layer = m->n_layer,
 		.layer_shapes = shapes,
-		.max_seqs = o->max_seqs,
-		.max_context = o->max_context,
+		.max_seqs = c->o->max_seqs,
+		.max_context = c->o->max_context,
 	};
-	struct kv_geometry geo;
-	rc = kv_plan(kvc, &geo, err);
-	if (rc < 0)
-		return rc;
+	return kv_plan(kvc, geo, err);
+}
 
-	/* Scratch for one step: activations, attention state, logits rows. */
+/* Scratch for one step of step_tokens tokens: activations, attention state, logits rows;
+ * load_scratch carves the same list. */
+static int load_plan_scratch(struct load_ctx *c, struct load_sizes *sz, struct hearth_error *err)
+{
+	struct model_q4 *m = c->m;
+	const struct load_opts *o = c->o;
 	size_t T = o->step_tokens, E = m->hp.n_embd;
 	struct load_widths w;
 	load_widths(m, &w);
@@ -509,7 +532,7 @@ static int load_plan(struct load_ctx *c, struct arena_plan *plan, struct kv_conf
 	m->acts_bytes = align64(a32);
 	c->acts_total = m->acts_bytes + align64(a128);
 	m->attn_state_stride = align64(2 * w.heads * sizeof(float)) / sizeof(float);
-	size_t n_threads_max = c->threads_max = load_threads_max(o);
+	c->threads_max = load_threads_max(o);
 	size_t scratch = 0;
 	scratch += 2 * align64(T * E * sizeof(float));                     /* x, xb */
 	scratch += align64(T * nq * sizeof(float)) + align64(T * nk * sizeof(float)) +
@@ -517,21 +540,47 @@ static int load_plan(struct load_ctx *c, struct arena_plan *plan, struct kv_conf
 	scratch += 2 * align64(T * ff * sizeof(float));                    /* hb, hb2 */
 	scratch += align64((size_t)o->max_seqs * m->hp.n_vocab * sizeof(float)); /* logits */
 	scratch += align64(c->acts_total);
-	scratch += n_threads_max * m->attn_state_stride * sizeof(float);
-	m->bytes_weights = w_bytes;
-	m->bytes_embed_head = eh_bytes;
-	m->bytes_norms = norm_bytes;
-	m->bytes_rope = rope_bytes;
-	m->bytes_scratch = scratch;
+	scratch += c->threads_max * m->attn_state_stride * sizeof(float);
+	sz->scratch = scratch;
+	return 0;
+}
+
+/* Everything the arena will hold, region by region, before it exists: the matrices' layouts
+ * (c->mats), the KV configuration (*kvc) and the model's byte counts. */
+static int load_plan(struct load_ctx *c, struct arena_plan *plan, struct kv_config *kvc,
+		     struct hearth_error *err)
+{
+	struct model_q4 *m = c->m;
+	const struct load_opts *o = c->o;
+	struct load_sizes sz = { 0 };
+	uint32_t want = o->weights_group ? o->weights_group : LOAD_GROUP_128;
+	uint32_t want_head = o->head_group ? o->head_group : load_head_group(want);
+	struct kv_geometry geo;
+	int rc;
+	if ((rc = load_plan_layers(c, want, &sz, err)) < 0 ||
+	    (rc = load_plan_head(c, want_head, &sz, err)) < 0)
+		return rc;
+	/* Every matrix gets a note (load_repack): the notes array was sized for this many. */
+	hearth_assert(c->n_mats <= (size_t)m->n_layer * MQ4_LAYER_MATRICES + MQ4_HEAD_MATRICES);
+	sz.norms += vec_bytes(c->ref->output_norm);
+	for (uint32_t i = 0; i < m->n_ropes; i++)
+		sz.rope += 2 * align64((size_t)o->max_context * (m->ropes[i].n_rot / 2) * sizeof(float));
+	if ((rc = load_plan_kv(c, kvc, &geo, err)) < 0 || (rc = load_plan_scratch(c, &sz, err)) < 0)
+		return rc;
+	m->bytes_weights = sz.w_g128 + sz.w_g32;
+	m->bytes_embed_head = sz.embed_head;
+	m->bytes_norms = sz.norms;
+	m->bytes_rope = sz.rope;
+	m->bytes_scratch = sz.scratch;
 
 	arena_plan_init(plan);
-	if ((w_g128 && (rc = arena_plan_add(plan, LOAD_REGION_WEIGHTS_G128, w_g128, Q4_ALIGN, err)) < 0) ||
-	    (w_g32 && (rc = arena_plan_add(plan, LOAD_REGION_WEIGHTS_G32, w_g32, Q4_ALIGN, err)) < 0) ||
-	    (rc = arena_plan_add(plan, ARENA_REGION_EMBED_HEAD, eh_bytes, Q4_ALIGN, err)) < 0 ||
-	    (rc = arena_plan_add(plan, ARENA_REGION_NORMS, norm_bytes, 64, err)) < 0 ||
-	    (rc = arena_plan_add(plan, ARENA_REGION_ROPE, rope_bytes, 64, err)) < 0 ||
+	if ((sz.w_g128 && (rc = arena_plan_add(plan, LOAD_REGION_WEIGHTS_G128, sz.w_g128, Q4_ALIGN, err)) < 0) ||
+	    (sz.w_g32 && (rc = arena_plan_add(plan, LOAD_REGION_WEIGHTS_G32, sz.w_g32, Q4_ALIGN, err)) < 0) ||
+	    (rc = arena_plan_add(plan, ARENA_REGION_EMBED_HEAD, sz.embed_head, Q4_ALIGN, err)) < 0 ||
+	    (rc = arena_plan_add(plan, ARENA_REGION_NORMS, sz.norms, 64, err)) < 0 ||
+	    (rc = arena_plan_add(plan, ARENA_REGION_ROPE, sz.rope, 64, err)) < 0 ||
 	    (rc = arena_plan_add(plan, ARENA_REGION_KV, geo.pool_bytes, 4096, err)) < 0 ||
-	    (rc = arena_plan_add(plan, ARENA_REGION_SCRATCH, scratch, 64, err)) < 0)
+	    (rc = arena_plan_add(plan, ARENA_REGION_SCRATCH, sz.scratch, 64, err)) < 0)
 		return rc;
 	return 0;
 }
@@ -571,9 +620,10 @@ static int load_scratch(struct load_ctx *c, struct hearth_error *err)
 
 static int load_threads(struct model_q4 *m, const struct load_opts *o, struct hearth_error *err)
 {
-	int cpus[256];
+	int cpus[MQ4_THREADS_MAX];
 	size_t n = 0;
-	int rc = arena_node_cpus(m->arena.numa_node >= 0 ? m->arena.numa_node : 0, cpus, 256, &n, err);
+	int rc = arena_node_cpus(m->arena.numa_node >= 0 ? m->arena.numa_node : 0, cpus,
+				 MQ4_THREADS_MAX, &n, err);
 	if (rc < 0)
 		return rc;
 	if (o->n_threads && o->n_threads < n)
@@ -600,7 +650,7 @@ static int load_threads(struct model_q4 *m, const struct load_opts *o, struct he
  * or "+head_q8" for an int8 one ("+head_q8_g32" when it is at group 32). */
 static void load_quant_name(struct model_q4 *m)
 {
-	uint32_t n_layer_notes = m->n_layer * 7;
+	uint32_t n_layer_notes = m->n_layer * MQ4_LAYER_MATRICES;
 	bool g32 = false, g128 = false, h32 = false, h128 = false;
 	for (uint32_t i = 0; i < m->n_notes; i++) {
 		bool head = i >= n_layer_notes;
@@ -620,6 +670,116 @@ static uint64_t load_count_params(const struct model *ref)
 	for (uint64_t i = 0; i < ref->file->n_tensors; i++)
 		n += ref->file->tensors[i].n_elems;
 	return n;
+}
+
+/* What load_q4 refuses before it touches the file. */
+static int load_check_opts(const struct load_opts *o, struct hearth_error *err)
+{
+	if (o->kv_type != QTYPE_F16 && o->kv_type != QTYPE_BF16 && o->kv_type != QTYPE_KV_Q8)
+		return hearth_error_set(err, HEARTH_EINVAL,
+					"kv_type must be f16, bf16 or q8 for the int4 engine");
+	if ((o->weights_group && o->weights_group != LOAD_GROUP_128 && o->weights_group != LOAD_GROUP_32) ||
+	    (o->head_group && o->head_group != LOAD_GROUP_128 && o->head_group != LOAD_GROUP_32))
+		return hearth_error_set(err, HEARTH_EINVAL, "weights group %u / head group %u: use 128 or 32",
+					o->weights_group, o->head_group);
+	if (o->head_bits && o->head_bits != LOAD_HEAD_INT4 && o->head_bits != LOAD_HEAD_INT8)
+		return hearth_error_set(err, HEARTH_EINVAL, "head bits %u: use 4 or 8", o->head_bits);
+	return 0;
+}
+
+/* The model without its arena: shapes, names and run options from the reference model and
+ * o, and the per-layer and per-matrix arrays the plan fills. */
+static int load_model_new(struct model_q4 **out, const struct model *ref, const struct gguf_file *f,
+			  const struct load_opts *o, struct hearth_error *err)
+{
+	struct model_q4 *m = calloc(1, sizeof *m);
+	*out = m;
+	if (!m)
+		return hearth_error_set(err, HEARTH_ENOMEM, "loader: out of memory");
+	m->hp = ref->hp;
+	m->n_layer = ref->hp.n_layer;
+	m->max_context = o->max_context;
+	m->max_seqs = o->max_seqs;
+	m->step_tokens = o->step_tokens;
+	m->act = o->act;
+	m->head_bits = o->head_bits == LOAD_HEAD_INT8 ? LOAD_HEAD_INT8 : LOAD_HEAD_INT4;
+	m->kern = kern_active();
+	snprintf(m->arch_name, sizeof m->arch_name, "%s", model_arch_name(ref->hp.arch));
+	struct gguf_str gname;
+	if (gguf_get_str(f, "general.name", &gname, NULL) == 0)
+		snprintf(m->name, sizeof m->name, "%.*s", (int)gname.len, gname.ptr);
+	m->n_params = load_count_params(ref);
+	m->layers = calloc(m->n_layer, sizeof *m->layers);
+	m->notes = calloc((size_t)m->n_layer * MQ4_LAYER_MATRICES + MQ4_HEAD_MATRICES, sizeof *m->notes);
+	if (!m->layers || !m->notes)
+		return hearth_error_set(err, HEARTH_ENOMEM, "loader: out of memory");
+	return 0;
+}
+
+/* Fills the planned arena: vectors, then the compute threads (so the repack can use them),
+ * the repacked matrices, RoPE tables, the KV cache and the step scratch. */
+static int load_fill(struct load_ctx *c, const struct kv_config *kvc, struct hearth_error *err)
+{
+	const struct model *ref = c->ref;
+	struct model_q4 *m = c->m;
+	const struct load_opts *o = c->o;
+	int rc;
+	for (uint32_t l = 0; l < m->n_layer; l++) {
+		const struct model_layer *R = &ref->layers[l];
+		struct mq4_layer *L = &m->layers[l];
+		if ((rc = load_vec(c, R->attn_norm, &L->attn_norm, err)) < 0 ||
+		    (rc = load_vec(c, R->ffn_norm, &L->ffn_norm, err)) < 0 ||
+		    (rc = load_vec(c, R->q_norm, &L->q_norm, err)) < 0 ||
+		    (rc = load_vec(c, R->k_norm, &L->k_norm, err)) < 0 ||
+		    (rc = load_vec(c, R->bq, &L->bq, err)) < 0 ||
+		    (rc = load_vec(c, R->bk, &L->bk, err)) < 0 ||
+		    (rc = load_vec(c, R->bv, &L->bv, err)) < 0)
+			return rc;
+	}
+	if ((rc = load_vec(c, ref->output_norm, &m->output_norm, err)) < 0)
+		return rc;
+	if ((rc = load_threads(m, o, err)) < 0)
+		return rc;
+	/* The attention state was planned per thread for threads_max threads. */
+	hearth_assert(m->n_threads <= c->threads_max);
+	c->repack_threads = m->n_threads < LOAD_REPACK_THREADS_MAX ? m->n_threads : LOAD_REPACK_THREADS_MAX;
+	c->rows = malloc(c->repack_threads * LOAD_ROWS * c->rows_cap * sizeof(float));
+	if (!c->rows)
+		return hearth_error_set(err, HEARTH_ENOMEM, "loader: out of memory for the repack scratch");
+	for (size_t i = 0; i < c->n_mats; i++)
+		if ((rc = load_repack(c, &c->mats[i], err)) < 0)
+			return rc;
+	free(c->rows);
+	c->rows = NULL;
+	for (uint32_t i = 0; i < m->n_ropes; i++) {
+		struct mq4_rope *r = &m->ropes[i];
+		size_t n = align64((size_t)o->max_context * (r->n_rot / 2) * sizeof(float));
+		if ((rc = arena_alloc(&m->arena, ARENA_REGION_ROPE, n, 64, (void **)&r->cos, err)) < 0 ||
+		    (rc = arena_alloc(&m->arena, ARENA_REGION_ROPE, n, 64, (void **)&r->sin, err)) < 0)
+			return rc;
+		vec_rope_table(r->cos, r->sin, o->max_context, r->n_rot, r->base, r->scale, ref->rope_freqs);
+	}
+	if ((rc = kv_create(&m->kv, kvc, &m->arena, err)) < 0)
+		return rc;
+	if ((rc = load_scratch(c, err)) < 0 || (rc = model_q4_prepare(m, err)) < 0)
+		return rc;
+	return 0;
+}
+
+/* Pages land on the bound node unless memory there ran out (the policy is MPOL_BIND, but a
+ * preferred fallback or a kernel without NUMA can say otherwise): an error only when the
+ * configuration named the node. */
+static int load_check_placement(struct model_q4 *m, const char *path, const struct load_opts *o,
+				struct hearth_error *err)
+{
+	struct arena_placement pl;
+	struct hearth_error perr;
+	int rc = arena_verify_placement(&m->arena, &pl, &perr);
+	if (o->placement)
+		*o->placement = pl;
+	if (rc < 0 && o->arena.numa_node >= 0)
+		return hearth_error_set(err, rc, "%s: %s", path, perr.msg);
+	return 0;
 }
 
 int load_q4(struct model_q4 **out, struct tok **tok_out, const char *path,
@@ -642,15 +802,8 @@ int load_q4(struct model_q4 **out, struct tok **tok_out, const char *path,
 		memset(o->load_record, 0, sizeof *o->load_record);
 	if (o->placement)
 		memset(o->placement, 0, sizeof *o->placement);
-	if (o->kv_type != QTYPE_F16 && o->kv_type != QTYPE_BF16 && o->kv_type != QTYPE_KV_Q8)
-		return hearth_error_set(err, HEARTH_EINVAL,
-					"kv_type must be f16, bf16 or q8 for the int4 engine");
-	if ((o->weights_group && o->weights_group != LOAD_GROUP_128 && o->weights_group != LOAD_GROUP_32) ||
-	    (o->head_group && o->head_group != LOAD_GROUP_128 && o->head_group != LOAD_GROUP_32))
-		return hearth_error_set(err, HEARTH_EINVAL, "weights group %u / head group %u: use 128 or 32",
-					o->weights_group, o->head_group);
-	if (o->head_bits && o->head_bits != LOAD_HEAD_INT4 && o->head_bits != LOAD_HEAD_INT8)
-		return hearth_error_set(err, HEARTH_EINVAL, "head bits %u: use 4 or 8", o->head_bits);
+	if ((rc = load_check_opts(o, err)) < 0)
+		return rc;
 	/* The peak is what a small machine must hold to reach the settled size, so it is
 	 * measured from before the file is mapped to after every transient is given back. */
 	if (o->load_record) {
@@ -671,32 +824,8 @@ int load_q4(struct model_q4 **out, struct tok **tok_out, const char *path,
 				      path, o->max_context, ref->hp.n_ctx_train);
 		goto fail;
 	}
-	if ((rc = tok_load(&tok, f, err)) < 0)
+	if ((rc = tok_load(&tok, f, err)) < 0 || (rc = load_model_new(&m, ref, f, o, err)) < 0)
 		goto fail;
-	m = calloc(1, sizeof *m);
-	if (!m) {
-		rc = hearth_error_set(err, HEARTH_ENOMEM, "loader: out of memory");
-		goto fail;
-	}
-	m->hp = ref->hp;
-	m->n_layer = ref->hp.n_layer;
-	m->max_context = o->max_context;
-	m->max_seqs = o->max_seqs;
-	m->step_tokens = o->step_tokens;
-	m->act = o->act;
-	m->head_bits = o->head_bits == LOAD_HEAD_INT8 ? LOAD_HEAD_INT8 : LOAD_HEAD_INT4;
-	m->kern = kern_active();
-	snprintf(m->arch_name, sizeof m->arch_name, "%s", model_arch_name(ref->hp.arch));
-	struct gguf_str gname;
-	if (gguf_get_str(f, "general.name", &gname, NULL) == 0)
-		snprintf(m->name, sizeof m->name, "%.*s", (int)gname.len, gname.ptr);
-	m->n_params = load_count_params(ref);
-	m->layers = calloc(m->n_layer, sizeof *m->layers);
-	m->notes = calloc((size_t)m->n_layer * 7 + 2, sizeof *m->notes);
-	if (!m->layers || !m->notes) {
-		rc = hearth_error_set(err, HEARTH_ENOMEM, "loader: out of memory");
-		goto fail;
-	}
 	c.ref = ref;
 	c.file = f;
 	c.m = m;
@@ -707,50 +836,12 @@ int load_q4(struct model_q4 **out, struct tok **tok_out, const char *path,
 	/* The metadata (vocabulary, merges: megabytes for a large vocabulary) has been read
 	 * into the tokenizer and the plan; a later lookup faults it back in. */
 	load_release(&c, f->map, f->map + f->data_offset, true);
-	for (uint32_t l = 0; l < m->n_layer; l++) {
-		const struct model_layer *R = &ref->layers[l];
-		struct mq4_layer *L = &m->layers[l];
-		if ((rc = load_vec(&c, R->attn_norm, &L->attn_norm, err)) < 0 ||
-		    (rc = load_vec(&c, R->ffn_norm, &L->ffn_norm, err)) < 0 ||
-		    (rc = load_vec(&c, R->q_norm, &L->q_norm, err)) < 0 ||
-		    (rc = load_vec(&c, R->k_norm, &L->k_norm, err)) < 0 ||
-		    (rc = load_vec(&c, R->bq, &L->bq, err)) < 0 ||
-		    (rc = load_vec(&c, R->bk, &L->bk, err)) < 0 ||
-		    (rc = load_vec(&c, R->bv, &L->bv, err)) < 0)
-			goto fail;
-	}
-	if ((rc = load_vec(&c, ref->output_norm, &m->output_norm, err)) < 0)
-		goto fail;
-	/* The compute threads are started before the repack so it can use them. */
-	if ((rc = load_threads(m, o, err)) < 0)
-		goto fail;
-	c.repack_threads = m->n_threads < LOAD_REPACK_THREADS_MAX ? m->n_threads : LOAD_REPACK_THREADS_MAX;
-	c.rows = malloc(c.repack_threads * LOAD_ROWS * c.rows_cap * sizeof(float));
-	if (!c.rows) {
-		rc = hearth_error_set(err, HEARTH_ENOMEM, "loader: out of memory for the repack scratch");
-		goto fail;
-	}
-	for (size_t i = 0; i < c.n_mats; i++)
-		if ((rc = load_repack(&c, &c.mats[i], err)) < 0)
-			goto fail;
-	free(c.rows);
-	c.rows = NULL;
-	for (uint32_t i = 0; i < m->n_ropes; i++) {
-		struct mq4_rope *r = &m->ropes[i];
-		size_t n = align64((size_t)o->max_context * (r->n_rot / 2) * sizeof(float));
-		if ((rc = arena_alloc(&m->arena, ARENA_REGION_ROPE, n, 64, (void **)&r->cos, err)) < 0 ||
-		    (rc = arena_alloc(&m->arena, ARENA_REGION_ROPE, n, 64, (void **)&r->sin, err)) < 0)
-			goto fail;
-		vec_rope_table(r->cos, r->sin, o->max_context, r->n_rot, r->base, r->scale, ref->rope_freqs);
-	}
-	if ((rc = kv_create(&m->kv, &kvc, &m->arena, err)) < 0)
+	if ((rc = load_fill(&c, &kvc, err)) < 0)
 		goto fail;
 	free((void *)kvc.layer_shapes);
 	kvc.layer_shapes = NULL;
-	if ((rc = load_scratch(&c, err)) < 0 || (rc = model_q4_prepare(m, err)) < 0)
-		goto fail;
 	load_quant_name(m);
-	/* Release: the model no longer needs the file. */
+	/* The model no longer needs the file. */
 	model_free(ref);
 	ref = NULL;
 	gguf_close(f);
@@ -758,21 +849,8 @@ int load_q4(struct model_q4 **out, struct tok **tok_out, const char *path,
 	free(c.mats);
 	c.mats = NULL;
 	malloc_trim(0);
-	/* Pages land on the bound node unless memory there ran out (the policy is MPOL_BIND,
-	 * but a preferred fallback or a kernel without NUMA can say otherwise): an error only
-	 * when the configuration named the node. */
-	{
-		struct arena_placement pl;
-		struct hearth_error perr;
-		rc = arena_verify_placement(&m->arena, &pl, &perr);
-		if (o->placement)
-			*o->placement = pl;
-		if (rc < 0 && o->arena.numa_node >= 0) {
-			hearth_error_set(err, rc, "%s: %s", path, perr.msg);
-			goto fail;
-		}
-		rc = 0;
-	}
+	if ((rc = load_check_placement(m, path, o, err)) < 0)
+		goto fail;
 	if (sampling) {
 		sampling = false;
 		if ((rc = ledger_sampler_stop(&sampler, o->load_record, err)) < 0)

@@ -62,7 +62,8 @@ enum model_kv_type {
 	/* llama.cpp's CPU flash attention over its default f16 cache: K, V and q rounded to
 	 * f16, V summed into an f16 accumulator with online softmax. Against the fixtures
 	 * (made that way) logits agree to ~0.002, where MODEL_KV_F32 is ~0.008 away: nearly
-	 * all of the difference is llama.cpp's f16 accumulator. Storage stays f32 for now. */
+	 * all of the difference is llama.cpp's f16 accumulator. The rounded values are stored
+	 * in f32: the oracle matches the arithmetic, its memory does not matter. */
 	MODEL_KV_F16,
 };
 

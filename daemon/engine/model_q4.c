@@ -85,8 +85,8 @@ static const struct q4_acts *acts_for(const struct step_acts *a, const struct q4
  * Each thread first runs its even share of every matrix's leading row blocks; the
  * trailing ones (a quarter of each matrix, at most MM_TAIL_BYTES) are then handed out
  * MM_CHUNK_BYTES at a time, so the thread whose memory ran faster takes more of them and
- * the barrier after the phase waits less (it waited 5-16 us a phase with halves fixed in
- * advance). Which thread computes a row never changes the row's result. The phases use
+ * the barrier after the phase waits less than it would for shares fixed in advance, which
+ * the slowest thread decides. Which thread computes a row never changes the row's result. The phases use
  * the two queues in turn: thread 0 clears the other one, which nobody touches until the
  * next phase, a barrier later. */
 #define MM_TAIL_BYTES (512u << 10)

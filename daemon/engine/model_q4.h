@@ -18,6 +18,16 @@
 #include "kernels/q4.h"
 #include "kernels/q8.h"
 
+/* The int4 matrices of one layer: wq, wk, wv, wo, gate, up, down (struct mq4_layer). */
+#define MQ4_LAYER_MATRICES 7
+/* Beyond the layers: the embedding and an untied output head. */
+#define MQ4_HEAD_MATRICES 2
+/* Compute threads a model's pool may have; cpus[] is sized by it, and so is every
+ * per-thread scratch the loader plans. */
+#define MQ4_THREADS_MAX 256
+/* Distinct RoPE settings among the layers (one cos/sin table each). */
+#define MQ4_ROPES_MAX 8
+
 /* A distinct (theta, rotary dims, scale) among the layers: one cos/sin table each,
  * max_context rows. */
 struct mq4_rope {
@@ -60,7 +70,7 @@ struct model_q4 {
 	struct q4_matrix output;   /* untied head; data NULL when tied */
 	struct q8_matrix embd8, output8;
 	const float *output_norm;
-	struct mq4_rope ropes[8];
+	struct mq4_rope ropes[MQ4_ROPES_MAX];
 	uint32_t n_ropes;
 
 	struct arena arena;
@@ -70,7 +80,7 @@ struct model_q4 {
 	const struct kern_table *kern;
 	struct pool *pool;
 	size_t n_threads;
-	int cpus[256];             /* the pool's CPUs; cpus[0] is the stepping thread's */
+	int cpus[MQ4_THREADS_MAX]; /* the pool's CPUs; cpus[0] is the stepping thread's */
 
 	/* scratch for one step of step_tokens tokens (in the arena's scratch region) */
 	float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *logits;

@@ -55,14 +55,14 @@ struct tok {
 	bool add_bos, add_space_prefix, ignore_merges;
 };
 
-/* ---- small growable arrays for encode scratch ---- */
+/* ---- growable arrays for encoding's scratch (element size fixed at creation) ---- */
 
-struct vec {
+struct array {
 	void *p;
 	size_t n, cap, elem;
 };
 
-static int vec_reserve(struct vec *v, size_t need)
+static int array_reserve(struct array *v, size_t need)
 {
 	if (need <= v->cap)
 		return 0;
@@ -79,9 +79,9 @@ static int vec_reserve(struct vec *v, size_t need)
 	return 0;
 }
 
-static int vec_push(struct vec *v, const void *x)
+static int array_push(struct array *v, const void *x)
 {
-	if (vec_reserve(v, v->n + 1))
+	if (array_reserve(v, v->n + 1))
 		return HEARTH_ENOMEM;
 	memcpy((char *)v->p + v->n * v->elem, x, v->elem);
 	v->n++;
@@ -750,13 +750,13 @@ static bool ascii_space(char c)
  * tokenizer_st_partition does: tokens longest first, every occurrence left to right, with
  * the lstrip/rstrip attributes trimming ASCII whitespace next to a match. */
 static int partition(const struct tok *t, const char *text, size_t len, bool parse_special,
-		     struct vec *frags)
+		     struct array *frags)
 {
 	struct frag whole = { 0, len, TOK_NULL };
 	frags->n = 0;
 	if (len == 0)
 		return 0;
-	if (vec_push(frags, &whole))
+	if (array_push(frags, &whole))
 		return HEARTH_ENOMEM;
 
 	/* byte pairs present in the text: most special tokens can be ruled out at once */
@@ -769,7 +769,7 @@ static int partition(const struct tok *t, const char *text, size_t len, bool par
 		pairs[k / 64] |= 1ull << (k % 64);
 	}
 
-	struct vec next = { .elem = sizeof(struct frag) };
+	struct array next = { .elem = sizeof(struct frag) };
 	int rc = 0;
 	for (size_t s = 0; s < t->n_special; s++) {
 		int32_t id = t->special[s];
@@ -793,14 +793,14 @@ static int partition(const struct tok *t, const char *text, size_t len, bool par
 		for (size_t i = 0; i < frags->n && !rc; i++) {
 			struct frag cur = fr[i];
 			if (cur.id >= 0) {
-				rc = vec_push(&next, &cur);
+				rc = array_push(&next, &cur);
 				continue;
 			}
 			size_t off = cur.off, rem = cur.len;
 			for (;;) {
 				const char *m = memmem(text + off, rem, tt, tlen);
 				if (!m) {
-					if (rem && (rc = vec_push(&next, &(struct frag){ off, rem, TOK_NULL })))
+					if (rem && (rc = array_push(&next, &(struct frag){ off, rem, TOK_NULL })))
 						break;
 					break;
 				}
@@ -809,9 +809,9 @@ static int partition(const struct tok *t, const char *text, size_t len, bool par
 				if (attr & ATTR_LSTRIP)
 					while (left > 0 && ascii_space(text[off + left - 1]))
 						left--;
-				if (left && (rc = vec_push(&next, &(struct frag){ off, left, TOK_NULL })))
+				if (left && (rc = array_push(&next, &(struct frag){ off, left, TOK_NULL })))
 					break;
-				if ((rc = vec_push(&next, &(struct frag){ 0, 0, id })))
+				if ((rc = array_push(&next, &(struct frag){ 0, 0, id })))
 					break;
 				size_t roff = at + tlen, rlen = off + rem - roff;
 				if (attr & ATTR_RSTRIP)
@@ -827,7 +827,7 @@ static int partition(const struct tok *t, const char *text, size_t len, bool par
 		}
 		if (rc)
 			break;
-		struct vec tmp = *frags;
+		struct array tmp = *frags;
 		*frags = next;
 		next = tmp;
 	}
@@ -851,14 +851,14 @@ struct bigram {
 };
 
 struct scratch {
-	struct vec frags;  /* struct frag */
-	struct vec cpts;   /* uint32_t */
-	struct vec flags;  /* uint16_t */
-	struct vec lens;   /* size_t: pre-tokenizer pieces, in code points */
-	struct vec lens2;
-	struct vec word;   /* char */
-	struct vec syms;   /* struct sym */
-	struct vec heap;   /* struct bigram */
+	struct array frags;  /* struct frag */
+	struct array cpts;   /* uint32_t */
+	struct array flags;  /* uint16_t */
+	struct array lens;   /* size_t: pre-tokenizer pieces, in code points */
+	struct array lens2;
+	struct array word;   /* char */
+	struct array syms;   /* struct sym */
+	struct array heap;   /* struct bigram */
 	int32_t *out;
 	size_t cap, n;
 	int rc;
@@ -894,9 +894,9 @@ static bool bigram_before(const struct bigram *a, const struct bigram *b, bool s
 	return a->left < b->left;
 }
 
-static int heap_push(struct vec *h, const struct bigram *b, bool spm)
+static int heap_push(struct array *h, const struct bigram *b, bool spm)
 {
-	if (vec_push(h, b))
+	if (array_push(h, b))
 		return HEARTH_ENOMEM;
 	struct bigram *a = h->p;
 	size_t i = h->n - 1;
@@ -912,7 +912,7 @@ static int heap_push(struct vec *h, const struct bigram *b, bool spm)
 	return 0;
 }
 
-static struct bigram heap_pop(struct vec *h, bool spm)
+static struct bigram heap_pop(struct array *h, bool spm)
 {
 	struct bigram *a = h->p, top = a[0];
 	a[0] = a[--h->n];
@@ -943,7 +943,7 @@ static int word_symbols(struct scratch *s, const char *w, size_t len)
 			n = len - off;
 		struct sym sy = { (int32_t)s->syms.n - 1, off + n == len ? -1 : (int32_t)s->syms.n + 1,
 				  (uint32_t)off, (uint32_t)n };
-		if (vec_push(&s->syms, &sy))
+		if (array_push(&s->syms, &sy))
 			return HEARTH_ENOMEM;
 		off += n;
 	}
@@ -972,7 +972,7 @@ static int spm_encode(const struct tok *t, struct scratch *s, const char *text, 
 	size_t spaces = prefix;
 	for (size_t i = 0; i < len; i++)
 		spaces += text[i] == ' ';
-	if (vec_reserve(&s->word, len + 2 * spaces + 3))
+	if (array_reserve(&s->word, len + 2 * spaces + 3))
 		return HEARTH_ENOMEM;
 	char *w = s->word.p;
 	size_t n = 0;
@@ -1049,11 +1049,11 @@ static uint16_t sp_flags(const struct span *sp, size_t i)
 
 #define F_LNW (UNICODE_LETTER | UNICODE_NUMBER | UNICODE_WHITESPACE)
 
-static int push_len(struct vec *o, size_t *prev, size_t end)
+static int push_len(struct array *o, size_t *prev, size_t end)
 {
 	size_t len = end - *prev;
 	*prev = end;
-	return len ? vec_push(o, &len) : 0;
+	return len ? array_push(o, &len) : 0;
 }
 
 static uint32_t ascii_lower(uint32_t c)
@@ -1083,7 +1083,7 @@ static size_t contraction(const struct span *sp, size_t pos, bool nocase)
 
 /* GPT-2: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
  * (llama.cpp's unicode_regex_split_custom_gpt2, which its gpt-2 pre-tokenizer uses). */
-static int split_gpt2(const struct span *sp, struct vec *o)
+static int split_gpt2(const struct span *sp, struct array *o)
 {
 	size_t prev = sp->a;
 	for (size_t pos = sp->a; pos < sp->b;) {
@@ -1134,7 +1134,7 @@ static int split_gpt2(const struct span *sp, struct vec *o)
  *  ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
  * Port of llama.cpp's unicode_regex_split_custom_llama3. For Qwen2 llama.cpp runs the
  * regex through std::regex instead; on these classes that gives the same splits. */
-static int split_llama3(const struct span *sp, size_t digits, struct vec *o)
+static int split_llama3(const struct span *sp, size_t digits, struct array *o)
 {
 	size_t prev = sp->a;
 	for (size_t pos = sp->a; pos < sp->b;) {
@@ -1207,7 +1207,7 @@ static int split_llama3(const struct span *sp, size_t digits, struct vec *o)
  * starting exactly at pos, or 0. None of these regexes can match the empty string. */
 typedef size_t (*match_fn)(const struct span *sp, size_t pos);
 
-static int split_isolated(const struct span *sp, match_fn match, struct vec *o)
+static int split_isolated(const struct span *sp, match_fn match, struct array *o)
 {
 	size_t prev = sp->a;
 	for (size_t pos = sp->a; pos < sp->b;) {
@@ -1367,7 +1367,7 @@ static size_t match_digits3(const struct span *sp, size_t pos)
 }
 
 /* \s+$ : the whitespace run that ends the piece */
-static int split_trailing_ws(const struct span *sp, struct vec *o)
+static int split_trailing_ws(const struct span *sp, struct array *o)
 {
 	size_t t = sp->b;
 	while (t > sp->a && (sp->f[t - 1] & UNICODE_WHITESPACE))
@@ -1411,7 +1411,7 @@ static int pre_split(const struct tok *t, struct scratch *s)
 	default: p = passes_default; np = N_OF(passes_default); break;
 	}
 	s->lens.n = 0;
-	if (s->cpts.n && vec_push(&s->lens, &s->cpts.n))
+	if (s->cpts.n && array_push(&s->lens, &s->cpts.n))
 		return HEARTH_ENOMEM;
 	for (size_t k = 0; k < np; k++) {
 		s->lens2.n = 0;
@@ -1431,7 +1431,7 @@ static int pre_split(const struct tok *t, struct scratch *s)
 				return rc;
 			start += len;
 		}
-		struct vec tmp = s->lens;
+		struct array tmp = s->lens;
 		s->lens = s->lens2;
 		s->lens2 = tmp;
 	}
@@ -1500,7 +1500,7 @@ static int bpe_encode(const struct tok *t, struct scratch *s, const char *text, 
 {
 	s->cpts.n = 0;
 	s->flags.n = 0;
-	if (vec_reserve(&s->cpts, len) || vec_reserve(&s->flags, len))
+	if (array_reserve(&s->cpts, len) || array_reserve(&s->flags, len))
 		return HEARTH_ENOMEM;
 	uint32_t *c = s->cpts.p;
 	uint16_t *f = s->flags.p;
@@ -1520,7 +1520,7 @@ static int bpe_encode(const struct tok *t, struct scratch *s, const char *text, 
 		size_t n = ((size_t *)s->lens.p)[i];
 		/* the piece's UTF-8, every byte written as its GPT-2 code point */
 		s->word.n = 0;
-		if (vec_reserve(&s->word, n * 8))
+		if (array_reserve(&s->word, n * 8))
 			return HEARTH_ENOMEM;
 		char *w = s->word.p;
 		size_t wn = 0;
@@ -1603,11 +1603,6 @@ size_t tok_piece(const struct tok *t, int32_t id, bool special, char *buf, size_
 	if (len <= cap && len)
 		memcpy(buf, p, len);
 	return len;
-}
-
-size_t tok_piece_max(const struct tok *t)
-{
-	return t->piece_max;
 }
 
 int tok_decode(const struct tok *t, const int32_t *ids, size_t n, bool special, char *buf,

@@ -107,14 +107,15 @@ static void *loader_main(void *arg)
 
 	server_progress(ld->srv, "warming up", 0, 1);
 	model_q4_engine(m, &ld->sm.eng);
-	/* One real step touches every weight page and code path before READY=1. */
-	struct engine_seq *s;
-	uint32_t cached;
+	/* A model that cannot take one step is not served: the load fails with the step's error
+	 * (no READY=1 at start; a swap keeps the old model). */
 	int32_t tok0 = tok_bos(ld->tok) >= 0 ? tok_bos(ld->tok) : 0;
-	if (ld->sm.eng.seq_open(m, &tok0, 1, 1, &s, &cached, &e) == 0) {
-		struct engine_span sp = { s, &tok0, 1, NULL };
-		ld->sm.eng.forward(m, &sp, 1, &e);
-		ld->sm.eng.seq_close(m, s);
+	struct hearth_error we;
+	if (engine_warm_up(&ld->sm.eng, tok0, &we) < 0) {
+		hearth_error_set(&e, we.code, "%s: the warm-up step failed: %s", cfg->model, we.msg);
+		server_model_failed(ld->srv, &e);
+		loader_release(ld);
+		return NULL;
 	}
 	ld->sm.tok = ld->tok;
 	ld->sm.sched = &ld->sched;

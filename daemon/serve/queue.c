@@ -2,6 +2,7 @@
  * consumer frees it with a release store of head; each side reads the other's index with
  * acquire, which is all the ordering a single producer and consumer need. */
 #include "daemon/serve/queue.h"
+#include "protocol/assert.h"
 
 #include <stdlib.h>
 
@@ -32,6 +33,7 @@ bool queue_push(struct queue *q, void *item)
 {
 	size_t tail = atomic_load_explicit(&q->tail, memory_order_relaxed);
 	size_t head = atomic_load_explicit(&q->head, memory_order_acquire);
+	hearth_assert(tail - head <= q->mask + 1); /* never more items than slots */
 	if (tail - head > q->mask)
 		return false;
 	q->slots[tail & q->mask] = item;
@@ -43,16 +45,10 @@ void *queue_pop(struct queue *q)
 {
 	size_t head = atomic_load_explicit(&q->head, memory_order_relaxed);
 	size_t tail = atomic_load_explicit(&q->tail, memory_order_acquire);
+	hearth_assert(tail - head <= q->mask + 1); /* the consumer never passes the producer */
 	if (head == tail)
 		return NULL;
 	void *item = q->slots[head & q->mask];
 	atomic_store_explicit(&q->head, head + 1, memory_order_release);
 	return item;
-}
-
-size_t queue_count(struct queue *q)
-{
-	size_t tail = atomic_load_explicit(&q->tail, memory_order_acquire);
-	size_t head = atomic_load_explicit(&q->head, memory_order_acquire);
-	return tail - head;
 }

@@ -24,6 +24,5 @@ int queue_init(struct queue *q, size_t cap, struct hearth_error *err);
 void queue_destroy(struct queue *q);
 bool queue_push(struct queue *q, void *item);   /* false when full */
 void *queue_pop(struct queue *q);               /* NULL when empty */
-size_t queue_count(struct queue *q);
 
 #endif

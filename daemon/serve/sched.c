@@ -17,6 +17,8 @@
 #include <unistd.h>
 
 #include "daemon/engine/tokenizer.h"
+#include "protocol/assert.h"
+#include "protocol/clock.h"
 
 #define SCHED_PIECE_MAX 1024
 #define SCHED_HOLD_MAX (SCHED_MAX_STOP_LEN * 2)
@@ -82,26 +84,6 @@ struct sched {
 	struct sched_stats stats;
 };
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-const char *sched_finish_name(enum sched_finish f)
-{
-	switch (f) {
-	case SCHED_FINISH_NONE: return "none";
-	case SCHED_FINISH_LENGTH: return "length";
-	case SCHED_FINISH_STOP: return "stop";
-	case SCHED_FINISH_CONTEXT: return "context";
-	case SCHED_FINISH_CANCELED: return "canceled";
-	case SCHED_FINISH_ERROR: return "error";
-	}
-	return "unknown";
-}
-
 void sched_params_default(struct sched_params *p)
 {
 	p->max_seqs = 16;
@@ -130,7 +112,7 @@ static void sched_finish_msg(struct sched *s, struct sched_msg *m, enum sched_fi
 	m->result.finish = f;
 	if (err && f == SCHED_FINISH_ERROR)
 		m->result.err = *err;
-	m->result.t_end = now_ns();
+	m->result.t_end = hearth_now_ns();
 	sched_hand_back(s, m);
 }
 
@@ -619,7 +601,7 @@ static void seq_sample(struct sched *s, struct sched_seq *q, uint64_t now)
 	/* The sampler leaves the row as the model produced it, so logprobs and the full
 	 * row report the model's own distribution. */
 	int32_t t = sampler_sample(q->sampler, q->logits);
-	q->ev.t_sampled_ns = now_ns();
+	q->ev.t_sampled_ns = hearth_now_ns();
 	sampler_accept(q->sampler, t);
 	if (want_raw)
 		seq_fill_logprobs(s, q, q->logits, t);
@@ -763,9 +745,9 @@ static size_t sched_build_batch(struct sched *s)
 static void sched_step(struct sched *s, size_t n_spans)
 {
 	struct hearth_error e;
-	uint64_t t0 = now_ns();
+	uint64_t t0 = hearth_now_ns();
 	int rc = s->eng.forward(s->eng.impl, s->spans, n_spans, &e);
-	uint64_t t1 = now_ns();
+	uint64_t t1 = hearth_now_ns();
 	atomic_fetch_add_explicit(&s->stats.busy_ns, t1 - t0, memory_order_relaxed);
 	for (size_t i = 0; i < n_spans; i++) {
 		struct sched_seq *q = s->span_seq[i];
@@ -783,13 +765,13 @@ static void sched_step(struct sched *s, size_t n_spans)
 			/* Out at once, not after every other sequence of the batch was sampled:
 			 * greedy sampling of a 152k vocabulary takes ~0.2 ms, which a client at
 			 * the end of a 16-sequence batch would otherwise wait 15 times over.
-			 * A full ring leaves the event parked for sched_settle, as before. */
+			 * A full ring leaves the event parked for sched_settle. */
 			if (q->has_event && !q->cancel && seq_try_emit(s, q)) {
 				q->blocked_since = 0;
 				/* The doorbell just woke the client, often onto this CPU, where
 				 * the compute threads would hold it off for the rest of their time
-				 * slice (token-to-callback p99 3.7-4.1 ms at one client): give it
-				 * the CPU now (p99 0.1-0.3 ms; doc/benchmarks.md, Serving). */
+				 * slice, milliseconds of token-to-callback latency: give it the CPU
+				 * now (doc/benchmarks.md, Serving). */
 				sched_yield();
 			}
 		}
@@ -845,16 +827,16 @@ static void *sched_main(void *arg)
 	struct sched *s = arg;
 	if (s->eng.thread_init)
 		s->eng.thread_init(s->eng.impl);
-	s->tps_window_start = now_ns();
+	s->tps_window_start = hearth_now_ns();
 	while (!atomic_load_explicit(&s->quit, memory_order_acquire)) {
-		uint64_t now = now_ns();
+		uint64_t now = hearth_now_ns();
 		sched_drain_inbox(s, now);
 		sched_settle(s, now);
 		sched_admit(s, now);
 		size_t n = sched_build_batch(s);
 		if (n > 0)
 			sched_step(s, n);
-		now = now_ns();
+		now = hearth_now_ns();
 		sched_settle(s, now);
 		sched_update_stats(s, now);
 		if (s->shutdown && !sched_has_work(s)) {
@@ -958,11 +940,36 @@ bool sched_post(struct sched *s, struct sched_msg *m)
 	return true;
 }
 
+struct sched_msg *sched_msg_new(enum sched_msg_type type, struct sched_client *client, void *user)
+{
+	struct sched_msg *m = calloc(1, sizeof *m);
+	if (m) {
+		m->type = type;
+		m->client = client;
+		m->user = user;
+	}
+	return m;
+}
+
+int sched_msg_send(struct sched *s, struct sched_msg *m)
+{
+	if (!m)
+		return HEARTH_ENOMEM;
+	if (!s || !sched_post(s, m)) {
+		free(m);
+		return HEARTH_EBUSY;
+	}
+	return 0;
+}
+
 struct sched_msg *sched_take(struct sched *s)
 {
 	struct sched_msg *m = queue_pop(&s->out);
-	if (m)
+	if (m) {
+		/* Every message handed back was posted: more back than out is a double hand-back. */
+		hearth_assert(s->in_flight > 0);
 		s->in_flight--;
+	}
 	return m;
 }
 
@@ -984,7 +991,7 @@ void sched_stop(struct sched *s)
 	}
 	/* The compute thread is gone: this thread may now act for it. Whatever is still
 	 * inside goes back as canceled, so the caller's sched_take sees every message once. */
-	sched_drain_inbox(s, now_ns());
+	sched_drain_inbox(s, hearth_now_ns());
 	for (uint32_t i = 0; i < s->p.max_seqs; i++)
 		if (s->seqs[i].msg)
 			seq_end(s, &s->seqs[i], SCHED_FINISH_CANCELED, NULL);

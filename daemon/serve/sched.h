@@ -31,8 +31,6 @@ enum sched_finish {
 	SCHED_FINISH_ERROR,     /* err holds the reason (kv_full, shutting_down, ...) */
 };
 
-const char *sched_finish_name(enum sched_finish f);
-
 /* What a token event carries to the client's ring. text is the UTF-8 released with this
  * token: bytes of an incomplete character or of a possible stop string are held back and
  * come with a later event. */
@@ -154,6 +152,16 @@ int sched_start(struct sched **out, const struct sched_params *p, const struct e
 /* Loop thread: hands a message to the compute thread. False when the queue is full
  * (the caller answers busy). */
 bool sched_post(struct sched *s, struct sched_msg *m);
+
+/* Loop thread: a zeroed message of `type` from `client`, carrying the loop thread's `user`
+ * context (either may be NULL), or NULL when out of memory. */
+struct sched_msg *sched_msg_new(enum sched_msg_type type, struct sched_client *client, void *user);
+
+/* Loop thread: posts m (from sched_msg_new, possibly NULL), or frees it when it cannot go,
+ * so the caller has one result to check and nothing to clean up. 0: the scheduler owns m
+ * until sched_take hands it back; HEARTH_ENOMEM: m was NULL; HEARTH_EBUSY: s is NULL
+ * (nothing is being served) or its queue is full. */
+int sched_msg_send(struct sched *s, struct sched_msg *m);
 
 /* Loop thread: the next message handed back, or NULL. */
 struct sched_msg *sched_take(struct sched *s);

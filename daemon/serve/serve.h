@@ -127,8 +127,8 @@ void session_close(struct session *ss);
 void session_check_ring(struct session *ss);
 
 /* server.c */
-uint64_t serve_now_ns(void);
-bool serve_post(struct server *srv, struct sched_msg *m);
+/* sched_msg_send to the current scheduler: 0, or m is freed and HEARTH_ENOMEM/EBUSY. */
+int serve_post(struct server *srv, struct sched_msg *m);
 /* Posts a CLIENT_GONE for ss to every live scheduler (the current and a retiring one);
  * returns how many went out. */
 unsigned serve_post_gone(struct server *srv, struct session *ss);

@@ -13,17 +13,12 @@
 #include <unistd.h>
 
 #include "daemon/serve/serve.h"
+#include "protocol/assert.h"
+#include "protocol/clock.h"
 
-uint64_t serve_now_ns(void)
+int serve_post(struct server *srv, struct sched_msg *m)
 {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-bool serve_post(struct server *srv, struct sched_msg *m)
-{
-	return srv->sched && sched_post(srv->sched, m);
+	return sched_msg_send(srv->sched, m);
 }
 
 unsigned serve_post_gone(struct server *srv, struct session *ss)
@@ -31,18 +26,9 @@ unsigned serve_post_gone(struct server *srv, struct session *ss)
 	struct sched *live[2] = { srv->sched, srv->old_sched };
 	unsigned n = 0;
 	for (int i = 0; i < 2; i++) {
-		if (!live[i])
-			continue;
-		struct sched_msg *m = calloc(1, sizeof *m);
-		if (!m)
-			continue;
-		m->type = SCHED_MSG_CLIENT_GONE;
-		m->client = &ss->client;
-		m->user = ss;
-		if (sched_post(live[i], m))
+		if (live[i] && sched_msg_send(live[i], sched_msg_new(SCHED_MSG_CLIENT_GONE,
+									  &ss->client, ss)) == 0)
 			n++;
-		else
-			free(m);
 	}
 	return n;
 }
@@ -101,7 +87,7 @@ static int server_start_serving(struct server *srv)
 		return e.code;
 	}
 	srv->state = SERVE_READY;
-	systemd_progress_init(&srv->progress, 0, serve_now_ns() / 1000);
+	systemd_progress_init(&srv->progress, 0, hearth_now_ns() / 1000);
 	log_notice(srv->log, "ready: %s, %s model (%s), %u tokens of context, KV for %llu tokens",
 		   srv->cfg.model, srv->model.info.arch.ptr ? srv->model.info.arch.ptr : "?",
 		   srv->model.info.quant.ptr ? srv->model.info.quant.ptr : "?",
@@ -201,13 +187,8 @@ static void server_model_arrived(struct server *srv, const struct server_model *
 			srv->swapping = false;
 			return;
 		}
-		struct sched_msg *d = calloc(1, sizeof *d);
-		if (d) {
-			d->type = SCHED_MSG_DRAIN;
-			if (sched_post(srv->old_sched, d))
-				return;
-			free(d);
-		}
+		if (sched_msg_send(srv->old_sched, sched_msg_new(SCHED_MSG_DRAIN, NULL, NULL)) == 0)
+			return;
 		/* Cannot ask it to drain: end it now. */
 		server_retire_sched(srv, srv->old_sched);
 		srv->old_sched = NULL;
@@ -280,8 +261,10 @@ static void server_on_wake(uv_async_t *h)
 	struct hearth_error le = srv->load_err;
 	pthread_mutex_unlock(&srv->mu);
 
-	if (arrived || failed)
+	if (arrived || failed) {
+		hearth_assert(srv->loads_in_flight > 0);
 		srv->loads_in_flight--;
+	}
 	if (failed) {
 		if (srv->swapping && srv->swap_beside && srv->sched) {
 			log_error(srv->log, "model swap failed, still serving the old model: %s", le.msg);
@@ -390,20 +373,18 @@ static void server_begin_stop(struct server *srv, const char *why)
 		server_finish_stop(srv);
 		return;
 	}
-	struct sched_msg *m = calloc(1, sizeof *m);
-	if (!m) {
-		server_finish_stop(srv);
-		return;
-	}
-	m->type = SCHED_MSG_SHUTDOWN;
-	m->grace_ns = srv->cfg.shutdown_grace_usec * 1000ull;
+	struct sched_msg *m = sched_msg_new(SCHED_MSG_SHUTDOWN, NULL, NULL);
+	if (m)
+		m->grace_ns = srv->cfg.shutdown_grace_usec * 1000ull;
 	/* Queued requests are told shutting_down at once; running ones get the grace period
 	 * (sched). Sessions stay open so their final frames reach the clients. */
-	if (!serve_post(srv, m)) {
-		free(m);
+	if (serve_post(srv, m) < 0)
 		server_finish_stop(srv);
-	}
 }
+
+/* What a loaded model holds beyond its weights and KV: step scratch, tokenizer, RoPE
+ * tables and bookkeeping (tens of MiB for the models hearth serves). */
+#define SERVER_MODEL_OVERHEAD (64ull << 20)
 
 /* Whether the machine can hold a second model beside the first: the file's size bounds
  * the repacked weights (int4 is never larger than its source), plus the KV budget. */
@@ -421,7 +402,7 @@ static bool server_room_beside(const struct hearth_config *cfg)
 		if (sscanf(line, "MemAvailable: %llu kB", &avail_kb) == 1)
 			break;
 	fclose(f);
-	unsigned long long need = (unsigned long long)st.st_size + cfg->kv_budget + (64ull << 20);
+	unsigned long long need = (unsigned long long)st.st_size + cfg->kv_budget + SERVER_MODEL_OVERHEAD;
 	return avail_kb * 1024ull > need;
 }
 
@@ -468,15 +449,10 @@ static void server_reload(struct server *srv)
 	log_notice(srv->log, "model swap: draining running requests, then freeing the model and loading %s",
 		   fresh.model);
 	systemd_notify_ready("draining, then loading the new model", NULL);
-	struct sched_msg *d = calloc(1, sizeof *d);
-	if (d) {
-		d->type = SCHED_MSG_DRAIN;
-		if (serve_post(srv, d)) {
-			/* New requests meet `loading` until the new model is in. */
-			srv->state = SERVE_LOADING;
-			return;
-		}
-		free(d);
+	if (serve_post(srv, sched_msg_new(SCHED_MSG_DRAIN, NULL, NULL)) == 0) {
+		/* New requests meet `loading` until the new model is in. */
+		srv->state = SERVE_LOADING;
+		return;
 	}
 	log_error(srv->log, "model swap: cannot drain now; keeping the old model");
 	srv->swapping = false;
@@ -521,7 +497,7 @@ static void server_on_tick(uv_timer_t *t)
 	systemd_notify_status(&e, "%u clients, %u running, %u queued, %u.%u tok/s", srv->n_sessions,
 			      running, waiting, tps100 / 100, (tps100 % 100) / 10);
 	if (srv->watchdog_usec) {
-		uint64_t now = serve_now_ns() / 1000;
+		uint64_t now = hearth_now_ns() / 1000;
 		uint64_t steps = atomic_load(&st->steps);
 		/* Sequences parked on a client's full ring are not the compute thread's work:
 		 * a slow reader must not look like a hang. */
@@ -581,7 +557,7 @@ int server_new(struct server **out, const struct hearth_config *cfg, const char 
 	srv->load = load;
 	srv->load_ctx = load_ctx;
 	srv->log = lg;
-	srv->start_ns = serve_now_ns();
+	srv->start_ns = hearth_now_ns();
 	pthread_mutex_init(&srv->mu, NULL);
 	policy_init(&srv->policy, cfg);
 	int rc = uv_loop_init(&srv->loop);

@@ -15,11 +15,19 @@
 #include "daemon/serve/serve.h"
 #include "daemon/engine/tokenizer.h"
 #include "protocol/fdpass.h"
+#include "protocol/assert.h"
+#include "protocol/clock.h"
 
-#define SESSION_READ_MAX (64u * 1024u)
 #define SESSION_WRITE_QUEUE_MAX (8u << 20)   /* unread replies before a client is dropped */
 #define SESSION_RING_D2C (1u << 20)
 #define SESSION_RING_C2D (1u << 20)
+/* Full logit rows (f32) the daemon-to-client ring holds beyond SESSION_RING_D2C, so a
+ * request that asks for logits does not stall on a client a few tokens behind. */
+#define SESSION_RING_LOGIT_ROWS 4
+/* The private ring of socket-streamed tokens: the loop thread frames its records onto the
+ * socket each time its doorbell rings, so it holds only what one wake-up's worth of steps
+ * produced; 256 KiB is thousands of token records. */
+#define SESSION_SOCKET_RING (256u << 10)
 
 struct session_write {
 	uv_write_t req;
@@ -144,7 +152,8 @@ static void session_welcome(struct session *ss)
 	struct hearth_error e;
 	ss->hello_pending = false;
 	if (ss->want_ring && !ss->ring_open) {
-		if (ring_create(&ss->ring, SESSION_RING_D2C + 4ull * srv->model.eng.n_vocab * 4,
+		if (ring_create(&ss->ring, SESSION_RING_D2C + (uint64_t)SESSION_RING_LOGIT_ROWS *
+						   srv->model.eng.n_vocab * sizeof(float),
 				SESSION_RING_C2D, &e) < 0) {
 			log_error(srv->log, "client %s: cannot make its ring: %s", ss->name, e.msg);
 			session_send_error(ss, ss->hello_id, MSG_ERR_INTERNAL, true,
@@ -486,7 +495,7 @@ static int session_open_socket_ring(struct session *ss, struct hearth_error *e)
 {
 	if (ss->sring_open)
 		return 0;
-	int rc = ring_create(&ss->sring, 256u << 10, RING_CAP_MIN, e);
+	int rc = ring_create(&ss->sring, SESSION_SOCKET_RING, RING_CAP_MIN, e);
 	if (rc < 0)
 		return rc;
 	int fds[3], dups[3] = { -1, -1, -1 };
@@ -582,7 +591,7 @@ static void session_on_generate(struct session *ss, const struct msg *m)
 		session_send_error(ss, m->id, MSG_ERR_BUSY, false, "%s", e.msg);
 		return;
 	}
-	struct sched_msg *sm = calloc(1, sizeof *sm);
+	struct sched_msg *sm = sched_msg_new(SCHED_MSG_SUBMIT, &ss->client, ss);
 	struct serve_req *r = calloc(1, sizeof *r);
 	if (!sm || !r) {
 		free(sm);
@@ -592,9 +601,6 @@ static void session_on_generate(struct session *ss, const struct msg *m)
 		session_send_error(ss, m->id, MSG_ERR_INTERNAL, false, "out of memory");
 		return;
 	}
-	sm->type = SCHED_MSG_SUBMIT;
-	sm->client = &ss->client;
-	sm->user = ss;
 	struct sched_request *q = &sm->req;
 	q->id = m->id;
 	q->prompt = prompt;
@@ -608,7 +614,7 @@ static void session_on_generate(struct session *ss, const struct msg *m)
 		.repeat_penalty = (float)g->sampling.repeat_penalty,
 		.repeat_last_n = g->sampling.repeat_last_n,
 	};
-	q->seed = g->sampling.has_seed ? g->sampling.seed : (serve_now_ns() ^ ((uint64_t)ss->cred.pid << 32) ^ m->id);
+	q->seed = g->sampling.has_seed ? g->sampling.seed : (hearth_now_ns() ^ ((uint64_t)ss->cred.pid << 32) ^ m->id);
 	for (size_t i = 0; i < g->n_stop_tokens; i++)
 		q->stop_tokens[i] = (int32_t)g->stop_tokens[i];
 	q->n_stop_tokens = (uint32_t)g->n_stop_tokens;
@@ -622,12 +628,11 @@ static void session_on_generate(struct session *ss, const struct msg *m)
 	q->full_logits = g->logits;
 	q->ignore_eos = g->ignore_eos;
 	q->to_socket = g->stream_socket;
-	sm->result.t_submit = serve_now_ns();
+	sm->result.t_submit = hearth_now_ns();
 	r->id = m->id;
 	r->tokens = cost;
-	if (!serve_post(srv, sm)) {
+	if (serve_post(srv, sm) < 0) {
 		free(prompt);
-		free(sm);
 		free(r);
 		policy_uid_release(&srv->policy, ss->cred.uid);
 		session_send_error(ss, m->id, MSG_ERR_BUSY, false, "the daemon's request queue is full");
@@ -652,18 +657,16 @@ static void session_on_cancel(struct session *ss, const struct msg *m)
 		session_send(ss, &d);
 		return;
 	}
-	struct sched_msg *sm = calloc(1, sizeof *sm);
-	if (!sm) {
-		session_send_error(ss, m->id, MSG_ERR_INTERNAL, false, "out of memory");
-		return;
-	}
-	sm->type = SCHED_MSG_CANCEL;
-	sm->client = &ss->client;
-	sm->req_id = target;
-	sm->user = ss;
-	if (!serve_post(ss->srv, sm)) {
-		free(sm);
-		session_send_error(ss, m->id, MSG_ERR_BUSY, false, "the daemon's request queue is full");
+	struct sched_msg *sm = sched_msg_new(SCHED_MSG_CANCEL, &ss->client, ss);
+	if (sm)
+		sm->req_id = target;
+	int rc = serve_post(ss->srv, sm);
+	if (rc < 0) {
+		if (rc == HEARTH_ENOMEM)
+			session_send_error(ss, m->id, MSG_ERR_INTERNAL, false, "out of memory");
+		else
+			session_send_error(ss, m->id, MSG_ERR_BUSY, false,
+					   "the daemon's request queue is full");
 		return;
 	}
 	ss->n_inflight++;
@@ -773,7 +776,7 @@ static void session_on_stats(struct session *ss, const struct msg *m)
 	struct msg r;
 	msg_init(&r, MSG_STATS_REPLY, m->id);
 	struct msg_stats_reply *st = &r.u.stats;
-	st->uptime_ms = (serve_now_ns() - srv->start_ns) / 1000000;
+	st->uptime_ms = (hearth_now_ns() - srv->start_ns) / 1000000;
 	st->clients = srv->n_sessions;
 	if (srv->sched) {
 		const struct sched_stats *ss_ = sched_stats(srv->sched);
@@ -983,6 +986,7 @@ void session_deliver(struct server *srv, struct sched_msg *m)
 		free(m);
 		return;
 	}
+	hearth_assert(ss->n_inflight > 0);
 	ss->n_inflight--;
 	if (m->type == SCHED_MSG_SUBMIT) {
 		const struct sched_result *res = &m->result;

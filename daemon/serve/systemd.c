@@ -1,6 +1,7 @@
 /* sd-daemon glue over libsystemd: notifications as single datagrams, the watchdog interval
  * and progress gate, and the socket-activation listening fd. */
 #include "daemon/serve/systemd.h"
+#include "protocol/clock.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -55,9 +56,7 @@ int systemd_notify_stopping(const char *status, struct hearth_error *err)
 
 int systemd_notify_reloading(const char *status, struct hearth_error *err)
 {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	uint64_t usec = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+	uint64_t usec = hearth_now_ns() / 1000u;
 	char state[64];
 	snprintf(state, sizeof state, "RELOADING=1\nMONOTONIC_USEC=%llu", (unsigned long long)usec);
 	return notify_state(state, status, err);

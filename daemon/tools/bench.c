@@ -21,12 +21,18 @@
 #include "kernels/dispatch.h"
 #include "kernels/pool.h"
 #include "protocol/error.h"
+#include "protocol/clock.h"
 
 #define BENCH_MAX_REPS 100
 #define BENCH_PROBE_RUNS 5
 #define BENCH_WARM_TOKENS 64
 /* The probe slice read after every decode token: 4x the L3, so it streams from memory. */
 #define BENCH_PROBE_SLICE (128u << 20)
+/* KV bytes per position the bench budgets for: above any model it runs (an 8B model at
+ * f16 needs 128 KiB). */
+#define BENCH_KV_POS_BYTES (256u << 10)
+/* uint64_t sums in a cache line: each probe thread writes its own line. */
+#define BENCH_SUMS_PER_LINE 8
 
 struct bench_opts {
 	const char *model;
@@ -52,8 +58,8 @@ struct bench_run {
 	double load_s;
 	struct bench_stat pp_tps, tg_tps, tg_gbs;
 	/* With the probe: a probe slice read after every decode token of a repetition, their
-	 * bytes over their time, and that repetition's decode GB/s as a percentage of it. This
-	 * machine's bandwidth jumps between ~33 and ~55 GB/s from one 30 ms pass to the next
+	 * bytes over their time, and that repetition's decode GB/s as a percentage of it. A
+	 * shared machine's bandwidth can change by half from one 30 ms pass to the next
 	 * (doc/benchmarks.md), so decode is judged against the probe of its own moments, not
 	 * only against the passes measured at start-up or a pass on either side. */
 	struct bench_stat probe_paired, pct_paired;
@@ -67,15 +73,8 @@ struct bench_model {
 	uint64_t n_params, matrix_params, matrix_bytes, decode_weight_bytes, kv_bytes_per_pos;
 	uint32_t n_vocab, n_layer;
 	size_t n_threads;
-	int cpus[256];
+	int cpus[MQ4_THREADS_MAX];
 };
-
-static double bench_now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static int bench_cmp_double(const void *a, const void *b)
 {
@@ -102,7 +101,7 @@ struct bench_probe {
 	size_t bytes;
 	size_t win_off, win_len;    /* the window the next run reads */
 	vec_sum_u64_fn sum_u64;
-	uint64_t sums[256 * 8];     /* one cache line per thread: no false sharing */
+	uint64_t sums[MQ4_THREADS_MAX * BENCH_SUMS_PER_LINE]; /* a line per thread: no false sharing */
 };
 
 /* Each pool thread reads its own contiguous slice, the way the matmuls split row blocks. */
@@ -113,13 +112,13 @@ static void probe_run(void *arg, size_t t, size_t nt)
 	pool_split(p->win_len / 4096, 1, t, nt, &b, &e);
 	const uint8_t *s = p->buf + p->win_off + b * 4096;
 	size_t n = (e - b) * 4096;
-	p->sums[t * 8] = p->sum_u64(s, n);
+	p->sums[t * BENCH_SUMS_PER_LINE] = p->sum_u64(s, n);
 }
 
 /* First touch from the pool threads, so each slice's pages sit where its reader runs. Every
  * word differs: pages of one repeated byte let something below us (a hypervisor merging
- * same-content pages) serve the probe from a few cached pages; it then read 49-57 GB/s,
- * far above what this machine's memory delivers, in some runs and not others. */
+ * same-content pages) serve the probe from a few cached pages, at rates far above what the
+ * memory delivers, in some runs and not others. */
 static void probe_touch(void *arg, size_t t, size_t nt)
 {
 	struct bench_probe *p = arg;
@@ -161,9 +160,9 @@ static double probe_pass(struct pool *pool, struct bench_probe *p)
 {
 	p->win_off = 0;
 	p->win_len = p->bytes;
-	double t0 = bench_now();
+	double t0 = ((double)hearth_now_ns() * 1e-9);
 	pool_run(pool, probe_run, p);
-	return (double)p->bytes / (bench_now() - t0) * 1e-9;
+	return (double)p->bytes / (((double)hearth_now_ns() * 1e-9) - t0) * 1e-9;
 }
 
 /* The next slice of the buffer (the whole of a small one), so consecutive slices never
@@ -176,9 +175,9 @@ static void probe_slice(struct pool *pool, struct bench_probe *p, double *bytes,
 	else
 		p->win_off += p->win_len;
 	p->win_len = len;
-	double t0 = bench_now();
+	double t0 = ((double)hearth_now_ns() * 1e-9);
 	pool_run(pool, probe_run, p);
-	*secs += bench_now() - t0;
+	*secs += ((double)hearth_now_ns() * 1e-9) - t0;
 	*bytes += (double)len;
 }
 
@@ -216,9 +215,9 @@ static void bench_describe(const struct model_q4 *m, struct bench_model *d)
 	memcpy(d->cpus, m->cpus, sizeof d->cpus);
 	for (uint32_t l = 0; l < m->n_layer; l++) {
 		const struct mq4_layer *L = &m->layers[l];
-		const struct q4_matrix *ws[7] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up,
-						  &L->down };
-		for (size_t i = 0; i < 7; i++) {
+		const struct q4_matrix *ws[MQ4_LAYER_MATRICES] = { &L->wq, &L->wk, &L->wv, &L->wo,
+								   &L->gate, &L->up, &L->down };
+		for (size_t i = 0; i < MQ4_LAYER_MATRICES; i++) {
 			d->decode_weight_bytes += q4_matrix_bytes(ws[i]);
 			d->matrix_params += (uint64_t)ws[i]->rows * ws[i]->cols;
 		}
@@ -279,16 +278,16 @@ static int bench_once(struct engine *eng, uint32_t pp, uint32_t tg, uint64_t see
 					(unsigned long long)seed);
 	}
 	struct engine_span sp = { .seq = seq, .tokens = ids, .n = pp, .logits = logits };
-	double t0 = bench_now();
+	double t0 = ((double)hearth_now_ns() * 1e-9);
 	rc = eng->forward(eng->impl, &sp, 1, err);
-	double t1 = bench_now(), tg_sum = 0, p_bytes = 0, p_secs = 0;
+	double t1 = ((double)hearth_now_ns() * 1e-9), tg_sum = 0, p_bytes = 0, p_secs = 0;
 	for (uint32_t i = 0; rc == 0 && i < tg; i++) {
-		double ta = bench_now();
+		double ta = ((double)hearth_now_ns() * 1e-9);
 		/* Greedy, with the kernel the daemon's sampler uses. */
 		int32_t next = (int32_t)kern_active()->argmax(logits, eng->n_vocab);
 		sp = (struct engine_span){ .seq = seq, .tokens = &next, .n = 1, .logits = logits };
 		rc = eng->forward(eng->impl, &sp, 1, err);
-		tg_sum += bench_now() - ta;
+		tg_sum += ((double)hearth_now_ns() * 1e-9) - ta;
 		if (pb)
 			probe_slice(pool, pb, &p_bytes, &p_secs);
 	}
@@ -328,18 +327,18 @@ static int bench_act(const struct bench_opts *o, enum q4_act_kind act, struct be
 	lo.max_context = (o->pp + o->tg + 15) / 16 * 16;
 	if (lo.max_context < 2 * BENCH_WARM_TOKENS)
 		lo.max_context = 2 * BENCH_WARM_TOKENS;
-	/* Room for two full sequences at up to 256 KiB of KV per position (an 8B model has
-	 * 128 KiB), so a long --pp does not run out of blocks. */
-	uint64_t kv = (uint64_t)lo.max_context * 2 * (256u << 10);
+	/* Room for two full sequences at BENCH_KV_POS_BYTES each position, so a long --pp does
+	 * not run out of blocks. */
+	uint64_t kv = (uint64_t)lo.max_context * 2 * BENCH_KV_POS_BYTES;
 	if (kv > lo.kv_budget)
 		lo.kv_budget = kv;
 
 	memset(run, 0, sizeof *run);
 	run->act = act;
-	double t0 = bench_now();
+	double t0 = ((double)hearth_now_ns() * 1e-9);
 	if ((rc = load_q4(&m, &tok, o->model, &lo, err)) < 0)
 		return rc;
-	run->load_s = bench_now() - t0;
+	run->load_s = ((double)hearth_now_ns() * 1e-9) - t0;
 	model_q4_engine(m, &eng);
 	/* The bench thread is the step thread: pinned to cpus[0] like the daemon's. */
 	if (eng.thread_init)
@@ -612,7 +611,7 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
 		case OPT_BENCH: break;
 		case 'm': o->model = optarg; break;
 		case 't':
-			if (bench_parse_num("--threads", optarg, 1, 256, &v) < 0)
+			if (bench_parse_num("--threads", optarg, 1, MQ4_THREADS_MAX, &v) < 0)
 				return -1;
 			o->threads = (size_t)v;
 			break;

@@ -17,6 +17,7 @@
 #include "daemon/engine/sampler.h"
 #include "daemon/engine/tokenizer.h"
 #include "protocol/error.h"
+#include "protocol/clock.h"
 
 #define DEFAULT_MAX_CONTEXT 2048
 #define DEFAULT_N_PREDICT 128
@@ -191,13 +192,6 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
 	return 0;
 }
 
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* Tokenizes the prompt into a fresh array: *out is the caller's to free. */
 static int encode_prompt(const struct tok *t, const char *prompt, int32_t **out, size_t *n,
 			 struct hearth_error *err)
@@ -265,7 +259,7 @@ static int run_prompt(const struct run_opts *o)
 	double t0, t1, t2;
 	int rc;
 
-	t0 = now_s();
+	t0 = ((double)hearth_now_ns() * 1e-9);
 	if ((rc = gguf_open(&f, o->model, &err)) < 0)
 		goto fail;
 
@@ -320,12 +314,12 @@ static int run_prompt(const struct run_opts *o)
 		goto fail;
 	}
 
-	t1 = now_s();
+	t1 = ((double)hearth_now_ns() * 1e-9);
 	for (size_t i = 0; i < n_prompt; i++)
 		sampler_accept(s, prompt[i]);
 	if ((rc = model_forward(m, c, prompt, n_prompt, MODEL_LOGITS_LAST, logits, &err)) < 0)
 		goto fail;
-	t2 = now_s();
+	t2 = ((double)hearth_now_ns() * 1e-9);
 
 	tok_stream_init(&ts);
 	for (n_gen = 0; n_gen < o->n_predict; n_gen++) {
@@ -350,7 +344,7 @@ static int run_prompt(const struct run_opts *o)
 		fflush(stdout);
 	}
 	if (o->verbose) {
-		double t3 = now_s();
+		double t3 = ((double)hearth_now_ns() * 1e-9);
 		fprintf(stderr, "hearthd-tool run: load %.2f s; prompt %zu tokens in %.2f s (%.1f tok/s); "
 			"generated %ld tokens in %.2f s (%.2f tok/s)\n", t1 - t0, n_prompt, t2 - t1,
 			(double)n_prompt / (t2 - t1), n_gen, t3 - t2,

@@ -29,6 +29,7 @@
 #include "protocol/frame.h"
 #include "protocol/msg.h"
 #include "protocol/ring.h"
+#include "protocol/clock.h"
 
 #define MAX_TOK 512
 
@@ -53,13 +54,6 @@ struct tclient {
 	uint64_t next_id;
 	struct msg welcome;
 };
-
-static uint64_t now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 static int tc_connect_path(struct tclient *c, const char *path)
 {
@@ -115,7 +109,7 @@ static void tc_send(struct tclient *c, const struct msg *m)
  * timeout. */
 static int tc_recv(struct tclient *c, struct msg *out, int timeout_ms)
 {
-	uint64_t end = now_ms() + (uint64_t)timeout_ms;
+	uint64_t end = (hearth_now_ns() / 1000000) + (uint64_t)timeout_ms;
 	struct hearth_error e;
 	for (;;) {
 		const uint8_t *p;
@@ -126,7 +120,7 @@ static int tc_recv(struct tclient *c, struct msg *out, int timeout_ms)
 			assert_int_equal(msg_decode(p, len, MSG_FROM_DAEMON, out, &rej, &e), 0);
 			return 1;
 		}
-		uint64_t now = now_ms();
+		uint64_t now = (hearth_now_ns() / 1000000);
 		if (now >= end)
 			return -1;
 		struct pollfd pfd = { .fd = c->fd, .events = POLLIN };
@@ -238,7 +232,7 @@ static uint64_t tc_generate_start(struct tclient *c, const int32_t *prompt, uint
 /* Collects a generation's tokens until its final frame. */
 static void tc_generate_wait(struct tclient *c, uint64_t id, struct gen_result *g, int timeout_ms)
 {
-	uint64_t end = now_ms() + (uint64_t)timeout_ms;
+	uint64_t end = (hearth_now_ns() / 1000000) + (uint64_t)timeout_ms;
 	for (;;) {
 		tc_drain_ring(c, id, g);
 		struct msg r;
@@ -253,7 +247,7 @@ static void tc_generate_wait(struct tclient *c, uint64_t id, struct gen_result *
 			}
 			msg_free(&r);
 		}
-		if (now_ms() > end)
+		if ((hearth_now_ns() / 1000000) > end)
 			fail_msg("generation %llu did not finish in %d ms", (unsigned long long)id, timeout_ms);
 	}
 }

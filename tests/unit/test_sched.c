@@ -483,8 +483,8 @@ static void test_sched_admits_clients_round_robin(void **state)
 	int32_t prompt[4];
 	test_prompt(1, prompt, 4, fx->n_vocab);
 	/* Built first and posted back to back, each of A's long enough that the scheduler
-	 * cannot finish two of them between two posts: a test thread preempted there once
-	 * let A's third request in before B existed (seen under load). */
+	 * cannot finish two of them between two posts: a test thread preempted between
+	 * building and posting would let A's third request in before B exists. */
 	struct sched_msg *ms[4];
 	for (uint64_t i = 0; i < 3; i++)
 		ms[i] = submit_msg(&a, i, prompt, 4, 16, 0.0f, 1);
