@@ -14,23 +14,17 @@
 #include <unistd.h>
 
 #include "client/bench.h"
+#include "client/cli.h"
 #include "client/hearth.h"
 
-#define EXIT_USAGE 2
 #ifndef PACKAGE_VERSION
 #define PACKAGE_VERSION "unknown"
 #endif
 
-struct cli {
-	const char *socket;
-	int timeout_ms;
-	int verbose;
-	bool json;
-};
 
-static volatile sig_atomic_t interrupted;
+volatile sig_atomic_t interrupted;
 
-static void on_sigint(int sig)
+void on_sigint(int sig)
 {
 	(void)sig;
 	interrupted = 1;
@@ -45,6 +39,10 @@ static void usage(FILE *f)
 		"  generate [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
 		"           [--repeat-penalty R] [--repeat-last-n N] [--seed S] [--stop STR]...\n"
 		"           [--json] PROMPT|-      stream the continuation of PROMPT (- reads stdin)\n"
+		"  chat [--system S] [--tools FILE] [--tool-choice C] [--var KEY=JSON]... [--no-think]\n"
+		"       [--grammar FILE] [--json-schema FILE] [sampling options of generate] [--json]\n"
+		"       [MESSAGE|-]                 talk with the model in its own chat template:\n"
+		"                                   one turn, or an interactive session on a terminal\n"
 		"  tokenize [--no-bos] [--special] [--json] TEXT|-\n"
 		"                                   print the token ids of TEXT\n"
 		"  detokenize [--json] ID...|-      print the text of token ids\n"
@@ -64,15 +62,13 @@ static void usage(FILE *f)
 		HEARTH_SOCKET_ENV, HEARTH_SOCKET_DEFAULT, HEARTH_TIMEOUT_DEFAULT_MS / 1000);
 }
 
-static int fail(const struct hearth_err *e)
+int fail(const struct hearth_err *e)
 {
 	fprintf(stderr, "hearth: %s\n", e->msg[0] ? e->msg : hearth_strerror(e->code));
 	return 1;
 }
 
-static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-static int usage_error(const char *fmt, ...)
+int usage_error(const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
@@ -85,7 +81,7 @@ static int usage_error(const char *fmt, ...)
 
 /* ---- parsing numbers strictly ---- */
 
-static bool parse_u64(const char *s, uint64_t max, uint64_t *out)
+bool parse_u64(const char *s, uint64_t max, uint64_t *out)
 {
 	char *end;
 	if (!s || !*s || *s == '-')
@@ -98,7 +94,7 @@ static bool parse_u64(const char *s, uint64_t max, uint64_t *out)
 	return true;
 }
 
-static bool parse_double(const char *s, double *out)
+bool parse_double(const char *s, double *out)
 {
 	char *end;
 	if (!s || !*s)
@@ -168,7 +164,7 @@ static size_t utf8_seq(const unsigned char *s, size_t n)
 }
 
 /* A JSON string of raw bytes; bytes that are not UTF-8 become U+FFFD. */
-static void json_string(FILE *f, const char *text, size_t len)
+void cli_json_string(FILE *f, const char *text, size_t len)
 {
 	const unsigned char *s = (const unsigned char *)text;
 	fputc('"', f);
@@ -201,7 +197,7 @@ static void json_string(FILE *f, const char *text, size_t len)
 	fputc('"', f);
 }
 
-static char *read_stdin(size_t *len, struct hearth_err *e)
+char *read_stdin(size_t *len, struct hearth_err *e)
 {
 	size_t cap = 1 << 16, n = 0;
 	char *buf = malloc(cap + 1);
@@ -253,7 +249,7 @@ static void on_loading(void *user, const char *phase, uint64_t done, uint64_t to
 		fprintf(stderr, "hearth: hearthd is loading its model: %s\n", phase);
 }
 
-static int cli_connect(struct cli *c, bool hello, struct hearth **h, struct hearth_err *e)
+int cli_connect(struct cli *c, bool hello, struct hearth **h, struct hearth_err *e)
 {
 	struct hearth_connect_opts o = {
 		.socket_path = c->socket,
@@ -268,22 +264,10 @@ static int cli_connect(struct cli *c, bool hello, struct hearth **h, struct hear
 
 /* ---- options shared by every command ---- */
 
-enum {
-	OPT_SOCKET = 1000, OPT_TIMEOUT, OPT_JSON, OPT_TEMP, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P,
-	OPT_REPEAT_PENALTY, OPT_REPEAT_LAST_N, OPT_SEED,
-	OPT_SPIN_US, OPT_STOP, OPT_NO_BOS, OPT_SPECIAL,
-	OPT_CLIENTS, OPT_PROMPT_TOKENS, OPT_TOKENS,
-};
 
-#define COMMON_OPTIONS \
-	{ "socket", required_argument, NULL, OPT_SOCKET }, \
-	{ "timeout", required_argument, NULL, OPT_TIMEOUT }, \
-	{ "verbose", no_argument, NULL, 'v' }, \
-	{ "help", no_argument, NULL, 'h' }, \
-	{ "version", no_argument, NULL, 'V' }
 
 /* Handles an option every command takes; 1 if it was one, 0 if not, EXIT_USAGE+? if bad. */
-static int common_option(struct cli *c, int opt, const char *arg, int *rc)
+int common_option(struct cli *c, int opt, const char *arg, int *rc)
 {
 	*rc = 0;
 	switch (opt) {
@@ -342,7 +326,7 @@ static int gen_print(struct gen_out *o, const struct hearth_token *t)
 		memcpy(o->text + o->len, t->text, t->text_len);
 		o->len += t->text_len;
 		printf("{\"index\":%u,\"token\":%u,\"text\":", t->index, t->token);
-		json_string(stdout, t->text, t->text_len);
+		cli_json_string(stdout, t->text, t->text_len);
 		if (t->has_logprob)
 			printf(",\"logprob\":%.6g", t->logprob);
 		fputs("}\n", stdout);
@@ -353,17 +337,9 @@ static int gen_print(struct gen_out *o, const struct hearth_token *t)
 	return 0;
 }
 
-#define GEN_STOP_MAX 16
-#define GEN_SLICE_MS 200  /* waits between ^C checks during a long prefill */
-
-struct gen_args {
-	struct hearth_gen_params p;
-	const char *stop[GEN_STOP_MAX];
-	size_t n_stop;
-};
 
 /* One sampling or output option of generate into a; 0, or the usage error's exit code. */
-static int gen_option(struct cli *c, struct gen_args *a, int opt, const char *arg)
+int gen_option(struct cli *c, struct gen_args *a, int opt, const char *arg)
 {
 	struct hearth_gen_params *p = &a->p;
 	uint64_t u;
@@ -512,7 +488,7 @@ static void gen_report(const struct cli *c, const struct hearth_result *res,
 		       "\"decode_tps\":%.2f,\"text\":", hearth_finish_name(res->finish),
 		       res->n_prompt, res->n_gen, res->queue_ms, res->prefill_ms, res->decode_ms,
 		       res->prefill_tps, res->decode_tps);
-		json_string(stdout, out->text ? out->text : "", out->len);
+		cli_json_string(stdout, out->text ? out->text : "", out->len);
 		fputs("}\n", stdout);
 	} else {
 		fputc('\n', stdout);
@@ -725,7 +701,7 @@ static int cmd_detokenize(struct cli *c, int argc, char **argv)
 		return fail(&e);
 	if (c->json) {
 		fputs("{\"text\":", stdout);
-		json_string(stdout, text, len);
+		cli_json_string(stdout, text, len);
 		fputs("}\n", stdout);
 	} else {
 		fwrite(text, 1, len, stdout);
@@ -781,14 +757,14 @@ static int cmd_stats(struct cli *c, int argc, char **argv)
 		       ",\"kv_total\":%" PRIu64 ",\"rss\":%" PRIu64 ",\"model\":{\"name\":",
 		       s.uptime_ms, s.clients, s.running, s.queued, s.prompt_tokens, s.gen_tokens,
 		       s.kv_used, s.kv_total, s.rss);
-		json_string(stdout, m.name, strlen(m.name));
+		cli_json_string(stdout, m.name, strlen(m.name));
 		fputs(",\"arch\":", stdout);
-		json_string(stdout, m.arch, strlen(m.arch));
+		cli_json_string(stdout, m.arch, strlen(m.arch));
 		fputs(",\"quant\":", stdout);
-		json_string(stdout, m.quant, strlen(m.quant));
+		cli_json_string(stdout, m.quant, strlen(m.quant));
 		printf(",\"n_params\":%" PRIu64 ",\"n_ctx\":%u,\"n_vocab\":%u},\"daemon\":",
 		       m.n_params, m.n_ctx, m.n_vocab);
-		json_string(stdout, m.daemon_version, strlen(m.daemon_version));
+		cli_json_string(stdout, m.daemon_version, strlen(m.daemon_version));
 		fputs("}\n", stdout);
 		return 0;
 	}
@@ -845,7 +821,7 @@ static int cmd_ledger(struct cli *c, int argc, char **argv)
 		fputs("{\"entries\":[", stdout);
 		for (size_t i = 0; i < l->n_entries; i++) {
 			fputs(i ? ",{\"name\":" : "{\"name\":", stdout);
-			json_string(stdout, l->entries[i].name, strlen(l->entries[i].name));
+			cli_json_string(stdout, l->entries[i].name, strlen(l->entries[i].name));
 			printf(",\"bytes\":%" PRIu64 "}", l->entries[i].bytes);
 		}
 		printf("],\"total\":%" PRIu64 ",\"peak\":%" PRIu64 "}\n", l->total, l->peak);
@@ -1006,6 +982,8 @@ int main(int argc, char **argv)
 	optind = 0; /* glibc: start over on the command's own arguments */
 	if (strcmp(cmd, "generate") == 0)
 		return cmd_generate(&c, sub_argc, sub_argv);
+	if (strcmp(cmd, "chat") == 0)
+		return cmd_chat(&c, sub_argc, sub_argv);
 	if (strcmp(cmd, "tokenize") == 0)
 		return cmd_tokenize(&c, sub_argc, sub_argv);
 	if (strcmp(cmd, "detokenize") == 0)
