@@ -479,6 +479,7 @@ static bool seq_try_emit(struct sched *s, struct sched_seq *q)
 		.logits = ev->with_logits ? q->logits : NULL,
 		.n_vocab = s->eng.n_vocab,
 		.to_socket = m->req.to_socket,
+		.user = m->req.user,
 		.t_sampled_ns = ev->t_sampled_ns,
 	};
 	if (!m->client->emit(m->client->sink, &t))
@@ -624,7 +625,7 @@ static void seq_sample(struct sched *s, struct sched_seq *q, uint64_t now)
 		return;
 	}
 	char piece[SCHED_PIECE_MAX];
-	size_t np = tok_stream_push(s->tok, &q->stream, t, false, piece, sizeof piece);
+	size_t np = tok_stream_push(s->tok, &q->stream, t, r->special_text, piece, sizeof piece);
 	if (np > sizeof piece)
 		np = 0; /* no vocabulary has a 1 KiB token; if one did, its text is dropped */
 	if (seq_release_text(q, piece, np)) {

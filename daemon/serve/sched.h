@@ -48,6 +48,7 @@ struct sched_token {
 	uint32_t n_vocab;
 	uint64_t t_sampled_ns;  /* CLOCK_MONOTONIC right after sampling (IPC latency) */
 	bool to_socket;         /* the request asked for token frames on the socket */
+	void *user;             /* the request's sched_request.user */
 };
 
 /* A client as the scheduler sees it. The loop thread creates it and sets emit/sink; the
@@ -83,6 +84,9 @@ struct sched_request {
 	bool full_logits;
 	bool ignore_eos;
 	bool to_socket;                 /* token events as socket frames (copied to each event) */
+	bool special_text;              /* special tokens' text is part of the output (a chat's
+					 * reply parser reads the family's markers in it) */
+	void *user;                     /* the session's per-request state, handed to emit */
 };
 
 struct sched_result {
