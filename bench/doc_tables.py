@@ -1,0 +1,341 @@
+#!/usr/bin/python3
+"""Writes a benchmark's results into its document, between marker comments, so the numbers in
+doc/ are always the last `make bench` run's and never retyped by hand.
+
+usage: bench/doc_tables.py KIND DOC RESULT
+  speed     RESULT = bench/run.sh's result directory (hearth_*.json, llama.json)
+  serving   RESULT = `hearth bench --json` output (lines that are not JSON are skipped)
+  memory    RESULT = `bench_memory --json` output (the ledger JSON line, then the PASS/FAIL lines)
+  fidelity  RESULT = a directory of bench/fidelity and bench/fidelity_llama --json files
+  kernels   RESULT = bench/bench_kernels output
+
+A kind owns one or more sections of DOC, each between `<!-- bench:NAME begin -->` and
+`<!-- bench:NAME end -->` on lines of their own; only what lies between them is replaced.
+A section missing from DOC (or present twice) is an error and DOC is left as it was.
+The tables are also printed, so a run shows what it wrote.
+"""
+import json
+import os
+import re
+import sys
+
+
+def die(msg):
+    print(f"doc_tables: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def read_json(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        die(f"{path}: {e}")
+
+
+def json_lines(path):
+    """The JSON objects of a file whose other lines are a tool's chatter."""
+    out = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if line.startswith("{"):
+                    try:
+                        out.append(json.loads(line))
+                    except ValueError as e:
+                        die(f"{path}:{n}: {e}")
+    except OSError as e:
+        die(f"{path}: {e}")
+    return out
+
+
+def table(head, rows):
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def num(v, digits):
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def stat(s, digits):
+    """median (min-max); the median alone when there is no spread to show."""
+    if s is None:
+        return "-"
+    if s.get("min") is None or s.get("max") is None or s["min"] == s["max"]:
+        return num(s["median"], digits)
+    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}-{s['max']:.{digits}f})"
+
+
+def pct_stat(s):
+    """96 % (85-107 %), or 96 % without a spread."""
+    if not s:
+        return "-"
+    lo, hi = s.get("min"), s.get("max")
+    if lo is None or hi is None or round(lo) == round(hi):
+        return f"{s['median']:.0f} %"
+    return f"{s['median']:.0f} % ({lo:.0f}-{hi:.0f} %)"
+
+
+def file_tag(model):
+    """qwen3-1.7b-q4_k_m.gguf -> q4_k_m: the part that says what the file holds."""
+    m = re.search(r"-([A-Za-z0-9_]+)\.gguf$", os.path.basename(model))
+    return m.group(1) if m else os.path.basename(model)
+
+
+# ---- speed: hearthd-tool bench against llama.cpp (bench/run.sh)
+
+SPEED_OURS = ["hearth_bf16.json", "hearth_bf16_g32.json", "hearth_bf16_g32_q8.json",
+              "hearth_q4_0.json"]
+
+
+def speed(res):
+    ours = [read_json(os.path.join(res, f)) for f in SPEED_OURS if os.path.exists(os.path.join(res, f))]
+    llama = [r for r in json_lines(os.path.join(res, "llama.json")) if not r.get("error")] \
+        if os.path.exists(os.path.join(res, "llama.json")) else []
+    if not ours or not llama:
+        die(f"{res}: needs hearth_bf16.json and llama.json")
+    probe = next((o["probe_gbs"] for o in ours if o.get("probe_gbs")), None)
+    kv_per_pos = ours[0]["kv_bytes_per_pos"]
+    pp, tg = ours[0]["pp"], ours[0]["tg"]
+    pct = lambda g: f"{100 * g / probe['median']:.0f} %" if probe else "-"
+    rows = []
+    for o in ours:
+        for r in o["runs"]:
+            paired = r.get("tg_pct_paired")
+            rows.append([f"hearth {'W4A8' if r['act'] == 'a8' else 'W4A16'}",
+                         f"{file_tag(o['model'])} / {o['layout']}", num(o["bpw"], 2),
+                         stat(r["pp_tps"], 1), stat(r["tg_tps"], 2), num(r["tg_gbs"]["median"], 1),
+                         pct(r["tg_gbs"]["median"]),
+                         pct_stat(paired)])
+    for l in llama:
+        # llama.cpp's decode reads about its whole model per token (the tied head is token_embd).
+        kv = kv_per_pos * (l["tg"] * l["pp"] + l["tg"] * (l["tg"] + 1) / 2)
+        gbs = (l["tg"] * l["size_bytes"] + kv) / (l["tg"] / l["tg_tps"]["median"]) * 1e-9
+        rows.append(["llama.cpp", file_tag(l["model"]).upper(), num(l["bpw"], 2),
+                     stat(l["pp_tps"], 1), stat(l["tg_tps"], 2), num(gbs, 1), pct(gbs), "-"])
+    text = table(["engine", "file / layout", "bpw", f"pp{pp} tok/s", f"tg{tg} tok/s",
+                  "decode GB/s", "% probe", "% paired"], rows)
+    notes = []
+    if probe:
+        notes.append(f"Stream probe at start-up: median {probe['median']:.1f} GB/s "
+                     f"(min {probe['min']:.1f}, max {probe['max']:.1f}).")
+    q40 = next((l for l in llama if re.search(r"q4_0", l["model"], re.I)), None)
+    main = ours[0]
+    run = lambda o, act: next((r for r in o["runs"] if r["act"] == act), None)
+    if q40:
+        parts = []
+        for what, key, act in (("decode W4A8", "tg_tps", "a8"), ("decode W4A16", "tg_tps", "a16"),
+                               ("pp W4A8", "pp_tps", "a8"), ("pp W4A16", "pp_tps", "a16")):
+            r = run(main, act)
+            if r:
+                parts.append(f"{what} {r[key]['median'] / q40[key]['median']:.2f}x")
+        notes.append(f"Ratios to llama.cpp Q4_0 ({file_tag(main['model'])} / {main['layout']}, "
+                     f"medians): " + ", ".join(parts) + ".")
+    return {"speed": text + "\n\n" + " ".join(notes)}
+
+
+# ---- serving: hearth bench against a running hearthd (bench/serve_bench.sh)
+
+def serving(path):
+    objs = [o for o in json_lines(path) if "levels" in o]
+    if not objs:
+        die(f"{path}: no `hearth bench --json` result in it")
+    b = objs[-1]
+    rows = []
+    for lv in b["levels"]:
+        g = lambda k, d: num(lv.get(k), d)
+        rows.append([lv["clients"], g("aggregate_tps", 1),
+                     f"{g('client_tps_mean', 1)} / {g('client_tps_min', 1)}", g("decode_tps_mean", 1),
+                     g("steady_tps", 1), f"{g('ttft_ms_p50', 0)} / {g('ttft_ms_p99', 0)}",
+                     f"{g('ipc_us_p50', 0)} / {g('ipc_us_p99', 0)} / {g('ipc_us_max', 0)}"])
+    text = table(["clients", "agg tok/s", "client tok/s mean / min", "decode tok/s", "steady tok/s",
+                  "TTFT p50 / p99 ms", "IPC p50 / p99 / max µs"], rows)
+    notes = []
+    if b.get("ratio_8_1") is not None:
+        notes.append(f"aggregate(8) / aggregate(1) = {b['ratio_8_1']:.2f}x.")
+    if b.get("wake_same_cpu_us_p50") is not None:
+        notes.append(f"Wake floor in the same run: same cpu p50 {b['wake_same_cpu_us_p50']:.1f} / "
+                     f"p99 {b['wake_same_cpu_us_p99']:.1f} µs, other cpu p50 "
+                     f"{num(b.get('wake_other_cpu_us_p50'), 1)} / p99 "
+                     f"{num(b.get('wake_other_cpu_us_p99'), 1)} µs.")
+    return {"serving": text + ("\n\n" + " ".join(notes) if notes else "")}
+
+
+# ---- memory: bench_memory's ledger and targets (bench/bench_memory.sh)
+
+MIB = 1 << 20
+
+
+def mib(v):
+    return f"{v / MIB:.1f} MiB" if v >= MIB else f"{v / 1024:.0f} KiB"
+
+
+def memory(path):
+    led = next((o for o in json_lines(path) if "entries" in o), None)
+    if led is None:
+        die(f"{path}: no ledger JSON line (run bench_memory with --json)")
+    targets = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            m = re.match(r"(PASS|FAIL)  (.{44}) (.*)$", line.rstrip("\n"))
+            if m:
+                targets.append([m.group(2).strip(), m.group(3), "met" if m.group(1) == "PASS" else "**missed**"])
+    if not targets:
+        die(f"{path}: no PASS/FAIL target lines")
+    rows = [[e["name"], mib(e["bytes"]), mib(e["resident"])]
+            for e in led["entries"] if e["bytes"] or e["resident"]]
+    rows.append(["**total (ledger) / VmRSS + hugetlb**", "",
+                 f"**{mib(led['total_resident'])} / {mib(led['process_resident'])}**"])
+    return {"memory": table(["target", "measured", "result"], targets),
+            "memory-ledger": table(["entry", "reserved", "resident"], rows)}
+
+
+# ---- fidelity: bench/fidelity and bench/fidelity_llama (bench/bench_fidelity.sh)
+
+# What each ablation of bench/fidelity swaps into the f32 engine, in the doc's words.
+ABLATIONS = {
+    "int4 all, f32 act": "all int4 (= W4A16 without activation rounding)",
+    "int4 layers only": "int4 layers, exact embedding/head",
+    "int4 embd/head only": "int4 embedding/head, exact layers",
+    "int4 layers+q8 head": "int4 layers, Q8_0 embedding/head",
+    "int4 g32 layers+q8 head": "int4 group 32 asym layers, Q8_0 embedding/head",
+    "sim g64a L, g128a H": "*simulated:* group 64 asym layers, group 128 embedding/head",
+    "sim g64a L+H": "*simulated:* group 64 asym everywhere",
+    "sim g32 Q4_0 rule L+H": "*simulated:* group 32 sym, llama.cpp's Q4_0 rule, everywhere",
+    "sim g32 sym search L+H": "*simulated:* group 32 sym with a scale search, everywhere",
+    "sim g64a L, q8 H": "*simulated:* group 64 asym layers, Q8_0 embedding/head",
+}
+
+
+def kl(v):
+    if v is None:
+        return "-"
+    if v >= 0.1:
+        return f"{v:.3f}"
+    if v >= 0.001:
+        return f"{v:.3g}"
+    return f"{v:.6f}".rstrip("0")
+
+
+def model_label(name):
+    """fx-quant-f16.gguf -> fx-quant-f16; the benchmark's own prefix (hearth-fidelity-) goes."""
+    return re.sub(r"^hearth-[a-z]+-", "", name.removesuffix(".gguf"))
+
+
+def fidelity(res):
+    try:
+        files = sorted(f for f in os.listdir(res) if f.endswith(".json"))
+    except OSError as e:
+        die(f"{res}: {e}")
+    if not files:
+        die(f"{res}: no result files")
+    models, by_model = [], {}
+    for f in files:
+        o = read_json(os.path.join(res, f))
+        if o["model"] not in by_model:
+            models.append(o["model"])
+            by_model[o["model"]] = []
+        by_model[o["model"]].append(o)
+    rows, abl_rows, abl_models = [], {}, []
+    for name in models:
+        for o in by_model[name]:
+            for b in o["builds"]:
+                if "q4_0_source" in o:
+                    label = "llama.cpp Q4_0" + (" `--pure`" if "pure" in o["q4_0_source"] else "")
+                    label += f" ({b.get('types', '')})"
+                else:
+                    label = f"hearth {b['build'].upper()} ({b['quant']})"
+                rows.append([f"{model_label(name)} ({o['positions']})", label, num(b.get("bpw"), 2),
+                             num(b.get("top1"), 3), kl(b.get("kl_mean")), kl(b.get("kl_p99")),
+                             kl(b.get("kl_max"))])
+            if "ablations" in o:
+                abl_models.append(model_label(name))
+                for a in o["ablations"] + [dict(a, weights=f"activation rounding alone, {a['build'].upper()}")
+                                           for a in o.get("activation_only", [])]:
+                    cell = f"{kl(a.get('kl_mean'))} ({num(a.get('top1'), 2)})"
+                    abl_rows.setdefault(a["weights"], {})[abl_models[-1]] = cell
+    out = {"fidelity": table(["model (positions)", "build", "bpw", "top-1", "KL mean", "KL p99", "KL max"],
+                             rows)}
+    if abl_rows:
+        out["fidelity-ablation"] = table(
+            ["weights in the f32 engine"] + abl_models,
+            [[ABLATIONS.get(w, w)] + [cells.get(m, "-") for m in abl_models] for w, cells in abl_rows.items()])
+    return out
+
+
+# ---- kernels: bench/bench_kernels
+
+def kernels(path):
+    rows, order, shape, head = {}, [], None, None
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.rstrip("\n")
+            if line.startswith("kernels "):
+                head = line.split(",")[0]
+            m = re.match(r"stream read\s+(\d) thr: +([\d.]+) GB/s wall", line)
+            if m:
+                key = "plain streaming read"
+                if key not in rows:
+                    order.append(key)
+                rows.setdefault(key, {})[m.group(1)] = f"{m.group(2)} GB/s"
+                continue
+            m = re.match(r"(\d+x\d+) \(", line)
+            if m:
+                shape = m.group(1)
+                continue
+            m = re.match(r"\s+(gemv|gemm) (W4A\d+)\s*(\d) thr: +([\d.]+) (GB|GOP)/s wall(.*)$", line)
+            if m and shape:
+                kind, act, thr, val, unit, rest = m.groups()
+                t = re.search(r"\((\d+) tokens", rest)
+                what = "GEMV" if kind == "gemv" else f"GEMM {t.group(1)} tok" + \
+                    (" from memory" if "from memory" in rest else "")
+                key = f"{what} {act} {shape}"
+                if key not in rows:
+                    order.append(key)
+                rows.setdefault(key, {})[thr] = f"{val} {unit}/s"
+    if not rows:
+        die(f"{path}: no bench_kernels lines")
+    text = table(["measurement", "1 thread", "2 threads"],
+                 [[k, rows[k].get("1", "-"), rows[k].get("2", "-")] for k in order])
+    return {"kernels": (f"{head}, wall-clock rates.\n\n" if head else "") + text}
+
+
+KINDS = {"speed": speed, "serving": serving, "memory": memory, "fidelity": fidelity, "kernels": kernels}
+
+
+def replace(doc, sections):
+    try:
+        with open(doc, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        die(f"{doc}: {e}")
+    for name, body in sections.items():
+        begin, end = f"<!-- bench:{name} begin -->\n", f"<!-- bench:{name} end -->"
+        if text.count(begin) != 1 or text.count(end) != 1:
+            die(f"{doc}: needs exactly one '{begin.strip()}' line and one '{end}' line")
+        i = text.index(begin) + len(begin)
+        j = text.index(end)
+        if j < i:
+            die(f"{doc}: '{end}' comes before '{begin.strip()}'")
+        text = text[:i] + body.rstrip("\n") + "\n" + text[j:]
+    tmp = f"{doc}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, doc)
+
+
+def main(argv):
+    if len(argv) != 4 or argv[1] not in KINDS:
+        print(__doc__.strip().split("\n\n")[1], file=sys.stderr)
+        return 2
+    sections = KINDS[argv[1]](argv[3])
+    replace(argv[2], sections)
+    for name, body in sections.items():
+        print(f"{argv[2]} [{name}]:\n{body}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,163 @@
+#!/bin/sh
+# bench/doc_tables.py, the writer `make bench` runs after each benchmark: fed each bench's own
+# result format (fixtures in doc_tables/), it must replace exactly the marked sections of a
+# document, leave every other byte alone, refuse a document without the markers, and the real
+# docs must carry every marker a bench target writes. TAP.
+set -u
+: "${HEARTH_SRCDIR:?HEARTH_SRCDIR is not set (make check sets it)}"
+py=/usr/bin/python3
+writer=$HEARTH_SRCDIR/bench/doc_tables.py
+fx=$HEARTH_SRCDIR/tests/integration/doc_tables
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/test_doc_tables.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT INT TERM
+
+n=0
+fails=0
+ok() { n=$((n + 1)); echo "ok $n - $1"; }
+notok() { n=$((n + 1)); fails=$((fails + 1)); echo "not ok $n - $1"; }
+
+# A document with text before, between and after the sections, stale rows inside them.
+mkdoc() { # mkdoc FILE SECTION...
+	f=$1
+	shift
+	printf '# Title\n\nProse before, with a | pipe and <!-- a comment -->.\n\n' >"$f"
+	for s in "$@"; do
+		printf '## %s\n\n<!-- bench:%s begin -->\n| stale | table |\n|---|---|\n| 1 | 2 |\n<!-- bench:%s end -->\n\nProse after %s.\n\n' \
+			"$s" "$s" "$s" "$s" >>"$f"
+	done
+	printf 'The end, no newline after it.' >>"$f"
+}
+
+# Everything outside the sections, markers included: must be the same before and after.
+outside() { # outside FILE
+	awk '/<!-- bench:.* begin -->/ { print; skip = 1; next }
+	     /<!-- bench:.* end -->/ { skip = 0 }
+	     !skip { print }' "$1"
+}
+
+check_kind() { # check_kind KIND RESULT "SECTIONS" EXPECTED-LINE...
+	kind=$1 result=$2 sections=$3
+	shift 3
+	doc=$tmp/$kind.md
+	# shellcheck disable=SC2086
+	mkdoc "$doc" $sections
+	outside "$doc" >"$tmp/$kind.before"
+	if "$py" "$writer" "$kind" "$doc" "$result" >"$tmp/$kind.out" 2>"$tmp/$kind.err"; then
+		ok "$kind: the writer accepts the bench's result"
+	else
+		notok "$kind: the writer accepts the bench's result"
+		sed 's/^/#   /' "$tmp/$kind.err"
+		return
+	fi
+	outside "$doc" >"$tmp/$kind.after"
+	if cmp -s "$tmp/$kind.before" "$tmp/$kind.after"; then
+		ok "$kind: text outside the marked sections is untouched"
+	else
+		notok "$kind: text outside the marked sections is untouched"
+		diff "$tmp/$kind.before" "$tmp/$kind.after" | sed 's/^/#   /'
+	fi
+	if grep -q '| stale | table |' "$doc"; then
+		notok "$kind: the stale rows are gone"
+	else
+		ok "$kind: the stale rows are gone"
+	fi
+	for want in "$@"; do
+		if grep -qF -- "$want" "$doc"; then
+			ok "$kind: section holds '$want'"
+		else
+			notok "$kind: section holds '$want'"
+		fi
+	done
+	cp "$doc" "$tmp/$kind.once"
+	"$py" "$writer" "$kind" "$doc" "$result" >/dev/null 2>&1
+	if cmp -s "$doc" "$tmp/$kind.once"; then
+		ok "$kind: a second run writes the same document"
+	else
+		notok "$kind: a second run writes the same document"
+	fi
+}
+
+check_kind speed "$fx/speed" "speed" \
+	'| hearth W4A8 | bf16 / q4_g128 | 4.25 | 196.5 (195.3-203.6) | 27.45 (26.62-27.50) | 26.9 | 79 % | 96 % (85-107 %) |' \
+	'| hearth W4A16 | bf16 / q4_g32 | 4.50 | 102.6 | 25.83 | 26.7 | 78 % | 81 % (81-119 %) |' \
+	'| llama.cpp | Q4_0 | 4.87 | 88.9 (86.1-90.7) | 17.95 (17.38-18.24) | 20.0 | 59 % | - |' \
+	'median 34.1 GB/s (min 33.2, max 34.7)' 'decode W4A8 1.53x' 'pp W4A8 2.21x'
+check_kind serving "$fx/serving.json" "serving" \
+	'| 8 | 212.9 | 26.7 / 26.6 | 35.2 | 291.8 | 1339 / 1340 | 37 / 137 / 216 |' \
+	'aggregate(8) / aggregate(1) = 3.30x' 'same cpu p50 5.4 / p99 15.9 µs'
+check_kind memory "$fx/memory.txt" "memory memory-ledger" \
+	'| settled RSS <= packed + KV budget + 48 MiB | 1111.1 MiB <= 871.6 + 192.0 + 48 = 1111.6 MiB (margin +0.6 MiB) | met |' \
+	'| weights.q4g128 | 714.0 MiB | 714.0 MiB |' '| norms | 484 KiB | 484 KiB |' \
+	'**1111.1 MiB / 1111.1 MiB**'
+check_kind fidelity "$fx/fidelity" "fidelity fidelity-ablation" \
+	'| fx-quant-f16 (256) | llama.cpp Q4_0 (14 q4_0, 1 q6_k) | 6.31 | 0.391 | 0.091 | 0.164 | 0.184 |' \
+	'| qwen3-0.6b-bf16 (128) | hearth W4A8 (q4_g32+head_q8) | 5.48 | - | 0.078 | - | - |' \
+	'| qwen3-0.6b-bf16 (128) | hearth W4A16 (q4_g32) | 4.50 | 0.242 | 0.0926 | 0.128 | 0.134 |' \
+	'| weights in the f32 engine | fx-qwen3 | fx-quant-f16 | qwen3-0.6b-bf16 |' \
+	'| int4 embedding/head, exact layers | 0.033 (0.61) | 0.052 (0.57) | 0.024 (0.55) |' \
+	'| activation rounding alone, W4A8 | 0.0006 (0.95) | 0.0007 (0.91) | 0.0005 (0.93) |'
+check_kind kernels "$fx/kernels.txt" "kernels" \
+	'| plain streaming read | 18.1 GB/s | 26.7 GB/s |' \
+	'| GEMM 512 tok W4A8 6144x2048 | 282.0 GOP/s | 563.0 GOP/s |'
+
+# bench_kernels' small-batch lines (8 tokens from memory) are rows of their own.
+cat >"$tmp/kernels8.txt" <<'EOF2'
+kernels avx512, group 128 asym, budget 300 ms per number (shared machine: noisy)
+2048x6144 (6.68 MB, 4.250 bpw, 26 copies)
+  gemm W4A8  1 thr:  148.3 GOP/s wall,    4.9 GB/s of weights (8 tokens from memory, 1357.4 us)
+  gemm W4A8  2 thr:  605.6 GOP/s wall,   20.2 GB/s of weights (8 tokens from memory, 331.1 us)
+EOF2
+check_kind kernels "$tmp/kernels8.txt" "kernels" \
+	'| GEMM 8 tok from memory W4A8 2048x6144 | 148.3 GOP/s | 605.6 GOP/s |'
+
+# The sections must keep their order relative to each other and the rows their run order.
+if awk '/^\| fx-qwen3/ { q = NR } /^\| fx-quant/ && !f { f = NR } END { exit !(q && f && q < f) }' \
+	"$tmp/fidelity.md"; then
+	ok "fidelity: models in the order they were run"
+else
+	notok "fidelity: models in the order they were run"
+fi
+
+# A document without the section: an error naming the marker, and the document unchanged.
+mkdoc "$tmp/none.md" other
+cp "$tmp/none.md" "$tmp/none.orig"
+if "$py" "$writer" serving "$tmp/none.md" "$fx/serving.json" >/dev/null 2>"$tmp/none.err"; then
+	notok "a document without the marker is refused"
+else
+	ok "a document without the marker is refused"
+fi
+if grep -q 'bench:serving begin' "$tmp/none.err" && cmp -s "$tmp/none.md" "$tmp/none.orig"; then
+	ok "the refusal names the marker and leaves the document as it was"
+else
+	notok "the refusal names the marker and leaves the document as it was"
+fi
+# Twice the same section is as ambiguous as none.
+mkdoc "$tmp/twice.md" serving serving
+if "$py" "$writer" serving "$tmp/twice.md" "$fx/serving.json" >/dev/null 2>&1; then
+	notok "a document with the section twice is refused"
+else
+	ok "a document with the section twice is refused"
+fi
+# A result without what the writer needs is an error, not an empty table.
+printf 'hearthd did not start\n' >"$tmp/empty.json"
+mkdoc "$tmp/empty.md" serving
+if "$py" "$writer" serving "$tmp/empty.md" "$tmp/empty.json" >/dev/null 2>&1; then
+	notok "a result file with no result in it is refused"
+else
+	ok "a result file with no result in it is refused"
+fi
+
+# The real documents carry the sections their bench targets write (Makefile.am, bench section).
+for pair in benchmarks.md:speed benchmarks.md:serving benchmarks.md:fidelity \
+	benchmarks.md:fidelity-ablation memory.md:memory memory.md:memory-ledger kernels.md:kernels; do
+	doc=$HEARTH_SRCDIR/doc/${pair%%:*} s=${pair#*:}
+	if [ "$(grep -c "^<!-- bench:$s begin -->\$" "$doc")" = 1 ] &&
+		[ "$(grep -c "^<!-- bench:$s end -->\$" "$doc")" = 1 ]; then
+		ok "doc/${pair%%:*} has one bench:$s section"
+	else
+		notok "doc/${pair%%:*} has one bench:$s section"
+	fi
+done
+
+echo "1..$n"
+[ "$fails" = 0 ]
