@@ -105,7 +105,7 @@ int serve_chat_model_load(struct serve_chat_model *cm, const struct gguf_file *f
 		cm->origin = "file";
 		return rc;
 	}
-	const struct gguf_kv *kv = gguf_kv_find(f, "tokenizer.chat_template");
+	const struct gguf_kv *kv = f ? gguf_kv_find(f, "tokenizer.chat_template") : NULL;
 	char origin[512];
 	if (kv && kv->type == GGUF_VT_STRING && kv->str.len) {
 		snprintf(origin, sizeof origin, "%s:tokenizer.chat_template", f->path);
@@ -120,7 +120,7 @@ int serve_chat_model_load(struct serve_chat_model *cm, const struct gguf_file *f
 	}
 	/* Named templates (tool_use, rag, ...) beside the default. */
 	size_t plen = strlen(NAMED_PREFIX);
-	for (uint64_t i = 0; i < f->n_kv && cm->n_named < SERVE_CHAT_NAMED_MAX; i++) {
+	for (uint64_t i = 0; f && i < f->n_kv && cm->n_named < SERVE_CHAT_NAMED_MAX; i++) {
 		const struct gguf_kv *k = &f->kv[i];
 		if (k->type != GGUF_VT_STRING || k->key.len <= plen || k->key.len - plen > MSG_NAME_MAX ||
 		    memcmp(k->key.ptr, NAMED_PREFIX, plen))

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "daemon/serve/chat.h"
 #include "daemon/serve/config.h"
 #include "daemon/engine/ledger.h"
 #include "daemon/engine/load.h"
@@ -34,6 +35,7 @@ struct loader {
 	struct sched_params sched;
 	struct server_model sm;
 	struct ledger_load load_record;
+	struct serve_chat_model chat;
 };
 
 static void loader_progress(void *ctx, const char *phase, const char *what, uint64_t done,
@@ -51,9 +53,30 @@ static void loader_progress(void *ctx, const char *phase, const char *what, uint
 static void loader_release(void *owner)
 {
 	struct loader *ld = owner;
+	serve_chat_model_free(&ld->chat);
 	model_q4_free(ld->model);
 	tok_free(ld->tok);
 	free(ld);
+}
+
+/* The model's chat templates. They come from the file's metadata, read again after the load
+ * (which closed the file and dropped its pages: only the header pages are read back). A
+ * template that does not parse is logged and replaced by the built-in ChatML, so the model
+ * is still served. */
+static void loader_chat(struct loader *ld)
+{
+	struct hearth_error e;
+	struct gguf_file *f = NULL;
+	int rc = gguf_open(&f, ld->cfg.model, &e);
+	if (rc == 0)
+		rc = serve_chat_model_load(&ld->chat, f, ld->tok, NULL, &e);
+	gguf_close(f);
+	if (rc < 0) {
+		log_warning(ld->log, "chat template: %s; chat uses the built-in ChatML", e.msg);
+		serve_chat_model_load(&ld->chat, NULL, ld->tok, NULL, &e);
+	}
+	log_notice(ld->log, "chat template: %s%s", ld->chat.origin,
+		   !strcmp(ld->chat.origin, "chatml") ? " (built in: the model has none)" : "");
 }
 
 static void *loader_main(void *arg)
@@ -117,6 +140,8 @@ static void *loader_main(void *arg)
 		loader_release(ld);
 		return NULL;
 	}
+	loader_chat(ld);
+	ld->sm.chat = &ld->chat;
 	ld->sm.tok = ld->tok;
 	ld->sm.sched = &ld->sched;
 	ld->sm.arena = &m->arena;
@@ -137,6 +162,7 @@ static void *loader_main(void *arg)
 		.n_vocab = m->hp.n_vocab,
 		.n_layer = m->n_layer,
 		.n_embd = m->hp.n_embd,
+		.chat_template = { ld->chat.origin, strlen(ld->chat.origin) },
 	};
 	/* From here the server owns ld (through sm.release). */
 	server_model_ready(ld->srv, &ld->sm);

@@ -18,6 +18,7 @@
 
 struct server;
 struct tok;
+struct serve_chat_model;
 
 /* What a loaded model gives the server. The server calls release(owner) on the loop
  * thread once nothing uses the model any more (after a swap retired it, or at stop). */
@@ -28,6 +29,7 @@ struct server_model {
 	const struct sched_params *sched; /* NULL: sched_params_default */
 	const struct arena *arena;     /* for the ledger; NULL: none */
 	const struct ledger_load *load; /* what the load sampler saw; NULL: none */
+	const struct serve_chat_model *chat; /* the model's chat templates */
 	void (*release)(void *owner);
 	void *owner;
 };

@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "daemon/serve/chat.h"
 #include "daemon/serve/serve.h"
 #include "daemon/engine/tokenizer.h"
 #include "protocol/fdpass.h"
@@ -443,8 +444,9 @@ static int session_prompt_tokens(struct session *ss, const struct msg_generate *
 	return 0;
 }
 
-/* Turns every token record the compute thread put in the private ring into a `token`
- * frame. Called when its doorbell rings and before a `done`, so tokens precede it. */
+/* Turns every record the compute thread put in the private ring into a frame: `token` for
+ * socket streaming, `delta` for a chat's parsed reply. Called when its doorbell rings and
+ * before a `done`, so they precede it. */
 static void session_drain_socket_tokens(struct session *ss)
 {
 	if (!ss->sring_open)
@@ -459,7 +461,12 @@ static void session_drain_socket_tokens(struct session *ss)
 			break; /* both ends are the daemon's own: a broken ring cannot happen */
 		uint8_t copy[RING_TOKEN_TEXT_MAX + 64 + RING_TOKEN_TOP_MAX * 8];
 		struct ring_token t;
-		if (type == RING_REC_TOKEN && len <= sizeof copy) {
+		if (type == SERVE_CHAT_DELTA_REC) {
+			/* Built by this daemon's compute thread from the reply it parsed. */
+			struct msg f;
+			if (serve_chat_delta_decode(p, len, &f, &e) == 0)
+				session_send(ss, &f);
+		} else if (type == RING_REC_TOKEN && len <= sizeof copy) {
 			memcpy(copy, p, len);
 			if (ring_token_decode(copy, len, &t, &e) == 0) {
 				struct msg_top top[RING_TOKEN_TOP_MAX];
@@ -515,94 +522,93 @@ static int session_open_socket_ring(struct session *ss, struct hearth_error *e)
 	return 0;
 }
 
-static void session_on_generate(struct session *ss, const struct msg *m)
+/* The checks generate and chat share, before any prompt work; false when a refusal was sent. */
+static bool session_gen_admissible(struct session *ss, uint64_t id, const struct msg_generate *g, bool chat)
 {
 	struct server *srv = ss->srv;
-	const struct msg_generate *g = &m->u.generate;
 	struct hearth_error e;
 	if (!ss->welcomed) {
-		session_send_error(ss, m->id, ss->hello_pending ? MSG_ERR_LOADING : MSG_ERR_BAD_STATE,
+		session_send_error(ss, id, ss->hello_pending ? MSG_ERR_LOADING : MSG_ERR_BAD_STATE,
 				   false, ss->hello_pending ? "the model is still loading" : "send hello first");
-		return;
+		return false;
 	}
 	if (srv->stopping) {
-		session_send_error(ss, m->id, MSG_ERR_SHUTTING_DOWN, false, "the daemon is shutting down");
-		return;
+		session_send_error(ss, id, MSG_ERR_SHUTTING_DOWN, false, "the daemon is shutting down");
+		return false;
 	}
 	if (!ss->ring_open && !g->stream_socket) {
-		session_send_error(ss, m->id, MSG_ERR_BAD_STATE, false,
+		session_send_error(ss, id, MSG_ERR_BAD_STATE, false,
 				   "without a shared-memory ring (hello ring=false), ask for socket: true");
-		return;
+		return false;
 	}
 	if (g->stream_socket && g->logits) {
-		session_send_error(ss, m->id, MSG_ERR_BAD_FIELD, false,
+		session_send_error(ss, id, MSG_ERR_BAD_FIELD, false,
 				   "logits rows travel only through the ring; they cannot come with socket: true");
-		return;
+		return false;
 	}
-	if (g->stream_socket && session_open_socket_ring(ss, &e) < 0) {
-		session_send_error(ss, m->id, MSG_ERR_INTERNAL, false, "socket streaming: %s", e.msg);
-		return;
+	/* A chat's deltas come to the loop thread through the private ring too. */
+	if ((g->stream_socket || chat) && session_open_socket_ring(ss, &e) < 0) {
+		session_send_error(ss, id, MSG_ERR_INTERNAL, false, "socket streaming: %s", e.msg);
+		return false;
 	}
-	if (session_find_req(ss, m->id)) {
-		session_send_error(ss, m->id, MSG_ERR_DUPLICATE_ID, false,
-				   "request %llu is still running", (unsigned long long)m->id);
-		return;
+	if (session_find_req(ss, id)) {
+		session_send_error(ss, id, MSG_ERR_DUPLICATE_ID, false,
+				   "request %llu is still running", (unsigned long long)id);
+		return false;
 	}
 	if (ss->n_reqs >= srv->cfg.max_requests_per_client) {
-		session_send_error(ss, m->id, MSG_ERR_BUSY, false,
+		session_send_error(ss, id, MSG_ERR_BUSY, false,
 				   "this connection already has %u requests running (max_requests_per_client)",
 				   ss->n_reqs);
-		return;
+		return false;
 	}
 	if (g->top_logprobs > SCHED_MAX_TOP || g->n_stop > SCHED_MAX_STOP_STRINGS ||
 	    g->n_stop_tokens > SCHED_MAX_STOP_TOKENS) {
-		session_send_error(ss, m->id, MSG_ERR_BAD_FIELD, false,
+		session_send_error(ss, id, MSG_ERR_BAD_FIELD, false,
 				   "at most %d top_logprobs, %d stop strings and %d stop_tokens",
 				   SCHED_MAX_TOP, SCHED_MAX_STOP_STRINGS, SCHED_MAX_STOP_TOKENS);
-		return;
+		return false;
 	}
 	for (size_t i = 0; i < g->n_stop; i++)
 		if (g->stop[i].len > SCHED_MAX_STOP_LEN) {
-			session_send_error(ss, m->id, MSG_ERR_BAD_FIELD, false,
+			session_send_error(ss, id, MSG_ERR_BAD_FIELD, false,
 					   "stop[%zu] is %zu bytes; at most %d", i, g->stop[i].len,
 					   SCHED_MAX_STOP_LEN);
-			return;
+			return false;
 		}
-	int32_t *prompt = NULL;
-	uint32_t n_prompt = 0;
-	enum msg_errcode code;
-	if (session_prompt_tokens(ss, g, &prompt, &n_prompt, &code, &e) < 0) {
-		session_send_error(ss, m->id, code, code == MSG_ERR_RING, "%s", e.msg);
-		if (code == MSG_ERR_RING)
-			session_close(ss);
-		return;
-	}
+	return true;
+}
+
+/* Hands a request with its prompt tokens to the scheduler. Takes prompt (and chat, a chat's
+ * state) in every case: on refusal they are freed here. */
+static void session_gen_submit(struct session *ss, uint64_t id, const struct msg_generate *g, int32_t *prompt,
+			       uint32_t n_prompt, struct serve_chat *chat)
+{
+	struct server *srv = ss->srv;
+	struct hearth_error e;
 	uint64_t cost = (uint64_t)n_prompt + g->max_tokens;
 	if (ss->queued_tokens + cost > srv->cfg.max_queued_tokens_per_client) {
-		free(prompt);
-		session_send_error(ss, m->id, MSG_ERR_BUSY, false,
+		session_send_error(ss, id, MSG_ERR_BUSY, false,
 				   "this connection would have %llu tokens queued; the limit is %llu (max_queued_tokens_per_client)",
 				   (unsigned long long)(ss->queued_tokens + cost),
 				   (unsigned long long)srv->cfg.max_queued_tokens_per_client);
-		return;
+		goto refuse;
 	}
 	if (policy_uid_acquire(&srv->policy, ss->cred.uid, &e) < 0) {
-		free(prompt);
-		session_send_error(ss, m->id, MSG_ERR_BUSY, false, "%s", e.msg);
-		return;
+		session_send_error(ss, id, MSG_ERR_BUSY, false, "%s", e.msg);
+		goto refuse;
 	}
 	struct sched_msg *sm = sched_msg_new(SCHED_MSG_SUBMIT, &ss->client, ss);
 	struct serve_req *r = calloc(1, sizeof *r);
 	if (!sm || !r) {
 		free(sm);
 		free(r);
-		free(prompt);
 		policy_uid_release(&srv->policy, ss->cred.uid);
-		session_send_error(ss, m->id, MSG_ERR_INTERNAL, false, "out of memory");
-		return;
+		session_send_error(ss, id, MSG_ERR_INTERNAL, false, "out of memory");
+		goto refuse;
 	}
 	struct sched_request *q = &sm->req;
-	q->id = m->id;
+	q->id = id;
 	q->prompt = prompt;
 	q->n_prompt = n_prompt;
 	q->max_tokens = g->max_tokens;
@@ -614,7 +620,7 @@ static void session_on_generate(struct session *ss, const struct msg *m)
 		.repeat_penalty = (float)g->sampling.repeat_penalty,
 		.repeat_last_n = g->sampling.repeat_last_n,
 	};
-	q->seed = g->sampling.has_seed ? g->sampling.seed : (hearth_now_ns() ^ ((uint64_t)ss->cred.pid << 32) ^ m->id);
+	q->seed = g->sampling.has_seed ? g->sampling.seed : (hearth_now_ns() ^ ((uint64_t)ss->cred.pid << 32) ^ id);
 	for (size_t i = 0; i < g->n_stop_tokens; i++)
 		q->stop_tokens[i] = (int32_t)g->stop_tokens[i];
 	q->n_stop_tokens = (uint32_t)g->n_stop_tokens;
@@ -628,21 +634,64 @@ static void session_on_generate(struct session *ss, const struct msg *m)
 	q->full_logits = g->logits;
 	q->ignore_eos = g->ignore_eos;
 	q->to_socket = g->stream_socket;
+	q->special_text = chat != NULL;
+	q->user = chat;
 	sm->result.t_submit = hearth_now_ns();
-	r->id = m->id;
+	r->id = id;
 	r->tokens = cost;
 	if (serve_post(srv, sm) < 0) {
-		free(prompt);
 		free(r);
 		policy_uid_release(&srv->policy, ss->cred.uid);
-		session_send_error(ss, m->id, MSG_ERR_BUSY, false, "the daemon's request queue is full");
-		return;
+		session_send_error(ss, id, MSG_ERR_BUSY, false, "the daemon's request queue is full");
+		goto refuse;
 	}
 	r->next = ss->reqs;
 	ss->reqs = r;
 	ss->n_reqs++;
 	ss->queued_tokens += cost;
 	ss->n_inflight++;
+	return;
+refuse:
+	free(prompt);
+	serve_chat_free(chat);
+}
+
+static void session_on_generate(struct session *ss, const struct msg *m)
+{
+	const struct msg_generate *g = &m->u.generate;
+	struct hearth_error e;
+	if (!session_gen_admissible(ss, m->id, g, false))
+		return;
+	int32_t *prompt = NULL;
+	uint32_t n_prompt = 0;
+	enum msg_errcode code;
+	if (session_prompt_tokens(ss, g, &prompt, &n_prompt, &code, &e) < 0) {
+		session_send_error(ss, m->id, code, code == MSG_ERR_RING, "%s", e.msg);
+		if (code == MSG_ERR_RING)
+			session_close(ss);
+		return;
+	}
+	session_gen_submit(ss, m->id, g, prompt, n_prompt, NULL);
+}
+
+/* A chat: the model's template renders the conversation, the reply is parsed as it comes. */
+static void session_on_chat(struct session *ss, const struct msg *m)
+{
+	const struct msg_chat *c = &m->u.chat;
+	struct server *srv = ss->srv;
+	struct hearth_error e;
+	if (!session_gen_admissible(ss, m->id, &c->gen, true))
+		return;
+	int32_t *prompt = NULL;
+	uint32_t n_prompt = 0;
+	enum msg_errcode code;
+	struct serve_chat *sc = NULL;
+	if (serve_chat_prepare(srv->model.chat, srv->model.tok, c, srv->model.eng.max_context, &prompt, &n_prompt, &sc,
+			       &code, &e) < 0) {
+		session_send_error(ss, m->id, code, false, "%s", e.msg);
+		return;
+	}
+	session_gen_submit(ss, m->id, &c->gen, prompt, n_prompt, sc);
 }
 
 static void session_on_cancel(struct session *ss, const struct msg *m)
@@ -845,6 +894,9 @@ static void session_dispatch(struct session *ss, const struct msg *m)
 	case MSG_GENERATE:
 		session_on_generate(ss, m);
 		break;
+	case MSG_CHAT:
+		session_on_chat(ss, m);
+		break;
 	case MSG_CANCEL:
 		session_on_cancel(ss, m);
 		break;
@@ -970,12 +1022,21 @@ static bool session_emit(void *sink, const struct sched_token *t)
 	if (rc < 0)
 		goto broken;
 	ring_notify(r, NULL);
+	/* A chat's reply parser sees each token's text once, right after the token went out;
+	 * its deltas wait in the request's state when the private ring is full. */
+	if (t->user)
+		serve_chat_feed(t->user, &ss->sring, t->req_id, t->index, t->text, t->text_len);
 	return true;
 broken:
 	/* The client corrupted its ring: its sequences stall until the loop closes it. */
 	atomic_store(&ss->ring_broken, true);
 	uv_async_send(&ss->srv->wake);
 	return false;
+}
+
+static void session_send_cb(void *ctx, const struct msg *m)
+{
+	session_send(ctx, m);
 }
 
 /* Runs on the loop thread for every message the compute thread hands back. */
@@ -990,8 +1051,9 @@ void session_deliver(struct server *srv, struct sched_msg *m)
 	ss->n_inflight--;
 	if (m->type == SCHED_MSG_SUBMIT) {
 		const struct sched_result *res = &m->result;
-		if (m->req.to_socket && !ss->closing)
-			session_drain_socket_tokens(ss); /* every token frame before the final one */
+		struct serve_chat *chat = m->req.user;
+		if ((m->req.to_socket || chat) && !ss->closing)
+			session_drain_socket_tokens(ss); /* every token and delta before the final frame */
 		if (!ss->closing) {
 			if (res->finish == SCHED_FINISH_ERROR) {
 				session_send_error(ss, m->req.id, msg_errcode_from_hearth(res->err.code),
@@ -1016,11 +1078,14 @@ void session_deliver(struct server *srv, struct sched_msg *m)
 				dn->prefill_tps = dn->prefill_ms > 0 ? (res->n_prompt - res->n_cached) / (dn->prefill_ms / 1e3) : 0;
 				dn->decode_tps = dn->decode_ms > 0 && res->n_generated > 1
 					? (res->n_generated - 1) / (dn->decode_ms / 1e3) : 0;
+				if (chat)
+					serve_chat_finish(chat, m->req.id, session_send_cb, ss, dn);
 				session_send(ss, &d);
 			}
 		}
 		session_forget_req(ss, m->req.id);
 		free(m->req.prompt);
+		serve_chat_free(chat);
 	}
 	free(m);
 	if (ss->closing && ss->n_inflight == 0)
