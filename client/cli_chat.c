@@ -16,7 +16,7 @@
 
 #define CHAT_LINE_MAX (1u << 20)
 
-enum { OPT_SYSTEM = 2000, OPT_TOOLS, OPT_TOOL_CHOICE, OPT_VAR, OPT_GRAMMAR, OPT_JSON_SCHEMA, OPT_NO_THINK };
+enum { OPT_SYSTEM = 2000, OPT_MESSAGES, OPT_TOOLS, OPT_TOOL_CHOICE, OPT_VAR, OPT_GRAMMAR, OPT_JSON_SCHEMA, OPT_NO_THINK };
 
 struct chat_cli {
 	struct cli *c;
@@ -186,10 +186,10 @@ static void print_json_reply(const struct hearth_chat_result *r)
 	for (size_t i = 0; i < r->n_tool_calls; i++)
 		json_array_append_new(calls, json_pack("{s:s,s:s,s:s}", "id", r->tool_calls[i].id, "name",
 						       r->tool_calls[i].name, "arguments", r->tool_calls[i].arguments));
-	json_t *o = json_pack("{s:s?,s:s?,s:o,s:s,s:i,s:i,s:f,s:f}", "content", r->content, "reasoning_content",
+	json_t *o = json_pack("{s:s?,s:s?,s:o,s:s,s:i,s:i,s:i,s:f,s:f}", "content", r->content, "reasoning_content",
 			      r->reasoning_content, "tool_calls", calls, "finish", hearth_finish_name(r->gen.finish),
-			      "n_prompt", (int)r->gen.n_prompt, "n_gen", (int)r->gen.n_gen, "prefill_tps",
-			      r->gen.prefill_tps, "decode_tps", r->gen.decode_tps);
+			      "n_prompt", (int)r->gen.n_prompt, "n_cached", (int)r->gen.n_cached, "n_gen",
+			      (int)r->gen.n_gen, "prefill_tps", r->gen.prefill_tps, "decode_tps", r->gen.decode_tps);
 	char *s = json_dumps(o, JSON_COMPACT);
 	if (s)
 		puts(s);
@@ -451,6 +451,7 @@ static int chat_parse(struct chat_cli *cc, int argc, char **argv)
 		{ "stop", required_argument, NULL, OPT_STOP },
 		{ "json", no_argument, NULL, OPT_JSON },
 		{ "system", required_argument, NULL, OPT_SYSTEM },
+		{ "messages", required_argument, NULL, OPT_MESSAGES },
 		{ "tools", required_argument, NULL, OPT_TOOLS },
 		{ "tool-choice", required_argument, NULL, OPT_TOOL_CHOICE },
 		{ "var", required_argument, NULL, OPT_VAR },
@@ -473,6 +474,23 @@ static int chat_parse(struct chat_cli *cc, int argc, char **argv)
 		case OPT_SYSTEM:
 			conv_set_system(cc, optarg);
 			break;
+		case OPT_MESSAGES: {
+			json_error_t je;
+			json_t *v = json_load_file(optarg, 0, &je);
+			if (!json_is_array(v)) {
+				json_decref(v);
+				return usage_error("--messages %s: not a JSON array of messages (%s)", optarg,
+						   v ? "" : je.text);
+			}
+			json_t *sys = json_incref(json_array_get(cc->messages, 0));
+			json_decref(cc->messages);
+			cc->messages = v;
+			/* a --system given before keeps its place in front */
+			if (sys && cc->system)
+				json_array_insert(cc->messages, 0, sys);
+			json_decref(sys);
+			break;
+		}
 		case OPT_TOOLS: {
 			free(cc->tools);
 			if (!(cc->tools = slurp(optarg, &e)))

@@ -213,6 +213,7 @@ struct hearth_result {
 	double decode_ms;
 	double prefill_tps;       /* prompt tokens per second */
 	double decode_tps;        /* generated tokens per second */
+	uint32_t n_cached;        /* prompt tokens the daemon's prefix cache already held */
 };
 
 /* Return 0 to go on, non-zero to cancel the generation: no more tokens are delivered

@@ -288,6 +288,7 @@ struct msg_done {
 	double decode_ms;
 	double prefill_tps;        /* prompt tokens per second */
 	double decode_tps;         /* generated tokens per second */
+	uint32_t n_cached;         /* prompt tokens found in the prefix cache (1.1) */
 	bool has_message;          /* a chat's done: the parsed assistant message */
 	struct msg_chat_reply message;
 };

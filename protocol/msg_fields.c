@@ -177,6 +177,7 @@ static const struct field done_fields[] = {
 	F("decode_ms", FK_F64, 0, struct msg_done, decode_ms, 0, 1e15),
 	F("prefill_tps", FK_F64, 0, struct msg_done, prefill_tps, 0, 1e15),
 	F("decode_tps", FK_F64, 0, struct msg_done, decode_tps, 0, 1e15),
+	F("n_cached", FK_U32, FF_OMIT_ZERO, struct msg_done, n_cached, 0, U32MAX),
 	{ "message", FK_MAP, 0, offsetof(struct msg_done, message), FIELD_NO_OFF, offsetof(struct msg_done, has_message),
 	  0, 0, 0, &chat_reply_table },
 };

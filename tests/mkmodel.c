@@ -45,6 +45,7 @@ static const struct mk_preset mk_presets[] = {
 struct mk_opts {
 	const char *out;
 	const char *vocab_path;
+	const char *chat_template_path; /* tokenizer.chat_template from this file */
 	const char *name;
 	const struct mk_preset *preset;
 	int arch;            /* -1: the preset's */
@@ -747,6 +748,25 @@ static int write_tensor(struct gguf_build *b, FILE *fp, const struct mk_tensor *
 	return rc;
 }
 
+/* tokenizer.chat_template, as a model's own template travels. */
+static int write_chat_template(struct gguf_build *b, const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	if (!f) {
+		fprintf(stderr, "mkmodel: %s: %s\n", path, strerror(errno));
+		return HEARTH_EIO;
+	}
+	char *text = zalloc(1u << 20, 1);
+	size_t n = text ? fread(text, 1, (1u << 20) - 1, f) : 0;
+	fclose(f);
+	if (!text)
+		return oom();
+	int rc = gguf_build_kv_str(b, "tokenizer.chat_template", text) ? HEARTH_ENOMEM : 0;
+	(void)n;
+	free(text);
+	return rc;
+}
+
 /* ---- command line */
 
 static void usage(FILE *fp)
@@ -757,6 +777,7 @@ static void usage(FILE *fp)
 		"               [--vocab VOCAB.gguf] [--n-vocab N] [--name NAME]\n"
 		"               [--n-embd N] [--n-layer N] [--n-head N] [--n-head-kv N] [--head-dim N]\n"
 		"               [--n-ff N] [--ctx N] [--rope-theta F] [--rms-eps F] [--tied|--untied]\n"
+		"               [--chat-template FILE.jinja]\n"
 		"Writes a synthetic model with seeded weights that llama.cpp loads. Without --vocab the\n"
 		"vocabulary is a small byte-level BPE of its own, padded with [PADn] to --n-vocab;\n"
 		"with --vocab every tokenizer.* key of that file is copied (and padded likewise).\n"
@@ -797,7 +818,7 @@ static bool parse_float(const char *s, float *out)
 enum {
 	OPT_PRESET = 256, OPT_ARCH, OPT_TYPE, OPT_SEED, OPT_VOCAB, OPT_N_VOCAB, OPT_NAME,
 	OPT_N_EMBD, OPT_N_LAYER, OPT_N_HEAD, OPT_N_HEAD_KV, OPT_HEAD_DIM, OPT_N_FF, OPT_CTX,
-	OPT_ROPE_THETA, OPT_RMS_EPS, OPT_TIED, OPT_UNTIED,
+	OPT_ROPE_THETA, OPT_RMS_EPS, OPT_TIED, OPT_UNTIED, OPT_CHAT_TEMPLATE,
 };
 
 /* 0: options in o; 1: --help was printed; -1: bad usage (already reported). */
@@ -823,6 +844,7 @@ static int parse_args(int argc, char **argv, struct mk_opts *o)
 		{ "rms-eps", required_argument, NULL, OPT_RMS_EPS },
 		{ "tied", no_argument, NULL, OPT_TIED },
 		{ "untied", no_argument, NULL, OPT_UNTIED },
+		{ "chat-template", required_argument, NULL, OPT_CHAT_TEMPLATE },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -862,6 +884,7 @@ static int parse_args(int argc, char **argv, struct mk_opts *o)
 			break;
 		case OPT_SEED: ok = parse_u64(optarg, &o->seed); break;
 		case OPT_VOCAB: o->vocab_path = optarg; break;
+		case OPT_CHAT_TEMPLATE: o->chat_template_path = optarg; break;
 		case OPT_N_VOCAB: ok = parse_u64(optarg, &o->set.n_vocab) && o->set.n_vocab > 0; break;
 		case OPT_NAME: o->name = optarg; break;
 		case OPT_N_EMBD: ok = parse_u32(optarg, &o->set.n_embd); break;
@@ -1046,6 +1069,8 @@ int main(int argc, char **argv)
 		if ((rc = write_metadata(b, &o, n_vocab)) || (rc = vocab_write(b, &vocab, (enum mk_arch)o.arch)))
 			goto out;
 	}
+	if (o.chat_template_path && (rc = write_chat_template(b, o.chat_template_path)))
+		goto out;
 	if ((rc = plan_model(b, &plan, (enum mk_arch)o.arch, &o.shape, o.type, n_vocab)))
 		goto out;
 

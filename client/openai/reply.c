@@ -107,8 +107,9 @@ json_t *gw_completion_json(struct gw *g, const char *object, json_t *choices)
 
 json_t *gw_usage_json(const struct hearth_result *res)
 {
-	return json_pack("{s:I,s:I,s:I}", "prompt_tokens", (json_int_t)res->n_prompt, "completion_tokens",
-			 (json_int_t)res->n_gen, "total_tokens", (json_int_t)res->n_prompt + (json_int_t)res->n_gen);
+	return json_pack("{s:I,s:I,s:I,s:{s:I}}", "prompt_tokens", (json_int_t)res->n_prompt, "completion_tokens",
+			 (json_int_t)res->n_gen, "total_tokens", (json_int_t)res->n_prompt + (json_int_t)res->n_gen,
+			 "prompt_tokens_details", "cached_tokens", (json_int_t)res->n_cached);
 }
 
 const char *gw_finish_name(enum hearth_finish f)

@@ -1070,6 +1070,7 @@ void session_deliver(struct server *srv, struct sched_msg *m)
 				}
 				dn->n_prompt = res->n_prompt;
 				dn->n_gen = res->n_generated;
+				dn->n_cached = res->n_cached;
 				uint64_t admit = res->t_admit ? res->t_admit : res->t_end;
 				uint64_t first = res->t_first ? res->t_first : res->t_end;
 				dn->queue_ms = (double)(admit - res->t_submit) / 1e6;

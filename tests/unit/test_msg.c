@@ -534,7 +534,7 @@ static size_t full_messages(enum msg_type type, struct msg *v)
 		m->u.done = (struct msg_done){ MSG_FINISH_LENGTH, 3, 4, 1.5, 2.5, 3.5, 4.5, 5.5 };
 		m = &v[n++];
 		msg_init(m, type, 8);
-		m->u.done = (struct msg_done){ MSG_FINISH_TOOL_CALLS, 3, 4, 1.5, 2.5, 3.5, 4.5, 5.5, true,
+		m->u.done = (struct msg_done){ MSG_FINISH_TOOL_CALLS, 3, 4, 1.5, 2.5, 3.5, 4.5, 5.5, 2, true,
 					       { B("ok"), B("hmm"), full_calls, 2 } };
 		break;
 	case MSG_TOKENS:
