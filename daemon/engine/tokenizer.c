@@ -1605,6 +1605,11 @@ size_t tok_piece(const struct tok *t, int32_t id, bool special, char *buf, size_
 	return len;
 }
 
+size_t tok_piece_max(const struct tok *t)
+{
+	return t->piece_max;
+}
+
 int tok_decode(const struct tok *t, const int32_t *ids, size_t n, bool special, char *buf,
 	       size_t cap, size_t *n_out, struct hearth_error *err)
 {

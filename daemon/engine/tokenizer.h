@@ -37,6 +37,9 @@ int tok_encode(const struct tok *t, const char *text, size_t len, bool add_bos, 
  * range give 0. A piece can be an incomplete UTF-8 sequence: use tok_stream for output. */
 size_t tok_piece(const struct tok *t, int32_t id, bool special, char *buf, size_t cap);
 
+/* The longest piece in bytes (for sizing buffers: the grammar's token trie). */
+size_t tok_piece_max(const struct tok *t);
+
 /* Concatenated pieces as llama_detokenize(remove_special=false, unparse_special=special)
  * gives them, including dropping one leading space of the first piece when the model adds
  * a space prefix (SentencePiece), so tok_decode(tok_encode(s)) == s for valid UTF-8 s. It
