@@ -288,12 +288,13 @@ int gen_end(struct hearth_gen *g, struct hearth_result *result, struct hearth_ch
 		if (err)
 			*err = r->err;
 	} else {
-		if (result)
-			*result = r->result;
+		/* A chat's result holds its own gen: the message goes in first. */
 		if (chat) {
 			*chat = r->chat;
 			memset(&r->chat, 0, sizeof r->chat);
 		}
+		if (result)
+			*result = r->result;
 	}
 	pthread_mutex_unlock(&h->mu);
 	conn_unregister(h, r);

@@ -5,6 +5,8 @@
  * rendering marks it, and chat_text_tokenize reads special tokens only outside it. */
 #include "daemon/serve/chat.h"
 
+#include "daemon/engine/json_schema.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +31,8 @@ struct serve_chat {
 	uint64_t req_id;
 	bool oom;
 	struct msg_chat_call *calls;    /* done's view of the parsed calls */
+	char *tool_grammar;             /* GBNF the calls are held to, or NULL */
+	const char *trigger;            /* "" from the first token, else the opener */
 };
 
 /* ---- templates ---- */
@@ -96,8 +100,8 @@ int serve_chat_model_load(struct serve_chat_model *cm, const struct gguf_file *f
 	token_text(tok, tok_eos(tok), cm->eos, sizeof cm->eos);
 	int rc;
 	if (file_path && *file_path) {
-		char *src;
-		size_t len;
+		char *src = NULL;
+		size_t len = 0;
 		if ((rc = read_file(file_path, &src, &len, err)) < 0)
 			return rc;
 		rc = template_take(&cm->def, "", src, len, file_path, err);
@@ -146,6 +150,93 @@ void serve_chat_model_free(struct serve_chat_model *cm)
 	cm->n_named = 0;
 }
 
+/* ---- tool-call grammars ---- */
+
+/* One call as JSON Schema: {"name": const, args_key: the tool's parameters}. */
+static json_t *call_schema(json_t *tool, const char *args_key)
+{
+	json_t *fn = json_object_get(tool, "function");
+	json_t *params = json_object_get(fn, "parameters");
+	json_t *args = json_is_object(params) ? json_deep_copy(params) : json_pack("{s:s}", "type", "object");
+	return json_pack("{s:s,s:{s:{s:O},s:o},s:[s,s],s:b}", "type", "object", "properties", "name", "const",
+			 json_object_get(fn, "name"), args_key, args, "required", "name", args_key,
+			 "additionalProperties", 0);
+}
+
+/* The GBNF of the calls a family writes, with the call rule from the tools' schemas. */
+static int tool_grammar_build(struct serve_chat *sc, const json_t *tools, const char *choice,
+			      enum chat_format fmt, struct hearth_error *e)
+{
+	bool required = strcmp(choice, "auto") != 0;
+	bool named = required && strcmp(choice, "required") != 0;
+	const char *args_key = fmt == CHAT_FORMAT_LLAMA3 ? "parameters" : "arguments";
+	json_t *any = json_array();
+	size_t i;
+	json_t *t;
+	json_array_foreach(tools, i, t) {
+		const char *name = json_string_value(json_object_get(json_object_get(t, "function"), "name"));
+		if (!named || (name && !strcmp(name, choice)))
+			json_array_append_new(any, call_schema(t, args_key));
+	}
+	json_t *schema = json_array_size(any) == 1 ? json_incref(json_array_get(any, 0)) : json_pack("{s:O}", "anyOf", any);
+	json_decref(any);
+	char *call = NULL;
+	int rc = json_schema_to_gbnf(schema, &call, e);
+	json_decref(schema);
+	if (rc < 0) {
+		hearth_error_prefix(e, "tools: a parameters schema");
+		return rc;
+	}
+	/* The converter's root is the call; the family's wrapping becomes the root. */
+	char *at = strstr(call, "root ::=");
+	if (!at || (at != call && at[-1] != '\n')) {
+		free(call);
+		return hearth_error_set(e, HEARTH_EINVAL, "tools: the call grammar has no root rule");
+	}
+	memcpy(at, "call", 4); /* "root ::=" and "call ::=" have one length */
+	const char *root, *trigger = "";
+	switch (fmt) {
+	case CHAT_FORMAT_HERMES:
+		root = required ? "root ::= \"<tool_call>\\n\" call \"\\n</tool_call>\" (\"\\n<tool_call>\\n\" call \"\\n</tool_call>\")*\n"
+				: "root ::= \"\\n\"? call \"\\n</tool_call>\" (\"\\n<tool_call>\\n\" call \"\\n</tool_call>\")*\n";
+		trigger = required ? "" : "<tool_call>";
+		break;
+	case CHAT_FORMAT_MISTRAL:
+		root = required ? "root ::= \"[TOOL_CALLS][\" call (\", \" call)* \"]\"\n"
+				: "root ::= \"[\" call (\", \" call)* \"]\"\n";
+		trigger = required ? "" : "[TOOL_CALLS]";
+		break;
+	case CHAT_FORMAT_LLAMA3:
+		root = "root ::= call\n";
+		break;
+	default:
+		root = "root ::= \"{\\\"tool_call\\\": \" call \"}\"\n";
+		break;
+	}
+	/* Without a trigger, free text comes first: only a required call can be held to from
+	 * the start in families that write a call as bare JSON. */
+	if (!required && !*trigger) {
+		free(call);
+		return 0;
+	}
+	size_t n = strlen(root) + strlen(call) + 1;
+	sc->tool_grammar = malloc(n);
+	if (!sc->tool_grammar) {
+		free(call);
+		return hearth_error_set(e, HEARTH_ENOMEM, "out of memory for the tools' grammar");
+	}
+	snprintf(sc->tool_grammar, n, "%s%s", root, call);
+	sc->trigger = trigger;
+	free(call);
+	return 0;
+}
+
+const char *serve_chat_tool_grammar(const struct serve_chat *sc, const char **trigger)
+{
+	*trigger = sc->trigger ? sc->trigger : "";
+	return sc->tool_grammar;
+}
+
 /* ---- the conversation as the template sees it ---- */
 
 static json_t *str_json(struct msg_bytes b)
@@ -174,7 +265,7 @@ static json_t *parse_json(struct msg_bytes b, const char *what, bool want_array,
  * "arguments"}} with arguments an object, as templates index into them. */
 static json_t *call_json(const struct msg_chat_call *c, size_t mi, size_t ci, struct hearth_error *e)
 {
-	char what[64];
+	char what[96];
 	snprintf(what, sizeof what, "messages[%zu].tool_calls[%zu].arguments", mi, ci);
 	json_t *args = c->arguments.len ? parse_json(c->arguments, what, false, e) : json_object();
 	if (!args)
@@ -320,6 +411,11 @@ int serve_chat_prepare(const struct serve_chat_model *cm, const struct tok *tok,
 			  !(c->has_tool_choice && c->tool_choice.len == 4 && !memcmp(c->tool_choice.ptr, "none", 4));
 	if (!sc->parse_calls)
 		syn.format = CHAT_FORMAT_PLAIN;
+	else if (syn.format == CHAT_FORMAT_PLAIN)
+		syn.format = CHAT_FORMAT_GENERIC; /* a template without tool markers: calls as JSON */
+	if (sc->parse_calls && !c->gen.has_grammar && !c->gen.has_json_schema && !c->gen.json_object &&
+	    (rc = tool_grammar_build(sc, tools, c->has_tool_choice ? c->tool_choice.ptr : "auto", syn.format, e)) < 0)
+		goto out;
 	if ((rc = chat_parser_new(&sc->parser, &syn, e)) < 0) {
 		*code = MSG_ERR_INTERNAL;
 		goto out;
@@ -549,5 +645,6 @@ void serve_chat_free(struct serve_chat *sc)
 	chat_parser_free(sc->parser);
 	free(sc->queue);
 	free(sc->calls);
+	free(sc->tool_grammar);
 	free(sc);
 }

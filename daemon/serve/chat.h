@@ -51,6 +51,12 @@ int serve_chat_prepare(const struct serve_chat_model *cm, const struct tok *tok,
 		       uint32_t max_ctx, int32_t **prompt, uint32_t *n_prompt, struct serve_chat **out,
 		       enum msg_errcode *code, struct hearth_error *e);
 
+/* The grammar a chat's tool calls are held to, or NULL: the calls of the family's format with
+ * each tool's name and its parameters' schema, from the first token (tool_choice required
+ * or a name) or, with a trigger, from the family's tool-call opener on (auto: free text
+ * until the model starts a call). */
+const char *serve_chat_tool_grammar(const struct serve_chat *sc, const char **trigger);
+
 /* Compute thread: the text of generated token `index` (fed once per index) goes through the
  * reply parser; the deltas it yields are pushed into r (the session's private ring) as
  * SERVE_CHAT_DELTA_REC records, or kept for the next call when r is full. */

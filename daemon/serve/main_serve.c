@@ -11,6 +11,7 @@
 
 #include "daemon/serve/chat.h"
 #include "daemon/serve/config.h"
+#include "daemon/engine/grammar.h"
 #include "daemon/engine/ledger.h"
 #include "daemon/engine/load.h"
 #include "daemon/serve/log.h"
@@ -36,6 +37,8 @@ struct loader {
 	struct server_model sm;
 	struct ledger_load load_record;
 	struct serve_chat_model chat;
+	struct grammar_vocab *gvocab;   /* the vocabulary's token trie, for grammar masks */
+	struct grammar_cache *grammars;
 };
 
 static void loader_progress(void *ctx, const char *phase, const char *what, uint64_t done,
@@ -54,6 +57,8 @@ static void loader_release(void *owner)
 {
 	struct loader *ld = owner;
 	serve_chat_model_free(&ld->chat);
+	grammar_cache_free(ld->grammars);
+	grammar_vocab_free(ld->gvocab);
 	model_q4_free(ld->model);
 	tok_free(ld->tok);
 	free(ld);
@@ -63,6 +68,10 @@ static void loader_release(void *owner)
  * (which closed the file and dropped its pages: only the header pages are read back). A
  * template that does not parse is logged and replaced by the built-in ChatML, so the model
  * is still served. */
+/* Compiled grammars kept for requests that use them again (a tool's schema, an app's JSON
+ * format): each holds its per-position token sets, so a hit skips the precomputation. */
+#define LOADER_GRAMMARS_CACHED 32
+
 static void loader_chat(struct loader *ld)
 {
 	struct hearth_error e;
@@ -142,6 +151,14 @@ static void *loader_main(void *arg)
 	}
 	loader_chat(ld);
 	ld->sm.chat = &ld->chat;
+	if (grammar_vocab_new(&ld->gvocab, ld->tok, &e) < 0 ||
+	    grammar_cache_new(&ld->grammars, ld->gvocab, LOADER_GRAMMARS_CACHED, &e) < 0) {
+		hearth_error_prefix(&e, "%s: the grammar index of the vocabulary", cfg->model);
+		server_model_failed(ld->srv, &e);
+		loader_release(ld);
+		return NULL;
+	}
+	ld->sm.grammars = ld->grammars;
 	ld->sm.tok = ld->tok;
 	ld->sm.sched = &ld->sched;
 	ld->sm.arena = &m->arena;

@@ -55,6 +55,10 @@ struct sched_seq {
 	enum sched_finish finish;       /* set: the sequence ends once its event is out */
 	struct hearth_error err;
 	bool cancel;
+	uint32_t *mask;                 /* the grammar's allowed tokens, one bit each */
+	bool grammar_on;                /* the request's grammar constrains the next token */
+	char tail[2 * SCHED_TRIGGER_MAX]; /* the output's last bytes, while a trigger is awaited */
+	uint32_t n_tail;
 };
 
 struct sched {
@@ -271,6 +275,8 @@ static int seq_start(struct sched *s, struct sched_seq *q, struct sched_msg *m, 
 	q->has_event = false;
 	q->finish = SCHED_FINISH_NONE;
 	q->cancel = false;
+	q->grammar_on = r->grammar && !r->grammar_trigger[0];
+	q->n_tail = 0;
 	tok_stream_init(&q->stream);
 	m->result.n_prompt = r->n_prompt;
 	m->result.n_cached = n_cached;
@@ -583,6 +589,38 @@ static bool seq_is_stop_token(const struct sched *s, const struct sched_seq *q, 
 	return false;
 }
 
+/* A grammar that cannot go on (no token allowed, or an internal refusal) ends the request
+ * with the reason; the client sees it as the request's error. */
+static void seq_grammar_fail(struct sched_seq *q, const struct hearth_error *ge)
+{
+	hearth_error_set(&q->err, HEARTH_EINVAL, "grammar: %s", ge->msg);
+	q->finish = SCHED_FINISH_ERROR;
+	q->ev.text_len = 0;
+	q->has_event = false;
+}
+
+/* A lazy grammar waits for its trigger in the output; the bytes after it are the first the
+ * grammar sees. */
+static void seq_grammar_watch(struct sched_seq *q, const char *piece, size_t n)
+{
+	const struct sched_request *r = &q->msg->req;
+	size_t tl = strlen(r->grammar_trigger);
+	for (size_t i = 0; i < n; i++) {
+		if (q->n_tail == sizeof q->tail) {
+			memmove(q->tail, q->tail + SCHED_TRIGGER_MAX, sizeof q->tail - SCHED_TRIGGER_MAX);
+			q->n_tail -= SCHED_TRIGGER_MAX;
+		}
+		q->tail[q->n_tail++] = piece[i];
+		if (q->n_tail >= tl && !memcmp(q->tail + q->n_tail - tl, r->grammar_trigger, tl)) {
+			struct hearth_error ge;
+			q->grammar_on = true;
+			if (i + 1 < n && grammar_matcher_accept_bytes(r->grammar, piece + i + 1, n - i - 1, &ge) < 0)
+				seq_grammar_fail(q, &ge);
+			return;
+		}
+	}
+}
+
 /* The logits of q's last fed token are in q->logits: sample, decide whether the sequence
  * ends, and build the token event. */
 static void seq_sample(struct sched *s, struct sched_seq *q, uint64_t now)
@@ -599,11 +637,23 @@ static void seq_sample(struct sched *s, struct sched_seq *q, uint64_t now)
 	q->ev.with_logits = r->full_logits;
 	q->ev.n_top = 0;
 	q->ev.logprob = 0;
+	/* A grammar removes what it does not allow before sampling; logprobs then describe
+	 * the distribution the token was drawn from. */
+	struct hearth_error ge;
+	if (q->grammar_on && (grammar_matcher_fill_mask(r->grammar, q->mask, &ge) < 0 ||
+			      (grammar_mask_apply(q->logits, q->mask, (int32_t)s->eng.n_vocab), false))) {
+		seq_grammar_fail(q, &ge);
+		return;
+	}
 	/* The sampler leaves the row as the model produced it, so logprobs and the full
 	 * row report the model's own distribution. */
 	int32_t t = sampler_sample(q->sampler, q->logits);
 	q->ev.t_sampled_ns = hearth_now_ns();
 	sampler_accept(q->sampler, t);
+	if (q->grammar_on && grammar_matcher_accept_token(r->grammar, t, &ge) < 0) {
+		seq_grammar_fail(q, &ge);
+		return;
+	}
 	if (want_raw)
 		seq_fill_logprobs(s, q, q->logits, t);
 
@@ -628,8 +678,12 @@ static void seq_sample(struct sched *s, struct sched_seq *q, uint64_t now)
 	size_t np = tok_stream_push(s->tok, &q->stream, t, r->special_text, piece, sizeof piece);
 	if (np > sizeof piece)
 		np = 0; /* no vocabulary has a 1 KiB token; if one did, its text is dropped */
+	if (r->grammar && !q->grammar_on)
+		seq_grammar_watch(q, piece, np);
 	if (seq_release_text(q, piece, np)) {
 		q->finish = SCHED_FINISH_STOP;
+	} else if (q->grammar_on && grammar_matcher_is_done(r->grammar)) {
+		q->finish = SCHED_FINISH_STOP; /* the grammar is complete: nothing may follow */
 	} else if (n_gen + 1 >= r->max_tokens) {
 		q->finish = SCHED_FINISH_LENGTH;
 	} else if (q->n_tokens >= s->eng.max_context) {
@@ -865,6 +919,7 @@ static void sched_free(struct sched *s)
 		for (uint32_t i = 0; i < s->p.max_seqs; i++) {
 			free(s->seqs[i].tokens);
 			free(s->seqs[i].logits);
+			free(s->seqs[i].mask);
 		}
 	}
 	free(s->seqs);
@@ -907,7 +962,8 @@ int sched_start(struct sched **out, const struct sched_params *p, const struct e
 	for (uint32_t i = 0; i < p->max_seqs; i++) {
 		s->seqs[i].tokens = malloc((size_t)eng->max_context * sizeof(int32_t));
 		s->seqs[i].logits = malloc((size_t)eng->n_vocab * sizeof(float));
-		if (!s->seqs[i].tokens || !s->seqs[i].logits)
+		s->seqs[i].mask = malloc(((size_t)eng->n_vocab + 31) / 32 * sizeof(uint32_t));
+		if (!s->seqs[i].tokens || !s->seqs[i].logits || !s->seqs[i].mask)
 			goto oom;
 	}
 	s->doorbell = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

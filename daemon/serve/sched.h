@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "daemon/engine/engine.h"
+#include "daemon/engine/grammar.h"
 #include "daemon/serve/queue.h"
 #include "daemon/engine/sampler.h"
 #include "protocol/error.h"
@@ -68,6 +69,8 @@ struct sched_client {
 	bool gone;
 };
 
+#define SCHED_TRIGGER_MAX 32
+
 struct sched_request {
 	uint64_t id;
 	int32_t *prompt;                /* owned by the message */
@@ -84,6 +87,11 @@ struct sched_request {
 	bool full_logits;
 	bool ignore_eos;
 	bool to_socket;                 /* token events as socket frames (copied to each event) */
+	/* Constrained decoding: the matcher of the request's grammar (owned by the message; the
+	 * session frees it), active from the first token, or once the output shows trigger
+	 * (a tool-call opener: free text until the model starts a call). */
+	struct grammar_matcher *grammar;
+	char grammar_trigger[SCHED_TRIGGER_MAX];
 	bool special_text;              /* special tokens' text is part of the output (a chat's
 					 * reply parser reads the family's markers in it) */
 	void *user;                     /* the session's per-request state, handed to emit */

@@ -19,6 +19,7 @@
 struct server;
 struct tok;
 struct serve_chat_model;
+struct grammar_cache;
 
 /* What a loaded model gives the server. The server calls release(owner) on the loop
  * thread once nothing uses the model any more (after a swap retired it, or at stop). */
@@ -30,6 +31,7 @@ struct server_model {
 	const struct arena *arena;     /* for the ledger; NULL: none */
 	const struct ledger_load *load; /* what the load sampler saw; NULL: none */
 	const struct serve_chat_model *chat; /* the model's chat templates */
+	struct grammar_cache *grammars;      /* compiled grammars for this vocabulary */
 	void (*release)(void *owner);
 	void *owner;
 };

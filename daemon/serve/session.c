@@ -579,6 +579,44 @@ static bool session_gen_admissible(struct session *ss, uint64_t id, const struct
 	return true;
 }
 
+/* The matcher of a request's structured output (grammar, json_schema, json_object) or of a
+ * chat's tool calls; *out NULL when nothing constrains it. Compiled grammars come from the
+ * model's cache, so a schema used again costs no compilation. */
+static int session_grammar(struct session *ss, const struct msg_generate *g, const struct serve_chat *chat,
+			   struct grammar_matcher **out, char trigger[SCHED_TRIGGER_MAX], struct hearth_error *e)
+{
+	enum grammar_kind kind = GRAMMAR_GBNF;
+	const char *text = NULL, *trig = "";
+	size_t len = 0;
+	*out = NULL;
+	trigger[0] = 0;
+	if (g->has_grammar) {
+		text = g->grammar.ptr;
+		len = g->grammar.len;
+	} else if (g->has_json_schema) {
+		kind = GRAMMAR_JSON_SCHEMA;
+		text = g->json_schema.ptr;
+		len = g->json_schema.len;
+	} else if (g->json_object) {
+		kind = GRAMMAR_JSON_OBJECT;
+		text = "";
+	} else if (chat && (text = serve_chat_tool_grammar(chat, &trig))) {
+		len = strlen(text);
+	}
+	if (!text)
+		return 0;
+	if (!ss->srv->model.grammars)
+		return hearth_error_set(e, HEARTH_EUNSUPPORTED, "this model has no grammar index");
+	struct grammar_index *ix;
+	int rc = grammar_cache_get(ss->srv->model.grammars, kind, text, len, &ix, e);
+	if (rc < 0)
+		return rc;
+	rc = grammar_matcher_new(out, ix, e);
+	grammar_index_unref(ix);
+	snprintf(trigger, SCHED_TRIGGER_MAX, "%s", trig);
+	return rc;
+}
+
 /* Hands a request with its prompt tokens to the scheduler. Takes prompt (and chat, a chat's
  * state) in every case: on refusal they are freed here. */
 static void session_gen_submit(struct session *ss, uint64_t id, const struct msg_generate *g, int32_t *prompt,
@@ -586,7 +624,13 @@ static void session_gen_submit(struct session *ss, uint64_t id, const struct msg
 {
 	struct server *srv = ss->srv;
 	struct hearth_error e;
+	struct grammar_matcher *gm = NULL;
+	char trigger[SCHED_TRIGGER_MAX];
 	uint64_t cost = (uint64_t)n_prompt + g->max_tokens;
+	if (session_grammar(ss, g, chat, &gm, trigger, &e) < 0) {
+		session_send_error(ss, id, MSG_ERR_BAD_FIELD, false, "%s", e.msg);
+		goto refuse;
+	}
 	if (ss->queued_tokens + cost > srv->cfg.max_queued_tokens_per_client) {
 		session_send_error(ss, id, MSG_ERR_BUSY, false,
 				   "this connection would have %llu tokens queued; the limit is %llu (max_queued_tokens_per_client)",
@@ -636,6 +680,8 @@ static void session_gen_submit(struct session *ss, uint64_t id, const struct msg
 	q->to_socket = g->stream_socket;
 	q->special_text = chat != NULL;
 	q->user = chat;
+	q->grammar = gm;
+	memcpy(q->grammar_trigger, trigger, sizeof q->grammar_trigger);
 	sm->result.t_submit = hearth_now_ns();
 	r->id = id;
 	r->tokens = cost;
@@ -653,6 +699,7 @@ static void session_gen_submit(struct session *ss, uint64_t id, const struct msg
 	return;
 refuse:
 	free(prompt);
+	grammar_matcher_free(gm);
 	serve_chat_free(chat);
 }
 
@@ -1086,6 +1133,7 @@ void session_deliver(struct server *srv, struct sched_msg *m)
 		}
 		session_forget_req(ss, m->req.id);
 		free(m->req.prompt);
+		grammar_matcher_free(m->req.grammar);
 		serve_chat_free(chat);
 	}
 	free(m);
