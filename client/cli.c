@@ -15,6 +15,7 @@
 
 #include "client/bench.h"
 #include "client/cli.h"
+#include "client/prom.h"
 #include "client/hearth.h"
 
 #ifndef PACKAGE_VERSION
@@ -47,7 +48,8 @@ static void usage(FILE *f)
 		"  tokenize [--no-bos] [--special] [--json] TEXT|-\n"
 		"                                   print the token ids of TEXT\n"
 		"  detokenize [--json] ID...|-      print the text of token ids\n"
-		"  stats [--json]                   the daemon's load and memory\n"
+		"  stats [--json|--prometheus]      the daemon's load and memory (--prometheus: the text\n"
+		"                                   format node_exporter's textfile collector reads)\n"
 		"  ledger [--json]                  where the daemon's memory went\n"
 		"  ping [-c N]                      round trip to the daemon, in microseconds\n"
 		"  bench [--clients LIST] [--prompt-tokens N] [--tokens N] [--seed S] [--json]\n"
@@ -719,6 +721,7 @@ static int parse_json_only(struct cli *c, int argc, char **argv, const char *wha
 	static const struct option opts[] = {
 		COMMON_OPTIONS,
 		{ "json", no_argument, NULL, OPT_JSON },
+		{ "prometheus", no_argument, NULL, OPT_PROMETHEUS },
 		{ 0 },
 	};
 	int opt, rc;
@@ -730,6 +733,10 @@ static int parse_json_only(struct cli *c, int argc, char **argv, const char *wha
 		}
 		if (opt == OPT_JSON)
 			c->json = true;
+		else if (opt == OPT_PROMETHEUS && !strcmp(what, "stats"))
+			c->prometheus = true;
+		else if (opt == OPT_PROMETHEUS)
+			return usage_error("--prometheus is for stats");
 	}
 	if (optind != argc)
 		return usage_error("%s takes no arguments", what);
@@ -747,11 +754,18 @@ static int cmd_stats(struct cli *c, int argc, char **argv)
 		return fail(&e);
 	struct hearth_stats s;
 	struct hearth_model m;
+	struct hearth_ledger ledger;
 	hearth_model_info(h, &m, NULL);
 	rc = hearth_stats(h, &s, &e);
+	bool have_ledger = rc == 0 && c->prometheus && hearth_ledger(h, &ledger, NULL) == 0;
 	hearth_close(h);
 	if (rc < 0)
 		return fail(&e);
+	if (c->prometheus) {
+		/* For node_exporter's textfile collector: write to a temporary file, then rename. */
+		prom_write_daemon(stdout, &s, have_ledger ? &ledger : NULL);
+		return 0;
+	}
 	if (c->json) {
 		printf("{\"uptime_ms\":%" PRIu64 ",\"clients\":%u,\"running\":%u,\"queued\":%u,"
 		       "\"prompt_tokens\":%" PRIu64 ",\"gen_tokens\":%" PRIu64 ",\"kv_used\":%" PRIu64

@@ -18,6 +18,7 @@ struct cli {
 	int timeout_ms;
 	int verbose;
 	bool json;
+	bool prometheus;
 };
 
 /* Set by on_sigint; the running command decides what a ^C means. */
@@ -28,7 +29,7 @@ enum {
 	OPT_SOCKET = 1000, OPT_TIMEOUT, OPT_JSON, OPT_TEMP, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P,
 	OPT_REPEAT_PENALTY, OPT_REPEAT_LAST_N, OPT_SEED,
 	OPT_SPIN_US, OPT_STOP, OPT_NO_BOS, OPT_SPECIAL,
-	OPT_CLIENTS, OPT_PROMPT_TOKENS, OPT_TOKENS,
+	OPT_CLIENTS, OPT_PROMPT_TOKENS, OPT_TOKENS, OPT_PROMETHEUS,
 };
 
 #define COMMON_OPTIONS \

@@ -15,7 +15,7 @@ void prom_header(FILE *out, const char *name, const char *type, const char *help
 static void metric(FILE *out, const char *name, const char *type, const char *help, double v)
 {
 	prom_header(out, name, type, help);
-	fprintf(out, "%s %.17g\n", name, v);
+	fprintf(out, "%s %.10g\n", name, v);
 }
 
 void prom_write_daemon(FILE *out, const struct hearth_stats *st, const struct hearth_ledger *ledger)

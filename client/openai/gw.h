@@ -51,6 +51,7 @@ struct gw_metrics {
 	_Atomic uint64_t requests[GW_EP_COUNT][6];   /* by status class: 2xx,4xx,429,5xx,503,client gone */
 	_Atomic uint64_t prompt_tokens;
 	_Atomic uint64_t gen_tokens;
+	_Atomic uint64_t cached_tokens;         /* prompt tokens the prefix cache held */
 	_Atomic uint64_t in_flight;
 	struct gw_hist ttft;                         /* seconds to the first token */
 	struct gw_hist tpot;                         /* seconds per output token after the first */

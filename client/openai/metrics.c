@@ -49,6 +49,9 @@ void gw_metrics_reply(struct gw *g, struct gw_reply *r)
 	fprintf(f, "hearth_openai_in_flight_requests %llu\n", (unsigned long long)atomic_load(&m->in_flight));
 	prom_header(f, "hearth_openai_prompt_tokens_total", "counter", "Prompt tokens of answered requests.");
 	fprintf(f, "hearth_openai_prompt_tokens_total %llu\n", (unsigned long long)atomic_load(&m->prompt_tokens));
+	prom_header(f, "hearth_openai_prompt_cached_tokens_total", "counter",
+		    "Prompt tokens found in hearthd's prefix cache (hit ratio: over prompt_tokens_total).");
+	fprintf(f, "hearth_openai_prompt_cached_tokens_total %llu\n", (unsigned long long)atomic_load(&m->cached_tokens));
 	prom_header(f, "hearth_openai_generated_tokens_total", "counter", "Tokens generated for answered requests.");
 	fprintf(f, "hearth_openai_generated_tokens_total %llu\n", (unsigned long long)atomic_load(&m->gen_tokens));
 	hist(f, "hearth_openai_time_to_first_token_seconds", "Time from the request to its first token.", &m->ttft);

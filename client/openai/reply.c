@@ -254,6 +254,7 @@ void gw_metrics_usage(struct gw *g, const struct hearth_result *res)
 {
 	atomic_fetch_add(&g->metrics.prompt_tokens, res->n_prompt);
 	atomic_fetch_add(&g->metrics.gen_tokens, res->n_gen);
+	atomic_fetch_add(&g->metrics.cached_tokens, res->n_cached);
 }
 
 int gw_connect(struct gw *g, const struct gw_caller *who, struct hearth **out, struct hearth_err *err)

@@ -76,12 +76,17 @@ first=$(jget "$TMP/c1.json" n_prompt)
 [ "$cached" -ge $((first / 16 * 16 - 16)) ] && [ "$cached" -gt 0 ]
 expect "turn 2 reuses turn 1's prompt from the prefix cache ($cached cached of $(jget "$TMP/c3.json" n_prompt); turn 1 had $first)" $?
 
-# A template that refuses: its message reaches the client.
-printf '[{"role": "assistant", "content": "x"}, {"role": "system", "content": "late"}]' >"$TMP/m4.json"
-$H chat --json -n 2 --messages "$TMP/m4.json" "hi" >"$TMP/c4.json" 2>"$TMP/c4.err"
+# A template that refuses: its own message reaches the client (Mistral Nemo's insists on
+# alternating roles).
+"$B/tests/mkmodel" -o "$TMP/mn.gguf" --arch llama --n-embd 64 --n-layer 1 --n-head 4 --n-head-kv 2 \
+	--head-dim 16 --n-ff 128 --chat-template "$HEARTH_SHARED/chat/templates/mistralai-Mistral-Nemo-Instruct-2407.jinja" \
+	>/dev/null 2>&1
+start_daemon "$TMP/mn.gguf" "$TMP/mn.sock"
+printf '[{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]' >"$TMP/m4.json"
+$B/hearth --socket "$TMP/mn.sock" chat --json -n 2 --messages "$TMP/m4.json" >"$TMP/c4.json" 2>"$TMP/c4.err"
 rc=$?
-[ $rc -ne 0 ] && grep -qi 'system message' "$TMP/c4.err"
-expect "the template's raise_exception comes back as the error ($(head -c 120 "$TMP/c4.err"))" $?
+[ $rc -ne 0 ] && grep -q 'roles must alternate' "$TMP/c4.err"
+expect "the template's raise_exception comes back as the error ($(head -c 150 "$TMP/c4.err"))" $?
 
 # The interactive session, as a person uses it.
 T="tmux -L hearth-test-$$"

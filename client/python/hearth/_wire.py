@@ -205,11 +205,14 @@ class Core:
 
     def read_socket(self):
         """Reads what the socket has (it must be readable) and dispatches whole frames."""
-        if self.welcomed:
-            data = self.sock.recv(1 << 16)
-            anc = []
-        else:
-            data, anc, _flags, _addr = self.sock.recvmsg(1 << 16, socket.CMSG_SPACE(3 * 4))
+        try:
+            if self.welcomed:
+                data = self.sock.recv(1 << 16)
+                anc = []
+            else:
+                data, anc, _flags, _addr = self.sock.recvmsg(1 << 16, socket.CMSG_SPACE(3 * 4))
+        except (ConnectionResetError, BrokenPipeError):
+            data, anc = b"", []  # a daemon that died: the same as a closed socket
         for level, kind, cdata in anc:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 n = len(cdata) // 4

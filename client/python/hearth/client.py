@@ -17,6 +17,7 @@ _GEN_FIELDS = {
     "min_p": "min_p", "repeat_penalty": "repeat_penalty", "repeat_last_n": "repeat_last_n",
     "seed": "seed", "stop": "stop", "stop_tokens": "stop_tokens", "logprobs": "logprobs",
     "top_logprobs": "top_logprobs", "ignore_eos": "ignore_eos",
+    "grammar": "grammar", "json_schema": "json_schema", "json_object": "json_object",
 }
 
 

@@ -4,6 +4,7 @@ cancel, tokenize round trips, errors as HearthError with the daemon's code, and 
 daemon seen as "closed"."""
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -168,3 +169,85 @@ def test_connecting_to_nothing_says_where():
     with pytest.raises(hearth.HearthError) as e:
         hearth.Client("/nonexistent/hearth.sock")
     assert "/nonexistent/hearth.sock" in str(e.value)
+
+
+# ---- chat (protocol 1.1) on a model carrying Qwen3's own template ----
+
+@pytest.fixture(scope="module")
+def chat_daemon():
+    template = os.path.join(SHARED, "chat", "templates", "Qwen-Qwen3-0.6B.jinja")
+    d = tempfile.mkdtemp(prefix="hearth-py.")
+    model = os.path.join(d, "q3.gguf")
+    subprocess.run([os.path.join(BUILD, "tests", "mkmodel"), "-o", model, "--arch", "qwen3", "--n-embd", "64",
+                    "--n-layer", "2", "--n-head", "4", "--n-head-kv", "2", "--head-dim", "16", "--n-ff", "128",
+                    "--chat-template", template], check=True, stdout=subprocess.DEVNULL)
+    sock = os.path.join(d, "h.sock")
+    proc = subprocess.Popen(
+        [os.path.join(BUILD, "hearthd"), f"--model={model}", f"--socket={sock}", "--max-context=2048",
+         "--kv-budget=32MiB", "--threads=2", "--log-level=warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not os.path.exists(sock):
+        time.sleep(0.05)
+    time.sleep(0.3)
+    yield sock
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=10)
+
+
+def test_chat_streams_deltas_that_add_up_to_the_message(chat_daemon):
+    with hearth.Client(chat_daemon) as c:
+        assert c.model["chat_template"] == "model"
+        g = c.chat([{"role": "user", "content": "Hello there"}], max_tokens=12, temperature=0)
+        text = "".join(d.text for d in g if isinstance(d, hearth.ChatDelta) and d.kind == "content")
+        assert g.done["n_prompt"] > 5 and g.done["n_gen"] >= 1
+        assert g.message["role"] == "assistant"
+        assert text.strip() == g.message["content"]
+
+
+def test_chat_with_required_tool_returns_a_structured_call(chat_daemon):
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}}}]
+    with hearth.Client(chat_daemon) as c:
+        g = c.chat([{"role": "user", "content": "Weather in Paris?"}], tools=tools, tool_choice="required",
+                   max_tokens=160, temperature=0.8, seed=3).wait()
+    assert g.done["finish"] == "tool_calls"
+    call = g.message["tool_calls"][0]
+    assert call["function"]["name"] == "get_weather"
+    assert isinstance(json.loads(call["function"]["arguments"])["city"], str)
+
+
+def test_chat_json_schema_output_parses(chat_daemon):
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["n"], "additionalProperties": False}
+    with hearth.Client(chat_daemon) as c:
+        for seed in (1, 2):
+            msg = {"role": "user", "content": "A number?"}
+            gen = c.chat([msg], max_tokens=60, temperature=1, seed=seed, json_schema=json.dumps(schema)).wait()
+            v = json.loads(gen.message["content"])
+            assert set(v) == {"n"} and 0 <= v["n"] <= 9
+
+
+def test_chat_naming_an_unknown_tool_is_bad_field(chat_daemon):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    with hearth.Client(chat_daemon) as c:
+        with pytest.raises(hearth.HearthError) as e:
+            c.chat([{"role": "user", "content": "x"}], tools=tools, tool_choice="g", max_tokens=2).wait()
+        assert e.value.code == "bad_field" and "'g'" in e.value.message
+        c.ping()
+
+
+async def _achat(sock):
+    c = await hearth.AsyncClient.connect(sock)
+    try:
+        g = c.chat([{"role": "user", "content": "Hi"}], max_tokens=6, temperature=0)
+        kinds = [d.kind async for d in g if isinstance(d, hearth.ChatDelta)]
+        return kinds, g.message
+    finally:
+        await c.close()
+
+
+def test_asyncio_chat(chat_daemon):
+    kinds, message = asyncio.run(_achat(chat_daemon))
+    assert message["role"] == "assistant"
+    assert all(k in ("content", "reasoning", "tool_call") for k in kinds)
