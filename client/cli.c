@@ -15,6 +15,7 @@
 
 #include "client/bench.h"
 #include "client/hearth.h"
+#include "protocol/sampling.h"
 
 #define EXIT_USAGE 2
 #ifndef PACKAGE_VERSION
@@ -353,6 +354,40 @@ static int gen_print(struct gen_out *o, const struct hearth_token *t)
 	return 0;
 }
 
+/* The sampling options, read and bounded by protocol/sampling.h as the daemon bounds them.
+ * 0, or the usage exit status after printing why. */
+static int cli_sampling_option(struct hearth_gen_params *p, int opt, const char *text)
+{
+	static const struct { int opt; enum msg_sampling_param param; } map[] = {
+		{ OPT_TEMP, MSG_SAMPLING_TEMPERATURE },
+		{ OPT_TOP_K, MSG_SAMPLING_TOP_K },
+		{ OPT_TOP_P, MSG_SAMPLING_TOP_P },
+		{ OPT_MIN_P, MSG_SAMPLING_MIN_P },
+		{ OPT_REPEAT_PENALTY, MSG_SAMPLING_REPEAT_PENALTY },
+		{ OPT_REPEAT_LAST_N, MSG_SAMPLING_REPEAT_LAST_N },
+	};
+	for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
+		if (map[i].opt != opt)
+			continue;
+		char why[160];
+		double x;
+		if (!msg_sampling_parse(map[i].param, text, &x, why, sizeof why)) {
+			return usage_error("%s", why);
+		}
+		switch (map[i].param) {
+		case MSG_SAMPLING_TEMPERATURE: p->temperature = x; break;
+		case MSG_SAMPLING_TOP_K: p->top_k = (uint32_t)x; break;
+		case MSG_SAMPLING_TOP_P: p->top_p = x; break;
+		case MSG_SAMPLING_MIN_P: p->min_p = x; break;
+		case MSG_SAMPLING_REPEAT_PENALTY: p->repeat_penalty = x; break;
+		case MSG_SAMPLING_REPEAT_LAST_N: p->repeat_last_n = (uint32_t)x; break;
+		case MSG_SAMPLING_N: break;
+		}
+		return 0;
+	}
+	return usage_error("unknown sampling option");
+}
+
 static int cmd_generate(struct cli *c, int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -375,7 +410,6 @@ static int cmd_generate(struct cli *c, int argc, char **argv)
 	size_t n_stop = 0;
 	int opt, rc;
 	uint64_t u;
-	double d;
 	while ((opt = getopt_long(argc, argv, "+n:vhV", opts, NULL)) != -1) {
 		if (common_option(c, opt, optarg, &rc)) {
 			if (rc)
@@ -389,35 +423,13 @@ static int cmd_generate(struct cli *c, int argc, char **argv)
 			p.max_tokens = (uint32_t)u;
 			break;
 		case OPT_TEMP:
-			if (!parse_double(optarg, &d) || d < 0 || d > 100)
-				return usage_error("--temp wants a number in [0, 100], not \"%s\"", optarg);
-			p.temperature = d;
-			break;
 		case OPT_TOP_K:
-			if (!parse_u64(optarg, 1u << 20, &u))
-				return usage_error("--top-k wants a count (0 = off), not \"%s\"", optarg);
-			p.top_k = (uint32_t)u;
-			break;
 		case OPT_TOP_P:
-			if (!parse_double(optarg, &d) || d <= 0 || d > 1)
-				return usage_error("--top-p wants a number in (0, 1], not \"%s\"", optarg);
-			p.top_p = d;
-			break;
 		case OPT_MIN_P:
-			if (!parse_double(optarg, &d) || d < 0 || d > 1)
-				return usage_error("--min-p wants a number in [0, 1], not \"%s\"", optarg);
-			p.min_p = d;
-			break;
 		case OPT_REPEAT_PENALTY:
-			if (!parse_double(optarg, &d) || d <= 0 || d > 100)
-				return usage_error("--repeat-penalty wants a number in (0, 100], not \"%s\"",
-						   optarg);
-			p.repeat_penalty = d;
-			break;
 		case OPT_REPEAT_LAST_N:
-			if (!parse_u64(optarg, 1u << 20, &u))
-				return usage_error("--repeat-last-n wants a count, not \"%s\"", optarg);
-			p.repeat_last_n = (uint32_t)u;
+			if ((rc = cli_sampling_option(&p, opt, optarg)))
+				return rc;
 			break;
 		case OPT_SEED:
 			if (!parse_u64(optarg, UINT64_MAX, &u))
