@@ -17,7 +17,7 @@
 
 #include "daemon/engine/load.h"
 #include "daemon/engine/model.h"
-#include "daemon/serve/units.h"
+#include "protocol/units.h"
 
 struct key;
 
