@@ -17,11 +17,10 @@
 #include "daemon/engine/load.h"
 #include "daemon/engine/memstat.h"
 #include "daemon/engine/model_q4.h"
-#include "daemon/serve/sched.h"
 #include "daemon/engine/tokenizer.h"
-#include "daemon/serve/units.h"
 #include "kernels/dispatch.h"
 #include "protocol/clock.h"
+#include "protocol/units.h"
 
 #define MIB ((size_t)1 << 20)
 
@@ -155,10 +154,9 @@ int main(int argc, char **argv)
 		return 2;
 	}
 
-	/* The options hearthd's loader thread passes (daemon/main_serve.c), with the
-	 * configuration's defaults for what this benchmark does not set. */
-	struct sched_params sp;
-	sched_params_default(&sp);
+	/* The options hearthd's loader thread passes (daemon/serve/main_serve.c), with the
+	 * loader's defaults (which the scheduler's max_seqs and step_tokens are) for what this
+	 * benchmark does not set. */
 	struct load_opts o;
 	load_opts_default(&o);
 	o.max_context = (uint32_t)max_context;
@@ -167,8 +165,6 @@ int main(int argc, char **argv)
 	o.act = Q4_ACT_A16;
 	o.arena.pages = pages;
 	o.head_bits = head_bits;
-	o.max_seqs = sp.max_seqs;
-	o.step_tokens = sp.step_tokens;
 	struct ledger_load rec;
 	struct arena_placement placement;
 	o.load_record = &rec;

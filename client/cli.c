@@ -17,6 +17,7 @@
 #include "client/cli.h"
 #include "client/prom.h"
 #include "client/hearth.h"
+#include "protocol/sampling.h"
 
 #ifndef PACKAGE_VERSION
 #define PACKAGE_VERSION "unknown"
@@ -341,12 +342,44 @@ static int gen_print(struct gen_out *o, const struct hearth_token *t)
 }
 
 
+/* The sampling options, read and bounded by protocol/sampling.h as the daemon bounds them.
+ * 0, or the usage exit status after printing why. */
+static int cli_sampling_option(struct hearth_gen_params *p, int opt, const char *text)
+{
+	static const struct { int opt; enum msg_sampling_param param; } map[] = {
+		{ OPT_TEMP, MSG_SAMPLING_TEMPERATURE },
+		{ OPT_TOP_K, MSG_SAMPLING_TOP_K },
+		{ OPT_TOP_P, MSG_SAMPLING_TOP_P },
+		{ OPT_MIN_P, MSG_SAMPLING_MIN_P },
+		{ OPT_REPEAT_PENALTY, MSG_SAMPLING_REPEAT_PENALTY },
+		{ OPT_REPEAT_LAST_N, MSG_SAMPLING_REPEAT_LAST_N },
+	};
+	for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
+		if (map[i].opt != opt)
+			continue;
+		char why[160];
+		double x;
+		if (!msg_sampling_parse(map[i].param, text, &x, why, sizeof why))
+			return usage_error("%s", why);
+		switch (map[i].param) {
+		case MSG_SAMPLING_TEMPERATURE: p->temperature = x; break;
+		case MSG_SAMPLING_TOP_K: p->top_k = (uint32_t)x; break;
+		case MSG_SAMPLING_TOP_P: p->top_p = x; break;
+		case MSG_SAMPLING_MIN_P: p->min_p = x; break;
+		case MSG_SAMPLING_REPEAT_PENALTY: p->repeat_penalty = x; break;
+		case MSG_SAMPLING_REPEAT_LAST_N: p->repeat_last_n = (uint32_t)x; break;
+		case MSG_SAMPLING_N: break;
+		}
+		return 0;
+	}
+	return usage_error("unknown sampling option");
+}
+
 /* One sampling or output option of generate into a; 0, or the usage error's exit code. */
 int gen_option(struct cli *c, struct gen_args *a, int opt, const char *arg)
 {
 	struct hearth_gen_params *p = &a->p;
 	uint64_t u;
-	double d;
 	switch (opt) {
 	case 'n':
 		if (!parse_u64(arg, 1u << 20, &u))
@@ -354,35 +387,12 @@ int gen_option(struct cli *c, struct gen_args *a, int opt, const char *arg)
 		p->max_tokens = (uint32_t)u;
 		return 0;
 	case OPT_TEMP:
-		if (!parse_double(arg, &d) || d < 0 || d > 100)
-			return usage_error("--temp wants a number in [0, 100], not \"%s\"", arg);
-		p->temperature = d;
-		return 0;
 	case OPT_TOP_K:
-		if (!parse_u64(arg, 1u << 20, &u))
-			return usage_error("--top-k wants a count (0 = off), not \"%s\"", arg);
-		p->top_k = (uint32_t)u;
-		return 0;
 	case OPT_TOP_P:
-		if (!parse_double(arg, &d) || d <= 0 || d > 1)
-			return usage_error("--top-p wants a number in (0, 1], not \"%s\"", arg);
-		p->top_p = d;
-		return 0;
 	case OPT_MIN_P:
-		if (!parse_double(arg, &d) || d < 0 || d > 1)
-			return usage_error("--min-p wants a number in [0, 1], not \"%s\"", arg);
-		p->min_p = d;
-		return 0;
 	case OPT_REPEAT_PENALTY:
-		if (!parse_double(arg, &d) || d <= 0 || d > 100)
-			return usage_error("--repeat-penalty wants a number in (0, 100], not \"%s\"", arg);
-		p->repeat_penalty = d;
-		return 0;
 	case OPT_REPEAT_LAST_N:
-		if (!parse_u64(arg, 1u << 20, &u))
-			return usage_error("--repeat-last-n wants a count, not \"%s\"", arg);
-		p->repeat_last_n = (uint32_t)u;
-		return 0;
+		return cli_sampling_option(p, opt, arg);
 	case OPT_SEED:
 		if (!parse_u64(arg, UINT64_MAX, &u))
 			return usage_error("--seed wants an unsigned integer, not \"%s\"", arg);

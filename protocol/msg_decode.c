@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "protocol/sampling.h"
+
 /* msgpack-c allocates one msgpack_object (24 bytes) per array element before we see it;
  * a bound on all elements of a frame bounds that transient. */
 #define MSG_OBJECTS_MAX (MSG_ARRAY_MAX + 4096u)

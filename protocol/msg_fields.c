@@ -5,6 +5,8 @@
 
 #include <stddef.h>
 
+#include "protocol/sampling.h"
+
 /* F: a plain field; FH: one with a presence flag; FA: an array with its count; FM: a nested
  * map; FMA: an array of nested maps. */
 #define F(key, kind, flags, st, member, min, max) \
@@ -34,12 +36,12 @@ static const struct field hello_fields[] = {
  * struct msg_generate inside st ("" for generate itself). */
 #define GEN_FIELDS(st, g) \
 	F("max_tokens", FK_U32, 0, st, g max_tokens, 0, MSG_MAX_TOKENS_LIMIT), \
-	F("temperature", FK_F64, 0, st, g sampling.temperature, 0, 100), \
-	F("top_k", FK_U32, 0, st, g sampling.top_k, 0, 1u << 20), \
+	F("temperature", FK_F64, 0, st, g sampling.temperature, 0, MSG_TEMPERATURE_MAX), \
+	F("top_k", FK_U32, 0, st, g sampling.top_k, 0, MSG_TOP_K_MAX), \
 	F("top_p", FK_F64, FF_MIN_OPEN, st, g sampling.top_p, 0, 1), \
 	F("min_p", FK_F64, 0, st, g sampling.min_p, 0, 1), \
-	F("repeat_penalty", FK_F64, FF_MIN_OPEN, st, g sampling.repeat_penalty, 0, 100), \
-	F("repeat_last_n", FK_U32, 0, st, g sampling.repeat_last_n, 0, 1u << 20), \
+	F("repeat_penalty", FK_F64, FF_MIN_OPEN, st, g sampling.repeat_penalty, 0, MSG_REPEAT_PENALTY_MAX), \
+	F("repeat_last_n", FK_U32, 0, st, g sampling.repeat_last_n, 0, MSG_REPEAT_LAST_N_MAX), \
 	FH("seed", FK_U64, 0, st, g sampling.seed, g sampling.has_seed, 0, U64MAX), \
 	FA("stop", FK_STRS, FF_OMIT_ZERO, st, g stop, g n_stop, MSG_STOP_MAX, MSG_STOP_LEN_MAX), \
 	FA("stop_tokens", FK_U32S, FF_OMIT_ZERO, st, g stop_tokens, g n_stop_tokens, MSG_STOP_TOKENS_MAX, \

@@ -34,11 +34,11 @@
 void load_opts_default(struct load_opts *o)
 {
 	memset(o, 0, sizeof *o);
-	o->max_context = 4096;
-	o->kv_budget = 256ull << 20;
+	o->max_context = LOAD_DEFAULT_MAX_CONTEXT;
+	o->kv_budget = (uint64_t)LOAD_DEFAULT_KV_BUDGET_MIB << 20;
 	o->kv_type = QTYPE_F16;
-	o->max_seqs = 16;
-	o->step_tokens = 256;
+	o->max_seqs = LOAD_DEFAULT_MAX_SEQS;
+	o->step_tokens = LOAD_DEFAULT_STEP_TOKENS;
 	o->arena = (struct arena_config)ARENA_CONFIG_DEFAULT;
 	o->act = Q4_ACT_A16;
 	o->weights_group = LOAD_GROUP_128;

@@ -66,6 +66,14 @@ struct load_opts {
 #define LOAD_HEAD_INT4 4u
 #define LOAD_HEAD_INT8 8u
 
+/* The defaults every user of the loader shares: hearthd's config table reads the first two
+ * (as text, hence plain literals and the budget in MiB) and the scheduler the last two, so
+ * the arena is planned for the sequences and step the scheduler runs. */
+#define LOAD_DEFAULT_MAX_CONTEXT 4096
+#define LOAD_DEFAULT_KV_BUDGET_MIB 256
+#define LOAD_DEFAULT_MAX_SEQS 16
+#define LOAD_DEFAULT_STEP_TOKENS 256
+
 void load_opts_default(struct load_opts *o);
 
 /* The group the embedding/head is quantized at for a weights_group (doc/benchmarks.md has

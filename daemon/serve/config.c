@@ -1,6 +1,6 @@
-/* The key table and the parsers behind it: one row per key says how its text is read, where
- * the value lives and whether a reload may change it, so file, flags, formatting and the
- * documentation test all walk the same list. */
+/* The key table and the parsers behind it: one row per key holds its name, kind, field,
+ * default, bounds (or an enum's words), check hook and how a reload applies it, so defaults,
+ * file, flags, formatting, reload and the documentation test all walk the same list. */
 #include "daemon/serve/config.h"
 
 #include <ctype.h>
@@ -15,33 +15,43 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "daemon/serve/units.h"
+#include "daemon/engine/load.h"
+#include "daemon/engine/model.h"
+#include "protocol/units.h"
 
-enum kind {
-	KIND_PATH,
-	KIND_SOCKET,
-	KIND_U32,
-	KIND_U64,
-	KIND_SIZE,
-	KIND_THREADS,
-	KIND_NODE,
-	KIND_BOOL,
-	KIND_MODE,
-	KIND_USERS,
-	KIND_GROUPS,
-	KIND_LEVEL,
-	KIND_DURATION,
-	KIND_ENUM,
+struct key;
+
+/* How a kind of value is read and printed. parse writes the value into cfg only when the
+ * whole text is good; format prints the canonical text parse reads back. */
+struct kind {
+	bool empty_ok;                  /* "" is a value (an empty list), not an error */
+	int (*parse)(const struct key *k, const char *v, struct hearth_config *cfg,
+		     struct hearth_error *err);
+	void (*format)(const struct key *k, const struct hearth_config *cfg, char *buf,
+		       size_t size);
 };
 
+/* One row per key: everything about a key is here and nowhere else. */
 struct key {
 	const char *name;
-	enum kind kind;
-	size_t offset;
-	uint64_t min, max;              /* numeric kinds */
-	const char *const *words;       /* KIND_ENUM: indexed by the enum value, NULL-terminated */
-	bool reloadable;
+	const struct kind *kind;
+	size_t offset, size;            /* the field in struct hearth_config */
+	const char *def;                /* canonical text of the default; NULL: unset (zero) */
+	uint64_t min, max;              /* numbers, sizes, durations, modes */
+	const char *const *words;       /* enums: indexed by the enum value, NULL-terminated */
+	bool has_auto;                  /* numbers: "auto" is a value, stored as auto_value */
+	int64_t auto_value;
+	bool group;                     /* id lists: names are groups, not users */
+	size_t count_offset;            /* id lists: the size_t holding the entry count */
+	/* Checks what the kind cannot (a socket path must be absolute); may be NULL. */
+	int (*check)(const struct key *k, const char *v, struct hearth_error *err);
+	enum config_reload reload;
 };
+
+static const struct kind kind_path, kind_uint, kind_size, kind_duration, kind_bool, kind_mode,
+	kind_ids, kind_level, kind_enum;
+
+static int socket_check(const struct key *k, const char *v, struct hearth_error *err);
 
 static const char *const hugepages_words[] = { "auto", "hugetlb", "thp", "none", NULL };
 static const char *const weights_words[] = { "w4a16", "w4a8", NULL };
@@ -50,36 +60,106 @@ static const char *const head_words[] = { "int4", "int8", NULL };
 static const char *const model_swap_words[] = { "auto", "beside", "drain", NULL };
 static const char *const kv_type_words[] = { "f16", "bf16", "f32", "q8", NULL };
 
-#define F(field) offsetof(struct hearth_config, field)
+#define F(field) .offset = offsetof(struct hearth_config, field), \
+	.size = sizeof(((struct hearth_config *)0)->field)
+#define STR_(x) #x
+#define STR(x) STR_(x)
 
-/* The order is the documentation order of hearthd.conf(5). */
+/* The order is the documentation order of hearthd.conf(5). The defaults the loader shares
+ * (max_context, kv_budget) are its macros, spelled as text here. weights defaults to w4a8
+ * for the daemon while load_opts_default keeps w4a16: on VNNI CPUs prefill runs at the int8
+ * rate and decode is at least as fast, at the same fidelity (doc/benchmarks.md); tools and
+ * tests that call the loader directly need no VNNI. */
 static const struct key keys[] = {
-	{ "model", KIND_PATH, F(model), 0, 0, NULL, false },
-	{ "max_context", KIND_U32, F(max_context), 1, CONFIG_MAX_CONTEXT_LIMIT, NULL, false },
-	{ "kv_budget", KIND_SIZE, F(kv_budget), 1ull << 20, 1ull << 40, NULL, false },
-	{ "kv_type", KIND_ENUM, F(kv_type), 0, 0, kv_type_words, false },
-	{ "weights", KIND_ENUM, F(weights), 0, 0, weights_words, false },
-	{ "weights_group", KIND_ENUM, F(weights_group), 0, 0, weights_group_words, false },
-	{ "head", KIND_ENUM, F(head), 0, 0, head_words, false },
-	{ "threads", KIND_THREADS, F(threads), 0, 1024, NULL, false },
-	{ "numa_node", KIND_NODE, F(numa_node), 0, 1023, NULL, false },
-	{ "hugepages", KIND_ENUM, F(hugepages), 0, 0, hugepages_words, false },
-	{ "lock_memory", KIND_BOOL, F(lock_memory), 0, 0, NULL, false },
-	{ "socket", KIND_SOCKET, F(socket), 0, 0, NULL, false },
-	{ "socket_mode", KIND_MODE, F(socket_mode), 0, 0777, NULL, false },
-	{ "allow_users", KIND_USERS, F(allow_uids), 0, 0, NULL, true },
-	{ "allow_groups", KIND_GROUPS, F(allow_gids), 0, 0, NULL, true },
-	{ "max_requests_per_client", KIND_U32, F(max_requests_per_client), 1, 1024, NULL, true },
-	{ "max_queued_tokens_per_client", KIND_U64, F(max_queued_tokens_per_client), 1,
-	  UINT32_MAX, NULL, true },
-	{ "max_requests_per_uid", KIND_U32, F(max_requests_per_uid), 1, 65536, NULL, true },
-	{ "log_level", KIND_LEVEL, F(log_level), 0, 0, NULL, true },
-	{ "shutdown_grace", KIND_DURATION, F(shutdown_grace_usec), 0, 3600ull * 1000000, NULL, true },
-	{ "model_swap", KIND_ENUM, F(model_swap), 0, 0, model_swap_words, true },
+	{ "model", &kind_path, F(model), .reload = CONFIG_RELOAD_MODEL },
+	{ "max_context", &kind_uint, F(max_context), STR(LOAD_DEFAULT_MAX_CONTEXT), 1,
+	  MODEL_MAX_CTX_LIMIT, .reload = CONFIG_RELOAD_MODEL },
+	{ "kv_budget", &kind_size, F(kv_budget), STR(LOAD_DEFAULT_KV_BUDGET_MIB) "MiB", 1ull << 20,
+	  1ull << 40, .reload = CONFIG_RELOAD_MODEL },
+	{ "kv_type", &kind_enum, F(kv_type), "f16", .words = kv_type_words,
+	  .reload = CONFIG_RELOAD_MODEL },
+	{ "weights", &kind_enum, F(weights), "w4a8", .words = weights_words,
+	  .reload = CONFIG_RELOAD_MODEL },
+	{ "weights_group", &kind_enum, F(weights_group), "128", .words = weights_group_words,
+	  .reload = CONFIG_RELOAD_MODEL },
+	{ "head", &kind_enum, F(head), "int4", .words = head_words,
+	  .reload = CONFIG_RELOAD_MODEL },
+	{ "threads", &kind_uint, F(threads), "auto", 0, 1024, .has_auto = true, .auto_value = 0,
+	  .reload = CONFIG_RELOAD_MODEL },
+	{ "numa_node", &kind_uint, F(numa_node), "auto", 0, 1023, .has_auto = true,
+	  .auto_value = -1, .reload = CONFIG_RELOAD_MODEL },
+	{ "hugepages", &kind_enum, F(hugepages), "auto", .words = hugepages_words,
+	  .reload = CONFIG_RELOAD_MODEL },
+	{ "lock_memory", &kind_bool, F(lock_memory), "no", .reload = CONFIG_RELOAD_MODEL },
+	{ "socket", &kind_path, F(socket), CONFIG_DEFAULT_SOCKET, .check = socket_check,
+	  .reload = CONFIG_RELOAD_RESTART },
+	{ "socket_mode", &kind_mode, F(socket_mode), "0660", 0, 0777,
+	  .reload = CONFIG_RELOAD_RESTART },
+	{ "allow_users", &kind_ids, F(allow_uids), "",
+	  .count_offset = offsetof(struct hearth_config, n_allow_uids),
+	  .reload = CONFIG_RELOAD_LIVE },
+	{ "allow_groups", &kind_ids, F(allow_gids), "", .group = true,
+	  .count_offset = offsetof(struct hearth_config, n_allow_gids),
+	  .reload = CONFIG_RELOAD_LIVE },
+	{ "max_requests_per_client", &kind_uint, F(max_requests_per_client), "8", 1, 1024,
+	  .reload = CONFIG_RELOAD_LIVE },
+	{ "max_queued_tokens_per_client", &kind_uint, F(max_queued_tokens_per_client), "65536", 1,
+	  UINT32_MAX, .reload = CONFIG_RELOAD_LIVE },
+	{ "max_requests_per_uid", &kind_uint, F(max_requests_per_uid), "16", 1, 65536,
+	  .reload = CONFIG_RELOAD_LIVE },
+	{ "log_level", &kind_level, F(log_level), "info", .reload = CONFIG_RELOAD_LIVE },
+	{ "shutdown_grace", &kind_duration, F(shutdown_grace_usec), "10s", 0, 3600ull * 1000000,
+	  .reload = CONFIG_RELOAD_LIVE },
+	{ "model_swap", &kind_enum, F(model_swap), "auto", .words = model_swap_words,
+	  .reload = CONFIG_RELOAD_LIVE },
 };
 
 #define N_KEYS (sizeof keys / sizeof keys[0])
 
+/* Enums are stored through an int, id lists through uint32_t. */
+_Static_assert(sizeof(enum config_kv_type) == sizeof(int) &&
+	       sizeof(enum config_model_swap) == sizeof(int) &&
+	       sizeof(enum log_level) == sizeof(int), "config enums are int-sized");
+_Static_assert(sizeof(uid_t) == sizeof(uint32_t) && sizeof(gid_t) == sizeof(uint32_t),
+	       "uid_t and gid_t are 32-bit");
+
+static void *key_field(struct hearth_config *cfg, const struct key *k)
+{
+	return (char *)cfg + k->offset;
+}
+
+static const void *key_cfield(const struct hearth_config *cfg, const struct key *k)
+{
+	return (const char *)cfg + k->offset;
+}
+
+/* Unsigned fields of any width through one pair of helpers; the row says the width. */
+static void store_uint(void *field, size_t size, uint64_t x)
+{
+	switch (size) {
+	case 1: { uint8_t v = (uint8_t)x; memcpy(field, &v, 1); return; }
+	case 2: { uint16_t v = (uint16_t)x; memcpy(field, &v, 2); return; }
+	case 4: { uint32_t v = (uint32_t)x; memcpy(field, &v, 4); return; }
+	default: memcpy(field, &x, 8); return;
+	}
+}
+
+static uint64_t load_uint(const void *field, size_t size)
+{
+	switch (size) {
+	case 1: { uint8_t v; memcpy(&v, field, 1); return v; }
+	case 2: { uint16_t v; memcpy(&v, field, 2); return v; }
+	case 4: { uint32_t v; memcpy(&v, field, 4); return v; }
+	default: { uint64_t v; memcpy(&v, field, 8); return v; }
+	}
+}
+
+/* auto_value as the field holds it (-1 in an int reads back as 0xffffffff). */
+static uint64_t key_auto_bits(const struct key *k)
+{
+	uint64_t x = (uint64_t)k->auto_value;
+	return k->size >= 8 ? x : x & ((1ull << (8 * k->size)) - 1);
+}
 #ifndef HEARTH_SYSCONFDIR
 #define HEARTH_SYSCONFDIR "/etc"
 #endif
@@ -93,26 +173,18 @@ void config_defaults(struct hearth_config *cfg)
 {
 	/* Zeroed first so that two configs with the same settings are byte-identical. */
 	memset(cfg, 0, sizeof *cfg);
-	cfg->max_context = 4096;
-	cfg->kv_budget = 256ull << 20;
-	cfg->kv_type = CONFIG_KV_F16;
-	/* W4A8: on VNNI CPUs prefill runs at the int8 rate and decode is at least as fast, at
-	 * the same fidelity (doc/benchmarks.md); on AVX2-only CPUs W4A16 is compute-bound. */
-	cfg->weights = CONFIG_WEIGHTS_W4A8;
-	cfg->weights_group = CONFIG_GROUP_128;
-	cfg->head = CONFIG_HEAD_INT4;
-	cfg->model_swap = CONFIG_SWAP_AUTO;
-	cfg->threads = 0;
-	cfg->numa_node = -1;
-	cfg->hugepages = CONFIG_HUGEPAGES_AUTO;
-	cfg->lock_memory = false;
-	snprintf(cfg->socket, sizeof cfg->socket, "%s", CONFIG_DEFAULT_SOCKET);
-	cfg->socket_mode = 0660;
-	cfg->max_requests_per_client = 8;
-	cfg->max_queued_tokens_per_client = 65536;
-	cfg->max_requests_per_uid = 16;
-	cfg->log_level = LOG_LEVEL_INFO;
-	cfg->shutdown_grace_usec = 10ull * 1000000;
+	for (size_t i = 0; i < N_KEYS; i++) {
+		if (!keys[i].def)
+			continue;
+		struct hearth_error err;
+		int rc = keys[i].kind->parse(&keys[i], keys[i].def, cfg, &err);
+		/* A default the table cannot read is a defect in the table; the tests read every
+		 * one, so this never fires in a built daemon. */
+		if (rc) {
+			fprintf(stderr, "hearthd: bad built-in default: %s\n", err.msg);
+			abort();
+		}
+	}
 }
 
 const char *config_key_at(size_t i)
@@ -200,35 +272,214 @@ static int parse_u64(const char *key, const char *v, uint64_t min, uint64_t max,
 	return 0;
 }
 
-static int parse_bool(const char *key, const char *v, bool *out, struct hearth_error *err)
+static int path_parse(const struct key *k, const char *v, struct hearth_config *cfg,
+		      struct hearth_error *err)
+{
+	if (k->check) {
+		int rc = k->check(k, v, err);
+		if (rc)
+			return rc;
+	}
+	size_t n = strlen(v);
+	if (n >= k->size)
+		return hearth_error_set(err, HEARTH_ERANGE, "%s: path longer than %zu bytes", k->name,
+					k->size - 1);
+	char *field = key_field(cfg, k);
+	memset(field, 0, k->size);
+	memcpy(field, v, n);
+	return 0;
+}
+
+static void path_format(const struct key *k, const struct hearth_config *cfg, char *buf,
+			size_t size)
+{
+	snprintf(buf, size, "%s", (const char *)key_cfield(cfg, k));
+}
+
+static int socket_check(const struct key *k, const char *v, struct hearth_error *err)
+{
+	if (v[0] != '/')
+		return hearth_error_set(err, HEARTH_EINVAL, "%s: '%s' is not an absolute path",
+					k->name, v);
+	if (strlen(v) >= k->size)
+		return hearth_error_set(err, HEARTH_ERANGE,
+					"%s: path longer than %zu bytes (the limit of a Unix socket address)",
+					k->name, k->size - 1);
+	return 0;
+}
+
+static int uint_parse(const struct key *k, const char *v, struct hearth_config *cfg,
+		      struct hearth_error *err)
+{
+	uint64_t x;
+	if (k->has_auto && strcmp(v, "auto") == 0) {
+		x = key_auto_bits(k);
+	} else {
+		int rc = parse_u64(k->name, v, k->min, k->max, &x, err);
+		if (rc)
+			return rc;
+	}
+	store_uint(key_field(cfg, k), k->size, x);
+	return 0;
+}
+
+static void uint_format(const struct key *k, const struct hearth_config *cfg, char *buf,
+			size_t size)
+{
+	uint64_t x = load_uint(key_cfield(cfg, k), k->size);
+	if (k->has_auto && x == key_auto_bits(k))
+		snprintf(buf, size, "auto");
+	else
+		snprintf(buf, size, "%" PRIu64, x);
+}
+
+static int size_parse(const struct key *k, const char *v, struct hearth_config *cfg,
+		      struct hearth_error *err)
+{
+	uint64_t x;
+	char lo[16], hi[16];
+	int rc = units_parse_size(v, &x, err);
+	if (rc) {
+		hearth_error_prefix(err, "%s", k->name);
+		return rc;
+	}
+	if (x < k->min || x > k->max)
+		return hearth_error_set(err, HEARTH_ERANGE, "%s: %s is out of range %s..%s", k->name, v,
+					units_format_size(k->min, lo, sizeof lo),
+					units_format_size(k->max, hi, sizeof hi));
+	store_uint(key_field(cfg, k), k->size, x);
+	return 0;
+}
+
+static void size_format(const struct key *k, const struct hearth_config *cfg, char *buf,
+			size_t size)
+{
+	char tmp[24];
+	snprintf(buf, size, "%s",
+		 units_format_size(load_uint(key_cfield(cfg, k), k->size), tmp, sizeof tmp));
+}
+
+static int duration_parse(const struct key *k, const char *v, struct hearth_config *cfg,
+			  struct hearth_error *err)
+{
+	uint64_t x;
+	char limit[24];
+	int rc = units_parse_duration(v, &x, err);
+	if (rc) {
+		hearth_error_prefix(err, "%s", k->name);
+		return rc;
+	}
+	if (x < k->min)
+		return hearth_error_set(err, HEARTH_ERANGE, "%s: %s is shorter than %s", k->name, v,
+					units_format_duration(k->min, limit, sizeof limit));
+	if (x > k->max)
+		return hearth_error_set(err, HEARTH_ERANGE, "%s: %s is longer than %s", k->name, v,
+					units_format_duration(k->max, limit, sizeof limit));
+	store_uint(key_field(cfg, k), k->size, x);
+	return 0;
+}
+
+static void duration_format(const struct key *k, const struct hearth_config *cfg, char *buf,
+			    size_t size)
+{
+	char tmp[24];
+	snprintf(buf, size, "%s",
+		 units_format_duration(load_uint(key_cfield(cfg, k), k->size), tmp, sizeof tmp));
+}
+
+static int bool_parse(const struct key *k, const char *v, struct hearth_config *cfg,
+		      struct hearth_error *err)
 {
 	static const char *const yes[] = { "yes", "true", "on", "1" };
 	static const char *const no[] = { "no", "false", "off", "0" };
-	for (size_t i = 0; i < 4; i++) {
+	bool *field = key_field(cfg, k);
+	for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++) {
 		if (strcmp(v, yes[i]) == 0) {
-			*out = true;
+			*field = true;
 			return 0;
 		}
 		if (strcmp(v, no[i]) == 0) {
-			*out = false;
+			*field = false;
 			return 0;
 		}
 	}
-	return hearth_error_set(err, HEARTH_EINVAL, "%s: bad boolean '%s' (use yes or no)", key, v);
+	return hearth_error_set(err, HEARTH_EINVAL, "%s: bad boolean '%s' (use yes or no)", k->name,
+				v);
 }
 
-static int parse_enum(const struct key *k, const char *v, int *out, struct hearth_error *err)
+static void bool_format(const struct key *k, const struct hearth_config *cfg, char *buf,
+			size_t size)
+{
+	snprintf(buf, size, "%s", *(const bool *)key_cfield(cfg, k) ? "yes" : "no");
+}
+
+/* Octal always, with or without the leading 0, as chmod(1) reads it. */
+static int mode_parse(const struct key *k, const char *v, struct hearth_config *cfg,
+		      struct hearth_error *err)
+{
+	uint64_t x = 0;
+	for (const char *p = v; *p; p++) {
+		if (*p < '0' || *p > '7' || x > 07777)
+			return hearth_error_set(err, HEARTH_EINVAL, "%s: bad mode '%s' (octal, like 0660)",
+						k->name, v);
+		x = x * 8 + (uint64_t)(*p - '0');
+	}
+	if (x > k->max)
+		return hearth_error_set(err, HEARTH_ERANGE,
+					"%s: %s has bits beyond %04" PRIo64 " (no setuid, setgid or sticky)",
+					k->name, v, k->max);
+	store_uint(key_field(cfg, k), k->size, x);
+	return 0;
+}
+
+static void mode_format(const struct key *k, const struct hearth_config *cfg, char *buf,
+			size_t size)
+{
+	snprintf(buf, size, "%04" PRIo64, load_uint(key_cfield(cfg, k), k->size));
+}
+
+static int enum_parse(const struct key *k, const char *v, struct hearth_config *cfg,
+		      struct hearth_error *err)
 {
 	char list[128] = "";
 	for (int i = 0; k->words[i]; i++) {
 		if (strcmp(v, k->words[i]) == 0) {
-			*out = i;
+			memcpy(key_field(cfg, k), &i, sizeof i);
 			return 0;
 		}
 		size_t n = strlen(list);
 		snprintf(list + n, sizeof list - n, "%s%s", i ? ", " : "", k->words[i]);
 	}
 	return hearth_error_set(err, HEARTH_EINVAL, "%s: bad value '%s' (use %s)", k->name, v, list);
+}
+
+static void enum_format(const struct key *k, const struct hearth_config *cfg, char *buf,
+			size_t size)
+{
+	int i;
+	memcpy(&i, key_cfield(cfg, k), sizeof i);
+	snprintf(buf, size, "%s", k->words[i]);
+}
+
+static int level_parse(const struct key *k, const char *v, struct hearth_config *cfg,
+		       struct hearth_error *err)
+{
+	enum log_level l;
+	int rc = log_level_parse(v, &l, err);
+	if (rc) {
+		hearth_error_prefix(err, "%s", k->name);
+		return rc;
+	}
+	memcpy(key_field(cfg, k), &l, sizeof l);
+	return 0;
+}
+
+static void level_format(const struct key *k, const struct hearth_config *cfg, char *buf,
+			 size_t size)
+{
+	enum log_level l;
+	memcpy(&l, key_cfield(cfg, k), sizeof l);
+	snprintf(buf, size, "%s", log_level_name(l));
 }
 
 static bool all_digits(const char *s)
@@ -280,12 +531,12 @@ static int lookup_name(bool group, const char *name, unsigned long *id, struct h
 	}
 }
 
-/* A comma list of names or numeric ids into ids; duplicates are dropped. uid_t and gid_t
- * are both 32-bit unsigned on Linux, so one routine fills either array. */
-static int parse_id_list(const struct key *k, const char *v, uint32_t *ids, size_t *n_out,
-			 struct hearth_error *err)
+/* A comma list of names or numeric ids; duplicates are dropped. The list is written to cfg
+ * only when every entry is good, unused slots zeroed so equal lists compare equal. */
+static int ids_parse(const struct key *k, const char *v, struct hearth_config *cfg,
+		     struct hearth_error *err)
 {
-	bool group = k->kind == KIND_GROUPS;
+	uint32_t ids[CONFIG_LIST_MAX];
 	size_t n = 0;
 	const char *p = v;
 	while (*p) {
@@ -313,7 +564,7 @@ static int parse_id_list(const struct key *k, const char *v, uint32_t *ids, size
 				return rc;
 			id = (unsigned long)x;
 		} else {
-			int rc = lookup_name(group, name, &id, err);
+			int rc = lookup_name(k->group, name, &id, err);
 			if (rc) {
 				hearth_error_prefix(err, "%s", k->name);
 				return rc;
@@ -334,159 +585,68 @@ static int parse_id_list(const struct key *k, const char *v, uint32_t *ids, size
 		if (!*p)
 			return hearth_error_set(err, HEARTH_EINVAL, "%s: empty entry in '%s'", k->name, v);
 	}
-	*n_out = n;
+	uint32_t *field = key_field(cfg, k);
+	memset(field, 0, k->size);
+	memcpy(field, ids, n * sizeof ids[0]);
+	memcpy((char *)cfg + k->count_offset, &n, sizeof n);
 	return 0;
 }
+
+/* The name an id prints as: one that resolves back to the same id, else NULL (print the
+ * number), so the text reads back to the same list even with duplicate names. */
+static const char *id_name(bool group, uint32_t id, char *tmp, size_t size)
+{
+	const char *shown = NULL;
+	if (group) {
+		struct group gr, *res = NULL;
+		if (getgrgid_r(id, &gr, tmp, size, &res) == 0 && res && !all_digits(gr.gr_name))
+			shown = gr.gr_name;
+	} else {
+		struct passwd pw, *res = NULL;
+		if (getpwuid_r(id, &pw, tmp, size, &res) == 0 && res && !all_digits(pw.pw_name))
+			shown = pw.pw_name;
+	}
+	unsigned long back;
+	if (shown && (lookup_name(group, shown, &back, NULL) != 0 || back != id))
+		shown = NULL;
+	return shown;
+}
+
+static void ids_format(const struct key *k, const struct hearth_config *cfg, char *buf,
+		       size_t size)
+{
+	const uint32_t *ids = key_cfield(cfg, k);
+	size_t n;
+	memcpy(&n, (const char *)cfg + k->count_offset, sizeof n);
+	size_t used = 0;
+	buf[0] = '\0';
+	for (size_t i = 0; i < n && used < size; i++) {
+		char tmp[16384];
+		const char *shown = id_name(k->group, ids[i], tmp, sizeof tmp);
+		int w = shown ? snprintf(buf + used, size - used, "%s%s", i ? "," : "", shown)
+			      : snprintf(buf + used, size - used, "%s%" PRIu32, i ? "," : "", ids[i]);
+		if (w < 0)
+			return;
+		used += (size_t)w;
+	}
+}
+
+static const struct kind kind_path = { false, path_parse, path_format };
+static const struct kind kind_uint = { false, uint_parse, uint_format };
+static const struct kind kind_size = { false, size_parse, size_format };
+static const struct kind kind_duration = { false, duration_parse, duration_format };
+static const struct kind kind_bool = { false, bool_parse, bool_format };
+static const struct kind kind_mode = { false, mode_parse, mode_format };
+static const struct kind kind_ids = { true, ids_parse, ids_format };
+static const struct kind kind_level = { false, level_parse, level_format };
+static const struct kind kind_enum = { false, enum_parse, enum_format };
 
 static int set_value(struct hearth_config *cfg, const struct key *k, const char *v,
 		     struct hearth_error *err)
 {
-	char *field = (char *)cfg + k->offset;
-	uint64_t x;
-	int rc;
-	if (!*v && k->kind != KIND_USERS && k->kind != KIND_GROUPS)
+	if (!*v && !k->kind->empty_ok)
 		return hearth_error_set(err, HEARTH_EINVAL, "%s: empty value", k->name);
-	switch (k->kind) {
-	case KIND_PATH:
-		if (strlen(v) >= sizeof cfg->model)
-			return hearth_error_set(err, HEARTH_ERANGE, "%s: path longer than %zu bytes",
-						k->name, sizeof cfg->model - 1);
-		snprintf(cfg->model, sizeof cfg->model, "%s", v);
-		return 0;
-	case KIND_SOCKET:
-		if (v[0] != '/')
-			return hearth_error_set(err, HEARTH_EINVAL, "%s: '%s' is not an absolute path",
-						k->name, v);
-		if (strlen(v) >= sizeof cfg->socket)
-			return hearth_error_set(err, HEARTH_ERANGE,
-						"%s: path longer than %zu bytes (the limit of a Unix socket address)",
-						k->name, sizeof cfg->socket - 1);
-		snprintf(cfg->socket, sizeof cfg->socket, "%s", v);
-		return 0;
-	case KIND_U32:
-		if ((rc = parse_u64(k->name, v, k->min, k->max, &x, err)))
-			return rc;
-		*(uint32_t *)field = (uint32_t)x;
-		return 0;
-	case KIND_U64:
-		if ((rc = parse_u64(k->name, v, k->min, k->max, &x, err)))
-			return rc;
-		*(uint64_t *)field = x;
-		return 0;
-	case KIND_SIZE: {
-		char lo[16], hi[16];
-		if ((rc = units_parse_size(v, &x, err))) {
-			hearth_error_prefix(err, "%s", k->name);
-			return rc;
-		}
-		if (x < k->min || x > k->max)
-			return hearth_error_set(err, HEARTH_ERANGE, "%s: %s is out of range %s..%s",
-						k->name, v, units_format_size(k->min, lo, sizeof lo),
-						units_format_size(k->max, hi, sizeof hi));
-		*(uint64_t *)field = x;
-		return 0;
-	}
-	case KIND_DURATION: {
-		char hi[24];
-		if ((rc = units_parse_duration(v, &x, err))) {
-			hearth_error_prefix(err, "%s", k->name);
-			return rc;
-		}
-		if (x > k->max)
-			return hearth_error_set(err, HEARTH_ERANGE, "%s: %s is longer than %s", k->name, v,
-						units_format_duration(k->max, hi, sizeof hi));
-		*(uint64_t *)field = x;
-		return 0;
-	}
-	case KIND_THREADS:
-		if (strcmp(v, "auto") == 0) {
-			cfg->threads = 0;
-			return 0;
-		}
-		if ((rc = parse_u64(k->name, v, k->min, k->max, &x, err)))
-			return rc;
-		cfg->threads = (uint32_t)x;
-		return 0;
-	case KIND_NODE:
-		if (strcmp(v, "auto") == 0) {
-			cfg->numa_node = -1;
-			return 0;
-		}
-		if ((rc = parse_u64(k->name, v, k->min, k->max, &x, err)))
-			return rc;
-		cfg->numa_node = (int)x;
-		return 0;
-	case KIND_BOOL:
-		return parse_bool(k->name, v, (bool *)field, err);
-	case KIND_MODE: {
-		/* Octal always, with or without the leading 0, as chmod(1) reads it. */
-		x = 0;
-		for (const char *p = v; *p; p++) {
-			if (*p < '0' || *p > '7' || x > 07777)
-				return hearth_error_set(err, HEARTH_EINVAL,
-							"%s: bad mode '%s' (octal, like 0660)", k->name, v);
-			x = x * 8 + (uint64_t)(*p - '0');
-		}
-		if (x > k->max)
-			return hearth_error_set(err, HEARTH_ERANGE,
-						"%s: %s has bits beyond 0777 (no setuid, setgid or sticky)",
-						k->name, v);
-		cfg->socket_mode = (mode_t)x;
-		return 0;
-	}
-	case KIND_USERS: {
-		uint32_t ids[CONFIG_LIST_MAX];
-		size_t n;
-		if ((rc = parse_id_list(k, v, ids, &n, err)))
-			return rc;
-		for (size_t i = 0; i < n; i++)
-			cfg->allow_uids[i] = (uid_t)ids[i];
-		for (size_t i = n; i < CONFIG_LIST_MAX; i++)
-			cfg->allow_uids[i] = 0;
-		cfg->n_allow_uids = n;
-		return 0;
-	}
-	case KIND_GROUPS: {
-		uint32_t ids[CONFIG_LIST_MAX];
-		size_t n;
-		if ((rc = parse_id_list(k, v, ids, &n, err)))
-			return rc;
-		for (size_t i = 0; i < n; i++)
-			cfg->allow_gids[i] = (gid_t)ids[i];
-		for (size_t i = n; i < CONFIG_LIST_MAX; i++)
-			cfg->allow_gids[i] = 0;
-		cfg->n_allow_gids = n;
-		return 0;
-	}
-	case KIND_LEVEL: {
-		enum log_level l;
-		if ((rc = log_level_parse(v, &l, err))) {
-			hearth_error_prefix(err, "%s", k->name);
-			return rc;
-		}
-		cfg->log_level = l;
-		return 0;
-	}
-	case KIND_ENUM: {
-		int i = 0;
-		if ((rc = parse_enum(k, v, &i, err)))
-			return rc;
-		if (k->offset == F(hugepages))
-			cfg->hugepages = (enum config_hugepages)i;
-		else if (k->offset == F(weights))
-			cfg->weights = (enum config_weights)i;
-		else if (k->offset == F(weights_group))
-			cfg->weights_group = (enum config_weights_group)i;
-		else if (k->offset == F(head))
-			cfg->head = (enum config_head)i;
-		else if (k->offset == F(model_swap))
-			cfg->model_swap = (enum config_model_swap)i;
-		else
-			cfg->kv_type = (enum config_kv_type)i;
-		return 0;
-	}
-	}
-	return hearth_error_set(err, HEARTH_EINVAL, "%s: unhandled key kind", k->name);
+	return k->kind->parse(k, v, cfg, err);
 }
 
 int config_set(struct hearth_config *cfg, const char *key, const char *value,
@@ -675,164 +835,52 @@ int config_build(struct hearth_config *cfg, const char *path, const char *const 
 	return rc;
 }
 
-static void format_ids(const struct key *k, const uint32_t *ids, size_t n, char *buf, size_t size)
-{
-	size_t used = 0;
-	buf[0] = '\0';
-	for (size_t i = 0; i < n && used < size; i++) {
-		char name[256];
-		const char *shown = NULL;
-		char tmp[16384];
-		if (k->kind == KIND_USERS) {
-			struct passwd pw, *res = NULL;
-			if (getpwuid_r(ids[i], &pw, tmp, sizeof tmp, &res) == 0 && res &&
-			    !all_digits(pw.pw_name))
-				shown = pw.pw_name;
-		} else {
-			struct group gr, *res = NULL;
-			if (getgrgid_r(ids[i], &gr, tmp, sizeof tmp, &res) == 0 && res &&
-			    !all_digits(gr.gr_name))
-				shown = gr.gr_name;
-		}
-		/* A name that resolves to another id than this one (duplicate names) would not
-		 * read back the same; print the number then. */
-		unsigned long back;
-		if (shown && (lookup_name(k->kind == KIND_GROUPS, shown, &back, NULL) != 0 ||
-			      back != ids[i]))
-			shown = NULL;
-		if (shown)
-			snprintf(name, sizeof name, "%s", shown);
-		else
-			snprintf(name, sizeof name, "%" PRIu32, ids[i]);
-		int w = snprintf(buf + used, size - used, "%s%s", i ? "," : "", name);
-		if (w < 0)
-			return;
-		used += (size_t)w;
-	}
-}
-
 int config_format(const struct hearth_config *cfg, const char *key, char *buf, size_t size,
 		  struct hearth_error *err)
 {
 	const struct key *k = key_find(key);
 	if (!k)
 		return unknown_key(key, err);
-	const char *field = (const char *)cfg + k->offset;
-	switch (k->kind) {
-	case KIND_PATH:
-	case KIND_SOCKET:
-		snprintf(buf, size, "%s", field);
-		break;
-	case KIND_U32:
-		snprintf(buf, size, "%" PRIu32, *(const uint32_t *)field);
-		break;
-	case KIND_U64:
-		snprintf(buf, size, "%" PRIu64, *(const uint64_t *)field);
-		break;
-	case KIND_SIZE: {
-		char tmp[24];
-		snprintf(buf, size, "%s", units_format_size(*(const uint64_t *)field, tmp, sizeof tmp));
-		break;
-	}
-	case KIND_DURATION: {
-		char tmp[24];
-		snprintf(buf, size, "%s",
-			 units_format_duration(*(const uint64_t *)field, tmp, sizeof tmp));
-		break;
-	}
-	case KIND_THREADS:
-		if (cfg->threads == 0)
-			snprintf(buf, size, "auto");
-		else
-			snprintf(buf, size, "%" PRIu32, cfg->threads);
-		break;
-	case KIND_NODE:
-		if (cfg->numa_node < 0)
-			snprintf(buf, size, "auto");
-		else
-			snprintf(buf, size, "%d", cfg->numa_node);
-		break;
-	case KIND_BOOL:
-		snprintf(buf, size, "%s", *(const bool *)field ? "yes" : "no");
-		break;
-	case KIND_MODE:
-		snprintf(buf, size, "%04o", (unsigned)cfg->socket_mode);
-		break;
-	case KIND_USERS: {
-		uint32_t ids[CONFIG_LIST_MAX];
-		for (size_t i = 0; i < cfg->n_allow_uids; i++)
-			ids[i] = (uint32_t)cfg->allow_uids[i];
-		format_ids(k, ids, cfg->n_allow_uids, buf, size);
-		break;
-	}
-	case KIND_GROUPS: {
-		uint32_t ids[CONFIG_LIST_MAX];
-		for (size_t i = 0; i < cfg->n_allow_gids; i++)
-			ids[i] = (uint32_t)cfg->allow_gids[i];
-		format_ids(k, ids, cfg->n_allow_gids, buf, size);
-		break;
-	}
-	case KIND_LEVEL:
-		snprintf(buf, size, "%s", log_level_name(cfg->log_level));
-		break;
-	case KIND_ENUM: {
-		int i = k->offset == F(hugepages) ? (int)cfg->hugepages
-			: k->offset == F(weights) ? (int)cfg->weights
-			: k->offset == F(weights_group) ? (int)cfg->weights_group
-			: k->offset == F(head) ? (int)cfg->head
-			: k->offset == F(model_swap) ? (int)cfg->model_swap
-			: (int)cfg->kv_type;
-		snprintf(buf, size, "%s", k->words[i]);
-		break;
-	}
-	}
+	k->kind->format(k, cfg, buf, size);
 	return 0;
+}
+
+const char *config_key_default(const char *key)
+{
+	const struct key *k = key_find(key);
+	return k ? k->def : NULL;
+}
+
+enum config_reload config_key_reload(const char *key)
+{
+	const struct key *k = key_find(key);
+	return k ? k->reload : CONFIG_RELOAD_RESTART;
 }
 
 bool config_key_reloadable(const char *key)
 {
 	const struct key *k = key_find(key);
-	return k && k->reloadable;
+	return k && k->reload == CONFIG_RELOAD_LIVE;
 }
 
-/* Field-by-field copy of one key's storage; list keys carry their count along. */
-static void key_copy(struct hearth_config *dst, const struct hearth_config *src, const struct key *k)
-{
-	switch (k->kind) {
-	case KIND_USERS:
-		memcpy(dst->allow_uids, src->allow_uids, sizeof dst->allow_uids);
-		dst->n_allow_uids = src->n_allow_uids;
-		return;
-	case KIND_GROUPS:
-		memcpy(dst->allow_gids, src->allow_gids, sizeof dst->allow_gids);
-		dst->n_allow_gids = src->n_allow_gids;
-		return;
-	case KIND_U32:
-	case KIND_THREADS:
-		*(uint32_t *)((char *)dst + k->offset) = *(const uint32_t *)((const char *)src + k->offset);
-		return;
-	case KIND_U64:
-	case KIND_SIZE:
-	case KIND_DURATION:
-		*(uint64_t *)((char *)dst + k->offset) = *(const uint64_t *)((const char *)src + k->offset);
-		return;
-	case KIND_LEVEL:
-		dst->log_level = src->log_level;
-		return;
-	default:
-		return; /* no reloadable key of the other kinds */
-	}
-}
-
+/* Comparing canonical text keeps this right for every kind (a path's bytes past its NUL, a
+ * list's order of resolution); reload is rare, so the cost does not matter. */
 static bool key_differs(const struct hearth_config *a, const struct hearth_config *b,
 			const struct key *k)
 {
 	char va[1024], vb[1024];
-	/* Comparing canonical text keeps this correct for every kind without a second switch;
-	 * reload is rare, so the cost does not matter. */
-	config_format(a, k->name, va, sizeof va, NULL);
-	config_format(b, k->name, vb, sizeof vb, NULL);
+	k->kind->format(k, a, va, sizeof va);
+	k->kind->format(k, b, vb, sizeof vb);
 	return strcmp(va, vb) != 0;
+}
+
+bool config_keys_differ(const struct hearth_config *a, const struct hearth_config *b,
+			enum config_reload which)
+{
+	for (size_t i = 0; i < N_KEYS; i++)
+		if (keys[i].reload == which && key_differs(a, b, &keys[i]))
+			return true;
+	return false;
 }
 
 void config_reload_merge(struct hearth_config *live, const struct hearth_config *fresh,
@@ -843,8 +891,11 @@ void config_reload_merge(struct hearth_config *live, const struct hearth_config 
 		restart_keys[0] = '\0';
 	for (size_t i = 0; i < N_KEYS; i++) {
 		const struct key *k = &keys[i];
-		if (k->reloadable) {
-			key_copy(live, fresh, k);
+		if (k->reload == CONFIG_RELOAD_LIVE) {
+			memcpy(key_field(live, k), key_cfield(fresh, k), k->size);
+			if (k->kind == &kind_ids)
+				memcpy((char *)live + k->count_offset,
+				       (const char *)fresh + k->count_offset, sizeof(size_t));
 		} else if (key_differs(live, fresh, k) && used < size) {
 			int w = snprintf(restart_keys + used, size - used, "%s%s", used ? "," : "",
 					 k->name);

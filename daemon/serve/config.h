@@ -19,7 +19,6 @@
 
 #define CONFIG_LIST_MAX 64             /* entries in allow_users / allow_groups */
 #define CONFIG_SOCKET_PATH_MAX 108     /* sizeof(sockaddr_un.sun_path), NUL included */
-#define CONFIG_MAX_CONTEXT_LIMIT (1u << 20) /* as MODEL_MAX_CTX_LIMIT */
 #define CONFIG_LINE_MAX 4096
 
 enum config_hugepages {
@@ -94,7 +93,8 @@ struct hearth_config {
  * function rather than a macro that would expand differently in other targets). */
 const char *config_default_path(void);
 
-/* Fills cfg with the built-in defaults (see hearthd.conf(5)). */
+/* Fills cfg with the built-in defaults: each key's default text in the key table, read as
+ * config_set reads it (see hearthd.conf(5)). */
 void config_defaults(struct hearth_config *cfg);
 
 /* Sets one key from its text form, as written in the file or after a command-line flag.
@@ -137,14 +137,33 @@ int config_format(const struct hearth_config *cfg, const char *key, char *buf, s
 /* The keys in documentation order; NULL past the end. */
 const char *config_key_at(size_t i);
 
-/* Whether a changed value takes effect on reload (SIGHUP): log_level, allow_users,
- * allow_groups and the per-client/per-uid limits do; the rest shape memory or the socket
- * and need a restart. */
+/* How SIGHUP applies a changed key: at once (log_level, the access lists and limits,
+ * shutdown_grace, model_swap), by loading the model anew (the keys that shape the model
+ * and its memory), or only at a restart (the socket). */
+enum config_reload {
+	CONFIG_RELOAD_LIVE,
+	CONFIG_RELOAD_MODEL,
+	CONFIG_RELOAD_RESTART,
+};
+
+/* The key's reload column; CONFIG_RELOAD_RESTART for an unknown key. */
+enum config_reload config_key_reload(const char *key);
+
+/* Whether the key's column is CONFIG_RELOAD_LIVE. */
 bool config_key_reloadable(const char *key);
 
-/* Reload: copies the reloadable keys of fresh into live and leaves the others. Writes the
- * comma-separated names of keys that changed but need a restart into restart_keys ("" when
- * none) so the caller can log them. */
+/* Whether any key whose reload column is `which` differs between a and b. */
+bool config_keys_differ(const struct hearth_config *a, const struct hearth_config *b,
+			enum config_reload which);
+
+/* The canonical text of the key's built-in default as the table holds it ("256MiB",
+ * "auto"), which config_defaults reads; NULL for a key with no default (model) or an
+ * unknown key. */
+const char *config_key_default(const char *key);
+
+/* Reload: copies the CONFIG_RELOAD_LIVE keys of fresh into live and leaves the others.
+ * Writes the comma-separated names of the other keys that changed (applied by a model swap
+ * or a restart) into restart_keys ("" when none) so the caller can log them. */
 void config_reload_merge(struct hearth_config *live, const struct hearth_config *fresh,
 			 char *restart_keys, size_t size);
 

@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "daemon/engine/load.h"
 #include "daemon/engine/tokenizer.h"
 #include "protocol/assert.h"
 #include "protocol/clock.h"
@@ -90,8 +91,9 @@ struct sched {
 
 void sched_params_default(struct sched_params *p)
 {
-	p->max_seqs = 16;
-	p->step_tokens = 256;
+	/* The loader plans the arena for these two; they are its defaults, stated there once. */
+	p->max_seqs = LOAD_DEFAULT_MAX_SEQS;
+	p->step_tokens = LOAD_DEFAULT_STEP_TOKENS;
 	p->prefill_chunk = 256;
 	p->kv_wait_ns = 30ull * 1000000000ull;
 	p->stall_ns = 30ull * 1000000000ull;

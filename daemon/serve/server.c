@@ -143,15 +143,10 @@ static void server_finish_stop(struct server *srv)
 	}
 }
 
-/* The model's settings as the config has them, so a change of any means a new model. */
+/* The keys whose reload column says a change means loading the model anew. */
 static bool server_model_keys_differ(const struct hearth_config *a, const struct hearth_config *b)
 {
-	return strcmp(a->model, b->model) != 0 || a->max_context != b->max_context ||
-	       a->kv_budget != b->kv_budget || a->kv_type != b->kv_type ||
-	       a->weights != b->weights || a->weights_group != b->weights_group || a->head != b->head ||
-	       a->threads != b->threads ||
-	       a->numa_node != b->numa_node || a->hugepages != b->hugepages ||
-	       a->lock_memory != b->lock_memory;
+	return config_keys_differ(a, b, CONFIG_RELOAD_MODEL);
 }
 
 /* Takes the new configuration's model settings, keeping the socket (it is never closed). */

@@ -18,6 +18,7 @@
 #include "daemon/engine/tokenizer.h"
 #include "protocol/error.h"
 #include "protocol/clock.h"
+#include "protocol/sampling.h"
 
 #define DEFAULT_MAX_CONTEXT 2048
 #define DEFAULT_N_PREDICT 128
@@ -69,27 +70,48 @@ static int parse_long(const char *name, const char *s, long lo, long hi, long *o
 	return 0;
 }
 
-static int parse_float(const char *name, const char *s, float *out)
-{
-	char *end;
-	float v;
+enum {
+	OPT_MAX_CONTEXT = 256, OPT_TEMP, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_REPEAT_PENALTY,
+	OPT_REPEAT_LAST_N, OPT_SEED, OPT_KV,
+};
 
-	errno = 0;
-	v = strtof(s, &end);
-	if (errno || end == s || *end || !isfinite(v)) {
-		fprintf(stderr, "hearthd-tool run: %s '%s' is not a number\n", name, s);
-		return -1;
+/* The sampling options, read and bounded by protocol/sampling.h as the daemon bounds a
+ * request, so a setting that runs here is one hearthd accepts. */
+static int run_sampling_option(struct sampler_params *sp, int opt, const char *text)
+{
+	static const struct { int opt; enum msg_sampling_param param; } map[] = {
+		{ OPT_TEMP, MSG_SAMPLING_TEMPERATURE },
+		{ OPT_TOP_K, MSG_SAMPLING_TOP_K },
+		{ OPT_TOP_P, MSG_SAMPLING_TOP_P },
+		{ OPT_MIN_P, MSG_SAMPLING_MIN_P },
+		{ OPT_REPEAT_PENALTY, MSG_SAMPLING_REPEAT_PENALTY },
+		{ OPT_REPEAT_LAST_N, MSG_SAMPLING_REPEAT_LAST_N },
+	};
+	for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
+		if (map[i].opt != opt)
+			continue;
+		char why[160];
+		double x;
+		if (!msg_sampling_parse(map[i].param, text, &x, why, sizeof why)) {
+			fprintf(stderr, "hearthd-tool run: %s\n", why);
+			return -1;
+		}
+		switch (map[i].param) {
+		case MSG_SAMPLING_TEMPERATURE: sp->temperature = (float)x; break;
+		case MSG_SAMPLING_TOP_K: sp->top_k = (int32_t)x; break;
+		case MSG_SAMPLING_TOP_P: sp->top_p = (float)x; break;
+		case MSG_SAMPLING_MIN_P: sp->min_p = (float)x; break;
+		case MSG_SAMPLING_REPEAT_PENALTY: sp->repeat_penalty = (float)x; break;
+		case MSG_SAMPLING_REPEAT_LAST_N: sp->repeat_last_n = (uint32_t)x; break;
+		case MSG_SAMPLING_N: break;
+		}
+		return 0;
 	}
-	*out = v;
-	return 0;
+	return -1;
 }
 
 static int parse_args(int argc, char **argv, struct run_opts *o)
 {
-	enum {
-		OPT_MAX_CONTEXT = 256, OPT_TEMP, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_REPEAT_PENALTY,
-		OPT_REPEAT_LAST_N, OPT_SEED, OPT_KV,
-	};
 	static const struct option longopts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "prompt", required_argument, NULL, 'p' },
@@ -129,30 +151,13 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
 			o->max_context = (uint32_t)v;
 			break;
 		case OPT_TEMP:
-			if (parse_float("--temp", optarg, &o->sp.temperature) < 0)
-				return -1;
-			break;
 		case OPT_TOP_K:
-			if (parse_long("--top-k", optarg, 0, INT32_MAX, &v) < 0)
-				return -1;
-			o->sp.top_k = (int32_t)v;
-			break;
 		case OPT_TOP_P:
-			if (parse_float("--top-p", optarg, &o->sp.top_p) < 0)
-				return -1;
-			break;
 		case OPT_MIN_P:
-			if (parse_float("--min-p", optarg, &o->sp.min_p) < 0)
-				return -1;
-			break;
 		case OPT_REPEAT_PENALTY:
-			if (parse_float("--repeat-penalty", optarg, &o->sp.repeat_penalty) < 0)
-				return -1;
-			break;
 		case OPT_REPEAT_LAST_N:
-			if (parse_long("--repeat-last-n", optarg, 0, 1 << 20, &v) < 0)
+			if (run_sampling_option(&o->sp, c, optarg) < 0)
 				return -1;
-			o->sp.repeat_last_n = (uint32_t)v;
 			break;
 		case OPT_SEED: {
 			char *end;

@@ -1,8 +1,8 @@
 #!/bin/sh
 # The module boundaries of DESIGN.md, checked on the source tree: the engine never includes a
 # serving header, kernels include nothing of daemon/ or client/ and of protocol/ only the
-# shared error codes (protocol/error.h), protocol nothing of either side, and intrinsics
-# live only in kernels/. TAP.
+# shared error codes (protocol/error.h), protocol nothing of either side, the benchmarks
+# nothing of serving, and intrinsics live only in kernels/. TAP.
 set -u
 : "${HEARTH_SRCDIR:?HEARTH_SRCDIR is not set (make check sets it)}"
 cd "$HEARTH_SRCDIR" || exit 1
@@ -25,7 +25,7 @@ check() { # check DESCRIPTION PATTERN DIR...: no file under DIRs includes PATTER
 	fi
 }
 
-echo "1..6"
+echo "1..7"
 check "daemon/engine includes no serving header" '#include "daemon/(serve|tools)/' daemon/engine
 allow='#include "protocol/error\.h"'
 check "kernels/ include nothing of daemon/ or client/, and of protocol/ only error.h" \
@@ -35,5 +35,7 @@ check "protocol/ includes nothing of daemon/ or client/" '#include "(daemon|clie
 check "client/ includes nothing of daemon/" '#include "daemon/' client
 check "nothing outside hearthd's main includes daemon/serve" '#include "daemon/serve/' \
 	daemon/tools kernels protocol client
+check "bench/ includes nothing of daemon/serve (it measures the engine)" '#include "daemon/serve/' \
+	bench
 check "intrinsics live only in kernels/" '#include <(immintrin|x86intrin)\.h>' daemon client protocol
 [ "$fails" -eq 0 ]

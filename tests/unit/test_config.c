@@ -1,19 +1,20 @@
 /* Config parsing: the defaults the man page promises, every key read from a file and from
  * flags, and bad files whose errors must name file, line and key. Also the shared size and
- * duration parsers (daemon/units), and that the man page and example list every key. */
+ * duration parsers (protocol/units), and that the man page and example list every key. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "daemon/serve/config.h"
-#include "daemon/serve/units.h"
+#include "protocol/units.h"
 
 static char tmpdir[64];
 
@@ -485,6 +486,206 @@ static void test_config_reload_takes_only_reloadable_keys(void **state)
 	assert_string_equal(restart, "");
 }
 
+/* ---- the key table ---- */
+
+/* Every key's default is the table's text: a config built from an empty file is the one
+ * config_defaults gives, and each key of it prints as its default text. */
+static void test_config_defaults_come_from_the_table(void **state)
+{
+	struct hearth_config d, c;
+	struct hearth_error err;
+	config_defaults(&d);
+	memset(&c, 0xa5, sizeof c);
+	config_defaults(&c);
+	assert_memory_equal(&c, &d, sizeof c);
+	if (config_load_file(&c, write_conf(""), &err))
+		fail_msg("%s", err.msg);
+	assert_memory_equal(&c, &d, sizeof c);
+	size_t n_with_default = 0;
+	for (size_t i = 0; config_key_at(i); i++) {
+		const char *key = config_key_at(i), *def = config_key_default(key);
+		char text[512];
+		assert_int_equal(config_format(&d, key, text, sizeof text, &err), 0);
+		if (!def) {
+			assert_string_equal(text, ""); /* model: unset */
+			continue;
+		}
+		if (strcmp(text, def))
+			fail_msg("%s prints as '%s' but its default is '%s'", key, text, def);
+		n_with_default++;
+	}
+	assert_int_equal(n_with_default, 20);
+	assert_null(config_key_default("model"));
+	assert_null(config_key_default("no_such_key"));
+	assert_string_equal(config_key_default("kv_budget"), "256MiB");
+	assert_string_equal(config_key_default("max_context"), "4096");
+}
+
+/* An enum word the key does not have is refused with the key and every word it takes, and
+ * the setting is left as it was (no key falls into another's storage). */
+static void test_config_unknown_enum_word_names_key_and_words(void **state)
+{
+	const struct { const char *key, *bad, *msg; } cases[] = {
+		{ "kv_type", "q4", "kv_type: bad value 'q4' (use f16, bf16, f32, q8)" },
+		{ "weights", "w8a8", "weights: bad value 'w8a8' (use w4a16, w4a8)" },
+		{ "weights_group", "64", "weights_group: bad value '64' (use 128, 32)" },
+		{ "head", "int2", "head: bad value 'int2' (use int4, int8)" },
+		{ "hugepages", "always", "hugepages: bad value 'always' (use auto, hugetlb, thp, none)" },
+		{ "model_swap", "swap", "model_swap: bad value 'swap' (use auto, beside, drain)" },
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		struct hearth_config c, d;
+		struct hearth_error err;
+		config_defaults(&c);
+		config_defaults(&d);
+		assert_int_equal(config_set(&c, cases[i].key, cases[i].bad, &err), HEARTH_EINVAL);
+		assert_string_equal(err.msg, cases[i].msg);
+		assert_memory_equal(&c, &d, sizeof c);
+	}
+	/* Each enum key writes its own field: setting the last word of one leaves the rest. */
+	struct hearth_config c, d;
+	struct hearth_error err;
+	config_defaults(&c);
+	config_defaults(&d);
+	assert_int_equal(config_set(&c, "model_swap", "drain", &err), 0);
+	assert_int_equal(c.model_swap, CONFIG_SWAP_DRAIN);
+	assert_int_equal(c.kv_type, d.kv_type);
+	assert_int_equal(config_set(&c, "hugepages", "none", &err), 0);
+	assert_int_equal(c.hugepages, CONFIG_HUGEPAGES_NONE);
+	assert_int_equal(c.kv_type, d.kv_type);
+}
+
+/* Each kind at its bounds: the bound is taken, one step past it is refused. */
+static void test_config_bounds_hold_at_the_boundary(void **state)
+{
+	char long_model[4097], long_socket[109];
+	memset(long_model, 'm', sizeof long_model - 1);
+	long_model[0] = '/';
+	long_model[sizeof long_model - 1] = '\0';
+	memset(long_socket, 's', sizeof long_socket - 1);
+	long_socket[0] = '/';
+	long_socket[sizeof long_socket - 1] = '\0';
+	char ok_model[4096], ok_socket[108];
+	memcpy(ok_model, long_model, sizeof ok_model - 1);
+	ok_model[sizeof ok_model - 1] = '\0';
+	memcpy(ok_socket, long_socket, sizeof ok_socket - 1);
+	ok_socket[sizeof ok_socket - 1] = '\0';
+	char ids[64 * 8 + 1] = "", ids_over[sizeof ids + 8];
+	for (int i = 0; i < 64; i++) {
+		size_t n = strlen(ids);
+		snprintf(ids + n, sizeof ids - n, "%s%d", i ? "," : "", 5000 + i);
+	}
+	snprintf(ids_over, sizeof ids_over, "%s,6000", ids);
+	const struct { const char *key, *value; int rc; } cases[] = {
+		{ "max_context", "1", 0 }, { "max_context", "0", HEARTH_ERANGE },
+		{ "max_context", "1048576", 0 }, { "max_context", "1048577", HEARTH_ERANGE },
+		{ "max_queued_tokens_per_client", "4294967295", 0 },
+		{ "max_queued_tokens_per_client", "4294967296", HEARTH_ERANGE },
+		{ "max_queued_tokens_per_client", "18446744073709551616", HEARTH_ERANGE },
+		{ "max_requests_per_uid", "65536", 0 }, { "max_requests_per_uid", "65537", HEARTH_ERANGE },
+		{ "threads", "1024", 0 }, { "threads", "1025", HEARTH_ERANGE }, { "threads", "auto", 0 },
+		{ "numa_node", "0", 0 }, { "numa_node", "1023", 0 }, { "numa_node", "1024", HEARTH_ERANGE },
+		{ "numa_node", "-1", HEARTH_EINVAL },
+		{ "kv_budget", "1MiB", 0 }, { "kv_budget", "1048575", HEARTH_ERANGE },
+		{ "kv_budget", "1TiB", 0 }, { "kv_budget", "1099511627777", HEARTH_ERANGE },
+		{ "shutdown_grace", "0s", 0 }, { "shutdown_grace", "1h", 0 },
+		{ "shutdown_grace", "3600000001us", HEARTH_ERANGE },
+		{ "socket_mode", "0777", 0 }, { "socket_mode", "1000", HEARTH_ERANGE },
+		{ "socket_mode", "0", 0 }, { "socket_mode", "8", HEARTH_EINVAL },
+		{ "lock_memory", "on", 0 }, { "lock_memory", "2", HEARTH_EINVAL },
+		{ "log_level", "debug", 0 }, { "log_level", "loud", HEARTH_EINVAL },
+		{ "model", ok_model, 0 }, { "model", long_model, HEARTH_ERANGE },
+		{ "socket", ok_socket, 0 }, { "socket", long_socket, HEARTH_ERANGE },
+		{ "socket", "relative.sock", HEARTH_EINVAL },
+		{ "allow_users", ids, 0 }, { "allow_users", ids_over, HEARTH_ERANGE },
+		{ "allow_groups", ids, 0 }, { "allow_groups", ids_over, HEARTH_ERANGE },
+		{ "allow_users", "4294967294", 0 }, { "allow_users", "4294967295", HEARTH_ERANGE },
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		struct hearth_config c;
+		struct hearth_error err = { 0 };
+		config_defaults(&c);
+		int rc = config_set(&c, cases[i].key, cases[i].value, &err);
+		if (rc != cases[i].rc)
+			fail_msg("%s = %.40s: got %d (%s), want %d", cases[i].key, cases[i].value, rc,
+				 err.msg, cases[i].rc);
+		if (rc) {
+			if (strncmp(err.msg, cases[i].key, strlen(cases[i].key)))
+				fail_msg("error for %s does not name it: %s", cases[i].key, err.msg);
+			continue;
+		}
+		/* What was taken prints back to a text that reads to the same setting. */
+		char text[8192];
+		struct hearth_config again;
+		config_defaults(&again);
+		assert_int_equal(config_format(&c, cases[i].key, text, sizeof text, &err), 0);
+		if (config_set(&again, cases[i].key, text, &err))
+			fail_msg("%s: '%s' does not read back: %s", cases[i].key, text, err.msg);
+		assert_memory_equal(&again, &c, sizeof c);
+	}
+}
+
+/* What a reload does with a change follows the key's column alone: server.c asks
+ * config_keys_differ(..., CONFIG_RELOAD_MODEL) whether to load the model anew. */
+static void test_config_reload_difference_follows_the_column(void **state)
+{
+	/* A value other than the default for every key. */
+	const struct { const char *key, *value; enum config_reload want; } cases[] = {
+		{ "model", "/m.gguf", CONFIG_RELOAD_MODEL },
+		{ "max_context", "8192", CONFIG_RELOAD_MODEL },
+		{ "kv_budget", "1GiB", CONFIG_RELOAD_MODEL },
+		{ "kv_type", "q8", CONFIG_RELOAD_MODEL },
+		{ "weights", "w4a16", CONFIG_RELOAD_MODEL },
+		{ "weights_group", "32", CONFIG_RELOAD_MODEL },
+		{ "head", "int8", CONFIG_RELOAD_MODEL },
+		{ "threads", "3", CONFIG_RELOAD_MODEL },
+		{ "numa_node", "0", CONFIG_RELOAD_MODEL },
+		{ "hugepages", "thp", CONFIG_RELOAD_MODEL },
+		{ "lock_memory", "yes", CONFIG_RELOAD_MODEL },
+		{ "socket", "/run/other.sock", CONFIG_RELOAD_RESTART },
+		{ "socket_mode", "0600", CONFIG_RELOAD_RESTART },
+		{ "allow_users", "4242", CONFIG_RELOAD_LIVE },
+		{ "allow_groups", "4243", CONFIG_RELOAD_LIVE },
+		{ "max_requests_per_client", "2", CONFIG_RELOAD_LIVE },
+		{ "max_queued_tokens_per_client", "100", CONFIG_RELOAD_LIVE },
+		{ "max_requests_per_uid", "2", CONFIG_RELOAD_LIVE },
+		{ "log_level", "debug", CONFIG_RELOAD_LIVE },
+		{ "shutdown_grace", "1s", CONFIG_RELOAD_LIVE },
+		{ "model_swap", "drain", CONFIG_RELOAD_LIVE },
+	};
+	size_t n_keys = 0;
+	while (config_key_at(n_keys))
+		n_keys++;
+	assert_int_equal(sizeof cases / sizeof cases[0], n_keys);
+	for (size_t i = 0; i < n_keys; i++) {
+		struct hearth_config a, b;
+		struct hearth_error err;
+		config_defaults(&a);
+		config_defaults(&b);
+		if (config_set(&b, cases[i].key, cases[i].value, &err))
+			fail_msg("%s", err.msg);
+		if (config_key_reload(cases[i].key) != cases[i].want)
+			fail_msg("%s: reload column %d, want %d", cases[i].key,
+				 config_key_reload(cases[i].key), cases[i].want);
+		for (int w = CONFIG_RELOAD_LIVE; w <= CONFIG_RELOAD_RESTART; w++)
+			if (config_keys_differ(&a, &b, w) != (w == (int)cases[i].want))
+				fail_msg("%s changed: differ(column %d) is wrong", cases[i].key, w);
+		assert_int_equal(config_key_reloadable(cases[i].key),
+				 cases[i].want == CONFIG_RELOAD_LIVE);
+		/* The merge takes a live key and leaves (and names) the others. */
+		char restart[256];
+		struct hearth_config live = a;
+		config_reload_merge(&live, &b, restart, sizeof restart);
+		if (cases[i].want == CONFIG_RELOAD_LIVE) {
+			assert_memory_equal(&live, &b, sizeof live);
+			assert_string_equal(restart, "");
+		} else {
+			assert_memory_equal(&live, &a, sizeof live);
+			assert_string_equal(restart, cases[i].key);
+		}
+	}
+}
+
 /* ---- documentation agrees with the code ---- */
 
 static char *slurp(const char *path)
@@ -506,27 +707,6 @@ static const char *srcdir(void)
 	if (!s)
 		fail_msg("HEARTH_SRCDIR is not set: run through `make check` or set it to the source tree");
 	return s;
-}
-
-static void test_config_every_key_is_in_man_page_and_example(void **state)
-{
-	char path[1024];
-	snprintf(path, sizeof path, "%s/doc/hearthd.conf.5", srcdir());
-	char *man = slurp(path);
-	snprintf(path, sizeof path, "%s/systemd/hearthd.conf.example", srcdir());
-	char *example = slurp(path);
-	for (size_t i = 0; config_key_at(i); i++) {
-		char want[128];
-		/* roff escapes '_' nowhere, and a key's entry starts a tagged paragraph line. */
-		snprintf(want, sizeof want, "\n.B %s\n", config_key_at(i));
-		if (!strstr(man, want))
-			fail_msg("hearthd.conf.5 has no entry '.B %s'", config_key_at(i));
-		snprintf(want, sizeof want, "\n#%s = ", config_key_at(i));
-		if (!strstr(example, want))
-			fail_msg("hearthd.conf.example has no line '#%s = ...'", config_key_at(i));
-	}
-	free(man);
-	free(example);
 }
 
 /* The example shows each key commented out with its default value; uncommenting a line
@@ -570,6 +750,77 @@ static void test_config_example_shows_the_defaults(void **state)
 	free(example);
 }
 
+/* The KEYS section's entries: each ".TP\n.B name\n" up to the next .TP, .SS or .SH. */
+static const char *man_entry(const char *man, const char *key, size_t *len)
+{
+	char want[96];
+	snprintf(want, sizeof want, ".TP\n.B %s\n", key);
+	const char *keys = strstr(man, "\n.SH KEYS\n");
+	const char *end = keys ? strstr(keys + 1, "\n.SH ") : NULL;
+	const char *p = keys ? strstr(keys, want) : NULL;
+	if (!p || p > end)
+		return NULL;
+	const char *q = p + strlen(want);
+	const char *next = strstr(q, "\n.TP\n"), *ss = strstr(q, "\n.SS "), *sh = strstr(q, "\n.SH ");
+	const char *stop = sh;
+	if (next && next < stop)
+		stop = next;
+	if (ss && ss < stop)
+		stop = ss;
+	*len = (size_t)(stop - p);
+	return p;
+}
+
+/* The man page and the example list exactly the table's keys, the man page states each
+ * table default and marks (reload) exactly the keys a reload applies at once. */
+static void test_config_man_page_and_example_match_the_table(void **state)
+{
+	char path[1024];
+	snprintf(path, sizeof path, "%s/doc/hearthd.conf.5", srcdir());
+	char *man = slurp(path);
+	snprintf(path, sizeof path, "%s/systemd/hearthd.conf.example", srcdir());
+	char *example = slurp(path);
+	size_t n_keys = 0;
+	for (; config_key_at(n_keys); n_keys++) {
+		const char *key = config_key_at(n_keys), *def = config_key_default(key);
+		size_t len = 0;
+		const char *e = man_entry(man, key, &len);
+		if (!e)
+			fail_msg("hearthd.conf.5 has no KEYS entry for %s", key);
+		char *entry = strndup(e, len + 1); /* with the line end before the next entry */
+		if (def && *def) {
+			char want[256];
+			snprintf(want, sizeof want, "\nDefault: %s.\n", def);
+			if (!strstr(entry, want))
+				fail_msg("hearthd.conf.5 does not give %s's default as '%s'", key, def);
+		}
+		bool marked = strstr(entry, "\n.I (reload)\n") != NULL;
+		if (marked != config_key_reloadable(key))
+			fail_msg("hearthd.conf.5 %s %s as (reload)", marked ? "marks" : "does not mark",
+				 key);
+		free(entry);
+	}
+	/* And nothing more: count the entries in the KEYS section and the example's keys. */
+	const char *keys = strstr(man, "\n.SH KEYS\n"), *end = strstr(keys + 1, "\n.SH ");
+	size_t n_man = 0;
+	for (const char *p = strstr(keys, "\n.TP\n.B "); p && p < end; p = strstr(p + 1, "\n.TP\n.B "))
+		n_man++;
+	assert_int_equal(n_man, n_keys);
+	size_t n_example = 0;
+	for (char *line = strtok(example, "\n"); line; line = strtok(NULL, "\n")) {
+		char *eq = strstr(line, " = ");
+		if (line[0] != '#' || !eq || line[1] == ' ' || line[1] == '#')
+			continue;
+		*eq = '\0';
+		if (!config_key_default(line + 1) && strcmp(line + 1, "model"))
+			fail_msg("hearthd.conf.example shows '%s', which is not a key", line + 1);
+		n_example++;
+	}
+	assert_int_equal(n_example, n_keys);
+	free(man);
+	free(example);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -588,8 +839,12 @@ int main(void)
 		cmocka_unit_test(test_config_missing_file_names_path),
 		cmocka_unit_test(test_config_format_reads_back_every_key),
 		cmocka_unit_test(test_config_reload_takes_only_reloadable_keys),
-		cmocka_unit_test(test_config_every_key_is_in_man_page_and_example),
 		cmocka_unit_test(test_config_example_shows_the_defaults),
+		cmocka_unit_test(test_config_defaults_come_from_the_table),
+		cmocka_unit_test(test_config_unknown_enum_word_names_key_and_words),
+		cmocka_unit_test(test_config_bounds_hold_at_the_boundary),
+		cmocka_unit_test(test_config_reload_difference_follows_the_column),
+		cmocka_unit_test(test_config_man_page_and_example_match_the_table),
 	};
 	return cmocka_run_group_tests(tests, setup_dir, teardown_dir);
 }

@@ -15,6 +15,7 @@
 #include "protocol/frame.h"
 #include "protocol/msg.h"
 #include "protocol/msg_fields.h"
+#include "protocol/sampling.h"
 
 /* ---- helpers ---- */
 
@@ -925,6 +926,74 @@ static void test_msg_rejects_bad_floats(void **state)
 	}
 }
 
+/* One generate frame with prompt "x" and key = v, packed as a count or a double. */
+static void raw_sampling(struct raw *r, uint64_t id, const struct msg_sampling_bound *b,
+			 double v)
+{
+	raw_request(r, "generate", id, 2);
+	raw_kv_str(r, "prompt", "x");
+	raw_str(r, b->key);
+	if (b->integer && v >= 0)
+		msgpack_pack_uint64(&r->pk, (uint64_t)v);
+	else if (b->integer)
+		msgpack_pack_int64(&r->pk, (int64_t)v);
+	else
+		msgpack_pack_double(&r->pk, v);
+}
+
+/* protocol/sampling.h's table is what the command lines check; the decoder must draw the
+ * same line, at both ends of every parameter. */
+static void test_msg_sampling_bounds_match_the_decoder(void **state)
+{
+	(void)state;
+	for (int p = 0; p < MSG_SAMPLING_N; p++) {
+		const struct msg_sampling_bound *b = msg_sampling_bound(p);
+		double step = b->integer ? 1 : 1e-6;
+		struct raw r;
+		struct msg m;
+		raw_sampling(&r, 60, b, b->max);
+		raw_accept(&r, MSG_FROM_CLIENT, &m);
+		msg_free(&m);
+		raw_sampling(&r, 61, b, b->max + step);
+		raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 61);
+		raw_sampling(&r, 62, b, b->min);
+		if (b->min_open) {
+			raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 62);
+		} else {
+			raw_accept(&r, MSG_FROM_CLIENT, &m);
+			msg_free(&m);
+		}
+		raw_sampling(&r, 63, b, b->min - step);
+		raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 63);
+	}
+}
+
+/* The command-line reading of the same table: the bounds themselves are in, a step past
+ * them is out, and the refusal names the flag, the interval and the text. */
+static void test_msg_sampling_parse_holds_the_bounds(void **state)
+{
+	(void)state;
+	char why[160];
+	double x = -1;
+	assert_true(msg_sampling_parse(MSG_SAMPLING_TEMPERATURE, "100", &x, why, sizeof why));
+	assert_true(x == 100.0);
+	assert_true(msg_sampling_parse(MSG_SAMPLING_TEMPERATURE, "0", &x, why, sizeof why));
+	assert_true(x == 0.0);
+	assert_false(msg_sampling_parse(MSG_SAMPLING_TEMPERATURE, "100.01", &x, why, sizeof why));
+	assert_string_equal(why, "--temp wants a number in [0, 100], not \"100.01\"");
+	assert_false(msg_sampling_parse(MSG_SAMPLING_TOP_P, "0", &x, why, sizeof why));
+	assert_string_equal(why, "--top-p wants a number in (0, 1], not \"0\"");
+	assert_true(msg_sampling_parse(MSG_SAMPLING_TOP_P, "1", &x, why, sizeof why));
+	assert_false(msg_sampling_parse(MSG_SAMPLING_MIN_P, "-0.1", &x, why, sizeof why));
+	assert_false(msg_sampling_parse(MSG_SAMPLING_REPEAT_PENALTY, "nan", &x, why, sizeof why));
+	assert_true(msg_sampling_parse(MSG_SAMPLING_TOP_K, "1048576", &x, why, sizeof why));
+	assert_true(x == 1048576.0);
+	assert_false(msg_sampling_parse(MSG_SAMPLING_TOP_K, "1048577", &x, why, sizeof why));
+	assert_string_equal(why, "--top-k wants a whole number in [0, 1048576], not \"1048577\"");
+	assert_false(msg_sampling_parse(MSG_SAMPLING_REPEAT_LAST_N, "1.5", &x, why, sizeof why));
+	assert_false(msg_sampling_parse(MSG_SAMPLING_REPEAT_LAST_N, "", &x, why, sizeof why));
+}
+
 static void test_msg_rejects_huge_arrays_and_strings(void **state)
 {
 	(void)state;
@@ -1227,6 +1296,8 @@ int main(void)
 		cmocka_unit_test(test_msg_rejects_missing_or_bad_id),
 		cmocka_unit_test(test_msg_rejects_bad_integers),
 		cmocka_unit_test(test_msg_rejects_bad_floats),
+		cmocka_unit_test(test_msg_sampling_bounds_match_the_decoder),
+		cmocka_unit_test(test_msg_sampling_parse_holds_the_bounds),
 		cmocka_unit_test(test_msg_rejects_huge_arrays_and_strings),
 		cmocka_unit_test(test_msg_rejects_invalid_utf8),
 		cmocka_unit_test(test_msg_unknown_fields_are_errors_from_clients_only),

@@ -1,8 +1,9 @@
 /* Parsing and printing of the quantities people write in config files and flags: byte sizes
- * ("192MiB", "1GiB") and durations ("10s", "500ms"). Shared by config, the loader and the
- * tools so that every place accepts and prints the same spellings. */
-#ifndef HEARTH_DAEMON_UNITS_H
-#define HEARTH_DAEMON_UNITS_H
+ * ("192MiB", "1GiB") and durations ("10s", "500ms"). In protocol/, the library every
+ * program links, so hearthd's config, the tools and the benchmarks accept and print the same
+ * spellings without linking the daemon. */
+#ifndef HEARTH_PROTOCOL_UNITS_H
+#define HEARTH_PROTOCOL_UNITS_H
 
 #include <stddef.h>
 #include <stdint.h>

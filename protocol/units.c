@@ -1,7 +1,7 @@
 /* Byte sizes and durations as people write them. Strict on purpose: anything not fully
  * consumed is an error, so "256MB" or "10 sec" is rejected with the offending text instead of
  * silently meaning something else. */
-#include "daemon/serve/units.h"
+#include "protocol/units.h"
 
 #include <ctype.h>
 #include <inttypes.h>
