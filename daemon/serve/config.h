@@ -64,6 +64,7 @@ enum config_kv_type {
  * user and group names are resolved to ids when they are set. */
 struct hearth_config {
 	char model[PATH_MAX];          /* GGUF file; required ("" until set) */
+	char chat_template[PATH_MAX];  /* a Jinja file for chat instead of the model's own; "" none */
 	uint32_t max_context;          /* tokens per sequence; sizes RoPE and per-seq KV */
 	uint64_t kv_budget;            /* bytes for the whole KV cache */
 	uint32_t threads;              /* compute threads; 0 = one per core of the NUMA node */

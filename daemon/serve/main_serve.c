@@ -78,7 +78,7 @@ static void loader_chat(struct loader *ld)
 	struct gguf_file *f = NULL;
 	int rc = gguf_open(&f, ld->cfg.model, &e);
 	if (rc == 0)
-		rc = serve_chat_model_load(&ld->chat, f, ld->tok, NULL, &e);
+		rc = serve_chat_model_load(&ld->chat, f, ld->tok, ld->cfg.chat_template, &e);
 	gguf_close(f);
 	if (rc < 0) {
 		log_warning(ld->log, "chat template: %s; chat uses the built-in ChatML", e.msg);

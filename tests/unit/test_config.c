@@ -419,7 +419,7 @@ static void test_config_missing_file_names_path(void **state)
 static void test_config_format_reads_back_every_key(void **state)
 {
 	static const char *const settings[][2] = {
-		{ "model", "/srv/m #1.gguf" }, { "max_context", "777" }, { "kv_budget", "1536KiB" },
+		{ "model", "/srv/m #1.gguf" }, { "chat_template", "/tmp/t.jinja" }, { "max_context", "777" }, { "kv_budget", "1536KiB" },
 		{ "kv_type", "q8" }, { "weights", "w4a16" }, { "weights_group", "32" },
 		{ "head", "int8" }, { "threads", "3" }, { "numa_node", "1" },
 		{ "hugepages", "none" }, { "lock_memory", "on" }, { "socket", "/tmp/x.sock" },
@@ -632,6 +632,7 @@ static void test_config_reload_difference_follows_the_column(void **state)
 	/* A value other than the default for every key. */
 	const struct { const char *key, *value; enum config_reload want; } cases[] = {
 		{ "model", "/m.gguf", CONFIG_RELOAD_MODEL },
+		{ "chat_template", "/tmp/t.jinja", CONFIG_RELOAD_MODEL },
 		{ "max_context", "8192", CONFIG_RELOAD_MODEL },
 		{ "kv_budget", "1GiB", CONFIG_RELOAD_MODEL },
 		{ "kv_type", "q8", CONFIG_RELOAD_MODEL },
@@ -738,7 +739,8 @@ static void test_config_example_shows_the_defaults(void **state)
 		if (config_set(&c, key, value, &err))
 			fail_msg("example line '#%s = %s': %s", key, value, err.msg);
 		checked++;
-		if (!strcmp(key, "model") || !strcmp(key, "allow_users") || !strcmp(key, "allow_groups"))
+		if (!strcmp(key, "model") || !strcmp(key, "chat_template") || !strcmp(key, "allow_users") ||
+		    !strcmp(key, "allow_groups"))
 			continue;
 		char a[512], b[512];
 		config_format(&c, key, a, sizeof a, NULL);
@@ -812,7 +814,7 @@ static void test_config_man_page_and_example_match_the_table(void **state)
 		if (line[0] != '#' || !eq || line[1] == ' ' || line[1] == '#')
 			continue;
 		*eq = '\0';
-		if (!config_key_default(line + 1) && strcmp(line + 1, "model"))
+		if (!config_key_default(line + 1) && strcmp(line + 1, "model") && strcmp(line + 1, "chat_template"))
 			fail_msg("hearthd.conf.example shows '%s', which is not a key", line + 1);
 		n_example++;
 	}
