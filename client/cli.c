@@ -40,6 +40,7 @@ static void usage(FILE *f)
 		"\n"
 		"  generate [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
 		"           [--repeat-penalty R] [--repeat-last-n N] [--seed S] [--stop STR]...\n"
+		"           [--grammar FILE|--json-schema FILE|--json-object]\n"
 		"           [--json] PROMPT|-      stream the continuation of PROMPT (- reads stdin)\n"
 		"  chat [--system S] [--messages FILE] [--tools FILE] [--tool-choice C] [--var KEY=JSON]...\n"
 		"       [--no-think]\n"
@@ -342,6 +343,27 @@ static int gen_print(struct gen_out *o, const struct hearth_token *t)
 }
 
 
+/* A whole small file (a grammar, a schema), NUL-terminated; NULL with e filled. */
+static char *read_small_file(const char *path, struct hearth_err *e)
+{
+	FILE *f = fopen(path, "re");
+	if (!f) {
+		snprintf(e->msg, sizeof e->msg, "%s: %s", path, strerror(errno));
+		return NULL;
+	}
+	size_t cap = 1u << 20;
+	char *buf = malloc(cap + 1);
+	size_t n = buf ? fread(buf, 1, cap + 1, f) : 0;
+	fclose(f);
+	if (!buf || n > cap) {
+		free(buf);
+		snprintf(e->msg, sizeof e->msg, "%s: %s", path, buf ? "larger than 1 MiB" : "out of memory");
+		return NULL;
+	}
+	buf[n] = 0;
+	return buf;
+}
+
 /* The sampling options, read and bounded by protocol/sampling.h as the daemon bounds them.
  * 0, or the usage exit status after printing why. */
 static int cli_sampling_option(struct hearth_gen_params *p, int opt, const char *text)
@@ -409,6 +431,18 @@ int gen_option(struct cli *c, struct gen_args *a, int opt, const char *arg)
 	case OPT_JSON:
 		c->json = true;
 		return 0;
+	case OPT_GRAMMAR:
+	case OPT_JSON_SCHEMA: {
+		struct hearth_err e = { 0 };
+		char **dst = opt == OPT_GRAMMAR ? &a->grammar : &a->json_schema;
+		free(*dst);
+		if (!(*dst = read_small_file(arg, &e)))
+			return usage_error("%s: %s", opt == OPT_GRAMMAR ? "--grammar" : "--json-schema", e.msg);
+		return 0;
+	}
+	case OPT_JSON_OBJECT:
+		p->json_object = true;
+		return 0;
 	default:
 		return usage_error("unknown option for generate");
 	}
@@ -420,21 +454,11 @@ static int gen_parse(struct cli *c, int argc, char **argv, struct gen_args *a)
 {
 	static const struct option opts[] = {
 		COMMON_OPTIONS,
-		{ "max-tokens", required_argument, NULL, 'n' },
-		{ "temp", required_argument, NULL, OPT_TEMP },
-		{ "temperature", required_argument, NULL, OPT_TEMP },
-		{ "top-k", required_argument, NULL, OPT_TOP_K },
-		{ "top-p", required_argument, NULL, OPT_TOP_P },
-		{ "min-p", required_argument, NULL, OPT_MIN_P },
-		{ "repeat-penalty", required_argument, NULL, OPT_REPEAT_PENALTY },
-		{ "repeat-last-n", required_argument, NULL, OPT_REPEAT_LAST_N },
-		{ "seed", required_argument, NULL, OPT_SEED },
-		{ "stop", required_argument, NULL, OPT_STOP },
-		{ "json", no_argument, NULL, OPT_JSON },
+		GEN_OPTIONS,
 		{ 0 },
 	};
+	memset(a, 0, sizeof *a);
 	a->p = hearth_gen_params_default();
-	a->n_stop = 0;
 	int opt, rc;
 	while ((opt = getopt_long(argc, argv, "+n:vhV", opts, NULL)) != -1) {
 		if (common_option(c, opt, optarg, &rc)) {
@@ -448,10 +472,25 @@ static int gen_parse(struct cli *c, int argc, char **argv, struct gen_args *a)
 	if (argc - optind != 1)
 		return usage_error("generate wants exactly one PROMPT argument (quote it; - reads "
 				   "stdin)");
-	a->p.stop = a->stop;
-	a->p.n_stop = a->n_stop;
+	gen_args_finish(a);
 	return 0;
 }
+
+void gen_args_finish(struct gen_args *a)
+{
+	a->p.stop = a->stop;
+	a->p.n_stop = a->n_stop;
+	a->p.grammar = a->grammar;
+	a->p.json_schema = a->json_schema;
+}
+
+void gen_args_free(struct gen_args *a)
+{
+	free(a->grammar);
+	free(a->json_schema);
+	a->grammar = a->json_schema = NULL;
+}
+
 
 /* Prints tokens as they come until the generation ends. The first ^C cancels (the daemon
  * stops computing) and the stream goes on to its done frame; waits are short slices so ^C
@@ -518,21 +557,26 @@ static int cmd_generate(struct cli *c, int argc, char **argv)
 {
 	struct gen_args a;
 	int rc = gen_parse(c, argc, argv, &a);
-	if (rc)
+	if (rc) {
+		gen_args_free(&a);
 		return rc < 0 ? 0 : rc;
+	}
 
 	struct hearth_err e = { 0 };
 	char *stdin_text = NULL;
 	struct hearth_prompt prompt = { .text = argv[optind], .len = strlen(argv[optind]) };
 	if (strcmp(argv[optind], "-") == 0) {
 		stdin_text = read_stdin(&prompt.len, &e);
-		if (!stdin_text)
+		if (!stdin_text) {
+			gen_args_free(&a);
 			return fail(&e);
+		}
 		prompt.text = stdin_text;
 	}
 	struct hearth *h;
 	if (cli_connect(c, true, &h, &e) < 0) {
 		free(stdin_text);
+		gen_args_free(&a);
 		return fail(&e);
 	}
 	/* The first ^C cancels; a second one kills. */
@@ -544,6 +588,7 @@ static int cmd_generate(struct cli *c, int argc, char **argv)
 	struct hearth_gen *g;
 	rc = hearth_gen_start(h, &prompt, &a.p, &g, &e);
 	free(stdin_text);
+	gen_args_free(&a); /* sent with the request */
 	if (rc < 0) {
 		hearth_close(h);
 		return fail(&e);

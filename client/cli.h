@@ -30,6 +30,7 @@ enum {
 	OPT_REPEAT_PENALTY, OPT_REPEAT_LAST_N, OPT_SEED,
 	OPT_SPIN_US, OPT_STOP, OPT_NO_BOS, OPT_SPECIAL,
 	OPT_CLIENTS, OPT_PROMPT_TOKENS, OPT_TOKENS, OPT_PROMETHEUS,
+	OPT_GRAMMAR, OPT_JSON_SCHEMA, OPT_JSON_OBJECT,
 };
 
 #define COMMON_OPTIONS \
@@ -46,7 +47,30 @@ struct gen_args {
 	struct hearth_gen_params p;
 	const char *stop[GEN_STOP_MAX];
 	size_t n_stop;
+	char *grammar;            /* owned: the --grammar / --json-schema file's text */
+	char *json_schema;
 };
+
+/* The options generate and chat share (sampling, stop, structured output). */
+#define GEN_OPTIONS \
+	{ "max-tokens", required_argument, NULL, 'n' }, \
+	{ "temp", required_argument, NULL, OPT_TEMP }, \
+	{ "temperature", required_argument, NULL, OPT_TEMP }, \
+	{ "top-k", required_argument, NULL, OPT_TOP_K }, \
+	{ "top-p", required_argument, NULL, OPT_TOP_P }, \
+	{ "min-p", required_argument, NULL, OPT_MIN_P }, \
+	{ "repeat-penalty", required_argument, NULL, OPT_REPEAT_PENALTY }, \
+	{ "repeat-last-n", required_argument, NULL, OPT_REPEAT_LAST_N }, \
+	{ "seed", required_argument, NULL, OPT_SEED }, \
+	{ "stop", required_argument, NULL, OPT_STOP }, \
+	{ "grammar", required_argument, NULL, OPT_GRAMMAR }, \
+	{ "json-schema", required_argument, NULL, OPT_JSON_SCHEMA }, \
+	{ "json-object", no_argument, NULL, OPT_JSON_OBJECT }, \
+	{ "json", no_argument, NULL, OPT_JSON }
+
+/* Points a's parameters at what the options collected (stop strings, grammar). */
+void gen_args_finish(struct gen_args *a);
+void gen_args_free(struct gen_args *a);
 
 int fail(const struct hearth_err *e);
 int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -16,7 +16,7 @@
 
 #define CHAT_LINE_MAX (1u << 20)
 
-enum { OPT_SYSTEM = 2000, OPT_MESSAGES, OPT_TOOLS, OPT_TOOL_CHOICE, OPT_VAR, OPT_GRAMMAR, OPT_JSON_SCHEMA, OPT_NO_THINK };
+enum { OPT_SYSTEM = 2000, OPT_MESSAGES, OPT_TOOLS, OPT_TOOL_CHOICE, OPT_VAR, OPT_NO_THINK };
 
 struct chat_cli {
 	struct cli *c;
@@ -27,7 +27,6 @@ struct chat_cli {
 	const char *tool_choice;
 	json_t *vars;             /* template variables (object) */
 	char *vars_text;
-	char *grammar, *json_schema;
 	bool tty;                 /* replies go to a terminal: reasoning is shown dimmed */
 };
 
@@ -439,29 +438,18 @@ static int chat_parse(struct chat_cli *cc, int argc, char **argv)
 {
 	static const struct option opts[] = {
 		COMMON_OPTIONS,
-		{ "max-tokens", required_argument, NULL, 'n' },
-		{ "temp", required_argument, NULL, OPT_TEMP },
-		{ "temperature", required_argument, NULL, OPT_TEMP },
-		{ "top-k", required_argument, NULL, OPT_TOP_K },
-		{ "top-p", required_argument, NULL, OPT_TOP_P },
-		{ "min-p", required_argument, NULL, OPT_MIN_P },
-		{ "repeat-penalty", required_argument, NULL, OPT_REPEAT_PENALTY },
-		{ "repeat-last-n", required_argument, NULL, OPT_REPEAT_LAST_N },
-		{ "seed", required_argument, NULL, OPT_SEED },
-		{ "stop", required_argument, NULL, OPT_STOP },
-		{ "json", no_argument, NULL, OPT_JSON },
+		GEN_OPTIONS,
 		{ "system", required_argument, NULL, OPT_SYSTEM },
 		{ "messages", required_argument, NULL, OPT_MESSAGES },
 		{ "tools", required_argument, NULL, OPT_TOOLS },
 		{ "tool-choice", required_argument, NULL, OPT_TOOL_CHOICE },
 		{ "var", required_argument, NULL, OPT_VAR },
-		{ "grammar", required_argument, NULL, OPT_GRAMMAR },
-		{ "json-schema", required_argument, NULL, OPT_JSON_SCHEMA },
 		{ "no-think", no_argument, NULL, OPT_NO_THINK },
 		{ 0 },
 	};
 	struct hearth_err e = { 0 };
 	int opt, rc;
+	memset(&cc->a, 0, sizeof cc->a);
 	cc->a.p = hearth_gen_params_default();
 	cc->a.p.max_tokens = 0; /* up to the context: a reply ends where the model ends it */
 	while ((opt = getopt_long(argc, argv, "+n:vhV", opts, NULL)) != -1) {
@@ -518,23 +506,12 @@ static int chat_parse(struct chat_cli *cc, int argc, char **argv)
 		case OPT_NO_THINK:
 			json_object_set_new(cc->vars, "enable_thinking", json_false());
 			break;
-		case OPT_GRAMMAR:
-		case OPT_JSON_SCHEMA: {
-			char **dst = opt == OPT_GRAMMAR ? &cc->grammar : &cc->json_schema;
-			free(*dst);
-			if (!(*dst = slurp(optarg, &e)))
-				return usage_error("%s: %s", opt == OPT_GRAMMAR ? "--grammar" : "--json-schema", e.msg);
-			break;
-		}
 		default:
 			if ((rc = gen_option(cc->c, &cc->a, opt, optarg)))
 				return rc;
 		}
 	}
-	cc->a.p.stop = cc->a.stop;
-	cc->a.p.n_stop = cc->a.n_stop;
-	cc->a.p.grammar = cc->grammar;
-	cc->a.p.json_schema = cc->json_schema;
+	gen_args_finish(&cc->a);
 	if (json_object_size(cc->vars))
 		cc->vars_text = json_dumps(cc->vars, JSON_COMPACT);
 	return 0;
@@ -585,8 +562,7 @@ out:
 	free(cc.system);
 	free(cc.tools);
 	free(cc.vars_text);
-	free(cc.grammar);
-	free(cc.json_schema);
+	gen_args_free(&cc.a);
 	json_decref(cc.messages);
 	json_decref(cc.vars);
 	return rc < 0 ? 0 : rc;
