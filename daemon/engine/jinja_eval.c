@@ -12,6 +12,9 @@
 
 void jx_step(struct jctx *c, const struct jnode *at)
 {
+	/* errors raised without a node (memory, string size) name the last place stepped */
+	c->line = at->line;
+	c->col = at->col;
 	if (++c->steps > c->lim.steps)
 		jx_fail(c, at, JX_LIMIT, "the render took more than %llu steps (limit)",
 			(unsigned long long)c->lim.steps);
@@ -683,13 +686,14 @@ static void exec_for(struct jctx *c, struct jframe *f, const struct jnode *n)
 	static const struct jstr s_loop = { 4, "loop", NULL, 0, 0 };
 	const struct jv *outer = jf_lookup(f, &s_loop);
 	lp->depth = outer && outer->t == JV_LOOP ? outer->u.lp->depth + 1 : 1;
+	/* One scope and one loop object serve every iteration (reset, not reallocated), so a
+	 * long loop costs no memory per pass. */
+	struct jframe *g = jf_new(c, f);
 	for (size_t i = 0; i < items->n; i++) {
 		jx_step(c, n);
-		struct jloop *cur = ja_alloc(c, sizeof *cur);
-		*cur = *lp;
-		cur->i = i;
-		struct jframe *g = jf_new(c, f);
-		jf_set(c, g, &s_loop, (struct jv){ .t = JV_LOOP, .u.lp = cur });
+		lp->i = i;
+		g->n = 0;
+		jf_set(c, g, &s_loop, (struct jv){ .t = JV_LOOP, .u.lp = lp });
 		assign(c, g, n->a, items->v[i]);
 		exec(c, g, n->c);
 		if (c->loop_ctl == 1) {

@@ -376,6 +376,9 @@ static struct jnode *parse_postfix(struct parser *p, struct jnode *n)
 		} else if (is_op(p, '(', 0)) {
 			advance(p);
 			struct jnode *call = node(p, E_CALL, at);
+			/* a call's errors point at what is called */
+			call->line = n->line;
+			call->col = n->col;
 			call->a = n;
 			parse_args(p, call);
 			n = call;
