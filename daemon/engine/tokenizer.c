@@ -1540,8 +1540,8 @@ static int bpe_encode(const struct tok *t, struct scratch *s, const char *text, 
 	return 0;
 }
 
-int tok_encode(const struct tok *t, const char *text, size_t len, bool add_bos, bool parse_special,
-	       int32_t *out, size_t cap, size_t *n_out, struct hearth_error *err)
+int tok_encode_segments(const struct tok *t, const struct tok_segment *seg, size_t n_seg, bool add_bos,
+			int32_t *out, size_t cap, size_t *n_out, struct hearth_error *err)
 {
 	struct scratch s = { .frags = { .elem = sizeof(struct frag) }, .cpts = { .elem = sizeof(uint32_t) },
 			     .flags = { .elem = sizeof(uint16_t) }, .lens = { .elem = sizeof(size_t) },
@@ -1549,38 +1549,56 @@ int tok_encode(const struct tok *t, const char *text, size_t len, bool add_bos, 
 			     .syms = { .elem = sizeof(struct sym) }, .heap = { .elem = sizeof(struct bigram) },
 			     .out = out, .cap = cap };
 	*n_out = 0;
-	if (len && !text)
-		return hearth_error_set(err, HEARTH_EINVAL, "tok_encode: NULL text of %zu bytes", len);
-	if (len >= UINT32_MAX / 8)
-		return hearth_error_set(err, HEARTH_ERANGE, "tok_encode: text of %zu bytes is too long", len);
+	size_t total = 0;
+	for (size_t k = 0; k < n_seg; k++) {
+		if (seg[k].len && !seg[k].text)
+			return hearth_error_set(err, HEARTH_EINVAL, "tok_encode: NULL text of %zu bytes", seg[k].len);
+		if (seg[k].len >= UINT32_MAX / 8)
+			return hearth_error_set(err, HEARTH_ERANGE, "tok_encode: text of %zu bytes is too long",
+						seg[k].len);
+		total += seg[k].len;
+	}
 	if (add_bos) {
 		if (t->bos < 0)
 			return hearth_error_set(err, HEARTH_ENOTFOUND, "tok_encode: the model has no BOS token");
 		emit(&s, t->bos);
 	}
-	int rc = partition(t, text, len, parse_special, &s.frags);
+	int rc = 0;
 	bool prev_special = true; /* SPM: a space goes in front of text that starts the input */
-	for (size_t i = 0; !rc && i < s.frags.n; i++) {
-		const struct frag *fr = &((const struct frag *)s.frags.p)[i];
-		if (fr->id >= 0) {
-			emit(&s, fr->id);
-			prev_special = true;
-			continue;
+	/* Each segment is partitioned on its own: special-token text is matched only where the
+	 * segment allows it, and raw text never merges across a segment boundary. */
+	for (size_t k = 0; !rc && k < n_seg; k++) {
+		const char *text = seg[k].text;
+		rc = partition(t, text, seg[k].len, seg[k].parse_special, &s.frags);
+		for (size_t i = 0; !rc && i < s.frags.n; i++) {
+			const struct frag *fr = &((const struct frag *)s.frags.p)[i];
+			if (fr->id >= 0) {
+				emit(&s, fr->id);
+				prev_special = true;
+				continue;
+			}
+			if (t->model == MODEL_SPM)
+				rc = spm_encode(t, &s, text + fr->off, fr->len, t->add_space_prefix && prev_special);
+			else
+				rc = bpe_encode(t, &s, text + fr->off, fr->len);
+			prev_special = false;
 		}
-		if (t->model == MODEL_SPM)
-			rc = spm_encode(t, &s, text + fr->off, fr->len, t->add_space_prefix && prev_special);
-		else
-			rc = bpe_encode(t, &s, text + fr->off, fr->len);
-		prev_special = false;
 	}
 	scratch_free(&s);
 	if (rc)
-		return hearth_error_set(err, rc, "tok_encode: no memory for %zu bytes of text", len);
+		return hearth_error_set(err, rc, "tok_encode: no memory for %zu bytes of text", total);
 	*n_out = s.n;
 	if (s.n > cap)
 		return hearth_error_set(err, HEARTH_ERANGE, "tok_encode: %zu tokens do not fit in %zu",
 					s.n, cap);
 	return 0;
+}
+
+int tok_encode(const struct tok *t, const char *text, size_t len, bool add_bos, bool parse_special,
+	       int32_t *out, size_t cap, size_t *n_out, struct hearth_error *err)
+{
+	struct tok_segment one = { text, len, parse_special };
+	return tok_encode_segments(t, &one, 1, add_bos, out, cap, n_out, err);
 }
 
 /* ---- decode ---- */

@@ -31,6 +31,18 @@ void tok_free(struct tok *t);
 int tok_encode(const struct tok *t, const char *text, size_t len, bool add_bos, bool parse_special,
 	       int32_t *out, size_t cap, size_t *n_out, struct hearth_error *err);
 
+/* Encodes consecutive pieces of one text, each with its own parse_special, as if they were
+ * one input (one BOS, SentencePiece's leading space only at the start or after a special
+ * token) except that no token spans two pieces: chat prompts use this so that message data
+ * can never produce a control token, even joined with the template's text. */
+struct tok_segment {
+	const char *text;
+	size_t len;
+	bool parse_special;
+};
+int tok_encode_segments(const struct tok *t, const struct tok_segment *seg, size_t n_seg, bool add_bos,
+			int32_t *out, size_t cap, size_t *n_out, struct hearth_error *err);
+
 /* The bytes of one token: byte tokens and byte-level BPE decoded, SentencePiece's U+2581
  * turned back into spaces. Control and unknown tokens give their text only when special
  * is true (else nothing). Returns the length; copies only when it is <= cap. Ids out of

@@ -11,4 +11,7 @@ int tool_run(int argc, char **argv);
  * and a streaming-read probe on the pool's cores to judge decode against. */
 int tool_bench(int argc, char **argv);
 
+/* `render-template`: a chat template rendered over a conversation (JSON files). */
+int tool_render(int argc, char **argv);
+
 #endif
