@@ -352,7 +352,14 @@ static char *repl_read(EditLine *el, History *hist)
 	for (;;) {
 		el_set(el, EL_PROMPT, (block || more) ? cont_fn : prompt_fn);
 		int n;
+		errno = 0;
 		const char *line = el_gets(el, &n);
+		if (!line && (n < 0 || errno == EINTR || interrupted)) {
+			/* a ^C that stopped the last reply, or one at the prompt: not the end */
+			interrupted = 0;
+			el_reset(el);
+			continue;
+		}
 		if (!line) {
 			if (msg && len)
 				return msg;
