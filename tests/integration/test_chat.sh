@@ -133,7 +133,8 @@ $T send-keys -t chat "/reset" Enter
 wait_for "(conversation cleared)"
 expect "^C stops a long reply and the session goes on" $?
 $T send-keys -t chat C-d
-sleep 0.5
+i=0
+while $T has-session -t chat 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
 ! $T has-session -t chat 2>/dev/null
 expect "^D leaves the session" $?
 
