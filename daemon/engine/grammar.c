@@ -32,7 +32,8 @@ struct cstate {
 	size_t len;
 	uint32_t *refcount;
 	bool *recursive;
-	uint32_t cur_rule;
+	uint32_t cur_rule; /* the rule whose automaton is being built */
+	uint32_t src_rule; /* the rule whose text is being compiled (differs when inlining) */
 	unsigned inline_depth;
 	uint32_t node_limit; /* lowered while trying an inline */
 	struct hearth_error *err;
@@ -63,7 +64,7 @@ static int nfa_node(struct cstate *c, uint8_t kind, uint32_t arg, uint32_t *out,
 			return OVER_BUDGET;
 		return cerr(c, off, HEARTH_ERANGE,
 			    "rule '%.64s' expands to more than 524288 automaton nodes",
-			    c->p->rules[c->cur_rule].name);
+			    c->p->rules[c->src_rule].name);
 	}
 	if (n->n == n->cap) {
 		uint32_t cap = n->cap ? n->cap * 2 : 1024;
@@ -241,6 +242,7 @@ static int compile_class(struct cstate *c, const struct gast *a, struct frag *f)
 		return rc;
 	uint64_t ascii[4] = { 0 };
 	bool any_ascii = false;
+	size_t edges_before = c->nfa.ne;
 	for (uint32_t r = 0; r < a->n; r++) {
 		uint32_t lo = a->u.ranges[2 * r], hi = a->u.ranges[2 * r + 1];
 		/* surrogates are not characters: cut them out */
@@ -284,6 +286,9 @@ static int compile_class(struct cstate *c, const struct gast *a, struct frag *f)
 			}
 		}
 	}
+	if (!any_ascii && c->nfa.ne == edges_before)
+		return cerr(c, a->off, HEARTH_EINVAL, "character class in rule '%.64s' matches no character",
+			    c->p->rules[c->src_rule].name);
 	if (any_ascii) {
 		uint32_t id, t;
 		if ((rc = set_intern(c, ascii, &id)) || (rc = nfa_node(c, NK_TERM, id, &t, a->off)) ||
@@ -303,19 +308,23 @@ static int compile_ref(struct cstate *c, const struct gast *a, bool in_loop, str
 	int rc;
 	if (!c->recursive[r] && c->inline_depth < INLINE_MAX_DEPTH &&
 	    (c->refcount[r] == 1 || in_loop || c->refcount[r] <= 4)) {
-		/* try inlining under a budget; fall back to a call when it grows too much */
+		/* try inlining under a budget; fall back to a call when it grows too much. An
+		 * enclosing attempt's tighter budget is not ours to fall back from: that failure
+		 * goes up, so nested attempts cannot multiply. */
 		uint32_t mark_n = c->nfa.n;
 		size_t mark_e = c->nfa.ne;
-		uint32_t save_limit = c->node_limit, save_rule = c->cur_rule;
+		uint32_t save_limit = c->node_limit, save_src = c->src_rule;
 		uint32_t budget = c->nfa.n + INLINE_MAX_NODES;
-		if (budget < c->node_limit)
+		bool own = budget < c->node_limit;
+		if (own)
 			c->node_limit = budget;
 		c->inline_depth++;
+		c->src_rule = r;
 		rc = compile(c, c->p->rules[r].body, false, f);
 		c->inline_depth--;
 		c->node_limit = save_limit;
-		c->cur_rule = save_rule;
-		if (rc != OVER_BUDGET)
+		c->src_rule = save_src;
+		if (rc != OVER_BUDGET || !own)
 			return rc;
 		c->nfa.n = mark_n;
 		c->nfa.ne = mark_e;
@@ -1105,7 +1114,7 @@ int grammar_compile(struct grammar **out, const char *text, size_t len, struct h
 		count_refs(p.rules[r].body, c.refcount, 1);
 	for (uint32_t r = 0; r < p.n_rules; r++) {
 		struct frag f;
-		c.cur_rule = r;
+		c.cur_rule = c.src_rule = r;
 		if ((rc = compile(&c, p.rules[r].body, false, &f)) ||
 		    (rc = nfa_node(&c, NK_END, r, &rule_end[r], p.rules[r].def_off)) ||
 		    (rc = nfa_edge(&c, f.out, rule_end[r])))

@@ -292,7 +292,7 @@ static struct gast *parse_literal(struct pstate *s)
 	size_t start = s->pos;
 	s->pos++; /* " */
 	size_t cap = 0;
-	for (size_t i = s->pos; i < s->p->len && s->p->src[i] != '"' && s->p->src[i] != '\n'; i++)
+	for (size_t i = s->pos; i < s->p->len && s->p->src[i] != '\n'; i++)
 		cap++;
 	uint8_t *buf = palloc(s, cap * 4 + 4);
 	if (!buf) {
