@@ -134,7 +134,7 @@ struct gpool {
 	int err; /* sticky: HEARTH_ERANGE when a bound below was hit */
 };
 
-#define GPOOL_MAX_STACKS 4096 /* stacks in one state: beyond this a grammar is too ambiguous */
+#define GPOOL_MAX_STACKS 2048 /* stacks in one state: beyond this a grammar is too ambiguous */
 
 int gpool_init(struct gpool *p, const struct grammar *g, uint32_t memo_log2, uint32_t max_frames);
 void gpool_free(struct gpool *p);

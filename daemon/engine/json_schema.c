@@ -727,6 +727,22 @@ static int rx_escape_char(struct rx *x, uint32_t *cp)
 	case 'f': *cp = '\f'; return 0;
 	case 'v': *cp = '\v'; return 0;
 	}
+	if (e == 'u' && x->i + 4 <= x->n) {
+		uint32_t v = 0;
+		for (int k = 0; k < 4; k++) {
+			char h = x->s[x->i + (size_t)k];
+			int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 :
+				h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+			if (d < 0)
+				return rx_fail(x, "\\u needs 4 hex digits");
+			v = v << 4 | (uint32_t)d;
+		}
+		if (v >= 0xd800 && v <= 0xdfff)
+			return rx_fail(x, "\\u names a surrogate");
+		x->i += 4;
+		*cp = v;
+		return 0;
+	}
 	if (isalnum((unsigned char)e)) {
 		x->i--;
 		return rx_fail(x, "unsupported escape");

@@ -517,15 +517,11 @@ int main(void)
 		cmocka_unit_test(test_grammar_refuses_with_rule_and_position),
 		cmocka_unit_test(test_grammar_hostile_inputs_are_bounded),
 		cmocka_unit_test(test_grammar_mask_apply_sets_disallowed_to_minus_infinity),
-	};
-	const struct CMUnitTest vocab_tests[] = {
 		cmocka_unit_test(test_grammar_masks_equal_brute_force_json),
 		cmocka_unit_test(test_grammar_masks_equal_brute_force_c_and_arithmetic),
 		cmocka_unit_test(test_grammar_masks_equal_brute_force_unicode_and_small),
 		cmocka_unit_test(test_grammar_forced_bytes_and_rollback),
 		cmocka_unit_test(test_grammar_cache_shares_by_text),
 	};
-	int rc = cmocka_run_group_tests(tests, NULL, NULL);
-	rc |= cmocka_run_group_tests(vocab_tests, load_vocab, free_vocab);
-	return rc;
+	return cmocka_run_group_tests(tests, load_vocab, free_vocab);
 }
