@@ -770,8 +770,8 @@ int grammar_cache_get(struct grammar_cache *c, enum grammar_kind kind, const cha
 		return 0;
 	}
 	/* compile outside the lock: other requests' lookups do not wait for it */
-	char *gbnf;
-	size_t glen;
+	char *gbnf = NULL;
+	size_t glen = 0;
 	int rc = build_source(kind, text, len, &gbnf, &glen, err);
 	if (rc)
 		return rc;
