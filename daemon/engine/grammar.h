@@ -35,6 +35,9 @@ bool grammar_accepts(const struct grammar *g, const char *s, size_t len);
 /* A token trie over a vocabulary's decoded bytes; built once per tokenizer, immutable. */
 struct grammar_vocab;
 int grammar_vocab_new(struct grammar_vocab **out, const struct tok *t, struct hearth_error *err);
+/* The same from raw pieces (token id -> bytes); eog lists the end-of-generation ids. */
+int grammar_vocab_new_pieces(struct grammar_vocab **out, const char *const *pieces, const size_t *lens,
+			     int32_t n, const int32_t *eog, size_t n_eog, struct hearth_error *err);
 void grammar_vocab_free(struct grammar_vocab *v);
 int32_t grammar_vocab_n(const struct grammar_vocab *v);
 

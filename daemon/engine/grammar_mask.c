@@ -65,43 +65,40 @@ int32_t grammar_vocab_n(const struct grammar_vocab *v)
 	return v->n_vocab;
 }
 
-int grammar_vocab_new(struct grammar_vocab **out, const struct tok *t, struct hearth_error *err)
+int grammar_vocab_new_pieces(struct grammar_vocab **out, const char *const *pieces, const size_t *lens,
+			     int32_t n, const int32_t *eog, size_t n_eog, struct hearth_error *err)
 {
 	*out = NULL;
 	struct grammar_vocab *v = calloc(1, sizeof *v);
-	int32_t n = tok_n_vocab(t);
-	size_t pmax = tok_piece_max(t);
-	char *buf = malloc(pmax + 1);
-	if (!v || !buf || n <= 0)
+	if (!v || n <= 0)
 		goto oom;
 	v->n_vocab = n;
 	v->tok_off = calloc((size_t)n, sizeof *v->tok_off);
 	v->tok_len = calloc((size_t)n, sizeof *v->tok_len);
 	v->sorted = malloc((size_t)n * sizeof *v->sorted);
-	v->eog = malloc((size_t)n * sizeof *v->eog);
+	v->eog = malloc((n_eog ? n_eog : 1) * sizeof *v->eog);
 	if (!v->tok_off || !v->tok_len || !v->sorted || !v->eog)
 		goto oom;
-	size_t total = 0, cap = 1 << 20;
-	v->bytes = malloc(cap);
+	for (size_t k = 0; k < n_eog; k++)
+		if (eog[k] >= 0 && eog[k] < n)
+			v->eog[v->n_eog++] = eog[k];
+	size_t total = 0;
+	for (int32_t id = 0; id < n; id++)
+		if (lens[id] <= 0xffff)
+			total += lens[id];
+	v->bytes = malloc(total + 1);
 	if (!v->bytes)
 		goto oom;
+	total = 0;
 	for (int32_t id = 0; id < n; id++) {
-		size_t len = tok_piece(t, id, false, buf, pmax + 1);
-		if (len > pmax || len > 0xffff)
-			len = 0; /* cannot happen with tok_piece_max; keeps the trie depth in 16 bits */
-		if (tok_is_eog(t, id))
-			v->eog[v->n_eog++] = id;
-		if (len == 0 || tok_is_eog(t, id))
+		size_t len = lens[id];
+		bool end_token = false;
+		for (uint32_t k = 0; k < v->n_eog && !end_token; k++)
+			end_token = v->eog[k] == id;
+		/* pieces longer than 64 KiB do not occur; the bound keeps depths in 16 bits */
+		if (len == 0 || len > 0xffff || end_token)
 			continue;
-		if (total + len > cap) {
-			while (total + len > cap)
-				cap *= 2;
-			uint8_t *g = realloc(v->bytes, cap);
-			if (!g)
-				goto oom;
-			v->bytes = g;
-		}
-		memcpy(v->bytes + total, buf, len);
+		memcpy(v->bytes + total, pieces[id], len);
 		v->tok_off[id] = (uint32_t)total;
 		v->tok_len[id] = (uint32_t)len;
 		total += len;
@@ -118,8 +115,10 @@ int grammar_vocab_new(struct grammar_vocab **out, const struct tok *t, struct he
 	v->t_tok = malloc(ncap * sizeof *v->t_tok);
 	v->t_ntok = calloc(ncap, sizeof *v->t_ntok);
 	uint32_t *open = malloc(((size_t)v->max_len + 1) * sizeof *open);
-	if (!v->t_byte || !v->t_depth || !v->t_end || !v->t_tok || !v->t_ntok || !open)
-		goto oom_open;
+	if (!v->t_byte || !v->t_depth || !v->t_end || !v->t_tok || !v->t_ntok || !open) {
+		free(open);
+		goto oom;
+	}
 	uint32_t depth_open = 0, nn = 0;
 	const uint8_t *prev = NULL;
 	uint32_t prev_len = 0;
@@ -154,15 +153,52 @@ int grammar_vocab_new(struct grammar_vocab **out, const struct tok *t, struct he
 	}
 	v->n_nodes = nn;
 	free(open);
-	free(buf);
 	*out = v;
 	return 0;
-oom_open:
-	free(open);
 oom:
-	free(buf);
 	grammar_vocab_free(v);
 	return hearth_error_set(err, HEARTH_ENOMEM, "grammar: out of memory building the token trie");
+}
+
+int grammar_vocab_new(struct grammar_vocab **out, const struct tok *t, struct hearth_error *err)
+{
+	*out = NULL;
+	int32_t n = tok_n_vocab(t);
+	size_t pmax = tok_piece_max(t);
+	if (n <= 0)
+		return hearth_error_set(err, HEARTH_EINVAL, "grammar: empty vocabulary");
+	char *bytes = NULL, **pieces = malloc((size_t)n * sizeof *pieces);
+	size_t *lens = malloc((size_t)n * sizeof *lens), total = 0;
+	int32_t *eog = malloc((size_t)n * sizeof *eog);
+	size_t n_eog = 0;
+	int rc = HEARTH_ENOMEM;
+	if (!pieces || !lens || !eog)
+		goto out;
+	for (int32_t id = 0; id < n; id++)
+		total += tok_piece(t, id, false, NULL, 0);
+	bytes = malloc(total + pmax + 1);
+	if (!bytes)
+		goto out;
+	total = 0;
+	for (int32_t id = 0; id < n; id++) {
+		size_t len = tok_piece(t, id, false, bytes + total, pmax + 1);
+		if (len > pmax)
+			len = 0;
+		pieces[id] = bytes + total;
+		lens[id] = len;
+		total += len;
+		if (tok_is_eog(t, id))
+			eog[n_eog++] = id;
+	}
+	rc = grammar_vocab_new_pieces(out, (const char *const *)pieces, lens, n, eog, n_eog, err);
+out:
+	if (rc == HEARTH_ENOMEM && !*out)
+		hearth_error_set(err, rc, "grammar: out of memory building the token trie");
+	free(bytes);
+	free(pieces);
+	free(lens);
+	free(eog);
+	return rc;
 }
 
 /* ---- per-position token sets ---- */

@@ -16,6 +16,7 @@
 
 #include "daemon/engine/gguf.h"
 #include "daemon/engine/grammar.h"
+#include "daemon/engine/json_schema.h"
 #include "daemon/engine/tokenizer.h"
 #include "tests/support/grammar_walk.h"
 
@@ -368,10 +369,12 @@ static void masks_match_brute_force(const char *text, int steps, uint64_t seed)
 		/* half the time a short token: structure (quotes, commas, brackets) comes in
 		 * short pieces, and the walk should reach many kinds of state */
 		int32_t pick = allowed[gwalk_rand(&rng) % (uint64_t)n_allowed];
-		for (int tries = 0; tries < 64 && gwalk_rand(&rng) % 2; tries++) {
+		bool structural = gwalk_rand(&rng) % 2;
+		for (int tries = 0; structural && tries < 400; tries++) {
 			int32_t c = allowed[gwalk_rand(&rng) % (uint64_t)n_allowed];
 			char piece[64];
-			if (tok_piece(vocab_tok, c, false, piece, sizeof piece) <= 2) {
+			size_t pl = tok_piece(vocab_tok, c, false, piece, sizeof piece);
+			if (pl <= 2 || (pl < sizeof piece && memchr(piece, '"', pl))) {
 				pick = c;
 				break;
 			}
@@ -412,6 +415,31 @@ static void test_grammar_masks_equal_brute_force_unicode_and_small(void **state)
 	masks_match_brute_force(read_grammar("list.gbnf", &len), 10, 5);
 	masks_match_brute_force("root ::= \"yes\" | \"no\" | \"maybe so\"\n", 3, 1);
 	masks_match_brute_force("root ::= item (\", \" item){0,3}\nitem ::= [a-z]{1,4} | \"\\\"\" [^\"]* \"\\\"\"\n", 5, 9);
+}
+
+/* Schema grammars call shared rules (string, space) from many places: the tokens that
+ * leave such a rule are the uncertain ones, checked against the real stack. */
+static void test_grammar_masks_equal_brute_force_schema(void **state)
+{
+	(void)state;
+	static const char *const schemas[] = {
+		"{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":99},"
+		"\"name\":{\"type\":\"string\"},\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"maxItems\":3},"
+		"\"ok\":{\"type\":\"boolean\"},\"role\":{\"enum\":[\"admin\",\"user\"]},\"note\":{\"type\":[\"string\",\"null\"]}},"
+		"\"required\":[\"id\",\"name\",\"tags\"]}",
+		"{\"$ref\":\"#/$defs/t\",\"$defs\":{\"t\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"number\"},"
+		"\"kids\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/t\"}}},\"required\":[\"v\",\"kids\"]}}}",
+	};
+	for (size_t i = 0; i < sizeof schemas / sizeof *schemas; i++) {
+		json_t *j = json_loads(schemas[i], 0, NULL);
+		char *gbnf = NULL;
+		struct hearth_error err = { 0 };
+		assert_non_null(j);
+		assert_int_equal(json_schema_to_gbnf(j, &gbnf, &err), 0);
+		json_decref(j);
+		masks_match_brute_force(gbnf, 40, 100 + i);
+		free(gbnf);
+	}
 }
 
 static void test_grammar_forced_bytes_and_rollback(void **state)
@@ -520,6 +548,7 @@ int main(void)
 		cmocka_unit_test(test_grammar_masks_equal_brute_force_json),
 		cmocka_unit_test(test_grammar_masks_equal_brute_force_c_and_arithmetic),
 		cmocka_unit_test(test_grammar_masks_equal_brute_force_unicode_and_small),
+		cmocka_unit_test(test_grammar_masks_equal_brute_force_schema),
 		cmocka_unit_test(test_grammar_forced_bytes_and_rollback),
 		cmocka_unit_test(test_grammar_cache_shares_by_text),
 	};
