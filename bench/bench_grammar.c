@@ -162,6 +162,8 @@ int main(int argc, char **argv)
 	for (int walk = 0; walk < 20; walk++) {
 		struct grammar_matcher *m;
 		grammar_matcher_new(&m, ix, &err);
+		static char text[1 << 16];
+		size_t tlen = 0;
 		for (int step = 0; step < 400; step++) {
 			double s = now_ms();
 			if (grammar_matcher_fill_mask(m, bits, &err)) {
@@ -169,6 +171,9 @@ int main(int argc, char **argv)
 				return 1;
 			}
 			double e = now_ms() - s;
+			if (e > 3 && getenv("BENCH_GRAMMAR_VERBOSE"))
+				printf("  slow mask %.1f ms after: %.*s\n", e, (int)(tlen < 300 ? tlen : 300),
+				       tlen < 300 ? text : text + tlen - 300);
 			if (n_t < cap)
 				times[n_t++] = e;
 			for (int32_t i = 0; i < N_VOCAB; i++)
@@ -197,6 +202,10 @@ int main(int argc, char **argv)
 				return 1;
 			}
 			steps_total++;
+			if (tlen + lens[pick] < sizeof text) {
+				memcpy(text + tlen, pieces[pick], lens[pick]);
+				tlen += lens[pick];
+			}
 			char fb[256];
 			forced_total += grammar_matcher_forced_bytes(m, fb, sizeof fb);
 			if (grammar_matcher_is_done(m))

@@ -252,41 +252,27 @@ static bool ivec_tokens(struct ivec *a, const struct grammar_vocab *v, uint32_t 
 
 /* Walks the trie from "node P over an unknown caller": a token is accepted when some path
  * consumes all its bytes without leaving P's rule (leaving it on the last byte is fine),
- * rejected when every path fails inside the rule, and uncertain when a path left the rule
- * and the next byte could follow the rule somewhere (FOLLOW). */
+ * uncertain when only paths through some caller's continuation consume it, and rejected
+ * when no path does (then nothing below it in the trie is possible either). */
 static int precompute_pos(struct grammar_index *ix, struct gpool *pool, uint32_t P, uint32_t *st,
-			  uint8_t *ctx, struct ivec *acc, struct ivec *unc)
+			  struct ivec *acc, struct ivec *unc)
 {
 	const struct grammar_vocab *v = ix->v;
-	const uint64_t *follow = ix->g->rules[ix->g->nodes[P].rule].follow;
 	acc->n = unc->n = 0;
 	st[0] = gpool_single(pool, P);
-	ctx[0] = 0;
 	uint32_t i = 0;
 	while (i < v->n_nodes) {
 		uint32_t d = v->t_depth[i];
-		uint32_t prev = st[d - 1];
-		uint8_t b = v->t_byte[i];
-		uint8_t c = ctx[d - 1] || (gpool_escaped(pool, prev) && gset_has(follow, b));
-		uint32_t nx = gpool_step(pool, prev, b);
+		uint32_t nx = gpool_step(pool, st[d - 1], v->t_byte[i]);
 		if (pool->err)
 			return pool->err;
-		if (nx != GSTATE_DEAD) {
-			if (!ivec_tokens(acc, v, i))
-				return HEARTH_ENOMEM;
-		} else if (c) {
-			/* the whole subtree needs the caller: uncertain */
-			for (uint32_t k = i; k < v->t_end[i]; k++)
-				if (!ivec_tokens(unc, v, k))
-					return HEARTH_ENOMEM;
-			i = v->t_end[i];
-			continue;
-		} else {
+		if (nx == GSTATE_DEAD) {
 			i = v->t_end[i];
 			continue;
 		}
+		if (!ivec_tokens(gpool_local(pool, nx) ? acc : unc, v, i))
+			return HEARTH_ENOMEM;
 		st[d] = nx;
-		ctx[d] = c;
 		i++;
 	}
 	return 0;
@@ -327,11 +313,10 @@ int grammar_index_new(struct grammar_index **out, struct grammar *g, const struc
 	ix->words = ((uint32_t)v->n_vocab + 31) / 32;
 	ix->pos = calloc(g->n_nodes ? g->n_nodes : 1, sizeof *ix->pos);
 	uint32_t *st = malloc(((size_t)v->max_len + 2) * sizeof *st);
-	uint8_t *ctx = malloc((size_t)v->max_len + 2);
 	struct ivec acc = { 0 }, unc = { 0 };
 	struct gpool pool;
 	int rc = gpool_init(&pool, g, 18, 1u << 22);
-	if (rc || !ix->pos || !st || !ctx) {
+	if (rc || !ix->pos || !st) {
 		rc = hearth_error_set(err, HEARTH_ENOMEM, "grammar: out of memory");
 		goto out;
 	}
@@ -339,7 +324,7 @@ int grammar_index_new(struct grammar_index **out, struct grammar *g, const struc
 		const struct gnode *d = &g->nodes[n];
 		if (d->kind != GN_TERM || !g->rules[d->rule].reachable)
 			continue;
-		rc = precompute_pos(ix, &pool, n, st, ctx, &acc, &unc);
+		rc = precompute_pos(ix, &pool, n, st, &acc, &unc);
 		if (rc) {
 			rc = hearth_error_set(err, rc, "grammar: precomputing token sets: %s",
 					      rc == HEARTH_ERANGE ? "too many parallel parses (ambiguous grammar)"
@@ -387,7 +372,6 @@ oom:
 out:
 	gpool_free(&pool);
 	free(st);
-	free(ctx);
 	free(acc.v);
 	free(unc.v);
 	if (ix) {
@@ -530,7 +514,7 @@ int grammar_matcher_fill_mask(struct grammar_matcher *m, uint32_t *bits, struct 
 	const uint32_t *fr = gpool_frames(&m->pool, state, &n);
 	uint32_t n_seen = 0;
 	for (uint32_t i = 0; i < n; i++) {
-		if (fr[i] <= GFRAME_BOTTOM)
+		if (fr[i] <= GFRAME_CTX)
 			continue;
 		uint32_t P = m->pool.f_node[fr[i]];
 		bool dup = false;
@@ -646,7 +630,7 @@ size_t grammar_matcher_forced_bytes(struct grammar_matcher *m, char *buf, size_t
 		uint32_t k;
 		const uint32_t *fr = gpool_frames(&m->pool, st, &k);
 		for (uint32_t i = 0; i < k; i++)
-			if (fr[i] > GFRAME_BOTTOM)
+			if (fr[i] > GFRAME_CTX)
 				for (int w = 0; w < 4; w++)
 					u[w] |= g->sets[g->nodes[m->pool.f_node[fr[i]]].arg][w];
 		int count = 0, byte = -1;
