@@ -18,6 +18,8 @@
 #define GRAMMAR_MAX_REPEAT 100000       /* m and n of {m,n} */
 #define GRAMMAR_MAX_NODES (1u << 19)    /* automaton nodes, after repetitions are expanded */
 #define GRAMMAR_MAX_EDGES (1u << 23)    /* successor entries, after epsilons are removed */
+#define GRAMMAR_INDEX_STEPS 50000000ull /* trie steps of the mask precomputation (~1 s) */
+#define GRAMMAR_INDEX_STEPS_TEXT "50000000"
 
 /* A compiled grammar: immutable, shareable between threads. */
 struct grammar;

@@ -255,13 +255,15 @@ static bool ivec_tokens(struct ivec *a, const struct grammar_vocab *v, uint32_t 
  * uncertain when only paths through some caller's continuation consume it, and rejected
  * when no path does (then nothing below it in the trie is possible either). */
 static int precompute_pos(struct grammar_index *ix, struct gpool *pool, uint32_t P, uint32_t *st,
-			  struct ivec *acc, struct ivec *unc)
+			  struct ivec *acc, struct ivec *unc, uint64_t *budget)
 {
 	const struct grammar_vocab *v = ix->v;
 	acc->n = unc->n = 0;
 	st[0] = gpool_single(pool, P);
 	uint32_t i = 0;
 	while (i < v->n_nodes) {
+		if ((*budget)-- == 0)
+			return HEARTH_ERANGE;
 		uint32_t d = v->t_depth[i];
 		uint32_t nx = gpool_step(pool, st[d - 1], v->t_byte[i]);
 		if (pool->err)
@@ -315,6 +317,7 @@ int grammar_index_new(struct grammar_index **out, struct grammar *g, const struc
 	uint32_t *st = malloc(((size_t)v->max_len + 2) * sizeof *st);
 	struct ivec acc = { 0 }, unc = { 0 };
 	struct gpool pool;
+	uint64_t budget = GRAMMAR_INDEX_STEPS;
 	int rc = gpool_init(&pool, g, 18, 1u << 22);
 	if (rc || !ix->pos || !st) {
 		rc = hearth_error_set(err, HEARTH_ENOMEM, "grammar: out of memory");
@@ -324,10 +327,12 @@ int grammar_index_new(struct grammar_index **out, struct grammar *g, const struc
 		const struct gnode *d = &g->nodes[n];
 		if (d->kind != GN_TERM || !g->rules[d->rule].reachable)
 			continue;
-		rc = precompute_pos(ix, &pool, n, st, &acc, &unc);
+		rc = precompute_pos(ix, &pool, n, st, &acc, &unc, &budget);
 		if (rc) {
 			rc = hearth_error_set(err, rc, "grammar: precomputing token sets: %s",
-					      rc == HEARTH_ERANGE ? "too many parallel parses (ambiguous grammar)"
+					      rc == HEARTH_ERANGE ? (budget == UINT64_MAX
+						      ? "more than " GRAMMAR_INDEX_STEPS_TEXT " trie steps (grammar too large for masks)"
+						      : "too many parallel parses (ambiguous grammar)")
 								  : "out of memory");
 			goto out;
 		}
@@ -668,6 +673,12 @@ void grammar_mask_apply(float *logits, const uint32_t *bits, int32_t n_vocab)
 		if (b == 0xffffffffu)
 			continue;
 		int32_t end = w * 32 + 32 < n_vocab ? w * 32 + 32 : n_vocab;
+		if (b == 0) {
+			/* the common case under a grammar: a whole word disallowed, a plain store loop */
+			for (int32_t i = w * 32; i < end; i++)
+				logits[i] = -INFINITY;
+			continue;
+		}
 		for (int32_t i = w * 32; i < end; i++)
 			if (!(b >> (i & 31) & 1))
 				logits[i] = -INFINITY;

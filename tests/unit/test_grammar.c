@@ -442,6 +442,21 @@ static void test_grammar_masks_equal_brute_force_schema(void **state)
 	}
 }
 
+/* A grammar whose index would take minutes: refused by the step budget, or built, quickly. */
+static void test_grammar_index_of_hostile_grammar_is_bounded(void **state)
+{
+	(void)state;
+	struct grammar *g = compile_ok("root ::= [^\"]{0,3000} \"!\"\n");
+	struct grammar_index *ix = NULL;
+	struct hearth_error err = { 0 };
+	time_t t0 = time(NULL);
+	int rc = grammar_index_new(&ix, g, vocab, &err);
+	assert_true(time(NULL) - t0 < 20);
+	assert_int_equal(rc, HEARTH_ERANGE);
+	assert_non_null(strstr(err.msg, "trie steps"));
+	assert_null(ix);
+}
+
 static void test_grammar_forced_bytes_and_rollback(void **state)
 {
 	(void)state;
@@ -549,6 +564,7 @@ int main(void)
 		cmocka_unit_test(test_grammar_masks_equal_brute_force_c_and_arithmetic),
 		cmocka_unit_test(test_grammar_masks_equal_brute_force_unicode_and_small),
 		cmocka_unit_test(test_grammar_masks_equal_brute_force_schema),
+		cmocka_unit_test(test_grammar_index_of_hostile_grammar_is_bounded),
 		cmocka_unit_test(test_grammar_forced_bytes_and_rollback),
 		cmocka_unit_test(test_grammar_cache_shares_by_text),
 	};
