@@ -52,6 +52,13 @@ static char *slurp(const char *path)
 	return buf;
 }
 
+static double cpu_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
 static uint64_t rnd(uint64_t *s)
 {
 	*s ^= *s << 13;
@@ -103,18 +110,20 @@ int main(int argc, char **argv)
 	printf("vocabulary: %d tokens, trie built once in %.1f ms\n", N_VOCAB, now_ms() - t0);
 
 	/* compile + precompute, cold each time (a fresh cache per run) */
-	double best = 1e30, total = 0;
+	double best = 1e30, total = 0, cpu_best = 1e30;
 	struct grammar_index *ix = NULL;
 	const int runs = 5;
 	for (int r = 0; r < runs; r++) {
 		struct grammar_cache *c;
 		grammar_cache_new(&c, v, 4, &err);
-		double s = now_ms();
+		double s = now_ms(), sc = cpu_ms();
 		if (grammar_cache_get(c, GRAMMAR_JSON_SCHEMA, schema, strlen(schema), &ix, &err)) {
 			fprintf(stderr, "bench_grammar: %s\n", err.msg);
 			return 1;
 		}
-		double e = now_ms() - s;
+		double e = now_ms() - s, ec = cpu_ms() - sc;
+		if (ec < cpu_best)
+			cpu_best = ec;
 		total += e;
 		if (e < best)
 			best = e;
@@ -129,8 +138,8 @@ int main(int argc, char **argv)
 		if (r < runs - 1)
 			grammar_index_unref(ix);
 	}
-	printf("schema -> grammar -> token index: best %.1f ms, mean %.1f ms over %d cold runs (goal < 50 ms)\n",
-	       best, total / runs, runs);
+	printf("schema -> grammar -> token index: best %.1f ms, mean %.1f ms over %d cold runs, best CPU time %.1f ms "
+	       "(goal < 50 ms)\n", best, total / runs, runs, cpu_best);
 	{
 		/* the parts: schema to GBNF to automaton, then the token index */
 		json_t *j = json_loads(schema, 0, NULL);

@@ -1452,14 +1452,12 @@ uint32_t gpool_single(struct gpool *p, uint32_t term_node)
 	return state_intern(p, &f, 1);
 }
 
-uint32_t gpool_step(struct gpool *p, uint32_t state, uint8_t byte)
+uint32_t gpool_step_slow(struct gpool *p, uint32_t state, uint8_t byte)
 {
 	if (state == GSTATE_DEAD)
 		return GSTATE_DEAD;
 	uint64_t key = (uint64_t)state << 8 | byte;
-	uint32_t slot = mix64(key) & p->memo_mask;
-	if (p->memo_key[slot] == key)
-		return p->memo_val[slot];
+	uint32_t slot = gpool_memo_slot(p, key);
 	const struct grammar *g = p->g;
 	uint32_t n = p->s_len[state];
 	size_t sp = 0;

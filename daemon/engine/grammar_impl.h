@@ -147,7 +147,24 @@ void gpool_free(struct gpool *p);
 /* The state {stacks of start(root)}; or, for bottom, the single stack "node over BOTTOM". */
 uint32_t gpool_start(struct gpool *p);
 uint32_t gpool_single(struct gpool *p, uint32_t term_node);
-uint32_t gpool_step(struct gpool *p, uint32_t state, uint8_t byte);
+uint32_t gpool_step_slow(struct gpool *p, uint32_t state, uint8_t byte);
+
+static inline uint32_t gpool_memo_slot(const struct gpool *p, uint64_t key)
+{
+	key *= 0x9e3779b97f4a7c15ull;
+	return (uint32_t)(key >> 32) & p->memo_mask;
+}
+
+/* One byte from a state: a memo hit costs a multiply and a compare (the mask paths call
+ * this for every trie node they visit). */
+static inline uint32_t gpool_step(struct gpool *p, uint32_t state, uint8_t byte)
+{
+	uint64_t key = (uint64_t)state << 8 | byte;
+	uint32_t slot = gpool_memo_slot(p, key);
+	if (p->memo_key[slot] == key)
+		return p->memo_val[slot];
+	return gpool_step_slow(p, state, byte);
+}
 static inline const uint32_t *gpool_frames(const struct gpool *p, uint32_t state, uint32_t *n)
 {
 	*n = p->s_len[state];
