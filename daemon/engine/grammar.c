@@ -394,7 +394,10 @@ static int compile(struct cstate *c, const struct gast *a, bool in_loop, struct 
 		if ((rc = nfa_node(c, NK_EPS, 0, &f->in, a->off)))
 			return rc;
 		uint32_t cur = f->in;
-		for (uint32_t i = 0; i < a->min; i++) {
+		/* x{m,} is m-1 copies and then one copy that loops back (x+), so nested
+		 * unbounded repetitions stay linear in size */
+		uint32_t plain = a->max == GAST_INF && a->min > 0 ? a->min - 1 : a->min;
+		for (uint32_t i = 0; i < plain; i++) {
 			struct frag k;
 			if ((rc = compile(c, kid, loop, &k)) || (rc = nfa_edge(c, cur, k.in)))
 				return rc;
@@ -403,9 +406,11 @@ static int compile(struct cstate *c, const struct gast *a, bool in_loop, struct 
 		if (a->max == GAST_INF) {
 			uint32_t l;
 			struct frag k;
-			if ((rc = nfa_node(c, NK_EPS, 0, &l, a->off)) || (rc = nfa_edge(c, cur, l)) ||
-			    (rc = compile(c, kid, loop, &k)) || (rc = nfa_edge(c, l, k.in)) ||
-			    (rc = nfa_edge(c, k.out, l)))
+			if ((rc = nfa_node(c, NK_EPS, 0, &l, a->off)) || (rc = compile(c, kid, loop, &k)) ||
+			    (rc = nfa_edge(c, k.out, l)) || (rc = nfa_edge(c, l, k.in)))
+				return rc;
+			/* x+: enter the copy; x*: the loop node is also the way past */
+			if ((rc = nfa_edge(c, cur, a->min > 0 ? k.in : l)))
 				return rc;
 			f->out = l;
 			return 0;

@@ -287,6 +287,27 @@ static void test_grammar_hostile_inputs_are_bounded(void **state)
 			assert_int_equal(rc, HEARTH_ERANGE);
 		}
 	}
+	/* nested unbounded repetitions stay linear; many interleaved .* stay bounded (both
+	 * found by the fuzzer as timeouts) */
+	{
+		clock_t t0 = clock();
+		struct grammar *g = compile_ok("root ::= .+++++++++++++++ .+++ .+++ .\n");
+		assert_true(grammar_accepts(g, "abcd", 4));
+		assert_false(grammar_accepts(g, "abc", 3));
+		grammar_free(g);
+		char buf[1024];
+		size_t n = (size_t)snprintf(buf, sizeof buf, "root ::= ");
+		for (int i = 0; i < 200; i++)
+			n += (size_t)snprintf(buf + n, sizeof buf - n, i % 40 == 39 ? ".* " : ".");
+		snprintf(buf + n, sizeof buf - n, "\n");
+		g = compile_ok(buf);
+		char s[400];
+		memset(s, 'x', sizeof s);
+		assert_true(grammar_accepts(g, s, sizeof s));
+		assert_false(grammar_accepts(g, s, 150));
+		grammar_free(g);
+		assert_true((double)(clock() - t0) / CLOCKS_PER_SEC < 5.0);
+	}
 	/* a huge ambiguous grammar: many parallel parses are bounded, not a hang */
 	{
 		struct grammar *g = compile_ok("root ::= x*\nx ::= \"a\" | \"a\" \"a\" | \"a\" \"a\" \"a\"\n");
