@@ -76,6 +76,9 @@ struct grammar_matcher;
 int grammar_matcher_new(struct grammar_matcher **out, struct grammar_index *ix,
 			struct hearth_error *err); /* holds a reference to ix */
 void grammar_matcher_free(struct grammar_matcher *m);
+/* Back to the start for a new sequence with the same grammar, keeping what the matcher has
+ * learnt (memoised steps, masks of recent states): a warm matcher's first masks are cheap. */
+int grammar_matcher_reset(struct grammar_matcher *m, struct hearth_error *err);
 
 /* Bit i of bits (n_vocab bits, (n_vocab + 31) / 32 words) is set when token i may come
  * next: its bytes continue the grammar, or it ends generation (EOS, EOT...) and the grammar

@@ -454,6 +454,25 @@ int grammar_matcher_new(struct grammar_matcher **out, struct grammar_index *ix, 
 	return 0;
 }
 
+int grammar_matcher_reset(struct grammar_matcher *m, struct hearth_error *err)
+{
+	/* the pool's states and memo are what make a warm matcher fast; only a pool grown
+	 * large is started afresh */
+	if (m->pool.n_frames > (1u << 20) || m->pool.n_data > (1u << 24)) {
+		gpool_free(&m->pool);
+		for (int i = 0; i < MASK_CACHE; i++)
+			m->cache_state[i] = UINT32_MAX;
+		if (gpool_init(&m->pool, m->ix->g, 16, 1u << 22))
+			return hearth_error_set(err, HEARTH_ENOMEM, "grammar: out of memory");
+		uint32_t s = gpool_start(&m->pool);
+		if (m->pool.err || s == GSTATE_DEAD)
+			return hearth_error_set(err, HEARTH_ERANGE, "grammar: the start state cannot be built");
+		m->hist[0] = s;
+	}
+	m->n_hist = 1;
+	return 0;
+}
+
 static uint32_t cur_state(const struct grammar_matcher *m)
 {
 	return m->hist[m->n_hist - 1] & ~MATCHER_DONE;

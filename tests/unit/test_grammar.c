@@ -510,6 +510,17 @@ static void test_grammar_forced_bytes_and_rollback(void **state)
 	assert_int_equal(grammar_matcher_accept_bytes(m, rest, strlen(rest), &err), 0);
 	assert_true(grammar_matcher_can_end(m));
 	assert_true(grammar_matcher_is_done(m));
+	/* a reset matcher starts over */
+	{
+		struct grammar_matcher *r;
+		assert_int_equal(grammar_matcher_new(&r, ix, &err), 0);
+		assert_int_equal(grammar_matcher_accept_bytes(r, "{\"name\": \"x", 11, &err), 0);
+		assert_int_equal(grammar_matcher_reset(r, &err), 0);
+		assert_int_equal(grammar_matcher_history(r), 0);
+		assert_int_equal(grammar_matcher_forced_bytes(r, buf, sizeof buf), 10);
+		assert_int_equal(grammar_matcher_accept_bytes(r, "x", 1, &err), HEARTH_EINVAL);
+		grammar_matcher_free(r);
+	}
 	/* end of generation then nothing more */
 	assert_int_equal(grammar_matcher_accept_token(m, tok_eos(vocab_tok), &err), 0);
 	assert_true(grammar_matcher_is_done(m));
