@@ -435,6 +435,9 @@ static void test_grammar_masks_equal_brute_force_unicode_and_small(void **state)
 	masks_match_brute_force(read_grammar("japanese.gbnf", &len), 10, 5);
 	masks_match_brute_force(read_grammar("list.gbnf", &len), 10, 5);
 	masks_match_brute_force("root ::= \"yes\" | \"no\" | \"maybe so\"\n", 3, 1);
+	/* the root called from inside itself, and a small rule shared by many places */
+	masks_match_brute_force("root ::= \"(\" sp root sp \")\" | [a-z]+ | \"[\" sp (root (\",\" sp root)*)? \"]\"\n"
+				"sp ::= \" \"?\n", 25, 2);
 	masks_match_brute_force("root ::= item (\", \" item){0,3}\nitem ::= [a-z]{1,4} | \"\\\"\" [^\"]* \"\\\"\"\n", 5, 9);
 }
 
