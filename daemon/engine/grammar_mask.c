@@ -280,12 +280,6 @@ static int precompute_pos(struct grammar_index *ix, struct gpool *pool, uint32_t
 	return 0;
 }
 
-static int cmp_u32p(const void *a, const void *b)
-{
-	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-	return x < y ? -1 : x > y;
-}
-
 static void index_free(struct grammar_index *ix)
 {
 	if (!ix)
@@ -318,7 +312,7 @@ int grammar_index_new(struct grammar_index **out, struct grammar *g, const struc
 	struct ivec acc = { 0 }, unc = { 0 };
 	struct gpool pool;
 	uint64_t budget = GRAMMAR_INDEX_STEPS;
-	int rc = gpool_init(&pool, g, 18, 1u << 22);
+	int rc = gpool_init(&pool, g, 16, 1u << 22);
 	if (rc || !ix->pos || !st) {
 		rc = hearth_error_set(err, HEARTH_ENOMEM, "grammar: out of memory");
 		goto out;
@@ -347,7 +341,6 @@ int grammar_index_new(struct grammar_index **out, struct grammar *g, const struc
 			for (size_t k = 0; k < acc.n; k++)
 				p->acc[acc.v[k] >> 5] |= 1u << (acc.v[k] & 31);
 		} else if (acc.n) {
-			qsort(acc.v, acc.n, sizeof *acc.v, cmp_u32p);
 			p->acc = malloc(acc.n * sizeof *p->acc);
 			if (!p->acc)
 				goto oom;
@@ -364,7 +357,7 @@ int grammar_index_new(struct grammar_index **out, struct grammar *g, const struc
 		 * is worth a reset */
 		if (pool.n_frames > (1u << 21) || pool.n_data > (1u << 24)) {
 			gpool_free(&pool);
-			if (gpool_init(&pool, g, 18, 1u << 22))
+			if (gpool_init(&pool, g, 16, 1u << 22))
 				goto oom;
 		}
 	}
