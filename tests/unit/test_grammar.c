@@ -467,6 +467,30 @@ static void test_grammar_masks_equal_brute_force_schema(void **state)
 }
 
 /* A grammar whose index would take minutes: refused by the step budget, or built, quickly. */
+/* SentencePiece: byte-fallback tokens carry single bytes (partial UTF-8), pieces start with
+ * a space; the same equality must hold. */
+static void test_grammar_masks_equal_brute_force_sentencepiece(void **state)
+{
+	(void)state;
+	struct tok *saved_tok = vocab_tok;
+	struct grammar_vocab *saved = vocab;
+	char path[1024];
+	struct gguf_file *f;
+	struct hearth_error err = { 0 };
+	snprintf(path, sizeof path, "%s/vocab/ggml-vocab-llama-spm.gguf", shared_dir());
+	if (gguf_open(&f, path, &err) || tok_load(&vocab_tok, f, &err))
+		fail_msg("%s", err.msg);
+	gguf_close(f);
+	assert_int_equal(grammar_vocab_new(&vocab, vocab_tok, &err), 0);
+	size_t len;
+	masks_match_brute_force(read_grammar("json.gbnf", &len), 20, 21);
+	masks_match_brute_force(read_grammar("japanese.gbnf", &len), 10, 22);
+	grammar_vocab_free(vocab);
+	tok_free(vocab_tok);
+	vocab = saved;
+	vocab_tok = saved_tok;
+}
+
 static void test_grammar_index_of_hostile_grammar_is_bounded(void **state)
 {
 	(void)state;
@@ -599,6 +623,7 @@ int main(void)
 		cmocka_unit_test(test_grammar_masks_equal_brute_force_c_and_arithmetic),
 		cmocka_unit_test(test_grammar_masks_equal_brute_force_unicode_and_small),
 		cmocka_unit_test(test_grammar_masks_equal_brute_force_schema),
+		cmocka_unit_test(test_grammar_masks_equal_brute_force_sentencepiece),
 		cmocka_unit_test(test_grammar_index_of_hostile_grammar_is_bounded),
 		cmocka_unit_test(test_grammar_forced_bytes_and_rollback),
 		cmocka_unit_test(test_grammar_cache_shares_by_text),
