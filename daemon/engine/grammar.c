@@ -394,7 +394,10 @@ static int compile(struct cstate *c, const struct gast *a, bool in_loop, struct 
 		if ((rc = nfa_node(c, NK_EPS, 0, &f->in, a->off)))
 			return rc;
 		uint32_t cur = f->in;
-		for (uint32_t i = 0; i < a->min; i++) {
+		/* x{m,} is m-1 copies and then one copy that loops back (x+), so nested
+		 * unbounded repetitions stay linear in size */
+		uint32_t plain = a->max == GAST_INF && a->min > 0 ? a->min - 1 : a->min;
+		for (uint32_t i = 0; i < plain; i++) {
 			struct frag k;
 			if ((rc = compile(c, kid, loop, &k)) || (rc = nfa_edge(c, cur, k.in)))
 				return rc;
@@ -403,9 +406,11 @@ static int compile(struct cstate *c, const struct gast *a, bool in_loop, struct 
 		if (a->max == GAST_INF) {
 			uint32_t l;
 			struct frag k;
-			if ((rc = nfa_node(c, NK_EPS, 0, &l, a->off)) || (rc = nfa_edge(c, cur, l)) ||
-			    (rc = compile(c, kid, loop, &k)) || (rc = nfa_edge(c, l, k.in)) ||
-			    (rc = nfa_edge(c, k.out, l)))
+			if ((rc = nfa_node(c, NK_EPS, 0, &l, a->off)) || (rc = compile(c, kid, loop, &k)) ||
+			    (rc = nfa_edge(c, k.out, l)) || (rc = nfa_edge(c, l, k.in)))
+				return rc;
+			/* x+: enter the copy; x*: the loop node is also the way past */
+			if ((rc = nfa_edge(c, cur, a->min > 0 ? k.in : l)))
 				return rc;
 			f->out = l;
 			return 0;
@@ -769,49 +774,6 @@ out:
 	return rc;
 }
 
-static void set_or(uint64_t *d, const uint64_t *s)
-{
-	for (int i = 0; i < 4; i++)
-		d[i] |= s[i];
-}
-
-/* FIRST bytes of a node list (through nullable calls); *reaches_end when the list can end
- * the rule without a byte. */
-static void first_of(const struct grammar *g, uint32_t first, uint32_t count, uint64_t *out,
-		     bool *reaches, uint32_t *stamp, uint32_t cur, uint32_t *stack)
-{
-	size_t sp = 0;
-	*reaches = false;
-	for (uint32_t i = 0; i < count; i++) {
-		uint32_t v = g->succ[first + i];
-		if (stamp[v] != cur) {
-			stamp[v] = cur;
-			stack[sp++] = v;
-		}
-	}
-	while (sp) {
-		const struct gnode *d = &g->nodes[stack[--sp]];
-		if (d->kind == GN_END) {
-			*reaches = true;
-			continue;
-		}
-		if (d->kind == GN_TERM) {
-			set_or(out, g->sets[d->arg]);
-			continue;
-		}
-		set_or(out, g->rules[d->arg].first);
-		if (!g->rules[d->arg].nullable)
-			continue;
-		for (uint32_t e = 0; e < d->n_succ; e++) {
-			uint32_t w = g->succ[d->succ + e];
-			if (stamp[w] != cur) {
-				stamp[w] = cur;
-				stack[sp++] = w;
-			}
-		}
-	}
-}
-
 static int analyse(struct cstate *c, struct grammar *g)
 {
 	uint32_t nr = g->n_rules, nn = g->n_nodes;
@@ -1005,49 +967,28 @@ static int analyse(struct cstate *c, struct grammar *g)
 		free(live);
 	}
 
-	/* FIRST then FOLLOW, by passes; a bound keeps hostile inputs cheap, and stopping
-	 * early only over-approximates (all bytes), which is safe for the masks. */
-	for (unsigned pass = 0, changed = 1; changed; pass++) {
-		changed = 0;
-		if (pass > 64) {
-			for (uint32_t r = 0; r < nr; r++)
-				memset(g->rules[r].first, 0xff, 32);
-			break;
-		}
+	/* who calls each rule: where the precomputation continues when a rule ends */
+	{
+		size_t total = 0;
+		for (uint32_t v = 0; v < nn; v++)
+			if (g->nodes[v].kind == GN_CALL && g->rules[g->nodes[v].rule].reachable) {
+				g->rules[g->nodes[v].arg].n_callers++;
+				total++;
+			}
+		g->callers = malloc((total ? total : 1) * sizeof *g->callers);
+		if (!g->callers)
+			goto oom;
+		uint32_t at = 0;
 		for (uint32_t r = 0; r < nr; r++) {
-			uint64_t f[4];
-			memcpy(f, g->rules[r].first, 32);
-			bool re;
-			first_of(g, g->rules[r].start, g->rules[r].n_start, f, &re, stamp, ++cur, stack);
-			if (memcmp(f, g->rules[r].first, 32)) {
-				memcpy(g->rules[r].first, f, 32);
-				changed = 1;
+			g->rules[r].callers = at;
+			at += g->rules[r].n_callers;
+			g->rules[r].n_callers = 0;
+		}
+		for (uint32_t v = 0; v < nn; v++)
+			if (g->nodes[v].kind == GN_CALL && g->rules[g->nodes[v].rule].reachable) {
+				struct grule *R = &g->rules[g->nodes[v].arg];
+				g->callers[R->callers + R->n_callers++] = v;
 			}
-		}
-	}
-	for (unsigned pass = 0, changed = 1; changed; pass++) {
-		changed = 0;
-		if (pass > 64) {
-			for (uint32_t r = 0; r < nr; r++)
-				memset(g->rules[r].follow, 0xff, 32);
-			break;
-		}
-		for (uint32_t v = 0; v < nn; v++) {
-			const struct gnode *d = &g->nodes[v];
-			if (d->kind != GN_CALL || !g->rules[d->rule].reachable)
-				continue;
-			uint64_t f[4];
-			struct grule *S = &g->rules[d->arg];
-			memcpy(f, S->follow, 32);
-			bool re;
-			first_of(g, d->succ, d->n_succ, f, &re, stamp, ++cur, stack);
-			if (re)
-				set_or(f, g->rules[d->rule].follow);
-			if (memcmp(f, S->follow, 32)) {
-				memcpy(S->follow, f, 32);
-				changed = 1;
-			}
-		}
 	}
 	rc = 0;
 	goto out;
@@ -1075,6 +1016,7 @@ void grammar_free(struct grammar *g)
 	free(g->nodes);
 	free(g->succ);
 	free(g->sets);
+	free(g->callers);
 	free(g);
 }
 
@@ -1187,23 +1129,25 @@ int gpool_init(struct gpool *p, const struct grammar *g, uint32_t memo_log2, uin
 	p->f_parent = malloc(p->cap_frames * sizeof *p->f_parent);
 	p->f_stamp = calloc(p->cap_frames, sizeof *p->f_stamp);
 	p->f_rstamp = calloc(p->cap_frames, sizeof *p->f_rstamp);
+	p->f_ctx = calloc(p->cap_frames, 1);
 	p->f_hash_cap = 2048;
 	p->f_hash = calloc(p->f_hash_cap, sizeof *p->f_hash);
 	p->cap_states = 256;
 	p->s_off = malloc(p->cap_states * sizeof *p->s_off);
 	p->s_len = malloc(p->cap_states * sizeof *p->s_len);
+	p->s_local = calloc(p->cap_states, 1);
 	p->s_hash_cap = 512;
 	p->s_hash = calloc(p->s_hash_cap, sizeof *p->s_hash);
 	p->cap_data = 4096;
 	p->s_data = malloc(p->cap_data * sizeof *p->s_data);
-	if (!p->f_node || !p->f_parent || !p->f_stamp || !p->f_rstamp || !p->f_hash || !p->s_off || !p->s_len ||
+	if (!p->f_node || !p->f_parent || !p->f_stamp || !p->f_rstamp || !p->f_ctx || !p->f_hash || !p->s_off || !p->s_len || !p->s_local ||
 	    !p->s_hash || !p->s_data) {
 		gpool_free(p);
 		return HEARTH_ENOMEM;
 	}
-	p->f_node[0] = p->f_node[1] = UINT32_MAX;
-	p->f_parent[0] = p->f_parent[1] = UINT32_MAX;
-	p->n_frames = 2;
+	for (uint32_t f = 0; f <= GFRAME_CTX; f++)
+		p->f_node[f] = p->f_parent[f] = UINT32_MAX;
+	p->n_frames = GFRAME_CTX + 1;
 	p->s_off[0] = 0;
 	p->s_len[0] = 0;
 	p->n_states = 1;
@@ -1216,9 +1160,11 @@ void gpool_free(struct gpool *p)
 	free(p->f_parent);
 	free(p->f_stamp);
 	free(p->f_rstamp);
+	free(p->f_ctx);
 	free(p->f_hash);
 	free(p->s_off);
 	free(p->s_len);
+	free(p->s_local);
 	free(p->s_data);
 	free(p->s_hash);
 	free(p->memo_key);
@@ -1256,7 +1202,10 @@ static uint32_t frame_intern(struct gpool *p, uint32_t node, uint32_t parent)
 		uint32_t *r = realloc(p->f_rstamp, cap * sizeof *r);
 		if (r)
 			p->f_rstamp = r;
-		if (!a || !b || !s || !r) {
+		uint8_t *x = realloc(p->f_ctx, cap);
+		if (x)
+			p->f_ctx = x;
+		if (!a || !b || !s || !r || !x) {
 			p->err = HEARTH_ENOMEM;
 			return UINT32_MAX;
 		}
@@ -1267,6 +1216,7 @@ static uint32_t frame_intern(struct gpool *p, uint32_t node, uint32_t parent)
 	uint32_t f = p->n_frames++;
 	p->f_node[f] = node;
 	p->f_parent[f] = parent;
+	p->f_ctx[f] = parent == GFRAME_CTX || (parent > GFRAME_CTX && p->f_ctx[parent]);
 	p->f_hash[at] = f + 1;
 	if (p->n_frames * 2 > p->f_hash_cap) {
 		uint32_t cap = p->f_hash_cap * 2;
@@ -1275,7 +1225,7 @@ static uint32_t frame_intern(struct gpool *p, uint32_t node, uint32_t parent)
 			p->err = HEARTH_ENOMEM;
 			return f;
 		}
-		for (uint32_t i = 2; i < p->n_frames; i++) {
+		for (uint32_t i = GFRAME_CTX + 1; i < p->n_frames; i++) {
 			uint32_t a = mix64((uint64_t)p->f_node[i] << 32 | p->f_parent[i]) & (cap - 1);
 			while (h[a])
 				a = (a + 1) & (cap - 1);
@@ -1315,7 +1265,10 @@ static uint32_t state_intern(struct gpool *p, const uint32_t *v, uint32_t n)
 		uint32_t *b = realloc(p->s_len, cap * sizeof *b);
 		if (b)
 			p->s_len = b;
-		if (!a || !b) {
+		uint8_t *l = realloc(p->s_local, cap);
+		if (l)
+			p->s_local = l;
+		if (!a || !b || !l) {
 			p->err = HEARTH_ENOMEM;
 			return GSTATE_DEAD;
 		}
@@ -1336,6 +1289,9 @@ static uint32_t state_intern(struct gpool *p, const uint32_t *v, uint32_t n)
 	uint32_t s = p->n_states++;
 	p->s_off[s] = (uint32_t)p->n_data;
 	p->s_len[s] = n;
+	p->s_local[s] = 0;
+	for (uint32_t i = 0; i < n && !p->s_local[s]; i++)
+		p->s_local[s] = v[i] == GFRAME_BOTTOM || (v[i] > GFRAME_CTX && !p->f_ctx[v[i]]);
 	memcpy(p->s_data + p->n_data, v, n * sizeof *v);
 	p->n_data += n;
 	p->s_hash[at] = s + 1;
@@ -1402,8 +1358,27 @@ static uint32_t close_and_intern(struct gpool *p, size_t sp)
 		if (d->kind == GN_END) {
 			if (parent == GFRAME_ROOT) {
 				end_root = true;
-			} else if (parent == GFRAME_BOTTOM) {
-				end_bottom = true;
+			} else if (parent == GFRAME_BOTTOM || parent == GFRAME_CTX) {
+				/* the rule ended below what the precomputation knows: go on in every
+				 * place it is called from (once each), and at the root's end the
+				 * text may end */
+				if (parent == GFRAME_BOTTOM)
+					end_bottom = true;
+				const struct grule *R = &g->rules[d->rule];
+				if (d->rule == g->root)
+					end_root = true;
+				for (uint32_t k = 0; k < R->n_callers; k++) {
+					uint32_t cf = frame_intern(p, g->callers[R->callers + k], GFRAME_CTX);
+					if (cf == UINT32_MAX)
+						return GSTATE_DEAD;
+					if (p->f_rstamp[cf] == p->stamp)
+						continue;
+					p->f_rstamp[cf] = p->stamp;
+					const struct gnode *call = &g->nodes[g->callers[R->callers + k]];
+					for (uint32_t e = 0; e < call->n_succ; e++)
+						if (!push_work(p, &sp, g->succ[call->succ + e], GFRAME_CTX))
+							return GSTATE_DEAD;
+				}
 			} else {
 				/* a callee ended: continue after its call, once per parent frame */
 				if (p->f_rstamp[parent] == p->stamp)
@@ -1482,20 +1457,18 @@ uint32_t gpool_single(struct gpool *p, uint32_t term_node)
 	return state_intern(p, &f, 1);
 }
 
-uint32_t gpool_step(struct gpool *p, uint32_t state, uint8_t byte)
+uint32_t gpool_step_slow(struct gpool *p, uint32_t state, uint8_t byte)
 {
 	if (state == GSTATE_DEAD)
 		return GSTATE_DEAD;
 	uint64_t key = (uint64_t)state << 8 | byte;
-	uint32_t slot = mix64(key) & p->memo_mask;
-	if (p->memo_key[slot] == key)
-		return p->memo_val[slot];
+	uint32_t slot = gpool_memo_slot(p, key);
 	const struct grammar *g = p->g;
 	uint32_t n = p->s_len[state];
 	size_t sp = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		uint32_t f = p->s_data[p->s_off[state] + i];
-		if (f <= GFRAME_BOTTOM)
+		if (f <= GFRAME_CTX)
 			continue;
 		const struct gnode *d = &g->nodes[p->f_node[f]];
 		if (!gset_has(g->sets[d->arg], byte))
@@ -1510,13 +1483,6 @@ uint32_t gpool_step(struct gpool *p, uint32_t state, uint8_t byte)
 		p->memo_val[slot] = next;
 	}
 	return next;
-}
-
-bool gpool_escaped(const struct gpool *p, uint32_t state)
-{
-	uint32_t n = p->s_len[state];
-	const uint32_t *v = p->s_data + p->s_off[state];
-	return (n > 0 && v[0] == GFRAME_BOTTOM) || (n > 1 && v[1] == GFRAME_BOTTOM);
 }
 
 bool grammar_accepts(const struct grammar *g, const char *s, size_t len)

@@ -18,6 +18,8 @@
 #define GRAMMAR_MAX_REPEAT 100000       /* m and n of {m,n} */
 #define GRAMMAR_MAX_NODES (1u << 19)    /* automaton nodes, after repetitions are expanded */
 #define GRAMMAR_MAX_EDGES (1u << 23)    /* successor entries, after epsilons are removed */
+#define GRAMMAR_INDEX_STEPS 50000000ull /* trie steps of the mask precomputation (~1 s) */
+#define GRAMMAR_INDEX_STEPS_TEXT "50000000"
 
 /* A compiled grammar: immutable, shareable between threads. */
 struct grammar;
@@ -35,6 +37,9 @@ bool grammar_accepts(const struct grammar *g, const char *s, size_t len);
 /* A token trie over a vocabulary's decoded bytes; built once per tokenizer, immutable. */
 struct grammar_vocab;
 int grammar_vocab_new(struct grammar_vocab **out, const struct tok *t, struct hearth_error *err);
+/* The same from raw pieces (token id -> bytes); eog lists the end-of-generation ids. */
+int grammar_vocab_new_pieces(struct grammar_vocab **out, const char *const *pieces, const size_t *lens,
+			     int32_t n, const int32_t *eog, size_t n_eog, struct hearth_error *err);
 void grammar_vocab_free(struct grammar_vocab *v);
 int32_t grammar_vocab_n(const struct grammar_vocab *v);
 
@@ -71,6 +76,9 @@ struct grammar_matcher;
 int grammar_matcher_new(struct grammar_matcher **out, struct grammar_index *ix,
 			struct hearth_error *err); /* holds a reference to ix */
 void grammar_matcher_free(struct grammar_matcher *m);
+/* Back to the start for a new sequence with the same grammar, keeping what the matcher has
+ * learnt (memoised steps, masks of recent states): a warm matcher's first masks are cheap. */
+int grammar_matcher_reset(struct grammar_matcher *m, struct hearth_error *err);
 
 /* Bit i of bits (n_vocab bits, (n_vocab + 31) / 32 words) is set when token i may come
  * next: its bytes continue the grammar, or it ends generation (EOS, EOT...) and the grammar

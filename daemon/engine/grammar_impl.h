@@ -77,8 +77,7 @@ struct grule {
 	uint32_t def_off;
 	uint32_t start, n_start; /* into grammar.succ */
 	bool nullable, reachable;
-	uint64_t follow[4]; /* bytes that can come right after the rule ends, in any context */
-	uint64_t first[4];
+	uint32_t callers, n_callers; /* into grammar.callers: CALL nodes that enter this rule */
 };
 
 struct grammar {
@@ -91,6 +90,7 @@ struct grammar {
 	uint32_t root;
 	uint64_t (*sets)[4];
 	uint32_t n_sets;
+	uint32_t *callers;
 };
 
 static inline bool gset_has(const uint64_t *s, unsigned b)
@@ -100,12 +100,15 @@ static inline bool gset_has(const uint64_t *s, unsigned b)
 
 /* ---- stack-set states over a grammar, with memoised byte steps (a lazy DFA) ----
  * Frames are hash-consed (node, parent) pairs, so a stack is one frame id and equal stacks
- * are equal ids. Frame 0 is the empty stack below the root (a state holding it can end);
- * frame 1 is "unknown caller" for the per-position precomputation (a state holding it has
- * left the position's rule). A state is an interned sorted set of frame ids; state 0 is the
- * dead (empty) state. */
+ * are equal ids. Frame 0 is the empty stack below the root (a state holding it can end).
+ * The per-position precomputation starts from "node over BOTTOM" (an unknown caller): when
+ * that rule ends, the state records frame 1 (the token fits here whatever the caller) and
+ * goes on in every place the rule is called from, over CTX; frames over CTX stand for
+ * "some caller", so tokens that need them are only possible, and tokens no context accepts
+ * are rejected. A state is an interned sorted set of frame ids; state 0 is dead (empty). */
 #define GFRAME_ROOT 0u
 #define GFRAME_BOTTOM 1u
+#define GFRAME_CTX 2u
 #define GSTATE_DEAD 0u
 
 struct gpool {
@@ -115,9 +118,12 @@ struct gpool {
 	uint32_t *f_hash; /* id + 1 */
 	uint32_t f_hash_cap;
 	uint32_t *f_stamp, *f_rstamp; /* entered / returned through, this closure */
+	uint8_t *f_ctx;               /* the frame stands over CTX */
 	uint32_t stamp;
 	/* states */
 	uint32_t *s_off, *s_len;
+	uint8_t *s_local; /* some stack of the state never left the start rule (or left it
+			   * on the last byte) */
 	uint32_t n_states, cap_states;
 	uint32_t *s_data;
 	size_t n_data, cap_data;
@@ -141,7 +147,24 @@ void gpool_free(struct gpool *p);
 /* The state {stacks of start(root)}; or, for bottom, the single stack "node over BOTTOM". */
 uint32_t gpool_start(struct gpool *p);
 uint32_t gpool_single(struct gpool *p, uint32_t term_node);
-uint32_t gpool_step(struct gpool *p, uint32_t state, uint8_t byte);
+uint32_t gpool_step_slow(struct gpool *p, uint32_t state, uint8_t byte);
+
+static inline uint32_t gpool_memo_slot(const struct gpool *p, uint64_t key)
+{
+	key *= 0x9e3779b97f4a7c15ull;
+	return (uint32_t)(key >> 32) & p->memo_mask;
+}
+
+/* One byte from a state: a memo hit costs a multiply and a compare (the mask paths call
+ * this for every trie node they visit). */
+static inline uint32_t gpool_step(struct gpool *p, uint32_t state, uint8_t byte)
+{
+	uint64_t key = (uint64_t)state << 8 | byte;
+	uint32_t slot = gpool_memo_slot(p, key);
+	if (p->memo_key[slot] == key)
+		return p->memo_val[slot];
+	return gpool_step_slow(p, state, byte);
+}
 static inline const uint32_t *gpool_frames(const struct gpool *p, uint32_t state, uint32_t *n)
 {
 	*n = p->s_len[state];
@@ -151,6 +174,9 @@ static inline bool gpool_can_end(const struct gpool *p, uint32_t state)
 {
 	return p->s_len[state] && p->s_data[p->s_off[state]] == GFRAME_ROOT;
 }
-bool gpool_escaped(const struct gpool *p, uint32_t state);
+static inline bool gpool_local(const struct gpool *p, uint32_t state)
+{
+	return p->s_local[state];
+}
 
 #endif

@@ -65,43 +65,40 @@ int32_t grammar_vocab_n(const struct grammar_vocab *v)
 	return v->n_vocab;
 }
 
-int grammar_vocab_new(struct grammar_vocab **out, const struct tok *t, struct hearth_error *err)
+int grammar_vocab_new_pieces(struct grammar_vocab **out, const char *const *pieces, const size_t *lens,
+			     int32_t n, const int32_t *eog, size_t n_eog, struct hearth_error *err)
 {
 	*out = NULL;
 	struct grammar_vocab *v = calloc(1, sizeof *v);
-	int32_t n = tok_n_vocab(t);
-	size_t pmax = tok_piece_max(t);
-	char *buf = malloc(pmax + 1);
-	if (!v || !buf || n <= 0)
+	if (!v || n <= 0)
 		goto oom;
 	v->n_vocab = n;
 	v->tok_off = calloc((size_t)n, sizeof *v->tok_off);
 	v->tok_len = calloc((size_t)n, sizeof *v->tok_len);
 	v->sorted = malloc((size_t)n * sizeof *v->sorted);
-	v->eog = malloc((size_t)n * sizeof *v->eog);
+	v->eog = malloc((n_eog ? n_eog : 1) * sizeof *v->eog);
 	if (!v->tok_off || !v->tok_len || !v->sorted || !v->eog)
 		goto oom;
-	size_t total = 0, cap = 1 << 20;
-	v->bytes = malloc(cap);
+	for (size_t k = 0; k < n_eog; k++)
+		if (eog[k] >= 0 && eog[k] < n)
+			v->eog[v->n_eog++] = eog[k];
+	size_t total = 0;
+	for (int32_t id = 0; id < n; id++)
+		if (lens[id] <= 0xffff)
+			total += lens[id];
+	v->bytes = malloc(total + 1);
 	if (!v->bytes)
 		goto oom;
+	total = 0;
 	for (int32_t id = 0; id < n; id++) {
-		size_t len = tok_piece(t, id, false, buf, pmax + 1);
-		if (len > pmax || len > 0xffff)
-			len = 0; /* cannot happen with tok_piece_max; keeps the trie depth in 16 bits */
-		if (tok_is_eog(t, id))
-			v->eog[v->n_eog++] = id;
-		if (len == 0 || tok_is_eog(t, id))
+		size_t len = lens[id];
+		bool end_token = false;
+		for (uint32_t k = 0; k < v->n_eog && !end_token; k++)
+			end_token = v->eog[k] == id;
+		/* pieces longer than 64 KiB do not occur; the bound keeps depths in 16 bits */
+		if (len == 0 || len > 0xffff || end_token)
 			continue;
-		if (total + len > cap) {
-			while (total + len > cap)
-				cap *= 2;
-			uint8_t *g = realloc(v->bytes, cap);
-			if (!g)
-				goto oom;
-			v->bytes = g;
-		}
-		memcpy(v->bytes + total, buf, len);
+		memcpy(v->bytes + total, pieces[id], len);
 		v->tok_off[id] = (uint32_t)total;
 		v->tok_len[id] = (uint32_t)len;
 		total += len;
@@ -118,8 +115,10 @@ int grammar_vocab_new(struct grammar_vocab **out, const struct tok *t, struct he
 	v->t_tok = malloc(ncap * sizeof *v->t_tok);
 	v->t_ntok = calloc(ncap, sizeof *v->t_ntok);
 	uint32_t *open = malloc(((size_t)v->max_len + 1) * sizeof *open);
-	if (!v->t_byte || !v->t_depth || !v->t_end || !v->t_tok || !v->t_ntok || !open)
-		goto oom_open;
+	if (!v->t_byte || !v->t_depth || !v->t_end || !v->t_tok || !v->t_ntok || !open) {
+		free(open);
+		goto oom;
+	}
 	uint32_t depth_open = 0, nn = 0;
 	const uint8_t *prev = NULL;
 	uint32_t prev_len = 0;
@@ -154,15 +153,52 @@ int grammar_vocab_new(struct grammar_vocab **out, const struct tok *t, struct he
 	}
 	v->n_nodes = nn;
 	free(open);
-	free(buf);
 	*out = v;
 	return 0;
-oom_open:
-	free(open);
 oom:
-	free(buf);
 	grammar_vocab_free(v);
 	return hearth_error_set(err, HEARTH_ENOMEM, "grammar: out of memory building the token trie");
+}
+
+int grammar_vocab_new(struct grammar_vocab **out, const struct tok *t, struct hearth_error *err)
+{
+	*out = NULL;
+	int32_t n = tok_n_vocab(t);
+	size_t pmax = tok_piece_max(t);
+	if (n <= 0)
+		return hearth_error_set(err, HEARTH_EINVAL, "grammar: empty vocabulary");
+	char *bytes = NULL, **pieces = malloc((size_t)n * sizeof *pieces);
+	size_t *lens = malloc((size_t)n * sizeof *lens), total = 0;
+	int32_t *eog = malloc((size_t)n * sizeof *eog);
+	size_t n_eog = 0;
+	int rc = HEARTH_ENOMEM;
+	if (!pieces || !lens || !eog)
+		goto out;
+	for (int32_t id = 0; id < n; id++)
+		total += tok_piece(t, id, false, NULL, 0);
+	bytes = malloc(total + pmax + 1);
+	if (!bytes)
+		goto out;
+	total = 0;
+	for (int32_t id = 0; id < n; id++) {
+		size_t len = tok_piece(t, id, false, bytes + total, pmax + 1);
+		if (len > pmax)
+			len = 0;
+		pieces[id] = bytes + total;
+		lens[id] = len;
+		total += len;
+		if (tok_is_eog(t, id))
+			eog[n_eog++] = id;
+	}
+	rc = grammar_vocab_new_pieces(out, (const char *const *)pieces, lens, n, eog, n_eog, err);
+out:
+	if (rc == HEARTH_ENOMEM && !*out)
+		hearth_error_set(err, rc, "grammar: out of memory building the token trie");
+	free(bytes);
+	free(pieces);
+	free(lens);
+	free(eog);
+	return rc;
 }
 
 /* ---- per-position token sets ---- */
@@ -216,50 +252,32 @@ static bool ivec_tokens(struct ivec *a, const struct grammar_vocab *v, uint32_t 
 
 /* Walks the trie from "node P over an unknown caller": a token is accepted when some path
  * consumes all its bytes without leaving P's rule (leaving it on the last byte is fine),
- * rejected when every path fails inside the rule, and uncertain when a path left the rule
- * and the next byte could follow the rule somewhere (FOLLOW). */
+ * uncertain when only paths through some caller's continuation consume it, and rejected
+ * when no path does (then nothing below it in the trie is possible either). */
 static int precompute_pos(struct grammar_index *ix, struct gpool *pool, uint32_t P, uint32_t *st,
-			  uint8_t *ctx, struct ivec *acc, struct ivec *unc)
+			  struct ivec *acc, struct ivec *unc, uint64_t *budget)
 {
 	const struct grammar_vocab *v = ix->v;
-	const uint64_t *follow = ix->g->rules[ix->g->nodes[P].rule].follow;
 	acc->n = unc->n = 0;
 	st[0] = gpool_single(pool, P);
-	ctx[0] = 0;
 	uint32_t i = 0;
 	while (i < v->n_nodes) {
+		if ((*budget)-- == 0)
+			return HEARTH_ERANGE;
 		uint32_t d = v->t_depth[i];
-		uint32_t prev = st[d - 1];
-		uint8_t b = v->t_byte[i];
-		uint8_t c = ctx[d - 1] || (gpool_escaped(pool, prev) && gset_has(follow, b));
-		uint32_t nx = gpool_step(pool, prev, b);
+		uint32_t nx = gpool_step(pool, st[d - 1], v->t_byte[i]);
 		if (pool->err)
 			return pool->err;
-		if (nx != GSTATE_DEAD) {
-			if (!ivec_tokens(acc, v, i))
-				return HEARTH_ENOMEM;
-		} else if (c) {
-			/* the whole subtree needs the caller: uncertain */
-			for (uint32_t k = i; k < v->t_end[i]; k++)
-				if (!ivec_tokens(unc, v, k))
-					return HEARTH_ENOMEM;
-			i = v->t_end[i];
-			continue;
-		} else {
+		if (nx == GSTATE_DEAD) {
 			i = v->t_end[i];
 			continue;
 		}
+		if (!ivec_tokens(gpool_local(pool, nx) ? acc : unc, v, i))
+			return HEARTH_ENOMEM;
 		st[d] = nx;
-		ctx[d] = c;
 		i++;
 	}
 	return 0;
-}
-
-static int cmp_u32p(const void *a, const void *b)
-{
-	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-	return x < y ? -1 : x > y;
 }
 
 static void index_free(struct grammar_index *ix)
@@ -291,11 +309,11 @@ int grammar_index_new(struct grammar_index **out, struct grammar *g, const struc
 	ix->words = ((uint32_t)v->n_vocab + 31) / 32;
 	ix->pos = calloc(g->n_nodes ? g->n_nodes : 1, sizeof *ix->pos);
 	uint32_t *st = malloc(((size_t)v->max_len + 2) * sizeof *st);
-	uint8_t *ctx = malloc((size_t)v->max_len + 2);
 	struct ivec acc = { 0 }, unc = { 0 };
 	struct gpool pool;
-	int rc = gpool_init(&pool, g, 18, 1u << 22);
-	if (rc || !ix->pos || !st || !ctx) {
+	uint64_t budget = GRAMMAR_INDEX_STEPS;
+	int rc = gpool_init(&pool, g, 16, 1u << 22);
+	if (rc || !ix->pos || !st) {
 		rc = hearth_error_set(err, HEARTH_ENOMEM, "grammar: out of memory");
 		goto out;
 	}
@@ -303,10 +321,12 @@ int grammar_index_new(struct grammar_index **out, struct grammar *g, const struc
 		const struct gnode *d = &g->nodes[n];
 		if (d->kind != GN_TERM || !g->rules[d->rule].reachable)
 			continue;
-		rc = precompute_pos(ix, &pool, n, st, ctx, &acc, &unc);
+		rc = precompute_pos(ix, &pool, n, st, &acc, &unc, &budget);
 		if (rc) {
 			rc = hearth_error_set(err, rc, "grammar: precomputing token sets: %s",
-					      rc == HEARTH_ERANGE ? "too many parallel parses (ambiguous grammar)"
+					      rc == HEARTH_ERANGE ? (budget == UINT64_MAX
+						      ? "more than " GRAMMAR_INDEX_STEPS_TEXT " trie steps (grammar too large for masks)"
+						      : "too many parallel parses (ambiguous grammar)")
 								  : "out of memory");
 			goto out;
 		}
@@ -321,7 +341,6 @@ int grammar_index_new(struct grammar_index **out, struct grammar *g, const struc
 			for (size_t k = 0; k < acc.n; k++)
 				p->acc[acc.v[k] >> 5] |= 1u << (acc.v[k] & 31);
 		} else if (acc.n) {
-			qsort(acc.v, acc.n, sizeof *acc.v, cmp_u32p);
 			p->acc = malloc(acc.n * sizeof *p->acc);
 			if (!p->acc)
 				goto oom;
@@ -338,7 +357,7 @@ int grammar_index_new(struct grammar_index **out, struct grammar *g, const struc
 		 * is worth a reset */
 		if (pool.n_frames > (1u << 21) || pool.n_data > (1u << 24)) {
 			gpool_free(&pool);
-			if (gpool_init(&pool, g, 18, 1u << 22))
+			if (gpool_init(&pool, g, 16, 1u << 22))
 				goto oom;
 		}
 	}
@@ -351,7 +370,6 @@ oom:
 out:
 	gpool_free(&pool);
 	free(st);
-	free(ctx);
 	free(acc.v);
 	free(unc.v);
 	if (ix) {
@@ -429,6 +447,25 @@ int grammar_matcher_new(struct grammar_matcher **out, struct grammar_index *ix, 
 	return 0;
 }
 
+int grammar_matcher_reset(struct grammar_matcher *m, struct hearth_error *err)
+{
+	/* the pool's states and memo are what make a warm matcher fast; only a pool grown
+	 * large is started afresh */
+	if (m->pool.n_frames > (1u << 20) || m->pool.n_data > (1u << 24)) {
+		gpool_free(&m->pool);
+		for (int i = 0; i < MASK_CACHE; i++)
+			m->cache_state[i] = UINT32_MAX;
+		if (gpool_init(&m->pool, m->ix->g, 16, 1u << 22))
+			return hearth_error_set(err, HEARTH_ENOMEM, "grammar: out of memory");
+		uint32_t s = gpool_start(&m->pool);
+		if (m->pool.err || s == GSTATE_DEAD)
+			return hearth_error_set(err, HEARTH_ERANGE, "grammar: the start state cannot be built");
+		m->hist[0] = s;
+	}
+	m->n_hist = 1;
+	return 0;
+}
+
 static uint32_t cur_state(const struct grammar_matcher *m)
 {
 	return m->hist[m->n_hist - 1] & ~MATCHER_DONE;
@@ -494,7 +531,7 @@ int grammar_matcher_fill_mask(struct grammar_matcher *m, uint32_t *bits, struct 
 	const uint32_t *fr = gpool_frames(&m->pool, state, &n);
 	uint32_t n_seen = 0;
 	for (uint32_t i = 0; i < n; i++) {
-		if (fr[i] <= GFRAME_BOTTOM)
+		if (fr[i] <= GFRAME_CTX)
 			continue;
 		uint32_t P = m->pool.f_node[fr[i]];
 		bool dup = false;
@@ -610,7 +647,7 @@ size_t grammar_matcher_forced_bytes(struct grammar_matcher *m, char *buf, size_t
 		uint32_t k;
 		const uint32_t *fr = gpool_frames(&m->pool, st, &k);
 		for (uint32_t i = 0; i < k; i++)
-			if (fr[i] > GFRAME_BOTTOM)
+			if (fr[i] > GFRAME_CTX)
 				for (int w = 0; w < 4; w++)
 					u[w] |= g->sets[g->nodes[m->pool.f_node[fr[i]]].arg][w];
 		int count = 0, byte = -1;
@@ -648,6 +685,12 @@ void grammar_mask_apply(float *logits, const uint32_t *bits, int32_t n_vocab)
 		if (b == 0xffffffffu)
 			continue;
 		int32_t end = w * 32 + 32 < n_vocab ? w * 32 + 32 : n_vocab;
+		if (b == 0) {
+			/* the common case under a grammar: a whole word disallowed, a plain store loop */
+			for (int32_t i = w * 32; i < end; i++)
+				logits[i] = -INFINITY;
+			continue;
+		}
 		for (int32_t i = w * 32; i < end; i++)
 			if (!(b >> (i & 31) & 1))
 				logits[i] = -INFINITY;

@@ -93,6 +93,9 @@ void fuzz_seeds(fuzz_seed_fn add, void *ctx)
 			     "ws ::= | \" \" | \"\\n\" [ \\t]{0,20}\n");
 	add_str(add, ctx, 0, "root ::= [ぁ-ゟ]+ ([ \\t\\n] [一-鿿]+)* # comment\n");
 	add_str(add, ctx, 0, "root ::= \"a\"{2,5} . [^\\u2028\\u2029] x?\nx ::= (\"b\" | \"\")*\n");
+	/* former timeouts: nested unbounded repetition, interleaved .* */
+	add_str(add, ctx, 0, "root ::= .+++++++++++++++ .+++ .+++ .");
+	add_str(add, ctx, 0, "root ::= ........................................* ........................................* ....... x?\nx ::= (\"b\" | \"\")*\n");
 	add_str(add, ctx, 1, "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":8},"
 			     "\"age\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":150},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\",1,null]},\"maxItems\":3},"
 			     "\"when\":{\"type\":\"string\",\"format\":\"date-time\"}},\"required\":[\"name\"]}");

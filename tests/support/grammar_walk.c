@@ -100,7 +100,7 @@ static uint64_t state_dist(const struct gwalk *w, uint32_t st)
 		uint32_t f = fr[i];
 		const struct gnode *d = &w->g->nodes[w->pool.f_node[f]];
 		uint64_t t = 1 + succ_min(w, d->succ, d->n_succ);
-		for (uint32_t p = w->pool.f_parent[f]; p > GFRAME_BOTTOM && t < INF_DIST; p = w->pool.f_parent[p]) {
+		for (uint32_t p = w->pool.f_parent[f]; p > GFRAME_CTX && t < INF_DIST; p = w->pool.f_parent[p]) {
 			const struct gnode *c = &w->g->nodes[w->pool.f_node[p]];
 			t += succ_min(w, c->succ, c->n_succ);
 		}
@@ -123,7 +123,7 @@ long gwalk_sample(struct gwalk *w, uint64_t *rng, size_t budget, char *out, size
 		const uint32_t *fr = gpool_frames(&w->pool, st, &nf);
 		uint64_t u[4] = { 0 };
 		for (uint32_t i = 0; i < nf; i++)
-			if (fr[i] > GFRAME_BOTTOM)
+			if (fr[i] > GFRAME_CTX)
 				for (int k = 0; k < 4; k++)
 					u[k] |= g->sets[g->nodes[w->pool.f_node[fr[i]]].arg][k];
 		int count = 0;

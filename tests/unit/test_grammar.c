@@ -16,6 +16,7 @@
 
 #include "daemon/engine/gguf.h"
 #include "daemon/engine/grammar.h"
+#include "daemon/engine/json_schema.h"
 #include "daemon/engine/tokenizer.h"
 #include "tests/support/grammar_walk.h"
 
@@ -286,6 +287,27 @@ static void test_grammar_hostile_inputs_are_bounded(void **state)
 			assert_int_equal(rc, HEARTH_ERANGE);
 		}
 	}
+	/* nested unbounded repetitions stay linear; many interleaved .* stay bounded (both
+	 * found by the fuzzer as timeouts) */
+	{
+		clock_t t0 = clock();
+		struct grammar *g = compile_ok("root ::= .+++++++++++++++ .+++ .+++ .\n");
+		assert_true(grammar_accepts(g, "abcd", 4));
+		assert_false(grammar_accepts(g, "abc", 3));
+		grammar_free(g);
+		char buf[1024];
+		size_t n = (size_t)snprintf(buf, sizeof buf, "root ::= ");
+		for (int i = 0; i < 200; i++)
+			n += (size_t)snprintf(buf + n, sizeof buf - n, i % 40 == 39 ? ".* " : ".");
+		snprintf(buf + n, sizeof buf - n, "\n");
+		g = compile_ok(buf);
+		char s[400];
+		memset(s, 'x', sizeof s);
+		assert_true(grammar_accepts(g, s, sizeof s));
+		assert_false(grammar_accepts(g, s, 150));
+		grammar_free(g);
+		assert_true((double)(clock() - t0) / CLOCKS_PER_SEC < 5.0);
+	}
 	/* a huge ambiguous grammar: many parallel parses are bounded, not a hang */
 	{
 		struct grammar *g = compile_ok("root ::= x*\nx ::= \"a\" | \"a\" \"a\" | \"a\" \"a\" \"a\"\n");
@@ -368,10 +390,12 @@ static void masks_match_brute_force(const char *text, int steps, uint64_t seed)
 		/* half the time a short token: structure (quotes, commas, brackets) comes in
 		 * short pieces, and the walk should reach many kinds of state */
 		int32_t pick = allowed[gwalk_rand(&rng) % (uint64_t)n_allowed];
-		for (int tries = 0; tries < 64 && gwalk_rand(&rng) % 2; tries++) {
+		bool structural = gwalk_rand(&rng) % 2;
+		for (int tries = 0; structural && tries < 400; tries++) {
 			int32_t c = allowed[gwalk_rand(&rng) % (uint64_t)n_allowed];
 			char piece[64];
-			if (tok_piece(vocab_tok, c, false, piece, sizeof piece) <= 2) {
+			size_t pl = tok_piece(vocab_tok, c, false, piece, sizeof piece);
+			if (pl <= 2 || (pl < sizeof piece && memchr(piece, '"', pl))) {
 				pick = c;
 				break;
 			}
@@ -411,7 +435,74 @@ static void test_grammar_masks_equal_brute_force_unicode_and_small(void **state)
 	masks_match_brute_force(read_grammar("japanese.gbnf", &len), 10, 5);
 	masks_match_brute_force(read_grammar("list.gbnf", &len), 10, 5);
 	masks_match_brute_force("root ::= \"yes\" | \"no\" | \"maybe so\"\n", 3, 1);
+	/* the root called from inside itself, and a small rule shared by many places */
+	masks_match_brute_force("root ::= \"(\" sp root sp \")\" | [a-z]+ | \"[\" sp (root (\",\" sp root)*)? \"]\"\n"
+				"sp ::= \" \"?\n", 25, 2);
 	masks_match_brute_force("root ::= item (\", \" item){0,3}\nitem ::= [a-z]{1,4} | \"\\\"\" [^\"]* \"\\\"\"\n", 5, 9);
+}
+
+/* Schema grammars call shared rules (string, space) from many places: the tokens that
+ * leave such a rule are the uncertain ones, checked against the real stack. */
+static void test_grammar_masks_equal_brute_force_schema(void **state)
+{
+	(void)state;
+	static const char *const schemas[] = {
+		"{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":99},"
+		"\"name\":{\"type\":\"string\"},\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"maxItems\":3},"
+		"\"ok\":{\"type\":\"boolean\"},\"role\":{\"enum\":[\"admin\",\"user\"]},\"note\":{\"type\":[\"string\",\"null\"]}},"
+		"\"required\":[\"id\",\"name\",\"tags\"]}",
+		"{\"$ref\":\"#/$defs/t\",\"$defs\":{\"t\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"number\"},"
+		"\"kids\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/t\"}}},\"required\":[\"v\",\"kids\"]}}}",
+	};
+	for (size_t i = 0; i < sizeof schemas / sizeof *schemas; i++) {
+		json_t *j = json_loads(schemas[i], 0, NULL);
+		char *gbnf = NULL;
+		struct hearth_error err = { 0 };
+		assert_non_null(j);
+		assert_int_equal(json_schema_to_gbnf(j, &gbnf, &err), 0);
+		json_decref(j);
+		masks_match_brute_force(gbnf, 40, 100 + i);
+		free(gbnf);
+	}
+}
+
+/* A grammar whose index would take minutes: refused by the step budget, or built, quickly. */
+/* SentencePiece: byte-fallback tokens carry single bytes (partial UTF-8), pieces start with
+ * a space; the same equality must hold. */
+static void test_grammar_masks_equal_brute_force_sentencepiece(void **state)
+{
+	(void)state;
+	struct tok *saved_tok = vocab_tok;
+	struct grammar_vocab *saved = vocab;
+	char path[1024];
+	struct gguf_file *f;
+	struct hearth_error err = { 0 };
+	snprintf(path, sizeof path, "%s/vocab/ggml-vocab-llama-spm.gguf", shared_dir());
+	if (gguf_open(&f, path, &err) || tok_load(&vocab_tok, f, &err))
+		fail_msg("%s", err.msg);
+	gguf_close(f);
+	assert_int_equal(grammar_vocab_new(&vocab, vocab_tok, &err), 0);
+	size_t len;
+	masks_match_brute_force(read_grammar("json.gbnf", &len), 20, 21);
+	masks_match_brute_force(read_grammar("japanese.gbnf", &len), 10, 22);
+	grammar_vocab_free(vocab);
+	tok_free(vocab_tok);
+	vocab = saved;
+	vocab_tok = saved_tok;
+}
+
+static void test_grammar_index_of_hostile_grammar_is_bounded(void **state)
+{
+	(void)state;
+	struct grammar *g = compile_ok("root ::= [^\"]{0,3000} \"!\"\n");
+	struct grammar_index *ix = NULL;
+	struct hearth_error err = { 0 };
+	time_t t0 = time(NULL);
+	int rc = grammar_index_new(&ix, g, vocab, &err);
+	assert_true(time(NULL) - t0 < 20);
+	assert_int_equal(rc, HEARTH_ERANGE);
+	assert_non_null(strstr(err.msg, "trie steps"));
+	assert_null(ix);
 }
 
 static void test_grammar_forced_bytes_and_rollback(void **state)
@@ -446,6 +537,17 @@ static void test_grammar_forced_bytes_and_rollback(void **state)
 	assert_int_equal(grammar_matcher_accept_bytes(m, rest, strlen(rest), &err), 0);
 	assert_true(grammar_matcher_can_end(m));
 	assert_true(grammar_matcher_is_done(m));
+	/* a reset matcher starts over */
+	{
+		struct grammar_matcher *r;
+		assert_int_equal(grammar_matcher_new(&r, ix, &err), 0);
+		assert_int_equal(grammar_matcher_accept_bytes(r, "{\"name\": \"x", 11, &err), 0);
+		assert_int_equal(grammar_matcher_reset(r, &err), 0);
+		assert_int_equal(grammar_matcher_history(r), 0);
+		assert_int_equal(grammar_matcher_forced_bytes(r, buf, sizeof buf), 10);
+		assert_int_equal(grammar_matcher_accept_bytes(r, "x", 1, &err), HEARTH_EINVAL);
+		grammar_matcher_free(r);
+	}
 	/* end of generation then nothing more */
 	assert_int_equal(grammar_matcher_accept_token(m, tok_eos(vocab_tok), &err), 0);
 	assert_true(grammar_matcher_is_done(m));
@@ -520,6 +622,9 @@ int main(void)
 		cmocka_unit_test(test_grammar_masks_equal_brute_force_json),
 		cmocka_unit_test(test_grammar_masks_equal_brute_force_c_and_arithmetic),
 		cmocka_unit_test(test_grammar_masks_equal_brute_force_unicode_and_small),
+		cmocka_unit_test(test_grammar_masks_equal_brute_force_schema),
+		cmocka_unit_test(test_grammar_masks_equal_brute_force_sentencepiece),
+		cmocka_unit_test(test_grammar_index_of_hostile_grammar_is_bounded),
 		cmocka_unit_test(test_grammar_forced_bytes_and_rollback),
 		cmocka_unit_test(test_grammar_cache_shares_by_text),
 	};
