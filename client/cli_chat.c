@@ -273,6 +273,9 @@ static int turn_run(struct chat_cli *cc, struct hearth *h)
 			t.t_first ? t.t_first - t.t0 : 0.0);
 	}
 	hearth_chat_result_free(&res);
+	/* The ^C was for this reply; what the next read sees of it is handled there once. */
+	if (!canceled)
+		interrupted = 0;
 	return canceled ? 130 : 0;
 }
 
@@ -355,11 +358,13 @@ static char *repl_read(EditLine *el, History *hist)
 		errno = 0;
 		const char *line = el_gets(el, &n);
 		if (!line && (n < 0 || errno == EINTR || interrupted)) {
-			/* a ^C that stopped the last reply, or one at the prompt: not the end */
+			/* A ^C that stopped the last reply (its signal can still end the next read),
+			 * or one at the prompt: not the end of input. Once only: ^D still leaves. */
 			interrupted = 0;
 			el_reset(el);
 			continue;
 		}
+		interrupted = 0; /* a line came: an earlier ^C is spent */
 		if (!line) {
 			if (msg && len)
 				return msg;
