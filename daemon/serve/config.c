@@ -73,6 +73,11 @@ static const struct key keys[] = {
 	{ "max_queued_tokens_per_client", KIND_U64, F(max_queued_tokens_per_client), 1,
 	  UINT32_MAX, NULL, true },
 	{ "max_requests_per_uid", KIND_U32, F(max_requests_per_uid), 1, 65536, NULL, true },
+	{ "max_clients", KIND_U32, F(max_clients), 1, 65536, NULL, true },
+	{ "max_clients_per_uid", KIND_U32, F(max_clients_per_uid), 1, 65536, NULL, true },
+	{ "client_timeout", KIND_DURATION, F(client_timeout_usec), 100000, 3600ull * 1000000, NULL,
+	  true },
+	{ "client_send_queue", KIND_SIZE, F(client_send_queue), 64ull << 10, 1ull << 30, NULL, true },
 	{ "log_level", KIND_LEVEL, F(log_level), 0, 0, NULL, true },
 	{ "shutdown_grace", KIND_DURATION, F(shutdown_grace_usec), 0, 3600ull * 1000000, NULL, true },
 	{ "model_swap", KIND_ENUM, F(model_swap), 0, 0, model_swap_words, true },
@@ -111,6 +116,10 @@ void config_defaults(struct hearth_config *cfg)
 	cfg->max_requests_per_client = 8;
 	cfg->max_queued_tokens_per_client = 65536;
 	cfg->max_requests_per_uid = 16;
+	cfg->max_clients = 256;
+	cfg->max_clients_per_uid = 64;
+	cfg->client_timeout_usec = 10ull * 1000000;
+	cfg->client_send_queue = 4ull << 20;
 	cfg->log_level = LOG_LEVEL_INFO;
 	cfg->shutdown_grace_usec = 10ull * 1000000;
 }
