@@ -31,6 +31,7 @@ struct limits_peer {
 	uint64_t queued;          /* reply bytes (plus overhead) written to libuv, not yet sent */
 	uint64_t over_since_ns;   /* when reading paused; 0 while reading */
 	uint32_t pauses;          /* times reading paused (the first is logged at info) */
+	uint32_t offloaded;       /* requests on the thread pool (offload.c) */
 	bool paused;              /* reading stopped: queued went over the bound and has not
 	                           * yet fallen to half of it */
 };

@@ -88,6 +88,10 @@ struct server {
 	struct policy policy;
 
 	pthread_mutex_t mu;        /* loader -> loop hand-over; never taken on the hot path */
+	/* Thread-pool work reading the tokenizer (offload.c), waited for before a model goes. */
+	pthread_mutex_t offload_mu;
+	pthread_cond_t offload_cv;
+	unsigned offload_busy;
 	bool model_arrived, load_failed;
 	struct server_model model_in;
 	struct hearth_error load_err;
@@ -134,6 +138,11 @@ void session_model_failed(struct session *ss, const struct hearth_error *e);
 void session_send_loading(struct session *ss, const char *phase, uint64_t done, uint64_t total);
 void session_close(struct session *ss);
 void session_check_ring(struct session *ss);
+/* For work finished off the loop thread (offload.c): a reply, an error reply, and the end
+ * of a hold on the session taken with n_inflight++ (the session may be freed here). */
+void session_reply(struct session *ss, const struct msg *m);
+void session_reply_error(struct session *ss, uint64_t id, enum msg_errcode code, const char *text);
+void session_unhold(struct session *ss);
 /* Takes the frames left buffered while paused, then reads from the peer again. */
 void session_resume_reading(struct session *ss);
 

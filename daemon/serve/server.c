@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "daemon/engine/gguf.h"
+#include "daemon/serve/offload.h"
 #include "daemon/serve/serve.h"
 #include "daemon/serve/sockpath.h"
 
@@ -68,8 +69,10 @@ static int server_begin_load(struct server *srv, const struct hearth_config *cfg
 	return 0;
 }
 
-static void server_release(struct server_model *m)
+static void server_release(struct server *srv, struct server_model *m)
 {
+	if (m->release)
+		offload_quiesce(srv); /* no worker may still read its tokenizer */
 	if (m->release)
 		m->release(m->owner);
 	memset(m, 0, sizeof *m);
@@ -134,8 +137,8 @@ static void server_finish_stop(struct server *srv)
 		server_retire_sched(srv, srv->old_sched);
 		srv->old_sched = NULL;
 	}
-	server_release(&srv->model);
-	server_release(&srv->old_model);
+	server_release(srv, &srv->model);
+	server_release(srv, &srv->old_model);
 	srv->have_model = false;
 	struct session *ss = srv->sessions;
 	while (ss) {
@@ -183,7 +186,7 @@ static void server_model_arrived(struct server *srv, const struct server_model *
 {
 	if (srv->stopping) {
 		struct server_model tmp = *m;
-		server_release(&tmp);
+		server_release(srv, &tmp);
 		return;
 	}
 	if (srv->swapping && srv->swap_beside && srv->sched) {
@@ -195,7 +198,7 @@ static void server_model_arrived(struct server *srv, const struct server_model *
 		server_adopt_cfg(srv, &srv->pending_cfg);
 		if (server_start_serving(srv) < 0) {
 			/* Keep serving with the old model. */
-			server_release(&srv->model);
+			server_release(srv, &srv->model);
 			srv->sched = srv->old_sched;
 			srv->model = srv->old_model;
 			srv->old_sched = NULL;
@@ -213,7 +216,7 @@ static void server_model_arrived(struct server *srv, const struct server_model *
 		/* Cannot ask it to drain: end it now. */
 		server_retire_sched(srv, srv->old_sched);
 		srv->old_sched = NULL;
-		server_release(&srv->old_model);
+		server_release(srv, &srv->old_model);
 		srv->swapping = false;
 		return;
 	}
@@ -244,7 +247,7 @@ static void server_on_sched_msg(struct server *srv, struct sched *from, struct s
 		if (from == srv->old_sched) {
 			server_retire_sched(srv, srv->old_sched);
 			srv->old_sched = NULL;
-			server_release(&srv->old_model);
+			server_release(srv, &srv->old_model);
 			srv->swapping = false;
 			log_notice(srv->log, "model swap done: the old model drained and was freed");
 			systemd_notify_status(NULL, "serving");
@@ -252,7 +255,7 @@ static void server_on_sched_msg(struct server *srv, struct sched *from, struct s
 			/* Drain-first swap: the old model is idle; free it, then load. */
 			server_retire_sched(srv, srv->sched);
 			srv->sched = NULL;
-			server_release(&srv->model);
+			server_release(srv, &srv->model);
 			srv->have_model = false;
 			srv->state = SERVE_LOADING;
 			log_notice(srv->log, "model swap: the old model drained and was freed; loading %s",
@@ -603,6 +606,8 @@ int server_new(struct server **out, const struct hearth_config *cfg, const char 
 	srv->start_ns = serve_now_ns();
 	srv->lock_fd = -1;
 	pthread_mutex_init(&srv->mu, NULL);
+	pthread_mutex_init(&srv->offload_mu, NULL);
+	pthread_cond_init(&srv->offload_cv, NULL);
 	policy_init(&srv->policy, cfg);
 	int rc = uv_loop_init(&srv->loop);
 	if (rc < 0) {
@@ -678,5 +683,7 @@ void server_free(struct server *s)
 	free(s->ledger_last);
 	policy_free(&s->policy);
 	pthread_mutex_destroy(&s->mu);
+	pthread_mutex_destroy(&s->offload_mu);
+	pthread_cond_destroy(&s->offload_cv);
 	free(s);
 }

@@ -14,10 +14,12 @@
 
 #include "daemon/serve/serve.h"
 #include "daemon/engine/tokenizer.h"
+#include "daemon/serve/offload.h"
 #include "protocol/fdpass.h"
 
 #define SESSION_READ_MAX (64u * 1024u)
 #define SESSION_LEDGER_REUSE_NS 1000000000ull
+#define SESSION_TOKENIZE_INLINE 4096u   /* longer texts are tokenized by offload.c */
 #define SESSION_RING_D2C (1u << 20)
 #define SESSION_RING_C2D (1u << 20)
 
@@ -143,6 +145,23 @@ static int session_send_with_fds(struct session *ss, struct msg_buf *b, const in
 		session_send_buf(ss, &rest);
 	}
 	return 0;
+}
+
+void session_reply(struct session *ss, const struct msg *m)
+{
+	session_send(ss, m);
+}
+
+void session_reply_error(struct session *ss, uint64_t id, enum msg_errcode code, const char *text)
+{
+	session_send_error(ss, id, code, false, "%s", text);
+}
+
+void session_unhold(struct session *ss)
+{
+	ss->n_inflight--;
+	if (ss->closing && ss->n_inflight == 0)
+		session_finalize(ss);
 }
 
 /* ---- hello / welcome ---- */
@@ -714,6 +733,18 @@ static void session_on_tokenize(struct session *ss, const struct msg *m)
 			return;
 		}
 		text = bulk;
+	}
+	if (len > SESSION_TOKENIZE_INLINE) {
+		/* Long texts take the tokenizer milliseconds to seconds: off the loop thread. */
+		char *copy = bulk ? bulk : malloc(len ? len : 1);
+		if (!copy) {
+			session_send_error(ss, m->id, MSG_ERR_INTERNAL, false, "out of memory");
+			return;
+		}
+		if (!bulk)
+			memcpy(copy, text, len);
+		offload_tokenize(ss, m->id, copy, len, t->add_bos, t->special);
+		return;
 	}
 	size_t cap = len + 8, n = 0;
 	if (cap > MSG_ARRAY_MAX)

@@ -569,6 +569,82 @@ static void test_limits_ledger_flood_keeps_pings_fast(void **state)
 	assert_int_equal(daemon_stop(&d), 0);
 }
 
+/* Six clients each send a tokenize request of 300 KB of base64-like text (tens to
+ * hundreds of ms of tokenizer work each) at the same moment while another pings: the
+ * tokenizer runs off the loop thread, so the worst ping stays under 150 ms (inline, the
+ * six run back to back on the loop thread) and every request is answered. */
+static void test_limits_long_tokenize_requests_keep_pings_fast(void **state)
+{
+	(void)state;
+	struct daemon d;
+	daemon_start(&d, NULL);
+	enum { K = 6 };
+	struct tclient a[K], b;
+	for (int i = 0; i < K; i++) {
+		assert_int_equal(tc_connect_path(&a[i], d.sock), 0);
+		tc_hello(&a[i], "tokenizer");
+	}
+	assert_int_equal(tc_connect_path(&b, d.sock), 0);
+	tc_hello(&b, "pinger");
+	static const char alphabet[] =
+		"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+	size_t n = 300000;
+	char *text = malloc(n);
+	uint64_t x = 88172645463325252ull;
+	for (size_t i = 0; i < n; i++) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		text[i] = i % 101 == 100 ? '\n' : alphabet[x % 64];
+	}
+	struct msg m;
+	msg_init(&m, MSG_TOKENIZE, 500);
+	m.u.tokenize.has_text = true;
+	m.u.tokenize.text = (struct msg_bytes){ text, n };
+	struct msg_buf out = { 0 };
+	struct hearth_error e;
+	assert_int_equal(msg_encode(&m, &out, &e), 0);
+	free(text);
+	/* All but the last byte of each first, then the last bytes together: the six frames
+	 * complete within microseconds of each other. */
+	for (int i = 0; i < K; i++)
+		tc_send_raw(&a[i], out.data, out.len - 1);
+	usleep(200000);
+	for (int i = 0; i < K; i++)
+		tc_send_raw(&a[i], out.data + out.len - 1, 1);
+	msg_buf_free(&out);
+	uint64_t worst = 0;
+	size_t got = 0;
+	uint64_t end = tc_now_ms() + 30000;
+	while (got < K && tc_now_ms() < end) {
+		uint64_t t0 = tc_now_ms();
+		struct msg p = tc_simple(&b, MSG_PING);
+		uint64_t dt = tc_now_ms() - t0;
+		msg_free(&p);
+		if (dt > worst)
+			worst = dt;
+		for (int i = 0; i < K; i++) {
+			struct msg r;
+			while (tc_recv(&a[i], &r, 1) == 1) {
+				if (r.type != MSG_TOKENS)
+					fail_msg("tokenize: %s %s", msg_type_name(r.type),
+						 r.type == MSG_ERROR ? r.u.error.message.ptr : "");
+				assert_true(r.u.tokens.n_tokens > n / 20);
+				got++;
+				msg_free(&r);
+			}
+		}
+		usleep(2000);
+	}
+	print_message("# worst ping %llu ms during %d long tokenizations\n", (unsigned long long)worst, K);
+	assert_int_equal(got, K);
+	assert_true(worst < 150);
+	for (int i = 0; i < K; i++)
+		tc_close(&a[i]);
+	tc_close(&b);
+	assert_int_equal(daemon_stop(&d), 0);
+}
+
 /* ---- the protocol's limits, at each boundary ---- */
 
 /* Sends a generate with the given counts and returns the final frame's type (and code). */
@@ -975,6 +1051,7 @@ int main(void)
 		cmocka_unit_test(test_limits_frames_before_hello_are_bounded),
 		cmocka_unit_test(test_limits_cancel_flood_cannot_fill_the_daemon_queue),
 		cmocka_unit_test(test_limits_ledger_flood_keeps_pings_fast),
+		cmocka_unit_test(test_limits_long_tokenize_requests_keep_pings_fast),
 		cmocka_unit_test(test_limits_generate_accepts_every_documented_maximum),
 		cmocka_unit_test(test_limits_generate_refuses_one_past_each_maximum),
 		cmocka_unit_test(test_limits_protocol_md_quotes_the_code_limits),
