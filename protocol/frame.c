@@ -24,6 +24,16 @@ void frame_reader_free(struct frame_reader *r)
 	memset(r, 0, sizeof *r);
 }
 
+void frame_reader_trim(struct frame_reader *r, size_t keep)
+{
+	if (r->len == 0 && r->cap > keep) {
+		free(r->buf);
+		r->buf = NULL;
+		r->cap = 0;
+		r->start = 0;
+	}
+}
+
 static int frame_lost(struct frame_reader *r, struct hearth_error *err)
 {
 	r->broken = 1;

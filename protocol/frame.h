@@ -44,6 +44,10 @@ void frame_reader_free(struct frame_reader *r);
 int frame_reader_feed(struct frame_reader *r, const void *data, size_t n,
 		      struct hearth_error *err);
 
+/* Frees the buffer when it holds nothing and is larger than keep bytes, so one large frame
+ * does not pin its memory for the rest of a connection. */
+void frame_reader_trim(struct frame_reader *r, size_t keep);
+
 /* Extracts the next complete frame. Call in a loop after each feed until it returns
  * FRAME_NEED_MORE. FRAME_OVERSIZED is returned once per oversized frame, at the moment its
  * header is seen (the reply is the error `too_large`; the connection survives). A negative

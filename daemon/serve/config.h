@@ -80,6 +80,10 @@ struct hearth_config {
 	uint32_t max_requests_per_client;       /* concurrent requests on one connection */
 	uint64_t max_queued_tokens_per_client;  /* prompt + max_tokens not yet done, per connection */
 	uint32_t max_requests_per_uid;          /* concurrent requests of one uid, all connections */
+	uint32_t max_clients;                   /* connections at once */
+	uint32_t max_clients_per_uid;           /* connections of one uid at once */
+	uint64_t client_timeout_usec;           /* hello, one frame, or an over-full reply queue */
+	uint64_t client_send_queue;             /* unread reply bytes before reading pauses */
 	enum log_level log_level;
 	enum config_weights weights;
 	enum config_weights_group weights_group;

@@ -4,6 +4,7 @@
 
 #include <getopt.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -298,6 +299,13 @@ int main(int argc, char **argv)
 				printf("%s = %s\n", config_key_at(k), buf);
 		goto out;
 	}
+
+	/* A peer that closes before reading its reply must cost an EPIPE, not the process:
+	 * libuv writes with write(2), which has no MSG_NOSIGNAL, and a shell or a container
+	 * leaves SIGPIPE at its default (systemd ignores it for us; nothing else does). */
+	struct sigaction ign = { .sa_handler = SIG_IGN };
+	sigemptyset(&ign.sa_mask);
+	sigaction(SIGPIPE, &ign, NULL);
 
 	struct log lg;
 	log_open(&lg, 2, cfg.log_level, getenv("JOURNAL_STREAM"));

@@ -15,13 +15,16 @@
 #include "daemon/serve/queue.h"
 #include "daemon/engine/sampler.h"
 #include "protocol/error.h"
+#include "protocol/msg.h"
 
 struct tok;
 
-#define SCHED_MAX_STOP_TOKENS 16
-#define SCHED_MAX_STOP_STRINGS 8
-#define SCHED_MAX_STOP_LEN 64
-#define SCHED_MAX_TOP 32
+/* The protocol's limits (protocol/msg.h, quoted by doc/protocol.md), so whatever the
+ * decoder accepts the scheduler can hold. */
+#define SCHED_MAX_STOP_TOKENS MSG_STOP_TOKENS_MAX
+#define SCHED_MAX_STOP_STRINGS MSG_STOP_MAX
+#define SCHED_MAX_STOP_LEN MSG_STOP_LEN_MAX
+#define SCHED_MAX_TOP MSG_TOP_MAX
 
 enum sched_finish {
 	SCHED_FINISH_NONE = 0,

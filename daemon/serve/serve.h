@@ -11,6 +11,7 @@
 #include <uv.h>
 
 #include "daemon/serve/config.h"
+#include "daemon/serve/limits.h"
 #include "daemon/serve/log.h"
 #include "daemon/serve/policy.h"
 #include "daemon/serve/sched.h"
@@ -30,6 +31,7 @@ enum serve_state {
 struct serve_req {
 	uint64_t id;
 	uint64_t tokens;           /* prompt + max_tokens, counted against the client's limit */
+	bool cancel_posted;        /* one cancel per request reaches the scheduler */
 	struct serve_req *next;
 };
 
@@ -64,6 +66,7 @@ struct session {
 	uint32_t n_reqs;
 	uint64_t queued_tokens;
 	uint32_t n_inflight;       /* messages naming this session inside the scheduler */
+	struct limits_peer lim;
 	uint8_t rbuf[64 * 1024];
 };
 
@@ -71,6 +74,7 @@ struct server {
 	uv_loop_t loop;
 	uv_pipe_t listener;
 	bool listener_open;
+	int lock_fd;               /* the socket path's lock (sockpath.h), -1 with systemd's */
 	uv_signal_t sig_term, sig_int, sig_hup;
 	uv_timer_t tick;           /* status lines, loading frames, watchdog */
 	uv_async_t wake;           /* compute thread or loader has something for the loop */
@@ -84,6 +88,10 @@ struct server {
 	struct policy policy;
 
 	pthread_mutex_t mu;        /* loader -> loop hand-over; never taken on the hot path */
+	/* Thread-pool work reading the tokenizer (offload.c), waited for before a model goes. */
+	pthread_mutex_t offload_mu;
+	pthread_cond_t offload_cv;
+	unsigned offload_busy;
 	bool model_arrived, load_failed;
 	struct server_model model_in;
 	struct hearth_error load_err;
@@ -113,6 +121,11 @@ struct server {
 	struct hearth_error exit_err;
 
 	uint64_t start_ns;
+	/* The last ledger (session_on_ledger): answered again while the rings and the model
+	 * are the same and it is younger than SESSION_LEDGER_REUSE_NS, so a flood of ledger
+	 * requests costs the loop thread one collection a second. */
+	struct ledger *ledger_last;
+	uint64_t ledger_last_ns, ledger_last_key;
 	uint64_t watchdog_usec;
 	struct systemd_progress progress;
 };
@@ -125,6 +138,13 @@ void session_model_failed(struct session *ss, const struct hearth_error *e);
 void session_send_loading(struct session *ss, const char *phase, uint64_t done, uint64_t total);
 void session_close(struct session *ss);
 void session_check_ring(struct session *ss);
+/* For work finished off the loop thread (offload.c): a reply, an error reply, and the end
+ * of a hold on the session taken with n_inflight++ (the session may be freed here). */
+void session_reply(struct session *ss, const struct msg *m);
+void session_reply_error(struct session *ss, uint64_t id, enum msg_errcode code, const char *text);
+void session_unhold(struct session *ss);
+/* Takes the frames left buffered while paused, then reads from the peer again. */
+void session_resume_reading(struct session *ss);
 
 /* server.c */
 /* sched_msg_send to the current scheduler: 0, or m is freed and HEARTH_ENOMEM/EBUSY. */

@@ -12,7 +12,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "daemon/engine/gguf.h"
+#include "daemon/serve/offload.h"
 #include "daemon/serve/serve.h"
+#include "daemon/serve/sockpath.h"
 #include "protocol/assert.h"
 #include "protocol/clock.h"
 
@@ -52,8 +55,10 @@ static int server_begin_load(struct server *srv, const struct hearth_config *cfg
 	return 0;
 }
 
-static void server_release(struct server_model *m)
+static void server_release(struct server *srv, struct server_model *m)
 {
+	if (m->release)
+		offload_quiesce(srv); /* no worker may still read its tokenizer */
 	if (m->release)
 		m->release(m->owner);
 	memset(m, 0, sizeof *m);
@@ -118,8 +123,8 @@ static void server_finish_stop(struct server *srv)
 		server_retire_sched(srv, srv->old_sched);
 		srv->old_sched = NULL;
 	}
-	server_release(&srv->model);
-	server_release(&srv->old_model);
+	server_release(srv, &srv->model);
+	server_release(srv, &srv->old_model);
 	srv->have_model = false;
 	struct session *ss = srv->sessions;
 	while (ss) {
@@ -162,7 +167,7 @@ static void server_model_arrived(struct server *srv, const struct server_model *
 {
 	if (srv->stopping) {
 		struct server_model tmp = *m;
-		server_release(&tmp);
+		server_release(srv, &tmp);
 		return;
 	}
 	if (srv->swapping && srv->swap_beside && srv->sched) {
@@ -174,7 +179,7 @@ static void server_model_arrived(struct server *srv, const struct server_model *
 		server_adopt_cfg(srv, &srv->pending_cfg);
 		if (server_start_serving(srv) < 0) {
 			/* Keep serving with the old model. */
-			server_release(&srv->model);
+			server_release(srv, &srv->model);
 			srv->sched = srv->old_sched;
 			srv->model = srv->old_model;
 			srv->old_sched = NULL;
@@ -187,7 +192,7 @@ static void server_model_arrived(struct server *srv, const struct server_model *
 		/* Cannot ask it to drain: end it now. */
 		server_retire_sched(srv, srv->old_sched);
 		srv->old_sched = NULL;
-		server_release(&srv->old_model);
+		server_release(srv, &srv->old_model);
 		srv->swapping = false;
 		return;
 	}
@@ -218,7 +223,7 @@ static void server_on_sched_msg(struct server *srv, struct sched *from, struct s
 		if (from == srv->old_sched) {
 			server_retire_sched(srv, srv->old_sched);
 			srv->old_sched = NULL;
-			server_release(&srv->old_model);
+			server_release(srv, &srv->old_model);
 			srv->swapping = false;
 			log_notice(srv->log, "model swap done: the old model drained and was freed");
 			systemd_notify_status(NULL, "serving");
@@ -226,7 +231,7 @@ static void server_on_sched_msg(struct server *srv, struct sched *from, struct s
 			/* Drain-first swap: the old model is idle; free it, then load. */
 			server_retire_sched(srv, srv->sched);
 			srv->sched = NULL;
-			server_release(&srv->model);
+			server_release(srv, &srv->model);
 			srv->have_model = false;
 			srv->state = SERVE_LOADING;
 			log_notice(srv->log, "model swap: the old model drained and was freed; loading %s",
@@ -265,6 +270,18 @@ static void server_on_wake(uv_async_t *h)
 			log_error(srv->log, "model swap failed, still serving the old model: %s", le.msg);
 			systemd_notify_status(NULL, "model swap failed; serving the old model");
 			srv->swapping = false;
+		} else if (srv->swapping && !srv->stopping) {
+			/* Drain-first swap: the old model is gone, but its settings are still the
+			 * running config (adopted only on success): load it again. */
+			log_error(srv->log, "model swap failed: %s; loading the previous model %s again",
+				  le.msg, srv->cfg.model);
+			systemd_notify_status(NULL, "model swap failed; loading the previous model again");
+			srv->swapping = false;
+			if (server_begin_load(srv, &srv->cfg) < 0) {
+				server_fail(srv, &le);
+				server_finish_stop(srv);
+				return;
+			}
 		} else if (!srv->stopping) {
 			log_error(srv->log, "the model failed to load: %s", le.msg);
 			server_fail(srv, &le);
@@ -323,15 +340,9 @@ static int server_listen(struct server *srv, int listen_fd, struct hearth_error 
 		log_info(srv->log, "serving on the socket systemd passed (fd %d)", listen_fd);
 	} else {
 		const char *path = srv->cfg.socket;
-		struct stat st;
-		/* A socket file left by a crashed daemon would make bind fail; anything that is
-		 * not a socket is left alone and reported. */
-		if (lstat(path, &st) == 0) {
-			if (!S_ISSOCK(st.st_mode))
-				return hearth_error_set(err, HEARTH_EINVAL,
-							"socket path %s exists and is not a socket", path);
-			unlink(path);
-		}
+		rc = sockpath_claim(path, &srv->lock_fd, err);
+		if (rc < 0)
+			return rc;
 		rc = uv_pipe_bind(&srv->listener, path);
 		if (rc < 0)
 			return hearth_error_set(err, HEARTH_EIO, "cannot bind %s: %s", path, uv_strerror(rc));
@@ -441,6 +452,16 @@ static void server_reload(struct server *srv)
 			srv->swapping = false;
 		return;
 	}
+	/* Drain-first frees the old model before the new one loads: a file that cannot even be
+	 * parsed is refused while the old model still serves. */
+	struct gguf_file *gf;
+	if (gguf_open(&gf, fresh.model, &e) < 0) {
+		log_error(srv->log, "model swap refused, keeping %s: %s", srv->cfg.model, e.msg);
+		systemd_notify_ready("serving; the model swap was refused (see the log)", NULL);
+		srv->swapping = false;
+		return;
+	}
+	gguf_close(gf);
 	log_notice(srv->log, "model swap: draining running requests, then freeing the model and loading %s",
 		   fresh.model);
 	systemd_notify_ready("draining, then loading the new model", NULL);
@@ -469,6 +490,7 @@ static void server_on_tick(uv_timer_t *t)
 {
 	struct server *srv = t->data;
 	struct hearth_error e;
+	limits_sweep(srv);
 	if (srv->state == SERVE_LOADING) {
 		pthread_mutex_lock(&srv->mu);
 		char phase[64];
@@ -553,7 +575,10 @@ int server_new(struct server **out, const struct hearth_config *cfg, const char 
 	srv->load_ctx = load_ctx;
 	srv->log = lg;
 	srv->start_ns = hearth_now_ns();
+	srv->lock_fd = -1;
 	pthread_mutex_init(&srv->mu, NULL);
+	pthread_mutex_init(&srv->offload_mu, NULL);
+	pthread_cond_init(&srv->offload_cv, NULL);
 	policy_init(&srv->policy, cfg);
 	int rc = uv_loop_init(&srv->loop);
 	if (rc < 0) {
@@ -624,7 +649,12 @@ void server_free(struct server *s)
 		uv_run(&s->loop, UV_RUN_DEFAULT);
 	}
 	uv_loop_close(&s->loop);
+	if (s->lock_fd >= 0)
+		close(s->lock_fd);
+	free(s->ledger_last);
 	policy_free(&s->policy);
 	pthread_mutex_destroy(&s->mu);
+	pthread_mutex_destroy(&s->offload_mu);
+	pthread_cond_destroy(&s->offload_cv);
 	free(s);
 }

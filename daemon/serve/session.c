@@ -15,11 +15,13 @@
 #include "daemon/serve/chat.h"
 #include "daemon/serve/serve.h"
 #include "daemon/engine/tokenizer.h"
+#include "daemon/serve/offload.h"
 #include "protocol/fdpass.h"
 #include "protocol/assert.h"
 #include "protocol/clock.h"
 
-#define SESSION_WRITE_QUEUE_MAX (8u << 20)   /* unread replies before a client is dropped */
+#define SESSION_LEDGER_REUSE_NS 1000000000ull
+#define SESSION_TOKENIZE_INLINE 4096u   /* longer texts are tokenized by offload.c */
 #define SESSION_RING_D2C (1u << 20)
 #define SESSION_RING_C2D (1u << 20)
 /* Full logit rows (f32) the daemon-to-client ring holds beyond SESSION_RING_D2C, so a
@@ -33,6 +35,7 @@
 struct session_write {
 	uv_write_t req;
 	uint8_t *data;
+	size_t len;
 };
 
 static void session_finalize(struct session *ss);
@@ -46,8 +49,11 @@ static void session_on_write(uv_write_t *req, int status)
 	struct session_write *w = (struct session_write *)req;
 	struct session *ss = req->handle->data;
 	(void)status; /* a failed write shows up as a read error or EOF, handled there */
+	size_t len = w->len;
 	free(w->data);
 	free(w);
+	if (ss)
+		limits_sent(ss, len);
 	if (ss && ss->welcome_deferred && !ss->closing &&
 	    uv_stream_get_write_queue_size((uv_stream_t *)&ss->pipe) == 0)
 		session_welcome(ss);
@@ -59,9 +65,11 @@ static void session_send_buf(struct session *ss, struct msg_buf *b)
 		msg_buf_free(b);
 		return;
 	}
-	if (uv_stream_get_write_queue_size((uv_stream_t *)&ss->pipe) > SESSION_WRITE_QUEUE_MAX) {
-		log_warning(ss->srv->log, "client %s (pid %d) does not read its replies: closing",
-			    ss->name, (int)ss->cred.pid);
+	/* Past twice the bound something other than requests fills the queue (results of
+	 * running generations while reading is paused): the peer has had its chance. */
+	if (ss->lim.queued > 2 * ss->srv->cfg.client_send_queue + (1u << 20)) {
+		log_warning(ss->srv->log, "client %s (pid %d) does not read its replies: %llu bytes unread, twice client_send_queue: closing",
+			    ss->name, (int)ss->cred.pid, (unsigned long long)ss->lim.queued);
 		msg_buf_free(b);
 		session_close(ss);
 		return;
@@ -73,13 +81,16 @@ static void session_send_buf(struct session *ss, struct msg_buf *b)
 		return;
 	}
 	w->data = b->data;
+	w->len = b->len;
 	uv_buf_t buf = uv_buf_init((char *)b->data, (unsigned)b->len);
 	memset(b, 0, sizeof *b);
 	if (uv_write(&w->req, (uv_stream_t *)&ss->pipe, &buf, 1, session_on_write) < 0) {
 		free(w->data);
 		free(w);
 		session_close(ss);
+		return;
 	}
+	limits_queued(ss, buf.len);
 }
 
 static void session_send(struct session *ss, const struct msg *m)
@@ -143,6 +154,23 @@ static int session_send_with_fds(struct session *ss, struct msg_buf *b, const in
 		session_send_buf(ss, &rest);
 	}
 	return 0;
+}
+
+void session_reply(struct session *ss, const struct msg *m)
+{
+	session_send(ss, m);
+}
+
+void session_reply_error(struct session *ss, uint64_t id, enum msg_errcode code, const char *text)
+{
+	session_send_error(ss, id, code, false, "%s", text);
+}
+
+void session_unhold(struct session *ss)
+{
+	ss->n_inflight--;
+	if (ss->closing && ss->n_inflight == 0)
+		session_finalize(ss);
 }
 
 /* ---- hello / welcome ---- */
@@ -247,6 +275,7 @@ static void session_on_hello(struct session *ss, const struct msg *m)
 			ss->name[i] = '?';
 	ss->hello_id = m->id;
 	ss->want_ring = h->ring;
+	ss->reader.max_payload = FRAME_MAX_DEFAULT; /* LIMITS_HELLO_FRAME_MAX until now */
 	log_info(ss->srv->log, "client %s connected (uid %u, pid %d)", ss->name,
 		 (unsigned)ss->cred.uid, (int)ss->cred.pid);
 	switch (ss->srv->state) {
@@ -493,7 +522,9 @@ static void session_on_socket_doorbell(uv_poll_t *h, int status, int events)
 	(void)status;
 	(void)events;
 	ring_doorbell_clear(&ss->speer, NULL);
-	if (!ss->closing)
+	/* Over the reply bound the tokens wait in the ring, and the compute thread parks the
+	 * sequence when it fills: the back-pressure reaches the generation. */
+	if (!ss->closing && !ss->lim.paused)
 		session_drain_socket_tokens(ss);
 }
 
@@ -521,6 +552,8 @@ static int session_open_socket_ring(struct session *ss, struct hearth_error *e)
 	uv_poll_start(&ss->spoll, UV_READABLE, session_on_socket_doorbell);
 	return 0;
 }
+
+static void session_send_cb(void *ctx, const struct msg *m);
 
 /* The checks generate and chat share, before any prompt work; false when a refusal was sent. */
 static bool session_gen_admissible(struct session *ss, uint64_t id, const struct msg_generate *g, bool chat)
@@ -626,6 +659,17 @@ static void session_gen_submit(struct session *ss, uint64_t id, const struct msg
 	struct hearth_error e;
 	struct grammar_matcher *gm = NULL;
 	char trigger[SCHED_TRIGGER_MAX];
+	if (g->max_tokens == 0) {
+		/* Nothing to generate (doc/protocol.md): the prompt was checked, no token is made. */
+		struct msg d;
+		msg_init(&d, MSG_DONE, id);
+		d.u.done.finish = MSG_FINISH_LENGTH;
+		d.u.done.n_prompt = n_prompt;
+		if (chat)
+			serve_chat_finish(chat, id, session_send_cb, ss, &d.u.done);
+		session_send(ss, &d);
+		goto refuse; /* frees what it was given */
+	}
 	uint64_t cost = (uint64_t)n_prompt + g->max_tokens;
 	if (session_grammar(ss, g, chat, &gm, trigger, &e) < 0) {
 		session_send_error(ss, id, MSG_ERR_BAD_FIELD, false, "%s", e.msg);
@@ -747,9 +791,11 @@ static void session_on_cancel(struct session *ss, const struct msg *m)
 	struct msg d;
 	msg_init(&d, MSG_DONE, m->id);
 	d.u.done.finish = MSG_FINISH_OK;
-	if (!session_find_req(ss, target)) {
+	struct serve_req *req = session_find_req(ss, target);
+	if (!req || req->cancel_posted) {
 		/* Idempotent (doc/protocol.md): the request may have finished while the cancel
-		 * was on its way. */
+		 * was on its way, and a repeated cancel adds nothing, so it costs the daemon-wide
+		 * queue nothing either. */
 		session_send(ss, &d);
 		return;
 	}
@@ -766,6 +812,7 @@ static void session_on_cancel(struct session *ss, const struct msg *m)
 		return;
 	}
 	ss->n_inflight++;
+	req->cancel_posted = true;
 	session_send(ss, &d);
 }
 
@@ -788,6 +835,18 @@ static void session_on_tokenize(struct session *ss, const struct msg *m)
 			return;
 		}
 		text = bulk;
+	}
+	if (len > SESSION_TOKENIZE_INLINE) {
+		/* Long texts take the tokenizer milliseconds to seconds: off the loop thread. */
+		char *copy = bulk ? bulk : malloc(len ? len : 1);
+		if (!copy) {
+			session_send_error(ss, m->id, MSG_ERR_INTERNAL, false, "out of memory");
+			return;
+		}
+		if (!bulk)
+			memcpy(copy, text, len);
+		offload_tokenize(ss, m->id, copy, len, t->add_bos, t->special);
+		return;
 	}
 	size_t cap = len + 8, n = 0;
 	if (cap > MSG_ARRAY_MAX)
@@ -889,12 +948,27 @@ static void session_on_stats(struct session *ss, const struct msg *m)
 
 /* Counts every byte the daemon holds (ledger_collect: the arena region by region, client
  * rings, code, the rest of the heap) and answers with it. It reads /proc and calls
- * mincore: tens of milliseconds, on the loop thread, for an operator's command. */
+ * mincore: milliseconds on the loop thread, so a collection is reused for a second while
+ * the set of rings and the model are unchanged (ledger_last). */
 static void session_on_ledger(struct session *ss, const struct msg *m)
 {
 	struct server *srv = ss->srv;
-	struct ledger *l = malloc(sizeof *l);
+	uint64_t key = 0x9e3779b97f4a7c15ull * (uint64_t)(uintptr_t)(srv->state == SERVE_READY ? srv->model.arena : NULL);
+	for (struct session *o = srv->sessions; o; o = o->next)
+		if (o->ring_open)
+			key = (key ^ (uint64_t)(uintptr_t)o->ring.map) * 0x100000001b3ull;
+	uint64_t now = hearth_now_ns();
 	struct msg_ledger_entry *ents = malloc(LEDGER_MAX_ENTRIES * sizeof *ents);
+	if (ents && srv->ledger_last && srv->ledger_last_key == key &&
+	    now - srv->ledger_last_ns < SESSION_LEDGER_REUSE_NS) {
+		struct msg r;
+		msg_init(&r, MSG_LEDGER_REPLY, m->id);
+		ledger_to_reply(srv->ledger_last, ents, LEDGER_MAX_ENTRIES, &r.u.ledger);
+		session_send(ss, &r);
+		free(ents);
+		return;
+	}
+	struct ledger *l = malloc(sizeof *l);
 	if (!l || !ents) {
 		free(l);
 		free(ents);
@@ -921,6 +995,11 @@ static void session_on_ledger(struct session *ss, const struct msg *m)
 		msg_init(&r, MSG_LEDGER_REPLY, m->id);
 		ledger_to_reply(l, ents, LEDGER_MAX_ENTRIES, &r.u.ledger);
 		session_send(ss, &r);
+		free(srv->ledger_last);
+		srv->ledger_last = l;
+		srv->ledger_last_ns = now;
+		srv->ledger_last_key = key;
+		l = NULL;
 	}
 	free(l);
 	free(ents);
@@ -974,6 +1053,8 @@ static void session_dispatch(struct session *ss, const struct msg *m)
 
 /* ---- reading ---- */
 
+static void session_take_frames(struct session *ss);
+
 static void session_on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
 	struct session *ss = (struct session *)h;
@@ -999,12 +1080,28 @@ static void session_on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
 		session_close(ss);
 		return;
 	}
-	for (;;) {
+	session_take_frames(ss);
+}
+
+void session_resume_reading(struct session *ss)
+{
+	session_drain_socket_tokens(ss);
+	session_take_frames(ss);
+	if (!ss->closing && !ss->lim.paused)
+		uv_read_start((uv_stream_t *)&ss->pipe, session_on_alloc, session_on_read);
+}
+
+/* Answers the frames buffered so far; stops early while the peer's unread replies are over
+ * their bound (the rest wait in the reader until session_resume_reading). */
+static void session_take_frames(struct session *ss)
+{
+	struct hearth_error e;
+	while (!ss->closing && !ss->lim.paused) {
 		const uint8_t *payload;
 		size_t len;
 		int rc = frame_reader_next(&ss->reader, &payload, &len, &e);
 		if (rc == FRAME_NEED_MORE)
-			return;
+			break;
 		if (rc == FRAME_OVERSIZED) {
 			session_send_error(ss, 0, MSG_ERR_TOO_LARGE, false, "%s", e.msg);
 			continue;
@@ -1022,9 +1119,9 @@ static void session_on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
 		}
 		session_dispatch(ss, &m);
 		msg_free(&m);
-		if (ss->closing)
-			return;
 	}
+	if (!ss->closing)
+		limits_after_read(ss);
 }
 
 /* ---- the compute thread's side ---- */
@@ -1167,7 +1264,8 @@ void session_accept(struct server *srv)
 	ss->client.sink = ss;
 	ss->client.emit = session_emit;
 	struct hearth_error e;
-	if (frame_reader_init(&ss->reader, 0, &e) < 0) {
+	ss->lim.since_ns = hearth_now_ns();
+	if (frame_reader_init(&ss->reader, LIMITS_HELLO_FRAME_MAX, &e) < 0) {
 		log_error(srv->log, "new client: %s", e.msg);
 		session_close(ss);
 		return;
@@ -1183,6 +1281,12 @@ void session_accept(struct server *srv)
 	}
 	if (srv->stopping) {
 		session_send_error(ss, 0, MSG_ERR_SHUTTING_DOWN, true, "the daemon is shutting down");
+		session_close(ss);
+		return;
+	}
+	if (limits_admit(srv, ss, &e) < 0) {
+		log_warning(srv->log, "refused a connection: %s", e.msg);
+		session_send_error(ss, 0, MSG_ERR_BUSY, true, "%s", e.msg);
 		session_close(ss);
 		return;
 	}

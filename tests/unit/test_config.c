@@ -426,6 +426,8 @@ static void test_config_format_reads_back_every_key(void **state)
 		{ "socket_mode", "666" }, { "allow_users", "0,4242,nobody" },
 		{ "allow_groups", "nogroup,777" }, { "max_requests_per_client", "2" },
 		{ "max_queued_tokens_per_client", "123" }, { "max_requests_per_uid", "9" },
+		{ "max_clients", "17" }, { "max_clients_per_uid", "5" }, { "client_timeout", "3s" },
+		{ "client_send_queue", "640KiB" },
 		{ "log_level", "warning" }, { "shutdown_grace", "90" }, { "model_swap", "drain" },
 	};
 	size_t n = sizeof settings / sizeof settings[0];
