@@ -516,7 +516,7 @@ static void test_config_defaults_come_from_the_table(void **state)
 			fail_msg("%s prints as '%s' but its default is '%s'", key, text, def);
 		n_with_default++;
 	}
-	assert_int_equal(n_with_default, 20);
+	assert_int_equal(n_with_default, 24);
 	assert_null(config_key_default("model"));
 	assert_null(config_key_default("no_such_key"));
 	assert_string_equal(config_key_default("kv_budget"), "256MiB");
@@ -652,6 +652,10 @@ static void test_config_reload_difference_follows_the_column(void **state)
 		{ "max_requests_per_client", "2", CONFIG_RELOAD_LIVE },
 		{ "max_queued_tokens_per_client", "100", CONFIG_RELOAD_LIVE },
 		{ "max_requests_per_uid", "2", CONFIG_RELOAD_LIVE },
+		{ "max_clients", "9", CONFIG_RELOAD_LIVE },
+		{ "max_clients_per_uid", "3", CONFIG_RELOAD_LIVE },
+		{ "client_timeout", "2s", CONFIG_RELOAD_LIVE },
+		{ "client_send_queue", "1MiB", CONFIG_RELOAD_LIVE },
 		{ "log_level", "debug", CONFIG_RELOAD_LIVE },
 		{ "shutdown_grace", "1s", CONFIG_RELOAD_LIVE },
 		{ "model_swap", "drain", CONFIG_RELOAD_LIVE },
