@@ -14,7 +14,6 @@
 #include "daemon/engine/arena.h"
 #include "daemon/engine/memstat.h"
 #include "protocol/error.h"
-#include "protocol/msg.h"
 
 enum ledger_group {
 	LEDGER_WEIGHTS,      /* packed weights, one entry per type (regions "weights.<type>") */
@@ -108,17 +107,6 @@ int ledger_collect(struct ledger *l, const struct arena *arena, const struct led
 size_t ledger_format_table(const struct ledger *l, char *buf, size_t size);
 size_t ledger_format_json(const struct ledger *l, char *buf, size_t size);
 
-/* The ledger as the wire's `ledger_reply` (protocol/msg.h), for `hearth ledger`: one entry
- * per ledger line with its resident bytes, in ledger order, named as in the table (arena
- * regions by region name: "weights.q4g128", "embed_head", "kv_pool", ...; then "code and
- * libraries", "other heap/stacks"); lines that neither reserve nor hold anything are left
- * out. entries (cap of them; LEDGER_MAX_ENTRIES always suffice, and fit MSG_LEDGER_MAX)
- * is the caller's array, names point into l: keep both alive until the reply is encoded.
- * out->total is the sum of the entries sent (l->total_resident when none is cut), out->peak
- * the most the process has held: VmHWM (reset when the load sampler started) plus hugetlb
- * pages, never below total. */
-void ledger_to_reply(const struct ledger *l, struct msg_ledger_entry *entries, size_t cap,
-		     struct msg_ledger_reply *out);
 
 /* Samples RssAnon every interval_ms (10 for loading) on its own thread, from an fd opened
  * once: no allocation per sample. Start before mapping the model, stop after the load

@@ -463,8 +463,14 @@ static int mq4_seq_open(void *impl, const int32_t *prompt, uint32_t n_prompt, ui
 	*out = NULL;
 	*n_cached = 0;
 	int rc = kv_seq_new(&m->kv, &ks, err);
+	if (rc == HEARTH_EBUSY) {
+		/* No sequence slot is a full KV to the scheduler; kv's message says which limit. */
+		if (err)
+			err->code = HEARTH_EKVFULL;
+		return HEARTH_EKVFULL;
+	}
 	if (rc < 0)
-		return rc == HEARTH_EBUSY ? hearth_error_set(err, HEARTH_EKVFULL, "%s", err->msg) : rc;
+		return rc;
 	int matched = kv_seq_match_prefix(&m->kv, ks, prompt, n_prompt, err);
 	if (matched < 0) {
 		kv_seq_free(&m->kv, ks);

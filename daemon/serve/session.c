@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "daemon/serve/chat.h"
+#include "daemon/serve/ledger_reply.h"
 #include "daemon/serve/serve.h"
 #include "daemon/engine/tokenizer.h"
 #include "daemon/serve/offload.h"

@@ -25,8 +25,10 @@ check() { # check DESCRIPTION PATTERN DIR...: no file under DIRs includes PATTER
 	fi
 }
 
-echo "1..7"
+echo "1..8"
 check "daemon/engine includes no serving header" '#include "daemon/(serve|tools)/' daemon/engine
+check "daemon/engine knows no wire types (frames, messages, rings)" \
+	'#include "protocol/(msg|msg_fields|frame|ring|fdpass)\.h"' daemon/engine
 allow='#include "protocol/error\.h"'
 check "kernels/ include nothing of daemon/ or client/, and of protocol/ only error.h" \
 	'#include "(daemon|client|protocol)/' kernels

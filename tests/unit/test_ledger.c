@@ -19,6 +19,7 @@
 
 #include "daemon/engine/arena.h"
 #include "daemon/engine/ledger.h"
+#include "daemon/serve/ledger_reply.h"
 #include "daemon/engine/memstat.h"
 #include "protocol/msg.h"
 
