@@ -478,6 +478,23 @@ int kv_seq_commit_block(struct kv_cache *kv, struct kv_seq *seq, uint32_t i,
 	return 0;
 }
 
+int kv_seq_commit_filled(struct kv_cache *kv, struct kv_seq *seq, const int32_t *tokens,
+			 uint32_t n_filled, struct hearth_error *err)
+{
+	uint32_t bt = kv->block_tokens;
+	if (n_filled > seq->n_tokens)
+		return hearth_error_set(err, HEARTH_EINVAL,
+					"kv: %u positions of sequence %u filled; %u are reserved",
+					n_filled, seq->id, seq->n_tokens);
+	while ((uint64_t)(seq->n_committed + 1) * bt <= n_filled) {
+		uint32_t i = seq->n_committed;
+		int rc = kv_seq_commit_block(kv, seq, i, tokens + (size_t)i * bt, err);
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}
+
 void kv_seq_free(struct kv_cache *kv, struct kv_seq *seq)
 {
 	if (!seq->live)

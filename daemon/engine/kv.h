@@ -152,6 +152,21 @@ void kv_seq_free(struct kv_cache *kv, struct kv_seq *seq);
 
 uint32_t kv_block_refcount(const struct kv_cache *kv, uint32_t block);
 
+/* Publishes every full block of tokens[0..n_filled) not yet committed, in order: the
+ * positions [0, n_filled) hold K/V and tokens are their ids. Same contract per block as
+ * kv_seq_commit_block; n_filled must lie within the reservation. */
+int kv_seq_commit_filled(struct kv_cache *kv, struct kv_seq *seq, const int32_t *tokens,
+			 uint32_t n_filled, struct hearth_error *err);
+
+/* Read-only facts about a sequence and the cache, so callers never read the structs'
+ * fields: the slot index (< max_seqs, stable while the sequence lives), the positions
+ * reserved, the leading blocks committed, the tokens per block and the element type. */
+static inline uint32_t kv_seq_slot(const struct kv_seq *seq) { return seq->id; }
+static inline uint32_t kv_seq_reserved(const struct kv_seq *seq) { return seq->n_tokens; }
+static inline uint32_t kv_seq_committed(const struct kv_seq *seq) { return seq->n_committed; }
+static inline uint32_t kv_block_tokens(const struct kv_cache *kv) { return kv->block_tokens; }
+static inline enum qtype kv_elem_type(const struct kv_cache *kv) { return kv->elem_type; }
+
 struct kv_stats {
 	size_t budget_bytes;
 	size_t pool_bytes;

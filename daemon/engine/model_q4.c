@@ -377,10 +377,10 @@ int model_q4_forward(struct model_q4 *m, const struct engine_span *spans, size_t
 		if (T + sp->n > m->step_tokens)
 			return hearth_error_set(err, HEARTH_ERANGE, "a step of more than %u tokens",
 						m->step_tokens);
-		if (s->n_past + sp->n > s->kv->n_tokens)
+		if (s->n_past + sp->n > kv_seq_reserved(s->kv))
 			return hearth_error_set(err, HEARTH_EKVFULL,
 						"sequence would hold %u positions; %u are reserved",
-						s->n_past + sp->n, s->kv->n_tokens);
+						s->n_past + sp->n, kv_seq_reserved(s->kv));
 		for (uint32_t j = 0; j < sp->n; j++) {
 			int32_t tok = sp->tokens[j];
 			if (tok < 0 || (uint32_t)tok >= m->hp.n_vocab)
@@ -408,8 +408,8 @@ int model_q4_forward(struct model_q4 *m, const struct engine_span *spans, size_t
 		.acts_mem32 = m->acts_mem,
 		.acts_mem128 = (uint8_t *)m->acts_mem + m->acts_bytes,
 		.row_per_seq = row_per_seq,
-		.kv_type = m->kv.elem_type == QTYPE_BF16    ? VEC_KV_BF16
-			   : m->kv.elem_type == QTYPE_KV_Q8 ? VEC_KV_Q8
+		.kv_type = kv_elem_type(&m->kv) == QTYPE_BF16    ? VEC_KV_BF16
+			   : kv_elem_type(&m->kv) == QTYPE_KV_Q8 ? VEC_KV_Q8
 							    : VEC_KV_F16,
 	};
 	pool_run(m->pool, step_run, &st);
@@ -425,13 +425,9 @@ int model_q4_forward(struct model_q4 *m, const struct engine_span *spans, size_t
 		if (sp->logits)
 			memcpy(sp->logits, m->logits + (size_t)lrow++ * m->hp.n_vocab,
 			       (size_t)m->hp.n_vocab * sizeof(float));
-		uint32_t bt = m->kv.block_tokens;
-		while ((s->kv->n_committed + 1) * bt <= s->n_past) {
-			uint32_t bi = s->kv->n_committed;
-			int rc = kv_seq_commit_block(&m->kv, s->kv, bi, s->tokens + (size_t)bi * bt, err);
-			if (rc < 0)
-				return rc;
-		}
+		int rc = kv_seq_commit_filled(&m->kv, s->kv, s->tokens, s->n_past, err);
+		if (rc < 0)
+			return rc;
 	}
 	return 0;
 }
@@ -462,9 +458,10 @@ static int mq4_seq_open(void *impl, const int32_t *prompt, uint32_t n_prompt, ui
 	struct kv_seq *ks;
 	*out = NULL;
 	*n_cached = 0;
+	/* All sequence slots live is, to a client, the KV budget being full: the message
+	 * kv_seq_new wrote stays, only the code changes. err may be NULL. */
 	int rc = kv_seq_new(&m->kv, &ks, err);
 	if (rc == HEARTH_EBUSY) {
-		/* No sequence slot is a full KV to the scheduler; kv's message says which limit. */
 		if (err)
 			err->code = HEARTH_EKVFULL;
 		return HEARTH_EKVFULL;
@@ -481,7 +478,7 @@ static int mq4_seq_open(void *impl, const int32_t *prompt, uint32_t n_prompt, ui
 		kv_seq_free(&m->kv, ks);
 		return rc;
 	}
-	struct engine_seq *s = &m->seqs[ks->id];
+	struct engine_seq *s = &m->seqs[kv_seq_slot(ks)];
 	s->kv = ks;
 	s->used = true;
 	s->n_past = (uint32_t)matched;

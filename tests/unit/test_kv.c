@@ -555,6 +555,39 @@ static void test_kv_commit_checks_order_and_fullness(void **state)
 	kv_seq_free(kv, a);
 }
 
+static void test_kv_commit_filled_publishes_only_full_blocks(void **state)
+{
+	struct fixture *f = *state;
+	struct kv_cache *kv = &f->kv;
+	struct hearth_error err;
+	int32_t t[10] = { 9, 8, 7, 6, 5, 4, 3, 2, 1, 0 };
+	struct kv_seq *a, *b;
+	assert_int_equal(kv_block_tokens(kv), BT);
+	assert_int_equal(kv_elem_type(kv), QTYPE_F16);
+	assert_int_equal(kv_seq_new(kv, &a, &err), 0);
+	assert_int_equal(kv_seq_reserve(kv, a, 10, &err), 0);
+	assert_int_equal(kv_seq_reserved(a), 10);
+	write_positions(kv, a, t, 0, 10);
+	/* 9 filled positions: blocks 0 and 1 are full, block 2 holds one token */
+	assert_int_equal(kv_seq_commit_filled(kv, a, t, 9, &err), 0);
+	assert_int_equal(kv_seq_committed(a), 2);
+	/* again with the same count: nothing new to publish */
+	assert_int_equal(kv_seq_commit_filled(kv, a, t, 9, &err), 0);
+	assert_int_equal(kv_seq_committed(a), 2);
+	assert_int_equal(kv_seq_commit_filled(kv, a, t, 11, &err), HEARTH_EINVAL);
+	assert_non_null(strstr(err.msg, "reserved"));
+	assert_int_equal(kv_seq_committed(a), 2);
+
+	/* a later sequence with the same prompt finds both published blocks */
+	assert_int_equal(kv_seq_new(kv, &b, &err), 0);
+	assert_true(kv_seq_slot(a) != kv_seq_slot(b));
+	assert_true(kv_seq_slot(a) < 4 && kv_seq_slot(b) < 4);
+	assert_int_equal(kv_seq_match_prefix(kv, b, t, 10, &err), 2 * BT);
+	assert_true(positions_hold(kv, b, t, 0, 2 * BT));
+	kv_seq_free(kv, a);
+	kv_seq_free(kv, b);
+}
+
 static void test_kv_commit_of_a_block_computed_twice_keeps_one(void **state)
 {
 	struct fixture *f = *state;
@@ -715,6 +748,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_kv_prefix_match_follows_the_whole_chain, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_kv_commit_checks_order_and_fullness, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_kv_commit_filled_publishes_only_full_blocks, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_kv_commit_of_a_block_computed_twice_keeps_one, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_kv_cached_blocks_are_reused_last, setup, teardown),
