@@ -524,6 +524,21 @@ static void mq4_thread_init(void *impl)
 	pthread_setaffinity_np(pthread_self(), sizeof set, &set);
 }
 
+void model_q4_facts(const struct model_q4 *m, struct model_q4_facts *out)
+{
+	uint32_t carried = 0;
+	for (uint32_t i = 0; i < m->n_notes; i++)
+		carried += m->notes[i].carried;
+	*out = (struct model_q4_facts){
+		.arch = m->arch_name, .name = m->name, .quant = m->quant_name, .n_params = m->n_params,
+		.max_context = m->max_context, .n_ctx_train = m->hp.n_ctx_train, .n_vocab = m->hp.n_vocab,
+		.n_layer = m->n_layer, .n_embd = m->hp.n_embd, .arena = &m->arena, .arena_bytes = m->arena.size,
+		.arena_backing = arena_backing_name(m->arena.backing), .arena_note = m->arena.note,
+		.n_matrices = m->n_notes, .n_carried = carried, .kernels = m->kern->name,
+		.n_threads = m->n_threads,
+	};
+}
+
 void model_q4_engine(struct model_q4 *m, struct engine *out)
 {
 	struct kv_stats st;

@@ -108,6 +108,21 @@ int model_q4_prepare(struct model_q4 *m, struct hearth_error *err);
  * cache needs each full block's ids). */
 void model_q4_engine(struct model_q4 *m, struct engine *out);
 
+/* What the service reports about a loaded model (its log lines, the welcome, the ledger),
+ * read through one call instead of the struct's fields. Strings point into m. */
+struct model_q4_facts {
+	const char *arch, *name, *quant;
+	uint64_t n_params;
+	uint32_t max_context, n_ctx_train, n_vocab, n_layer, n_embd;
+	const struct arena *arena;
+	size_t arena_bytes;
+	const char *arena_backing, *arena_note;
+	uint32_t n_matrices, n_carried;  /* matrices repacked; of them, carried without re-rounding */
+	const char *kernels;
+	size_t n_threads;
+};
+void model_q4_facts(const struct model_q4 *m, struct model_q4_facts *out);
+
 /* Runs spans (several sequences, prefill chunks and decode tokens) as one batched step.
  * Total tokens must not exceed step_tokens. */
 int model_q4_forward(struct model_q4 *m, const struct engine_span *spans, size_t n_spans,

@@ -130,13 +130,11 @@ static void *loader_main(void *arg)
 		return NULL;
 	}
 	struct model_q4 *m = ld->model;
-	log_notice(ld->log, "arena: %zu bytes, %s pages; %s", m->arena.size,
-		   arena_backing_name(m->arena.backing), m->arena.note);
-	uint32_t carried = 0;
-	for (uint32_t i = 0; i < m->n_notes; i++)
-		carried += m->notes[i].carried;
+	struct model_q4_facts f;
+	model_q4_facts(m, &f);
+	log_notice(ld->log, "arena: %zu bytes, %s pages; %s", f.arena_bytes, f.arena_backing, f.arena_note);
 	log_notice(ld->log, "weights: %s, %u of %u matrices carried over without re-rounding; kernels %s, %zu threads",
-		   m->quant_name, carried, m->n_notes, m->kern->name, m->n_threads);
+		   f.quant, f.n_carried, f.n_matrices, f.kernels, f.n_threads);
 
 	server_progress(ld->srv, "warming up", 0, 1);
 	model_q4_engine(m, &ld->sm.eng);
@@ -162,7 +160,7 @@ static void *loader_main(void *arg)
 	ld->sm.grammars = ld->grammars;
 	ld->sm.tok = ld->tok;
 	ld->sm.sched = &ld->sched;
-	ld->sm.arena = &m->arena;
+	ld->sm.arena = f.arena;
 	ld->sm.load = &ld->load_record;
 	if (ld->load_record.valid)
 		log_notice(ld->log, "load: RssAnon peak %zu MiB, settled %zu MiB, transient %zu MiB",
@@ -171,15 +169,15 @@ static void *loader_main(void *arg)
 	ld->sm.release = loader_release;
 	ld->sm.owner = ld;
 	ld->sm.info = (struct msg_model_info){
-		.arch = { m->arch_name, strlen(m->arch_name) },
-		.name = { m->name, strlen(m->name) },
-		.quant = { m->quant_name, strlen(m->quant_name) },
-		.n_params = m->n_params,
-		.n_ctx = m->max_context,
-		.n_ctx_train = m->hp.n_ctx_train,
-		.n_vocab = m->hp.n_vocab,
-		.n_layer = m->n_layer,
-		.n_embd = m->hp.n_embd,
+		.arch = { f.arch, strlen(f.arch) },
+		.name = { f.name, strlen(f.name) },
+		.quant = { f.quant, strlen(f.quant) },
+		.n_params = f.n_params,
+		.n_ctx = f.max_context,
+		.n_ctx_train = f.n_ctx_train,
+		.n_vocab = f.n_vocab,
+		.n_layer = f.n_layer,
+		.n_embd = f.n_embd,
 		.chat_template = { ld->chat.origin, strlen(ld->chat.origin) },
 	};
 	/* From here the server owns ld (through sm.release). */

@@ -113,6 +113,7 @@ struct server {
 	struct sched *old_sched;   /* retiring after a swap: drains, then goes */
 	struct server_model old_model;
 
+	/* private: server.c's list (server_session_link/unlink/walk) */
 	struct session *sessions;
 	uint32_t n_sessions;
 	bool stopping;
@@ -146,7 +147,29 @@ void session_unhold(struct session *ss);
 /* Takes the frames left buffered while paused, then reads from the peer again. */
 void session_resume_reading(struct session *ss);
 
-/* server.c */
+/* server.c: what sessions may know of the server, through these and never its fields. */
+
+/* The model in service (a const view: tokenizer, engine, templates, grammars, facts), or
+ * NULL while none is ready. */
+const struct server_model *server_model_view(const struct server *s);
+
+/* Where a load stands, read under the loader's lock: state, phase and progress, and the
+ * reason when it failed. */
+struct server_loading {
+	enum serve_state state;
+	char phase[64];
+	uint64_t done, total;
+	char error[HEARTH_ERROR_MSG_MAX];
+};
+void server_loading_snapshot(struct server *s, struct server_loading *out);
+
+/* The server owns the list of sessions: a new one is linked, a closing one unlinked, and
+ * a walk visits each in turn (fn must not link or unlink). */
+void server_session_link(struct server *s, struct session *ss);
+void server_session_unlink(struct server *s, struct session *ss);
+void server_sessions_walk(struct server *s, void (*fn)(struct session *ss, void *ctx), void *ctx);
+uint32_t server_n_sessions(const struct server *s);
+
 /* sched_msg_send to the current scheduler: 0, or m is freed and HEARTH_ENOMEM/EBUSY. */
 int serve_post(struct server *srv, struct sched_msg *m);
 /* Posts a CLIENT_GONE for ss to every live scheduler (the current and a retiring one);

@@ -19,6 +19,59 @@
 #include "protocol/assert.h"
 #include "protocol/clock.h"
 
+const struct server_model *server_model_view(const struct server *s)
+{
+	return s->state == SERVE_READY || s->have_model ? &s->model : NULL;
+}
+
+void server_loading_snapshot(struct server *s, struct server_loading *out)
+{
+	pthread_mutex_lock(&s->mu);
+	out->state = s->state;
+	memcpy(out->phase, s->phase, sizeof out->phase);
+	out->phase[sizeof out->phase - 1] = 0;
+	out->done = s->load_done;
+	out->total = s->load_total;
+	snprintf(out->error, sizeof out->error, "%s", s->exit_err.msg);
+	pthread_mutex_unlock(&s->mu);
+}
+
+void server_session_link(struct server *s, struct session *ss)
+{
+	ss->prev = NULL;
+	ss->next = s->sessions;
+	if (s->sessions)
+		s->sessions->prev = ss;
+	s->sessions = ss;
+	s->n_sessions++;
+}
+
+void server_session_unlink(struct server *s, struct session *ss)
+{
+	if (ss->prev)
+		ss->prev->next = ss->next;
+	else
+		s->sessions = ss->next;
+	if (ss->next)
+		ss->next->prev = ss->prev;
+	ss->next = ss->prev = NULL;
+	hearth_assert(s->n_sessions > 0);
+	s->n_sessions--;
+}
+
+void server_sessions_walk(struct server *s, void (*fn)(struct session *ss, void *ctx), void *ctx)
+{
+	for (struct session *ss = s->sessions, *next; ss; ss = next) {
+		next = ss->next;
+		fn(ss, ctx);
+	}
+}
+
+uint32_t server_n_sessions(const struct server *s)
+{
+	return s->n_sessions;
+}
+
 int serve_post(struct server *srv, struct sched_msg *m)
 {
 	return sched_msg_send(srv->sched, m);

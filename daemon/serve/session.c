@@ -183,7 +183,7 @@ static void session_welcome(struct session *ss)
 	ss->hello_pending = false;
 	if (ss->want_ring && !ss->ring_open) {
 		if (ring_create(&ss->ring, SESSION_RING_D2C + (uint64_t)SESSION_RING_LOGIT_ROWS *
-						   srv->model.eng.n_vocab * sizeof(float),
+						   server_model_view(srv)->eng.n_vocab * sizeof(float),
 				SESSION_RING_C2D, &e) < 0) {
 			log_error(srv->log, "client %s: cannot make its ring: %s", ss->name, e.msg);
 			session_send_error(ss, ss->hello_id, MSG_ERR_INTERNAL, true,
@@ -198,7 +198,7 @@ static void session_welcome(struct session *ss)
 	m.u.welcome.proto_major = MSG_PROTO_MAJOR;
 	m.u.welcome.proto_minor = MSG_PROTO_MINOR;
 	m.u.welcome.daemon = (struct msg_bytes){ PACKAGE_VERSION, strlen(PACKAGE_VERSION) };
-	m.u.welcome.model = srv->model.info;
+	m.u.welcome.model = server_model_view(srv)->info;
 	m.u.welcome.max_frame = FRAME_MAX_DEFAULT;
 	m.u.welcome.ring = ss->ring_open;
 	m.u.welcome.ring_d2c = ss->ring_open ? ss->ring.tx.cap : 0;
@@ -279,22 +279,18 @@ static void session_on_hello(struct session *ss, const struct msg *m)
 	ss->reader.max_payload = FRAME_MAX_DEFAULT; /* LIMITS_HELLO_FRAME_MAX until now */
 	log_info(ss->srv->log, "client %s connected (uid %u, pid %d)", ss->name,
 		 (unsigned)ss->cred.uid, (int)ss->cred.pid);
-	switch (ss->srv->state) {
+	struct server_loading ld;
+	server_loading_snapshot(ss->srv, &ld);
+	switch (ld.state) {
 	case SERVE_LOADING:
 		ss->hello_pending = true;
-		pthread_mutex_lock(&ss->srv->mu);
-		char phase[64];
-		memcpy(phase, ss->srv->phase, sizeof phase);
-		uint64_t done = ss->srv->load_done, total = ss->srv->load_total;
-		pthread_mutex_unlock(&ss->srv->mu);
-		session_send_loading(ss, phase[0] ? phase : "loading", done, total);
+		session_send_loading(ss, ld.phase[0] ? ld.phase : "loading", ld.done, ld.total);
 		break;
 	case SERVE_READY:
 		session_welcome(ss);
 		break;
 	case SERVE_FAILED:
-		session_send_error(ss, m->id, MSG_ERR_INTERNAL, true, "the model failed to load: %s",
-				   ss->srv->exit_err.msg);
+		session_send_error(ss, m->id, MSG_ERR_INTERNAL, true, "the model failed to load: %s", ld.error);
 		break;
 	}
 }
@@ -378,9 +374,9 @@ static bool session_emit(void *sink, const struct sched_token *t);
 static int session_prompt_tokens(struct session *ss, const struct msg_generate *g, int32_t **out,
 				 uint32_t *n_out, enum msg_errcode *code, struct hearth_error *e)
 {
-	const struct tok *tok = ss->srv->model.tok;
-	uint32_t n_vocab = ss->srv->model.eng.n_vocab;
-	uint32_t max_ctx = ss->srv->model.eng.max_context;
+	const struct tok *tok = server_model_view(ss->srv)->tok;
+	uint32_t n_vocab = server_model_view(ss->srv)->eng.n_vocab;
+	uint32_t max_ctx = server_model_view(ss->srv)->eng.max_context;
 	*code = MSG_ERR_BAD_FIELD;
 	const char *text = NULL;
 	size_t text_len = 0;
@@ -639,10 +635,10 @@ static int session_grammar(struct session *ss, const struct msg_generate *g, con
 	}
 	if (!text)
 		return 0;
-	if (!ss->srv->model.grammars)
+	if (!server_model_view(ss->srv)->grammars)
 		return hearth_error_set(e, HEARTH_EUNSUPPORTED, "this model has no grammar index");
 	struct grammar_index *ix;
-	int rc = grammar_cache_get(ss->srv->model.grammars, kind, text, len, &ix, e);
+	int rc = grammar_cache_get(server_model_view(ss->srv)->grammars, kind, text, len, &ix, e);
 	if (rc < 0)
 		return rc;
 	rc = grammar_matcher_new(out, ix, e);
@@ -778,7 +774,7 @@ static void session_on_chat(struct session *ss, const struct msg *m)
 	uint32_t n_prompt = 0;
 	enum msg_errcode code;
 	struct serve_chat *sc = NULL;
-	if (serve_chat_prepare(srv->model.chat, srv->model.tok, c, srv->model.eng.max_context, &prompt, &n_prompt, &sc,
+	if (serve_chat_prepare(server_model_view(srv)->chat, server_model_view(srv)->tok, c, server_model_view(srv)->eng.max_context, &prompt, &n_prompt, &sc,
 			       &code, &e) < 0) {
 		session_send_error(ss, m->id, code, false, "%s", e.msg);
 		return;
@@ -820,7 +816,7 @@ static void session_on_cancel(struct session *ss, const struct msg *m)
 static void session_on_tokenize(struct session *ss, const struct msg *m)
 {
 	const struct msg_tokenize *t = &m->u.tokenize;
-	const struct tok *tok = ss->srv->model.tok;
+	const struct tok *tok = server_model_view(ss->srv)->tok;
 	struct hearth_error e;
 	const char *text = t->text.ptr;
 	size_t len = t->text.len;
@@ -877,8 +873,8 @@ static void session_on_tokenize(struct session *ss, const struct msg *m)
 static void session_on_detokenize(struct session *ss, const struct msg *m)
 {
 	const struct msg_detokenize *d = &m->u.detokenize;
-	const struct tok *tok = ss->srv->model.tok;
-	uint32_t n_vocab = ss->srv->model.eng.n_vocab;
+	const struct tok *tok = server_model_view(ss->srv)->tok;
+	uint32_t n_vocab = server_model_view(ss->srv)->eng.n_vocab;
 	for (size_t i = 0; i < d->n_tokens; i++)
 		if (d->tokens[i] >= n_vocab) {
 			session_send_error(ss, m->id, MSG_ERR_BAD_TOKEN, false,
@@ -933,7 +929,7 @@ static void session_on_stats(struct session *ss, const struct msg *m)
 	msg_init(&r, MSG_STATS_REPLY, m->id);
 	struct msg_stats_reply *st = &r.u.stats;
 	st->uptime_ms = (hearth_now_ns() - srv->start_ns) / 1000000;
-	st->clients = srv->n_sessions;
+	st->clients = server_n_sessions(srv);
 	if (srv->sched) {
 		const struct sched_stats *ss_ = sched_stats(srv->sched);
 		st->running = atomic_load(&ss_->running);
@@ -947,6 +943,31 @@ static void session_on_stats(struct session *ss, const struct msg *m)
 	session_send(ss, &r);
 }
 
+/* The ledger's cache key: the model and every client ring, which a new reply must show. */
+static void ledger_key_of(struct session *o, void *ctx)
+{
+	uint64_t *key = ctx;
+	if (o->ring_open)
+		*key = (*key ^ (uint64_t)(uintptr_t)o->ring.map) * 0x100000001b3ull;
+}
+
+struct ring_ranges {
+	struct ledger_range *ranges;
+	char (*names)[LEDGER_NAME_MAX];
+	size_t n;
+};
+
+/* The rings of the first clients by name; any more are counted with shared memory. */
+static void ledger_ring_of(struct session *o, void *ctx)
+{
+	struct ring_ranges *rr = ctx;
+	if (!o->ring_open || rr->n >= LEDGER_MAX_RANGES)
+		return;
+	snprintf(rr->names[rr->n], sizeof rr->names[rr->n], "ring %.32s (pid %d)", o->name, (int)o->cred.pid);
+	rr->ranges[rr->n] = (struct ledger_range){ rr->names[rr->n], LEDGER_RINGS, o->ring.map, o->ring.map_size };
+	rr->n++;
+}
+
 /* Counts every byte the daemon holds (ledger_collect: the arena region by region, client
  * rings, code, the rest of the heap) and answers with it. It reads /proc and calls
  * mincore: milliseconds on the loop thread, so a collection is reused for a second while
@@ -954,10 +975,8 @@ static void session_on_stats(struct session *ss, const struct msg *m)
 static void session_on_ledger(struct session *ss, const struct msg *m)
 {
 	struct server *srv = ss->srv;
-	uint64_t key = 0x9e3779b97f4a7c15ull * (uint64_t)(uintptr_t)(srv->state == SERVE_READY ? srv->model.arena : NULL);
-	for (struct session *o = srv->sessions; o; o = o->next)
-		if (o->ring_open)
-			key = (key ^ (uint64_t)(uintptr_t)o->ring.map) * 0x100000001b3ull;
+	uint64_t key = 0x9e3779b97f4a7c15ull * (uint64_t)(uintptr_t)(server_model_view(srv) ? server_model_view(srv)->arena : NULL);
+	server_sessions_walk(srv, ledger_key_of, &key);
 	uint64_t now = hearth_now_ns();
 	struct msg_ledger_entry *ents = malloc(LEDGER_MAX_ENTRIES * sizeof *ents);
 	if (ents && srv->ledger_last && srv->ledger_last_key == key &&
@@ -980,16 +999,12 @@ static void session_on_ledger(struct session *ss, const struct msg *m)
 	struct ledger_range ranges[LEDGER_MAX_RANGES];
 	char names[LEDGER_MAX_RANGES][LEDGER_NAME_MAX];
 	size_t n = 0;
-	for (struct session *o = srv->sessions; o && n < LEDGER_MAX_RANGES; o = o->next) {
-		if (!o->ring_open)
-			continue;
-		snprintf(names[n], sizeof names[n], "ring %.32s (pid %d)", o->name, (int)o->cred.pid);
-		ranges[n] = (struct ledger_range){ names[n], LEDGER_RINGS, o->ring.map, o->ring.map_size };
-		n++;
-	}
+	struct ring_ranges rr = { ranges, names, 0 };
+	server_sessions_walk(srv, ledger_ring_of, &rr);
+	n = rr.n;
 	struct hearth_error e;
-	if (ledger_collect(l, srv->state == SERVE_READY ? srv->model.arena : NULL,
-			   ranges, n, srv->model.load, &e) < 0) {
+	const struct server_model *model = server_model_view(srv);
+	if (ledger_collect(l, model ? model->arena : NULL, ranges, n, model ? model->load : NULL, &e) < 0) {
 		session_send_error(ss, m->id, MSG_ERR_INTERNAL, false, "ledger: %s", e.msg);
 	} else {
 		struct msg r;
@@ -1009,7 +1024,9 @@ static void session_on_ledger(struct session *ss, const struct msg *m)
 static void session_dispatch(struct session *ss, const struct msg *m)
 {
 	if (m->type != MSG_HELLO && m->type != MSG_PING && m->type != MSG_STATS && !ss->welcomed) {
-		bool loading = ss->hello_pending || ss->srv->state == SERVE_LOADING;
+		struct server_loading ld;
+		server_loading_snapshot(ss->srv, &ld);
+		bool loading = ss->hello_pending || ld.state == SERVE_LOADING;
 		session_send_error(ss, m->id, loading ? MSG_ERR_LOADING : MSG_ERR_BAD_STATE, false,
 				   loading ? "the model is still loading" : "send hello first");
 		return;
@@ -1257,11 +1274,7 @@ void session_accept(struct server *srv)
 		uv_close((uv_handle_t *)&ss->pipe, (uv_close_cb)free);
 		return;
 	}
-	ss->next = srv->sessions;
-	if (srv->sessions)
-		srv->sessions->prev = ss;
-	srv->sessions = ss;
-	srv->n_sessions++;
+	server_session_link(srv, ss);
 	ss->client.sink = ss;
 	ss->client.emit = session_emit;
 	struct hearth_error e;
@@ -1336,13 +1349,7 @@ static void session_finalize(struct session *ss)
 	if (ss->handle_closed)
 		return;
 	ss->handle_closed = true;
-	if (ss->prev)
-		ss->prev->next = ss->next;
-	else
-		srv->sessions = ss->next;
-	if (ss->next)
-		ss->next->prev = ss->prev;
-	srv->n_sessions--;
+	server_session_unlink(srv, ss);
 	while (ss->reqs)
 		session_forget_req(ss, ss->reqs->id);
 	if (ss->welcomed)
