@@ -70,7 +70,13 @@ struct session {
 	uint8_t rbuf[64 * 1024];
 };
 
+/* The loop thread's state. Read-only for sessions (session.c, offload.c, limits.c): loop,
+ * wake and listener (their own handles hang off them), cfg, log, policy (its uid counts),
+ * stopping, start_ns and the ledger cache. Everything else is private to server.c: the
+ * model, the load's progress and the session list are reached through the functions
+ * declared below the struct. */
 struct server {
+	/* read-only for sessions */
 	uv_loop_t loop;
 	uv_pipe_t listener;
 	bool listener_open;
