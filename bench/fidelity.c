@@ -151,7 +151,7 @@ static int int4_logits(struct model_q4 *m, const int32_t *ids, uint32_t n, float
 	model_q4_engine(m, &eng);
 	struct engine_seq *s;
 	uint32_t cached;
-	int rc = eng.seq_open(eng.impl, ids, n, n, &s, &cached, err);
+	int rc = eng.seq_open(eng.impl, ids, n, n, 0, &s, &cached, err);
 	if (rc < 0)
 		return rc;
 	if (cached) {

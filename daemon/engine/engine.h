@@ -26,9 +26,10 @@ struct engine {
 	uint64_t kv_tokens;     /* tokens the whole KV budget holds */
 	/* Opens a sequence for a prompt and reserves KV for n_reserve tokens in all.
 	 * *n_cached is how many leading prompt tokens are already computed (a shared prefix).
-	 * HEARTH_EKVFULL when the budget cannot hold it now. */
+	 * HEARTH_EKVFULL when the budget cannot hold it now. share is the prefix-sharing
+	 * domain (kv_seq_set_share): a prefix is found only in the same domain. */
 	int (*seq_open)(void *impl, const int32_t *prompt, uint32_t n_prompt, uint32_t n_reserve,
-			struct engine_seq **out, uint32_t *n_cached, struct hearth_error *err);
+			uint64_t share, struct engine_seq **out, uint32_t *n_cached, struct hearth_error *err);
 	void (*seq_close)(void *impl, struct engine_seq *seq);
 	int (*forward)(void *impl, const struct engine_span *spans, size_t n_spans,
 		       struct hearth_error *err);
@@ -46,7 +47,7 @@ static inline int engine_warm_up(const struct engine *eng, int32_t tok, struct h
 {
 	struct engine_seq *s = NULL;
 	uint32_t cached;
-	int rc = eng->seq_open(eng->impl, &tok, 1, 1, &s, &cached, err);
+	int rc = eng->seq_open(eng->impl, &tok, 1, 1, 0, &s, &cached, err);
 	if (rc < 0)
 		return rc;
 	struct engine_span sp = { s, &tok, 1, NULL };

@@ -40,6 +40,18 @@ static uint64_t root_hash(const struct kv_cache *kv)
 	return mix64(kv->hash_key ^ 0x6a09e667f3bcc909ull);
 }
 
+/* A domain's chains start from their own root, so no block hash of one domain can equal
+ * one of another's. */
+static uint64_t seq_root_hash(const struct kv_cache *kv, const struct kv_seq *seq)
+{
+	return seq->share ? mix64(root_hash(kv) ^ mix64(seq->share ^ 0xbb67ae8584caa73bull)) : root_hash(kv);
+}
+
+void kv_seq_set_share(struct kv_seq *seq, uint64_t share)
+{
+	seq->share = share;
+}
+
 static bool elem_bytes_of(enum qtype t, size_t *out)
 {
 	switch (t) {
@@ -378,6 +390,7 @@ int kv_seq_new(struct kv_cache *kv, struct kv_seq **out, struct hearth_error *er
 	struct kv_seq *seq = &kv->seqs[kv->seq_free[--kv->n_seq_free]];
 	seq->live = true;
 	seq->n_tokens = seq->n_blocks = seq->n_committed = 0;
+	seq->share = 0;
 	*out = seq;
 	return 0;
 }
@@ -425,7 +438,7 @@ int kv_seq_match_prefix(struct kv_cache *kv, struct kv_seq *seq, const int32_t *
 	uint32_t max_full = (n - 1) / bt;
 	if (max_full > kv->geo.max_blocks_per_seq)
 		max_full = kv->geo.max_blocks_per_seq;
-	uint64_t h = root_hash(kv);
+	uint64_t h = seq_root_hash(kv, seq);
 	uint32_t parent = KV_NO_BLOCK;
 	uint32_t i = 0;
 	for (; i < max_full; i++) {
@@ -457,7 +470,7 @@ int kv_seq_commit_block(struct kv_cache *kv, struct kv_seq *seq, uint32_t i,
 		return hearth_error_set(err, HEARTH_EINVAL,
 					"kv: block %u of sequence %u is not full (%u tokens reserved)", i,
 					seq->id, seq->n_tokens);
-	uint64_t h = chain_hash(kv->hash_key, i ? seq->hashes[i - 1] : root_hash(kv), tokens, bt);
+	uint64_t h = chain_hash(kv->hash_key, i ? seq->hashes[i - 1] : seq_root_hash(kv, seq), tokens, bt);
 	uint32_t parent = i ? seq->blocks[i - 1] : KV_NO_BLOCK;
 	uint32_t own = seq->blocks[i];
 	uint32_t found = table_find(kv, h, tokens, parent);

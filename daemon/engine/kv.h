@@ -71,6 +71,7 @@ struct kv_seq {
 	uint32_t n_committed;         /* leading full blocks published to the prefix hash */
 	uint32_t *blocks;             /* max_blocks_per_seq entries, owned by the cache */
 	uint64_t *hashes;             /* chain hash of each committed block */
+	uint64_t share;               /* prefix-sharing domain: blocks match only within it */
 };
 
 struct kv_cache {
@@ -151,6 +152,11 @@ int kv_seq_commit_block(struct kv_cache *kv, struct kv_seq *seq, uint32_t i,
 void kv_seq_free(struct kv_cache *kv, struct kv_seq *seq);
 
 uint32_t kv_block_refcount(const struct kv_cache *kv, uint32_t block);
+
+/* Puts a new sequence (before kv_seq_match_prefix) in a prefix-sharing domain: its blocks
+ * are found only by sequences of the same domain, so whether a prompt is cached says
+ * nothing across domains (0, the default, is one domain for all). */
+void kv_seq_set_share(struct kv_seq *seq, uint64_t share);
 
 /* Publishes every full block of tokens[0..n_filled) not yet committed, in order: the
  * positions [0, n_filled) hold K/V and tokens are their ids. Same contract per block as

@@ -452,7 +452,7 @@ int model_q4_prepare(struct model_q4 *m, struct hearth_error *err)
 /* ---- the engine interface ---- */
 
 static int mq4_seq_open(void *impl, const int32_t *prompt, uint32_t n_prompt, uint32_t n_reserve,
-			struct engine_seq **out, uint32_t *n_cached, struct hearth_error *err)
+			uint64_t share, struct engine_seq **out, uint32_t *n_cached, struct hearth_error *err)
 {
 	struct model_q4 *m = impl;
 	struct kv_seq *ks;
@@ -468,6 +468,7 @@ static int mq4_seq_open(void *impl, const int32_t *prompt, uint32_t n_prompt, ui
 	}
 	if (rc < 0)
 		return rc;
+	kv_seq_set_share(ks, share);
 	int matched = kv_seq_match_prefix(&m->kv, ks, prompt, n_prompt, err);
 	if (matched < 0) {
 		kv_seq_free(&m->kv, ks);

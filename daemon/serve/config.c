@@ -58,6 +58,7 @@ static const char *const weights_words[] = { "w4a16", "w4a8", NULL };
 static const char *const weights_group_words[] = { "128", "32", NULL };
 static const char *const head_words[] = { "int4", "int8", NULL };
 static const char *const model_swap_words[] = { "auto", "beside", "drain", NULL };
+static const char *const prefix_share_words[] = { "uid", "group", "all", NULL };
 static const char *const kv_type_words[] = { "f16", "bf16", "f32", "q8", NULL };
 
 #define F(field) .offset = offsetof(struct hearth_config, field), \
@@ -120,6 +121,8 @@ static const struct key keys[] = {
 	  .reload = CONFIG_RELOAD_LIVE },
 	{ "model_swap", &kind_enum, F(model_swap), "auto", .words = model_swap_words,
 	  .reload = CONFIG_RELOAD_LIVE },
+	{ "prefix_share", &kind_enum, F(prefix_share), "uid", .words = prefix_share_words,
+	  .reload = CONFIG_RELOAD_LIVE },
 };
 
 #define N_KEYS (sizeof keys / sizeof keys[0])
@@ -127,6 +130,7 @@ static const struct key keys[] = {
 /* Enums are stored through an int, id lists through uint32_t. */
 _Static_assert(sizeof(enum config_kv_type) == sizeof(int) &&
 	       sizeof(enum config_model_swap) == sizeof(int) &&
+	       sizeof(enum config_prefix_share) == sizeof(int) &&
 	       sizeof(enum log_level) == sizeof(int), "config enums are int-sized");
 _Static_assert(sizeof(uid_t) == sizeof(uint32_t) && sizeof(gid_t) == sizeof(uint32_t),
 	       "uid_t and gid_t are 32-bit");

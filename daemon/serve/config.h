@@ -47,6 +47,13 @@ enum config_head {
 };
 
 /* How SIGHUP replaces the model when its settings changed. */
+/* Who may find whose prompts in the prefix cache (a hit is visible as a faster first token). */
+enum config_prefix_share {
+	CONFIG_SHARE_UID,          /* only the same uid's prompts: no cross-user timing signal */
+	CONFIG_SHARE_GROUP,        /* the same primary group's */
+	CONFIG_SHARE_ALL,          /* everyone's: the most reuse */
+};
+
 enum config_model_swap {
 	CONFIG_SWAP_AUTO,          /* beside when MemAvailable holds both models, else drain */
 	CONFIG_SWAP_BESIDE,        /* load the new model while the old one serves */
@@ -91,6 +98,7 @@ struct hearth_config {
 	enum config_kv_type kv_type;
 	uint64_t shutdown_grace_usec;  /* how long SIGTERM waits for running requests */
 	enum config_model_swap model_swap;
+	enum config_prefix_share prefix_share;
 };
 
 /* Where hearthd reads its config without --config: SYSCONFDIR/hearth/hearthd.conf, with

@@ -245,7 +245,7 @@ static int seq_start(struct sched *s, struct sched_seq *q, struct sched_msg *m, 
 		n_reserve = s->eng.max_context;
 	uint32_t n_cached = 0;
 	struct hearth_error e;
-	int rc = s->eng.seq_open(s->eng.impl, r->prompt, r->n_prompt, n_reserve, &q->eseq,
+	int rc = s->eng.seq_open(s->eng.impl, r->prompt, r->n_prompt, n_reserve, r->prefix_share, &q->eseq,
 				 &n_cached, &e);
 	if (rc < 0) {
 		q->eseq = NULL;

@@ -95,6 +95,7 @@ struct sched_request {
 	 * (a tool-call opener: free text until the model starts a call). */
 	struct grammar_matcher *grammar;
 	char grammar_trigger[SCHED_TRIGGER_MAX];
+	uint64_t prefix_share;          /* prefix-sharing domain (config prefix_share) */
 	bool special_text;              /* special tokens' text is part of the output (a chat's
 					 * reply parser reads the family's markers in it) */
 	void *user;                     /* the session's per-request state, handed to emit */

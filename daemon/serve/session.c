@@ -719,6 +719,12 @@ static void session_gen_submit(struct session *ss, uint64_t id, const struct msg
 	q->full_logits = g->logits;
 	q->ignore_eos = g->ignore_eos;
 	q->to_socket = g->stream_socket;
+	/* Prefix-sharing domains never meet: uids and gids in separate halves, 0 for all. */
+	switch (srv->cfg.prefix_share) {
+	case CONFIG_SHARE_UID: q->prefix_share = (1ull << 32) | ss->cred.uid; break;
+	case CONFIG_SHARE_GROUP: q->prefix_share = (2ull << 32) | ss->cred.gid; break;
+	default: q->prefix_share = 0; break;
+	}
 	q->special_text = chat != NULL;
 	q->user = chat;
 	q->grammar = gm;

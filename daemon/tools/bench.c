@@ -268,7 +268,7 @@ static int bench_once(struct engine *eng, uint32_t pp, uint32_t tg, uint64_t see
 	int rc;
 
 	bench_prompt(ids, pp, eng->n_vocab, seed);
-	rc = eng->seq_open(eng->impl, ids, pp, pp + tg, &seq, &cached, err);
+	rc = eng->seq_open(eng->impl, ids, pp, pp + tg, 0, &seq, &cached, err);
 	if (rc < 0)
 		return rc;
 	if (cached) {

@@ -429,6 +429,7 @@ static void test_config_format_reads_back_every_key(void **state)
 		{ "max_clients", "17" }, { "max_clients_per_uid", "5" }, { "client_timeout", "3s" },
 		{ "client_send_queue", "640KiB" },
 		{ "log_level", "warning" }, { "shutdown_grace", "90" }, { "model_swap", "drain" },
+		{ "prefix_share", "group" },
 	};
 	size_t n = sizeof settings / sizeof settings[0];
 	size_t n_keys = 0;
@@ -516,7 +517,7 @@ static void test_config_defaults_come_from_the_table(void **state)
 			fail_msg("%s prints as '%s' but its default is '%s'", key, text, def);
 		n_with_default++;
 	}
-	assert_int_equal(n_with_default, 24);
+	assert_int_equal(n_with_default, 25);
 	assert_null(config_key_default("model"));
 	assert_null(config_key_default("no_such_key"));
 	assert_string_equal(config_key_default("kv_budget"), "256MiB");
@@ -656,6 +657,7 @@ static void test_config_reload_difference_follows_the_column(void **state)
 		{ "max_clients_per_uid", "3", CONFIG_RELOAD_LIVE },
 		{ "client_timeout", "2s", CONFIG_RELOAD_LIVE },
 		{ "client_send_queue", "1MiB", CONFIG_RELOAD_LIVE },
+		{ "prefix_share", "all", CONFIG_RELOAD_LIVE },
 		{ "log_level", "debug", CONFIG_RELOAD_LIVE },
 		{ "shutdown_grace", "1s", CONFIG_RELOAD_LIVE },
 		{ "model_swap", "drain", CONFIG_RELOAD_LIVE },

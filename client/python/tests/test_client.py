@@ -251,3 +251,83 @@ def test_asyncio_chat(chat_daemon):
     kinds, message = asyncio.run(_achat(chat_daemon))
     assert message["role"] == "assistant"
     assert all(k in ("content", "reasoning", "tool_call") for k in kinds)
+
+
+# ---- prefix_share: whose cached prompts a request may find (a timing side channel) ----
+
+def _prompt_as(sock, uid, prompt_ids):
+    """Runs one generation as uid in a child process; returns (n_cached, ttft_s)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            if uid != os.getuid():
+                os.setgid(uid)
+                os.setuid(uid)
+            c = hearth.Client(sock, name="share")
+            t0 = time.monotonic()
+            g = c.generate(tokens=prompt_ids, max_tokens=1, temperature=0)
+            it = iter(g)
+            next(it)
+            ttft = time.monotonic() - t0
+            for _ in it:
+                pass
+            os.write(w, json.dumps([g.done.get("n_cached", 0), ttft]).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    data = b""
+    while True:
+        chunk = os.read(r, 4096)
+        if not chunk:
+            break
+        data += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    return json.loads(data)
+
+
+def _share_daemon(share):
+    d = tempfile.mkdtemp(prefix="hearth-py.")
+    os.chmod(d, 0o755)
+    sock = os.path.join(d, "h.sock")
+    proc = subprocess.Popen(
+        [os.path.join(BUILD, "hearthd"), f"--model={MODEL}", f"--socket={sock}", "--max-context=512",
+         "--kv-budget=8MiB", "--threads=2", "--log-level=warning", "--socket-mode=0666",
+         f"--prefix-share={share}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not os.path.exists(sock):
+        time.sleep(0.05)
+    time.sleep(0.3)
+    return proc, sock
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to act as a second uid")
+def test_prefix_cache_is_not_shared_across_uids_by_default():
+    proc, sock = _share_daemon("uid")
+    try:
+        ids = list(range(1000, 1200))
+        first = _prompt_as(sock, 0, ids)            # root fills the cache
+        other = _prompt_as(sock, 65534, ids)        # nobody: must not hit root's blocks
+        again = _prompt_as(sock, 0, ids)            # root again: hits its own
+        print("n_cached/ttft: root %s, nobody %s, root again %s" % (first, other, again))
+        assert first[0] == 0
+        assert other[0] == 0
+        assert again[0] >= 192
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to act as a second uid")
+def test_prefix_share_all_shares_across_uids():
+    proc, sock = _share_daemon("all")
+    try:
+        ids = list(range(2000, 2200))
+        _prompt_as(sock, 0, ids)
+        other = _prompt_as(sock, 65534, ids)
+        assert other[0] >= 192
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

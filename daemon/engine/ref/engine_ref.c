@@ -27,7 +27,7 @@ uint64_t engine_ref_kv_bytes_per_token(const struct model *m)
 	return b;
 }
 
-static int ref_seq_open(void *impl, const int32_t *prompt, uint32_t n_prompt, uint32_t n_reserve,
+static int ref_seq_open(void *impl, const int32_t *prompt, uint32_t n_prompt, uint32_t n_reserve, uint64_t share,
 			struct engine_seq **out, uint32_t *n_cached, struct hearth_error *err)
 {
 	struct engine_ref *e = impl;
