@@ -19,7 +19,7 @@ struct scripted {
 	struct engine_seq *seq_given, *seq_closed;
 };
 
-static int s_seq_open(void *impl, const int32_t *prompt, uint32_t n_prompt, uint32_t n_reserve,
+static int s_seq_open(void *impl, const int32_t *prompt, uint32_t n_prompt, uint32_t n_reserve, uint64_t share,
 		      struct engine_seq **out, uint32_t *n_cached, struct hearth_error *err)
 {
 	struct scripted *s = impl;

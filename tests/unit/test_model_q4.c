@@ -105,7 +105,7 @@ static float *q4_logits_stepwise(struct model_q4 *m, const int32_t *prompt, uint
 	struct engine_seq *s;
 	uint32_t cached;
 	struct hearth_error e;
-	assert_int_equal(eng.seq_open(eng.impl, prompt, n, n, &s, &cached, &e), 0);
+	assert_int_equal(eng.seq_open(eng.impl, prompt, n, n, 0, &s, &cached, &e), 0);
 	assert_int_equal(cached, 0);
 	float *out = malloc((size_t)n * eng.n_vocab * sizeof(float));
 	for (uint32_t i = 0; i < n; i++) {
@@ -471,7 +471,7 @@ static void check_prefill_batch_equals_one_token_at_a_time(uint32_t head_bits)
 	uint32_t cached;
 	struct hearth_error e;
 	float *last = malloc(eng.n_vocab * sizeof(float));
-	assert_int_equal(eng.seq_open(eng.impl, prompt, N_POS, N_POS, &s, &cached, &e), 0);
+	assert_int_equal(eng.seq_open(eng.impl, prompt, N_POS, N_POS, 0, &s, &cached, &e), 0);
 	/* The stepwise run published its full blocks: this one starts after them. */
 	assert_int_equal(cached, 16);
 	struct engine_span sp = { s, prompt + cached, N_POS - cached, last };
@@ -508,7 +508,7 @@ static void check_sequences_in_one_step_equal_each_alone(uint32_t head_bits)
 	struct engine_span sp[3];
 	for (int i = 0; i < 3; i++) {
 		uint32_t cached;
-		assert_int_equal(eng.seq_open(eng.impl, p[i], len[i], len[i], &s[i], &cached, &e), 0);
+		assert_int_equal(eng.seq_open(eng.impl, p[i], len[i], len[i], 0, &s[i], &cached, &e), 0);
 		sp[i] = (struct engine_span){ s[i], p[i], len[i], together[i] };
 	}
 	assert_int_equal(eng.forward(eng.impl, sp, 3, &e), 0);
@@ -551,7 +551,7 @@ static void check_decode_rows_equal_each_alone(const char *file, uint32_t head_b
 	}
 	for (int i = 0; i < N; i++) {
 		uint32_t cached;
-		assert_int_equal(eng.seq_open(eng.impl, p[i], len[i], len[i], &s[i], &cached, &e), 0);
+		assert_int_equal(eng.seq_open(eng.impl, p[i], len[i], len[i], 0, &s[i], &cached, &e), 0);
 		sp[i] = (struct engine_span){ s[i], p[i], len[i] - 3, NULL };
 	}
 	assert_int_equal(eng.forward(eng.impl, sp, N, &e), 0);
@@ -645,12 +645,12 @@ static void test_q4_shared_prefix_gives_the_same_logits(void **state)
 	float *a = malloc(eng.n_vocab * sizeof(float)), *b = malloc(eng.n_vocab * sizeof(float));
 	struct engine_seq *s1, *s2;
 	uint32_t c1, c2;
-	assert_int_equal(eng.seq_open(eng.impl, prompt, 40, 41, &s1, &c1, &e), 0);
+	assert_int_equal(eng.seq_open(eng.impl, prompt, 40, 41, 0, &s1, &c1, &e), 0);
 	assert_int_equal(c1, 0);
 	struct engine_span sp = { s1, prompt, 40, a };
 	assert_int_equal(eng.forward(eng.impl, &sp, 1, &e), 0);
 	/* The second sequence with the same prompt finds its two full blocks cached. */
-	assert_int_equal(eng.seq_open(eng.impl, prompt, 40, 41, &s2, &c2, &e), 0);
+	assert_int_equal(eng.seq_open(eng.impl, prompt, 40, 41, 0, &s2, &c2, &e), 0);
 	assert_int_equal(c2, 32);
 	sp = (struct engine_span){ s2, prompt + c2, 40 - c2, b };
 	assert_int_equal(eng.forward(eng.impl, &sp, 1, &e), 0);
