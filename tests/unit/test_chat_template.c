@@ -336,6 +336,7 @@ static void test_chat_template_limits_trip_with_the_line(void **state)
 		     "t:2:18: LimitError: the render needs more than 1048576 bytes");
 	struct chat_limits steps = { .steps = 1000 };
 	expect_limit("{% for i in range(10000) %}{{ i }}{% endfor %}", &steps, "more than 1000 steps");
+	expect_limit("{% set ns = namespace() %}{% set ns.me = ns %}\n{{ ns }}", &none, "t:2:4: LimitError: a value nests");
 	/* nesting deeper than the parser allows */
 	char deep[4096] = "{{ ";
 	for (int i = 0; i < 1000; i++)
