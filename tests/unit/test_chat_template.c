@@ -278,6 +278,8 @@ static void test_chat_template_filters_and_methods(void **state)
 		  NULL, "1d['a'][1]" },
 		{ "{{ x.y }}{{ x['y'] }}{{ x.items() | list }}", "{\"x\": {\"y\": 5}}", "55[('y', 5)]" },
 		{ "{{ range(3) | list }}{{ range(1, 7, 2) | list }}{{ dict(a=1) }}", NULL, "[0, 1, 2][1, 3, 5]{'a': 1}" },
+		{ "{{ range(5, 0, -2) | list }}{{ range(9223372036854775807, -9223372036854775807, -9223372036854775807) | list }}",
+		  NULL, "[5, 3, 1][9223372036854775807, 0]" },
 	};
 	run_cases(c, sizeof c / sizeof c[0]);
 }
