@@ -358,8 +358,20 @@ static void test_chat_template_limits_trip_with_the_line(void **state)
 		strcat(chain, "+1");
 	strcat(chain, " }}");
 	assert_int_equal(render_str(chain, NULL, NULL, &x, &err), HEARTH_ERANGE);
-	assert_non_null(strstr(err.msg, "nest deeper"));
+	assert_non_null(strstr(err.msg, "nest deeper than 1000"));
 	free(chain);
+	/* statements count too: 100 nested ifs in a macro recursing 64 times */
+	char *deep_if = malloc(8192);
+	strcpy(deep_if, "{% macro m(n) %}");
+	for (int i = 0; i < 95; i++)
+		strcat(deep_if, "{% if true %}");
+	strcat(deep_if, "{% if n > 0 %}{{ m(n - 1) }}{% endif %}");
+	for (int i = 0; i < 95; i++)
+		strcat(deep_if, "{% endif %}");
+	strcat(deep_if, "{% endmacro %}{{ m(63) }}");
+	assert_int_equal(render_str(deep_if, NULL, NULL, &x, &err), HEARTH_ERANGE);
+	assert_non_null(strstr(err.msg, "statements and expressions nest deeper than 1000"));
+	free(deep_if);
 }
 
 /* ---- taint ---- */
