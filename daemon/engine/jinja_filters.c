@@ -749,13 +749,13 @@ static struct jv do_range(struct jctx *c, const struct jnode *at, const struct a
 	if (st > 0 && hi > lo)
 		count = ((uint64_t)hi - (uint64_t)lo - 1) / (uint64_t)st + 1;
 	else if (st < 0 && lo > hi)
-		count = ((uint64_t)lo - (uint64_t)hi - 1) / (uint64_t)(-(st + 1) + 1) + 1;
+		count = ((uint64_t)lo - (uint64_t)hi - 1) / ((uint64_t)(-(st + 1)) + 1) + 1;
 	if (count > c->lim.range)
 		jx_fail(c, at, JX_LIMIT, "range of %llu items is over the limit of %zu",
 			(unsigned long long)count, c->lim.range);
 	struct jlist *l = jl_new(c, (size_t)count, JL_LIST);
 	for (uint64_t i = 0; i < count; i++)
-		l->v[l->n++] = jv_int(lo + (int64_t)i * st);
+		l->v[l->n++] = jv_int((int64_t)((uint64_t)lo + i * (uint64_t)st)); /* wraps, never UB */
 	return jv_list(l);
 }
 

@@ -263,9 +263,10 @@ static size_t lex_tag(struct lexer *lx, bool block, char *sign)
 			} else {
 				int64_t v = 0;
 				for (size_t j = 0; j < nn; j++) {
-					if (v > (INT64_MAX - 9) / 10)
+					int d = num[j] - '0';
+					if (v > (INT64_MAX - d) / 10)
 						lex_fail(lx, lx->pos, "integer literal too large");
-					v = v * 10 + (num[j] - '0');
+					v = v * 10 + d;
 				}
 				t->i = v;
 			}

@@ -625,6 +625,8 @@ void jv_float_repr(double f, char out[40])
 	}
 }
 
+static void repr_seq_inner(struct jctx *c, struct jbuf *b, struct jv v);
+
 static void repr_str(struct jctx *c, struct jbuf *b, const struct jstr *s)
 {
 	bool has_sq = memchr(s->s, '\'', s->len) != NULL, has_dq = memchr(s->s, '"', s->len) != NULL;
@@ -660,6 +662,16 @@ static void repr_str(struct jctx *c, struct jbuf *b, const struct jstr *s)
 }
 
 static void repr_seq(struct jctx *c, struct jbuf *b, struct jv v)
+{
+	/* a namespace can hold itself: bound the walk as Python bounds its recursion */
+	if (++c->nest > 2000)
+		jx_fail(c, NULL, JX_LIMIT, "a value nests deeper than 2000 levels (limit)");
+	struct jv saved = v;
+	repr_seq_inner(c, b, saved);
+	c->nest--;
+}
+
+static void repr_seq_inner(struct jctx *c, struct jbuf *b, struct jv v)
 {
 	if (v.t == JV_LIST) {
 		if (v.u.l->kind == JL_GEN) {

@@ -278,6 +278,8 @@ static void test_chat_template_filters_and_methods(void **state)
 		  NULL, "1d['a'][1]" },
 		{ "{{ x.y }}{{ x['y'] }}{{ x.items() | list }}", "{\"x\": {\"y\": 5}}", "55[('y', 5)]" },
 		{ "{{ range(3) | list }}{{ range(1, 7, 2) | list }}{{ dict(a=1) }}", NULL, "[0, 1, 2][1, 3, 5]{'a': 1}" },
+		{ "{{ range(5, 0, -2) | list }}{{ range(9223372036854775807, -9223372036854775807, -9223372036854775807) | list }}",
+		  NULL, "[5, 3, 1][9223372036854775807, 0]" },
 	};
 	run_cases(c, sizeof c / sizeof c[0]);
 }
@@ -336,6 +338,7 @@ static void test_chat_template_limits_trip_with_the_line(void **state)
 		     "t:2:18: LimitError: the render needs more than 1048576 bytes");
 	struct chat_limits steps = { .steps = 1000 };
 	expect_limit("{% for i in range(10000) %}{{ i }}{% endfor %}", &steps, "more than 1000 steps");
+	expect_limit("{% set ns = namespace() %}{% set ns.me = ns %}\n{{ ns }}", &none, "t:2:4: LimitError: a value nests");
 	/* nesting deeper than the parser allows */
 	char deep[4096] = "{{ ";
 	for (int i = 0; i < 1000; i++)
@@ -355,8 +358,20 @@ static void test_chat_template_limits_trip_with_the_line(void **state)
 		strcat(chain, "+1");
 	strcat(chain, " }}");
 	assert_int_equal(render_str(chain, NULL, NULL, &x, &err), HEARTH_ERANGE);
-	assert_non_null(strstr(err.msg, "nest deeper"));
+	assert_non_null(strstr(err.msg, "nest deeper than 1000"));
 	free(chain);
+	/* statements count too: 100 nested ifs in a macro recursing 64 times */
+	char *deep_if = malloc(8192);
+	strcpy(deep_if, "{% macro m(n) %}");
+	for (int i = 0; i < 95; i++)
+		strcat(deep_if, "{% if true %}");
+	strcat(deep_if, "{% if n > 0 %}{{ m(n - 1) }}{% endif %}");
+	for (int i = 0; i < 95; i++)
+		strcat(deep_if, "{% endif %}");
+	strcat(deep_if, "{% endmacro %}{{ m(63) }}");
+	assert_int_equal(render_str(deep_if, NULL, NULL, &x, &err), HEARTH_ERANGE);
+	assert_non_null(strstr(err.msg, "statements and expressions nest deeper than 1000"));
+	free(deep_if);
 }
 
 /* ---- taint ---- */
