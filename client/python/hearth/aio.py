@@ -5,18 +5,10 @@ stream concurrently in one task each."""
 import asyncio
 
 from ._wire import PROTO_MAJOR, PROTO_MINOR, Core, HearthError, raise_if_error, raw_bytes, text_of
-from .client import ChatDelta, chat_fields, gen_fields, message_of, socket_path_default
+from .client import _Stream, chat_fields, gen_fields, socket_path_default
 
 
-class AsyncGeneration:
-    def __init__(self, client, rid, chat):
-        self._c = client
-        self.id = rid
-        self.chat = chat
-        self.done = None
-        self.message = None
-        self.tokens = []
-
+class AsyncGeneration(_Stream):
     def __aiter__(self):
         return self
 
@@ -24,28 +16,16 @@ class AsyncGeneration:
         if self.done is not None:
             raise StopAsyncIteration
         while True:
-            kind, val = await self._c._next_event(self.id)
-            if kind == "token":
-                self.tokens.append(val)
-                return val
-            if kind == "delta":
-                return ChatDelta(val)
-            if kind == "final":
-                self._c._core.pending.pop(self.id, None)
-                raise_if_error(val)
-                self.done = {k: text_of(v) for k, v in val.items()
-                             if k not in ("t", "id", "message")}
-                if self.chat:
-                    self.message = message_of(val)
+            more, item = self._event(*(await self._c._next_event(self.id)))
+            if not more:
                 raise StopAsyncIteration
+            if item is not None:
+                return item
 
     async def wait(self):
         async for _ in self:
             pass
         return self
-
-    def text(self):
-        return "".join(t.text for t in self.tokens).decode("utf-8", "replace")
 
     async def cancel(self):
         await self._c.cancel(self.id)

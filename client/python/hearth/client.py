@@ -109,9 +109,8 @@ class ChatDelta:
         return f"ChatDelta({self.kind}, {self.text or self.call!r})"
 
 
-class Generation:
-    """A running generate or chat: iterate for its Tokens (and ChatDeltas for a chat),
-    then read .done (the final frame's fields) and, for a chat, .message."""
+class _Stream:
+    """What a generate or chat stream and its end hold, for the blocking and asyncio forms."""
 
     def __init__(self, client, rid, chat):
         self._c = client
@@ -121,32 +120,43 @@ class Generation:
         self.message = None
         self.tokens = []
 
+    def _event(self, kind, val):
+        """One event: (True, item to hand out or None) or (False, None) at the end."""
+        if kind == "token":
+            self.tokens.append(val)
+            return True, val
+        if kind == "delta":
+            return True, ChatDelta(val)
+        if kind == "final":
+            self._c._core.pending.pop(self.id, None)
+            raise_if_error(val)
+            self.done = {k: text_of(v) for k, v in val.items() if k not in ("t", "id", "message")}
+            if self.chat:
+                self.message = message_of(val)
+            return False, None
+        return True, None
+
+    def text(self):
+        return b"".join(t.text for t in self.tokens).decode("utf-8", "replace")
+
+
+class Generation(_Stream):
+    """A running generate or chat: iterate for its Tokens (and ChatDeltas for a chat),
+    then read .done (the final frame's fields) and, for a chat, .message."""
+
     def __iter__(self):
         while True:
-            ev = self._c._next_event(self.id)
-            kind, val = ev
-            if kind == "token":
-                self.tokens.append(val)
-                yield val
-            elif kind == "delta":
-                yield ChatDelta(val)
-            elif kind == "final":
-                self._c._core.pending.pop(self.id, None)
-                raise_if_error(val)
-                self.done = {k: text_of(v) for k, v in val.items()
-                             if k not in ("t", "id", "message")}
-                if self.chat:
-                    self.message = message_of(val)
+            more, item = self._event(*self._c._next_event(self.id))
+            if not more:
                 return
+            if item is not None:
+                yield item
 
     def wait(self):
         """Drains the stream; returns self."""
         for _ in self:
             pass
         return self
-
-    def text(self):
-        return "".join(t.text for t in self.tokens).decode("utf-8", "replace")
 
     def cancel(self):
         self._c.cancel(self.id)

@@ -69,6 +69,7 @@ def test_greedy_generation_is_the_same_through_ring_and_socket_frames(daemon):
     assert [t.id for t in g1.tokens] == [t.id for t in g2.tokens]
     assert g1.done["finish"] == "length" and g1.done["n_gen"] == 12
     assert g1.done["n_prompt"] > 0
+    assert isinstance(g1.text(), str) and g1.text() == b"".join(t.text for t in g1.tokens).decode("utf-8", "replace")
 
 
 def test_a_client_without_ring_gets_the_same_tokens(daemon):
