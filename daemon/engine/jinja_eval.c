@@ -139,6 +139,9 @@ static struct jv repeat(struct jctx *c, const struct jnode *at, struct jv seq, i
 {
 	if (k < 0)
 		k = 0;
+	/* An empty operand repeats to nothing however large k is: answer at once rather than loop k times. */
+	if (k == 0 || (seq.t == JV_STR ? seq.u.s->len == 0 : seq.u.l->n == 0))
+		k = 0;
 	if (seq.t == JV_STR) {
 		size_t total = jmul(c, at, seq.u.s->len, (size_t)k);
 		if (total > c->lim.string)
