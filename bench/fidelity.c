@@ -161,7 +161,7 @@ static int int4_logits(struct model_q4 *m, const int32_t *ids, uint32_t n, float
 					"corpus sequences must differ", cached);
 	}
 	for (uint32_t i = 0; i < n && rc == 0; i++) {
-		struct engine_span sp = { s, &ids[i], 1, out + (size_t)i * eng.n_vocab };
+		struct engine_span sp = { s, &ids[i], 1, out + (size_t)i * eng.n_vocab, 0 };
 		rc = eng.forward(eng.impl, &sp, 1, err);
 	}
 	eng.seq_close(eng.impl, s);
