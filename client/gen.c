@@ -20,6 +20,8 @@ struct hearth_gen_params hearth_gen_params_default(void)
 	return p;
 }
 
+_Static_assert(HEARTH_SPECULATE_MAX == MSG_SPECULATE_MAX, "libhearth's bound is the protocol's");
+
 const char *hearth_finish_name(enum hearth_finish f)
 {
 	switch (f) {
@@ -48,6 +50,11 @@ int gen_fill(struct msg_generate *g, const struct hearth_gen_params *p, struct m
 	g->has_json_schema = p->json_schema != NULL;
 	g->json_schema = (struct msg_bytes){ p->json_schema, p->json_schema ? strlen(p->json_schema) : 0 };
 	g->json_object = p->json_object;
+	if (p->speculate < -1 || p->speculate > MSG_SPECULATE_MAX)
+		return conn_err_set(err, HEARTH_EINVAL, "speculate %d: -1 (off), 0 (the daemon's default) or 1..%u",
+				    (int)p->speculate, MSG_SPECULATE_MAX);
+	g->has_speculate = p->speculate != 0;
+	g->speculate = p->speculate > 0 ? (uint32_t)p->speculate : 0;
 	if (p->n_stop > MSG_STOP_MAX)
 		return conn_err_set(err, HEARTH_EINVAL, "%zu stop strings; at most %d", p->n_stop,
 				    MSG_STOP_MAX);

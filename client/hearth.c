@@ -119,6 +119,8 @@ int hearth_stats(struct hearth *h, struct hearth_stats *out, struct hearth_err *
 	out->kv_used = s->kv_used;
 	out->kv_total = s->kv_total;
 	out->rss = s->rss;
+	out->draft_tokens = s->draft_tokens;
+	out->draft_accepted = s->draft_accepted;
 	msg_free(&reply);
 	return 0;
 }

@@ -140,6 +140,9 @@ struct hearth_prompt {
 	size_t n_tokens;
 };
 
+/* The most draft tokens a generation may have verified per step (hearth_gen_params). */
+#define HEARTH_SPECULATE_MAX 16
+
 struct hearth_gen_params {
 	uint32_t max_tokens;      /* default 256 */
 	double temperature;       /* 0 = greedy; default 0.8 */
@@ -164,6 +167,10 @@ struct hearth_gen_params {
 	const char *grammar;
 	const char *json_schema;
 	bool json_object;
+	/* Speculative decoding (protocol 1.2): draft tokens from prompt lookup verified per
+	 * step, 1..16 at most; -1 = off; 0 = the daemon's default (the field is not sent, so a
+	 * 1.1 daemon is served too). Outputs are the same either way; only speed differs. */
+	int32_t speculate;
 };
 
 /* llama.cpp's sampling defaults, as the daemon applies them. */
@@ -358,6 +365,8 @@ struct hearth_stats {
 	uint64_t kv_used;         /* bytes */
 	uint64_t kv_total;
 	uint64_t rss;             /* the daemon's resident set, bytes */
+	uint64_t draft_tokens;    /* speculative decoding: draft tokens verified since start */
+	uint64_t draft_accepted;  /* of them, accepted */
 };
 
 int hearth_stats(struct hearth *h, struct hearth_stats *out, struct hearth_err *err);

@@ -11,7 +11,7 @@
 #include "protocol/error.h"
 
 #define MSG_PROTO_MAJOR 1
-#define MSG_PROTO_MINOR 1
+#define MSG_PROTO_MINOR 2
 
 /* Bounds checked before msgpack builds any object; see doc/protocol.md "Limits". */
 #define MSG_DEPTH_MAX 8            /* nesting of maps/arrays, the top map being depth 1 */
@@ -34,6 +34,7 @@
 #define MSG_ROLE_MAX 64            /* bytes of a role */
 #define MSG_TOOL_NAME_MAX 256      /* bytes of a tool (function) name or call id */
 #define MSG_GRAMMAR_MAX (256u << 10) /* bytes of a grammar or JSON schema */
+#define MSG_SPECULATE_MAX 16       /* draft tokens verified per step (speculative decoding) */
 
 /* Sampling defaults applied by the decoder when a generate omits a field (llama.cpp's). */
 #define MSG_DEFAULT_MAX_TOKENS 256
@@ -193,6 +194,10 @@ struct msg_generate {
 	bool has_json_schema;
 	struct msg_bytes json_schema;
 	bool json_object;
+	/* Speculative decoding (protocol 1.2): at most this many draft tokens a step; 0 = off;
+	 * absent = the daemon's default. */
+	bool has_speculate;
+	uint32_t speculate;
 };
 
 /* A tool call as the wire carries it: arguments is JSON text of an object. */
@@ -312,6 +317,8 @@ struct msg_stats_reply {
 	uint64_t kv_used;          /* bytes */
 	uint64_t kv_total;
 	uint64_t rss;
+	uint64_t draft_tokens;     /* speculative decoding since start: draft tokens verified */
+	uint64_t draft_accepted;   /* of them, accepted (1.2) */
 };
 
 struct msg_ledger_entry {

@@ -53,7 +53,8 @@ static const struct field hello_fields[] = {
 	F("ignore_eos", FK_BOOL, FF_OMIT_ZERO, st, g ignore_eos, 0, 0), \
 	FH("grammar", FK_STR, FF_UTF8 | FF_NONEMPTY, st, g grammar, g has_grammar, 0, MSG_GRAMMAR_MAX), \
 	FH("json_schema", FK_STR, FF_UTF8 | FF_NONEMPTY, st, g json_schema, g has_json_schema, 0, MSG_GRAMMAR_MAX), \
-	F("json_object", FK_BOOL, FF_OMIT_ZERO, st, g json_object, 0, 0)
+	F("json_object", FK_BOOL, FF_OMIT_ZERO, st, g json_object, 0, 0), \
+	FH("speculate", FK_U32, 0, st, g speculate, g has_speculate, 0, MSG_SPECULATE_MAX)
 
 static const struct field generate_fields[] = {
 	FH("prompt", FK_STR, FF_UTF8, struct msg_generate, prompt, has_prompt, 0, MSG_STR_MAX),
@@ -203,6 +204,8 @@ static const struct field stats_fields[] = {
 	F("kv_used", FK_U64, 0, struct msg_stats_reply, kv_used, 0, U64MAX),
 	F("kv_total", FK_U64, 0, struct msg_stats_reply, kv_total, 0, U64MAX),
 	F("rss", FK_U64, 0, struct msg_stats_reply, rss, 0, U64MAX),
+	F("draft_tokens", FK_U64, FF_OMIT_ZERO, struct msg_stats_reply, draft_tokens, 0, U64MAX),
+	F("draft_accepted", FK_U64, FF_OMIT_ZERO, struct msg_stats_reply, draft_accepted, 0, U64MAX),
 };
 
 static const struct field ledger_entry_fields[] = {

@@ -6,8 +6,14 @@
 
 #include <stdint.h>
 
+#include "protocol/msg.h"
+
 /* Draft tokens one step may verify for one sequence (the protocol's `speculate` bound). */
-#define SPEC_K_MAX 16
+#define SPEC_K_MAX MSG_SPECULATE_MAX
+/* A request that does not say: drafts change no output (sched.c samples every token as
+ * plain decoding would), so the only question is speed, and the adaptive length keeps a
+ * failing lookup to one extra row a step (doc/benchmarks.md, Speculative decoding). */
+#define SPEC_K_DEFAULT 8
 /* The n-grams looked up, longest first: a longer match predicts better; a 1-gram matches
  * nearly everywhere and mostly wrongly. */
 #define SPEC_NGRAM_MAX 4
