@@ -40,7 +40,7 @@ static void usage(FILE *f)
 		"\n"
 		"  generate [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
 		"           [--repeat-penalty R] [--repeat-last-n N] [--seed S] [--stop STR]...\n"
-		"           [--grammar FILE|--json-schema FILE|--json-object]\n"
+		"           [--grammar FILE|--json-schema FILE|--json-object] [--no-jump-forward]\n"
 		"           [--json] PROMPT|-      stream the continuation of PROMPT (- reads stdin)\n"
 		"  chat [--system S] [--messages FILE] [--tools FILE] [--tool-choice C] [--var KEY=JSON]...\n"
 		"       [--no-think]\n"
@@ -443,6 +443,9 @@ int gen_option(struct cli *c, struct gen_args *a, int opt, const char *arg)
 	case OPT_JSON_OBJECT:
 		p->json_object = true;
 		return 0;
+	case OPT_NO_JUMP_FORWARD:
+		p->jump_forward = false;
+		return 0;
 	default:
 		return usage_error("unknown option for generate");
 	}
@@ -537,9 +540,9 @@ static void gen_report(const struct cli *c, const struct hearth_result *res,
 	if (c->json) {
 		printf("{\"finish\":\"%s\",\"n_prompt\":%u,\"n_gen\":%u,\"queue_ms\":%.3f,"
 		       "\"prefill_ms\":%.3f,\"decode_ms\":%.3f,\"prefill_tps\":%.2f,"
-		       "\"decode_tps\":%.2f,\"text\":", hearth_finish_name(res->finish),
+		       "\"decode_tps\":%.2f,\"n_forced\":%u,\"text\":", hearth_finish_name(res->finish),
 		       res->n_prompt, res->n_gen, res->queue_ms, res->prefill_ms, res->decode_ms,
-		       res->prefill_tps, res->decode_tps);
+		       res->prefill_tps, res->decode_tps, res->n_forced);
 		cli_json_string(stdout, out->text ? out->text : "", out->len);
 		fputs("}\n", stdout);
 	} else {

@@ -164,6 +164,9 @@ struct hearth_gen_params {
 	const char *grammar;
 	const char *json_schema;
 	bool json_object;
+	/* Jump-forward (protocol 1.2): text the grammar forces is fed to the model without
+	 * sampling it token by token. Default true; it never applies with logprobs or logits. */
+	bool jump_forward;
 };
 
 /* llama.cpp's sampling defaults, as the daemon applies them. */
@@ -214,6 +217,7 @@ struct hearth_result {
 	double prefill_tps;       /* prompt tokens per second */
 	double decode_tps;        /* generated tokens per second */
 	uint32_t n_cached;        /* prompt tokens the daemon's prefix cache already held */
+	uint32_t n_forced;        /* of n_gen, tokens a grammar forced (jump-forward, 1.2) */
 };
 
 /* Return 0 to go on, non-zero to cancel the generation: no more tokens are delivered

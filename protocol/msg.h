@@ -11,7 +11,7 @@
 #include "protocol/error.h"
 
 #define MSG_PROTO_MAJOR 1
-#define MSG_PROTO_MINOR 1
+#define MSG_PROTO_MINOR 2
 
 /* Bounds checked before msgpack builds any object; see doc/protocol.md "Limits". */
 #define MSG_DEPTH_MAX 8            /* nesting of maps/arrays, the top map being depth 1 */
@@ -193,6 +193,9 @@ struct msg_generate {
 	bool has_json_schema;
 	struct msg_bytes json_schema;
 	bool json_object;
+	/* (1.2) false: every token of a constrained output is sampled, none jumped forward */
+	bool has_jump_forward;
+	bool jump_forward;
 };
 
 /* A tool call as the wire carries it: arguments is JSON text of an object. */
@@ -289,6 +292,7 @@ struct msg_done {
 	double prefill_tps;        /* prompt tokens per second */
 	double decode_tps;         /* generated tokens per second */
 	uint32_t n_cached;         /* prompt tokens found in the prefix cache (1.1) */
+	uint32_t n_forced;         /* of n_gen, tokens a grammar forced (jump-forward; 1.2) */
 	bool has_message;          /* a chat's done: the parsed assistant message */
 	struct msg_chat_reply message;
 };

@@ -53,7 +53,8 @@ static const struct field hello_fields[] = {
 	F("ignore_eos", FK_BOOL, FF_OMIT_ZERO, st, g ignore_eos, 0, 0), \
 	FH("grammar", FK_STR, FF_UTF8 | FF_NONEMPTY, st, g grammar, g has_grammar, 0, MSG_GRAMMAR_MAX), \
 	FH("json_schema", FK_STR, FF_UTF8 | FF_NONEMPTY, st, g json_schema, g has_json_schema, 0, MSG_GRAMMAR_MAX), \
-	F("json_object", FK_BOOL, FF_OMIT_ZERO, st, g json_object, 0, 0)
+	F("json_object", FK_BOOL, FF_OMIT_ZERO, st, g json_object, 0, 0), \
+	FH("jump_forward", FK_BOOL, 0, st, g jump_forward, g has_jump_forward, 0, 0)
 
 static const struct field generate_fields[] = {
 	FH("prompt", FK_STR, FF_UTF8, struct msg_generate, prompt, has_prompt, 0, MSG_STR_MAX),
@@ -180,6 +181,7 @@ static const struct field done_fields[] = {
 	F("prefill_tps", FK_F64, 0, struct msg_done, prefill_tps, 0, 1e15),
 	F("decode_tps", FK_F64, 0, struct msg_done, decode_tps, 0, 1e15),
 	F("n_cached", FK_U32, FF_OMIT_ZERO, struct msg_done, n_cached, 0, U32MAX),
+	F("n_forced", FK_U32, FF_OMIT_ZERO, struct msg_done, n_forced, 0, U32MAX),
 	{ "message", FK_MAP, 0, offsetof(struct msg_done, message), FIELD_NO_OFF, offsetof(struct msg_done, has_message),
 	  0, 0, 0, &chat_reply_table },
 };

@@ -60,6 +60,8 @@ struct sched_seq {
 	bool grammar_on;                /* the request's grammar constrains the next token */
 	char tail[2 * SCHED_TRIGGER_MAX]; /* the output's last bytes, while a trigger is awaited */
 	uint32_t n_tail;
+	uint32_t n_forced_pending;      /* the last tokens of tokens[]: forced by the grammar
+					 * (jump-forward), their events not yet built */
 };
 
 struct sched {
@@ -279,6 +281,8 @@ static int seq_start(struct sched *s, struct sched_seq *q, struct sched_msg *m, 
 	q->cancel = false;
 	q->grammar_on = r->grammar && !r->grammar_trigger[0];
 	q->n_tail = 0;
+	q->n_forced_pending = 0;
+	m->result.n_forced = 0;
 	tok_stream_init(&q->stream);
 	m->result.n_prompt = r->n_prompt;
 	m->result.n_cached = n_cached;
@@ -623,6 +627,9 @@ static void seq_grammar_watch(struct sched_seq *q, const char *piece, size_t n)
 	}
 }
 
+static void seq_token_out(struct sched *s, struct sched_seq *q, int32_t t, uint32_t n_gen);
+static void seq_jump(struct sched *s, struct sched_seq *q);
+
 /* The logits of q's last fed token are in q->logits: sample, decide whether the sequence
  * ends, and build the token event. */
 static void seq_sample(struct sched *s, struct sched_seq *q, uint64_t now)
@@ -660,6 +667,16 @@ static void seq_sample(struct sched *s, struct sched_seq *q, uint64_t now)
 		seq_fill_logprobs(s, q, q->logits, t);
 
 	q->tokens[q->n_tokens++] = t;
+	seq_token_out(s, q, t, n_gen);
+	if (!q->finish && q->grammar_on && r->jump_forward)
+		seq_jump(s, q);
+}
+
+/* The event of generated token t (the n_gen-th): its text, and whether the sequence ends
+ * with it. Sampled and forced tokens alike. */
+static void seq_token_out(struct sched *s, struct sched_seq *q, int32_t t, uint32_t n_gen)
+{
+	const struct sched_request *r = &q->msg->req;
 	q->ev.token = t;
 	q->ev.index = n_gen;
 	q->ev.text_len = 0;
@@ -705,6 +722,58 @@ static void seq_sample(struct sched *s, struct sched_seq *q, uint64_t now)
 	q->has_event = true;
 }
 
+/* Jump-forward: the tokens the grammar forces after the one just sampled go into tokens[]
+ * now, so the next step feeds them with it in one span (grammar_jump_tokens says which
+ * tokens; forced tokens count towards max_tokens like sampled ones). Their events follow
+ * the sampled token's, one each, built as the ring takes them. */
+static void seq_jump(struct sched *s, struct sched_seq *q)
+{
+	const struct sched_request *r = &q->msg->req;
+	uint32_t n_gen = q->n_tokens - r->n_prompt;
+	uint32_t room = r->max_tokens > n_gen ? r->max_tokens - n_gen : 0;
+	if (s->eng.max_context - q->n_tokens < room)
+		room = s->eng.max_context - q->n_tokens;
+	size_t n = 0;
+	struct hearth_error ge;
+	if (room == 0 || grammar_jump_tokens(r->grammar, s->tok, &q->tokens[q->n_tokens], room, &n, &ge) < 0)
+		return; /* a failed jump only means the bytes are sampled instead */
+	for (size_t i = 0; i < n; i++)
+		sampler_accept(q->sampler, q->tokens[q->n_tokens + i]);
+	q->n_tokens += (uint32_t)n;
+	q->n_forced_pending = (uint32_t)n;
+}
+
+/* Builds the event of the next forced token. One the sequence ends with (a stop string in
+ * the forced text, max_tokens) drops the forced tokens after it, which no one will see. */
+static void seq_forced_event(struct sched *s, struct sched_seq *q)
+{
+	struct sched_msg *m = q->msg;
+	uint32_t at = q->n_tokens - q->n_forced_pending--;
+	q->ev.with_logits = false;
+	q->ev.n_top = 0;
+	q->ev.logprob = 0;
+	q->ev.t_sampled_ns = hearth_now_ns();
+	seq_token_out(s, q, q->tokens[at], at - m->req.n_prompt);
+	m->result.n_forced++;
+	atomic_fetch_add_explicit(&s->stats.tokens_forced, 1, memory_order_relaxed);
+	if (q->finish) {
+		q->n_tokens = at + 1;
+		q->n_forced_pending = 0;
+	}
+}
+
+/* Sends the events of forced tokens while the ring takes them; false when one is parked
+ * on a full ring. */
+static bool seq_emit_forced(struct sched *s, struct sched_seq *q)
+{
+	while (q->n_forced_pending && !q->has_event && !q->cancel) {
+		seq_forced_event(s, q);
+		if (!seq_try_emit(s, q))
+			return false;
+	}
+	return !q->has_event;
+}
+
 /* Emits parked events and ends sequences whose last event is out or that were canceled. */
 static void sched_settle(struct sched *s, uint64_t now)
 {
@@ -731,6 +800,11 @@ static void sched_settle(struct sched *s, uint64_t now)
 			}
 			q->blocked_since = 0;
 		}
+		if (!seq_emit_forced(s, q)) {
+			if (!q->blocked_since)
+				q->blocked_since = now;
+			continue;
+		}
 		if (q->finish != SCHED_FINISH_NONE)
 			seq_end(s, q, q->finish, &q->err);
 	}
@@ -754,16 +828,28 @@ static size_t sched_build_batch(struct sched *s)
 	size_t n = 0;
 	uint32_t budget = s->p.step_tokens;
 	s->step_no++;
-	/* Decode tokens first: they are one each and keep every stream moving. */
+	/* Decode tokens first: they are one each and keep every stream moving. A sequence
+	 * with forced tokens (jump-forward) feeds them too, as far as the budget goes after
+	 * one token for every other decoding sequence; the rest waits for the next step. */
+	uint32_t n_decoding = 0;
+	for (uint32_t i = 0; i < s->p.max_seqs; i++) {
+		struct sched_seq *q = &s->seqs[i];
+		n_decoding += q->msg && !q->has_event && !q->finish && !q->cancel &&
+			      q->n_fed >= q->msg->req.n_prompt;
+	}
 	for (uint32_t i = 0; i < s->p.max_seqs; i++) {
 		struct sched_seq *q = &s->seqs[i];
 		if (!q->msg || q->has_event || q->finish || q->cancel)
 			continue;
 		if (q->n_fed < q->msg->req.n_prompt)
 			continue;
-		s->spans[n] = (struct engine_span){ q->eseq, &q->tokens[q->n_fed], 1, q->logits };
+		uint32_t want = q->n_tokens - q->n_fed, room = budget > n_decoding ? budget - n_decoding + 1 : 1;
+		uint32_t take = want < room ? want : room;
+		n_decoding--;
+		s->spans[n] = (struct engine_span){ q->eseq, &q->tokens[q->n_fed], take,
+						    take == want ? q->logits : NULL };
 		s->span_seq[n++] = q;
-		budget = budget > 0 ? budget - 1 : 0;
+		budget = budget > take ? budget - take : 0;
 	}
 	/* Prefill chunks, starting from a rotating slot; first pass one chunk per client so a
 	 * client with many prompts cannot starve one with a single prompt. */
@@ -825,6 +911,7 @@ static void sched_step(struct sched *s, size_t n_spans)
 			 * A full ring leaves the event parked for sched_settle. */
 			if (q->has_event && !q->cancel && seq_try_emit(s, q)) {
 				q->blocked_since = 0;
+				seq_emit_forced(s, q);
 				/* The doorbell just woke the client, often onto this CPU, where
 				 * the compute threads would hold it off for the rest of their time
 				 * slice, milliseconds of token-to-callback latency: give it the CPU

@@ -18,6 +18,7 @@ _GEN_FIELDS = {
     "seed": "seed", "stop": "stop", "stop_tokens": "stop_tokens", "logprobs": "logprobs",
     "top_logprobs": "top_logprobs", "ignore_eos": "ignore_eos",
     "grammar": "grammar", "json_schema": "json_schema", "json_object": "json_object",
+    "jump_forward": "jump_forward",
 }
 
 
