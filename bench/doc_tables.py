@@ -7,6 +7,7 @@ usage: bench/doc_tables.py KIND DOC RESULT
   serving   RESULT = `hearth bench --json` output (lines that are not JSON are skipped)
   memory    RESULT = `bench_memory --json` output (the ledger JSON line, then the PASS/FAIL lines)
   fidelity  RESULT = a directory of bench/fidelity and bench/fidelity_llama --json files
+  fidelity-trained  RESULT = the same from bench/bench_fidelity_trained.sh (trained model)
   kernels   RESULT = bench/bench_kernels output
 
 A kind owns one or more sections of DOC, each between `<!-- bench:NAME begin -->` and
@@ -265,6 +266,37 @@ def fidelity(res):
     return out
 
 
+def fidelity_trained(res):
+    """One row per build of the trained model, with the greedy exact-reproduction count."""
+    try:
+        files = sorted(f for f in os.listdir(res) if f.endswith(".json"))
+    except OSError as e:
+        die(f"{res}: {e}")
+    if not files:
+        die(f"{res}: no result files")
+    rows, check = [], None
+    for f in files:
+        o = read_json(os.path.join(res, f))
+        for b in o["builds"]:
+            if "q4_0_source" in o:
+                label = f"{b['build']} ({b.get('types', '')})"
+            else:
+                label = f"hearth {b['build'].upper()} ({b['quant']})"
+            greedy = (f"{b['greedy_exact']}/{b['greedy_prompts']}" if "greedy_exact" in b else "-")
+            rows.append([label, num(b.get("bpw"), 2), num(b.get("top1"), 3), kl(b.get("kl_mean")),
+                         kl(b.get("kl_p99")), kl(b.get("kl_max")), greedy])
+        if "check_vs_hearth_f32" in o:
+            check = o["check_vs_hearth_f32"]
+        positions = o["positions"]
+    head = ["build", "bpw", "top-1", "KL mean", "KL p99", "KL max", "greedy exact"]
+    text = f"{positions} held-out positions.\n\n" + table(head, rows)
+    if check:
+        text += (f"\n\nllama.cpp unquantized against hearth's f32 reference on the same positions: "
+                 f"top-1 {num(check.get('top1'), 4)}, KL mean {kl(check.get('kl_mean'))}, "
+                 f"max {kl(check.get('kl_max'))}.")
+    return {"fidelity-trained": text}
+
+
 # ---- kernels: bench/bench_kernels
 
 def kernels(path):
@@ -302,7 +334,8 @@ def kernels(path):
     return {"kernels": (f"{head}, wall-clock rates.\n\n" if head else "") + text}
 
 
-KINDS = {"speed": speed, "serving": serving, "memory": memory, "fidelity": fidelity, "kernels": kernels}
+KINDS = {"speed": speed, "serving": serving, "memory": memory, "fidelity": fidelity,
+         "fidelity-trained": fidelity_trained, "kernels": kernels}
 
 
 def replace(doc, sections):
