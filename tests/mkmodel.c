@@ -883,7 +883,10 @@ static int write_tensor(struct gguf_build *b, FILE *fp, const struct mk_tensor *
 	if (ws) {
 		if (!(w = weights_find(ws, t->name)))
 			return hearth_error_set(err, HEARTH_EFORMAT, "weights have no tensor %s", t->name);
-		if (w->cols != t->ne[0] || w->rows != t->ne[1])
+		/* a vector is rows x 1 in the file, ne[0] x 1 here */
+		const bool same = t->n_dims == 1 ? w->cols == 1 && w->rows == t->ne[0]
+						 : w->cols == t->ne[0] && w->rows == t->ne[1];
+		if (!same)
 			return hearth_error_set(err, HEARTH_EFORMAT,
 						"weights' %s is %" PRIu32 " x %" PRIu32 ", the shape asks %" PRIu64
 						" x %" PRIu64, t->name, w->rows, w->cols, t->ne[1], t->ne[0]);
