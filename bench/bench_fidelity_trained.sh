@@ -67,7 +67,7 @@ for t in q4_0 q4_k_m iq4_xs; do
 	# --check once: llama.cpp's unquantized run against hearth's f32 reference
 	chk=""
 	[ $i = 5 ] && chk=--check
-	save "$i-llama-$t" "$builddir/bench/fidelity_llama" --lib "$lib" --q4 "$q" --label "llama.cpp $label" \
+	save "$i-llama-$t" "$builddir/bench/fidelity_llama" --lib "$lib" --q4 "$q" --label "llama.cpp $label" --greedy 12 \
 		$chk $c "$model"
 	i=$((i + 1))
 done

@@ -108,6 +108,7 @@ struct fidelity_llama_args {
 	const char *path, *lib, *q4, *out;
 	const char *label;              /* --label: the quantized build's name in the results */
 	uint32_t n_seqs, len, seed, threads;
+	uint32_t greedy;                /* --greedy N: prompts for the exact-reproduction count */
 	bool text, json, check, pure;
 };
 
@@ -267,6 +268,65 @@ out:
 	return rc;
 }
 
+/* Greedy reproduction as bench/fidelity counts it: the first n_prompts corpus sequences'
+ * first GREEDY_PROMPT ids as prompts, GREEDY_GEN greedy ids each into out. */
+enum { GREEDY_PROMPT = 16, GREEDY_GEN = 64 };
+
+static int llama_greedy(const struct llama_api *api, const char *path, const struct fidelity_corpus *c,
+			uint32_t n_prompts, uint32_t n_vocab, uint32_t threads, int32_t *out,
+			struct hearth_error *err)
+{
+	struct llama_model_params_abi mp = api->model_default_params();
+	mp.n_gpu_layers = 0;
+	void *model = api->model_load_from_file(path, mp);
+	if (!model)
+		return hearth_error_set(err, HEARTH_EIO, "%s: llama.cpp could not load it", path);
+	int rc = 0;
+	struct llama_context_params_abi cp = api->context_default_params();
+	cp.n_ctx = 256;
+	cp.n_batch = cp.n_ubatch = 256;
+	cp.n_threads = cp.n_threads_batch = (int32_t)threads;
+	void *ctx = api->init_from_model(model, cp);
+	if (!ctx) {
+		api->model_free(model);
+		return hearth_error_set(err, HEARTH_EIO, "%s: llama.cpp could not create a context", path);
+	}
+	struct llama_batch_abi b = api->batch_init(GREEDY_PROMPT, 0, 1);
+	for (uint32_t p = 0; p < n_prompts && rc == 0; p++) {
+		api->memory_clear(api->get_memory(ctx), true);
+		int32_t pos = 0, n = GREEDY_PROMPT;
+		const int32_t *feed = c->ids + (size_t)p * c->len;
+		for (uint32_t g = 0; g < GREEDY_GEN && rc == 0; g++) {
+			for (int32_t i = 0; i < n; i++) {
+				b.token[i] = feed[i];
+				b.pos[i] = pos + i;
+				b.n_seq_id[i] = 1;
+				b.seq_id[i][0] = 0;
+				b.logits[i] = i == n - 1;
+			}
+			b.n_tokens = n;
+			int32_t d = api->decode(ctx, b);
+			const float *l = d == 0 ? api->get_logits_ith(ctx, n - 1) : NULL;
+			if (!l) {
+				rc = hearth_error_set(err, HEARTH_EIO, "%s: greedy decode failed (%d)", path, d);
+				break;
+			}
+			int32_t best = 0;
+			for (uint32_t v = 1; v < n_vocab; v++)
+				if (l[v] > l[best])
+					best = (int32_t)v;
+			out[(size_t)p * GREEDY_GEN + g] = best;
+			pos += n;
+			feed = &out[(size_t)p * GREEDY_GEN + g];
+			n = 1;
+		}
+	}
+	api->batch_free(b);
+	api->free(ctx);
+	api->model_free(model);
+	return rc;
+}
+
 /* hearth's f32 reference over the same corpus, compared with llama.cpp's unquantized logits:
  * proof that both tools see the same ids and positions. */
 static int check_against_reference(const char *path, const struct fidelity_corpus *c,
@@ -313,6 +373,7 @@ static void usage(FILE *to)
 		    "  (default /tmp/fidelity-q4_0-PID.gguf, removed afterwards). --pure: every matrix\n"
 		    "  Q4_0, the tied embedding/head too (llama-quantize --pure), for equal bits.\n"
 		    "  Corpus options and defaults as bench/fidelity's, so the corpora are identical.\n"
+		    "  --greedy N: as bench/fidelity's, the quantized build against llama.cpp unquantized.\n"
 		    "  --label NAME: the quantized build's name (default llama.cpp q4_0), for a --q4 file\n"
 		    "  of another type (Q4_K_M, IQ4_XS from llama-quantize).\n"
 		    "  --check: also run hearth's f32 reference over the corpus and compare llama.cpp's\n"
@@ -345,6 +406,8 @@ static int parse_args(int argc, char **argv, struct fidelity_llama_args *a)
 			a->corpus = argv[++i];
 		else if (!strcmp(o, "--label") && v)
 			a->label = argv[++i];
+		else if (!strcmp(o, "--greedy") && v && !parse_u32(v, 1, 1024, &a->greedy))
+			i++;
 		else if (!strcmp(o, "--check"))
 			a->check = true;
 		else if (!strcmp(o, "--pure"))
@@ -415,6 +478,7 @@ int main(int argc, char **argv)
 	char tmp[256] = "", types[256] = "";
 	const char *q4 = a.q4;
 	double ms_ref = 0, ms_q = 0, ms_quant = 0;
+	int32_t *g_ref = NULL, *g_q = NULL;
 	int rc;
 	fidelity_acc_init(&acc);
 
@@ -469,6 +533,29 @@ int main(int argc, char **argv)
 		goto out;
 	if ((rc = fidelity_acc_add(&acc, ref, q, (size_t)a.n_seqs * a.len, n_vocab, &e)) < 0)
 		goto out;
+	uint32_t greedy_exact = 0;
+	double greedy_prefix = 0;
+	if (a.greedy) {
+		if (a.greedy > corpus.n_seqs || a.len < GREEDY_PROMPT) {
+			rc = hearth_error_set(&e, HEARTH_EINVAL, "--greedy %u needs as many sequences", a.greedy);
+			goto out;
+		}
+		if (!(g_ref = malloc((size_t)a.greedy * GREEDY_GEN * sizeof *g_ref)) ||
+		    !(g_q = malloc((size_t)a.greedy * GREEDY_GEN * sizeof *g_q))) {
+			rc = hearth_error_set(&e, HEARTH_ENOMEM, "greedy ids");
+			goto out;
+		}
+		if ((rc = llama_greedy(&api, a.path, &corpus, a.greedy, n_vocab, a.threads, g_ref, &e)) < 0 ||
+		    (rc = llama_greedy(&api, q4, &corpus, a.greedy, n_vocab, a.threads, g_q, &e)) < 0)
+			goto out;
+		for (uint32_t p = 0; p < a.greedy; p++) {
+			uint32_t same = 0;
+			while (same < GREEDY_GEN && g_q[p * GREEDY_GEN + same] == g_ref[p * GREEDY_GEN + same])
+				same++;
+			greedy_exact += same == GREEDY_GEN;
+			greedy_prefix += (double)same / a.greedy;
+		}
+	}
 	struct fidelity_summary s = fidelity_acc_summary(&acc), chk = { 0 };
 	if (a.check && (rc = check_against_reference(a.path, &corpus, ref, n_vocab, &chk, &e)) < 0)
 		goto out;
@@ -484,8 +571,12 @@ int main(int argc, char **argv)
 		printf("},\"builds\":[{\"build\":\"%s\",\"types\":\"%s\",", a.label ? a.label : "llama.cpp q4_0",
 		       types);
 		json_bpw(&q_bpw);
-		printf(",\"top1\":%.6f,\"kl_mean\":%.8f,\"kl_p99\":%.8f,\"kl_max\":%.8f}],",
+		printf(",\"top1\":%.6f,\"kl_mean\":%.8f,\"kl_p99\":%.8f,\"kl_max\":%.8f",
 		       s.top1, s.kl_mean, s.kl_p99, s.kl_max);
+		if (a.greedy)
+			printf(",\"greedy_prompts\":%u,\"greedy_len\":%d,\"greedy_exact\":%u,\"greedy_prefix\":%.2f",
+			       a.greedy, GREEDY_GEN, greedy_exact, greedy_prefix);
+		printf("}],");
 		if (a.check)
 			printf("\"check_vs_hearth_f32\":{\"top1\":%.6f,\"kl_mean\":%.8f,\"kl_max\":%.8f},",
 			       chk.top1, chk.kl_mean, chk.kl_max);
@@ -507,6 +598,10 @@ int main(int argc, char **argv)
 		printf("%-16s %8.3f %8.3f  %6.4f  %9.6f  %9.6f  %9.6f\n", a.label ? a.label : "llama.cpp Q4_0",
 		       fidelity_bpw_of(q_bpw.bytes_all, q_bpw.params_all),
 		       fidelity_bpw_of(q_bpw.bytes_mat, q_bpw.params_mat), s.top1, s.kl_mean, s.kl_p99, s.kl_max);
+		if (a.greedy)
+			printf("greedy: %u of %u prompts reproduce llama.cpp unquantized's %d tokens exactly "
+			       "(mean %.1f tokens before the first difference)\n", greedy_exact, a.greedy,
+			       GREEDY_GEN, greedy_prefix);
 		if (a.check)
 			printf("\ncheck: llama.cpp unquantized vs hearth f32 reference: top-1 %.4f, "
 			       "KL mean %.6f, max %.6f\n", chk.top1, chk.kl_mean, chk.kl_max);
@@ -520,6 +615,8 @@ out:
 		unlink(tmp);
 	free(ref);
 	free(q);
+	free(g_ref);
+	free(g_q);
 	fidelity_acc_free(&acc);
 	fidelity_corpus_free(&corpus);
 	tok_free(tok);
