@@ -462,9 +462,10 @@ static int spm_vocab_read(struct mk_vocab *v, const char *path)
 		line[len - 1] = '\0';
 		*tab1 = *tab2 = '\0';
 		const float score = strtof(tab1 + 1, &end);
+		const bool score_ok = end != tab1 + 1 && *end == '\0';
 		const long type = strtol(tab2 + 1, &end, 10);
-		if (*end || type < 1 || type > 6) {
-			fprintf(stderr, "mkmodel: %s:%" PRIu64 ": bad token type\n", path, lineno);
+		if (!score_ok || *end || type < 1 || type > 6) {
+			fprintf(stderr, "mkmodel: %s:%" PRIu64 ": bad score or token type\n", path, lineno);
 			rc = HEARTH_EFORMAT;
 			break;
 		}
