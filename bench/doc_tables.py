@@ -213,6 +213,8 @@ ABLATIONS = {
 def kl(v):
     if v is None:
         return "-"
+    if v == 0:
+        return "0"
     if v >= 0.1:
         return f"{v:.3f}"
     if v >= 0.001:
