@@ -219,7 +219,8 @@ def kl(v):
         return f"{v:.3f}"
     if v >= 0.001:
         return f"{v:.3g}"
-    return f"{v:.6f}".rstrip("0")
+    text = f"{v:.6f}".rstrip("0")
+    return "< 1e-6" if text == "0." else text
 
 
 def model_label(name):
