@@ -114,7 +114,7 @@ def speed(res):
         # llama.cpp's decode reads about its whole model per token (the tied head is token_embd).
         kv = kv_per_pos * (l["tg"] * l["pp"] + l["tg"] * (l["tg"] + 1) / 2)
         gbs = (l["tg"] * l["size_bytes"] + kv) / (l["tg"] / l["tg_tps"]["median"]) * 1e-9
-        rows.append(["llama.cpp", file_tag(l["model"]).upper(), num(l["bpw"], 2),
+        rows.append([l.get("engine", "llama.cpp"), file_tag(l["model"]).upper(), num(l["bpw"], 2),
                      stat(l["pp_tps"], 1), stat(l["tg_tps"], 2), num(gbs, 1), pct(gbs), "-"])
     text = table(["engine", "file / layout", "bpw", f"pp{pp} tok/s", f"tg{tg} tok/s",
                   "decode GB/s", "% probe", "% paired"], rows)
@@ -122,18 +122,23 @@ def speed(res):
     if probe:
         notes.append(f"Stream probe at start-up: median {probe['median']:.1f} GB/s "
                      f"(min {probe['min']:.1f}, max {probe['max']:.1f}).")
-    q40 = next((l for l in llama if re.search(r"q4_0", l["model"], re.I)), None)
-    main = ours[0]
     run = lambda o, act: next((r for r in o["runs"] if r["act"] == act), None)
-    if q40:
-        parts = []
-        for what, key, act in (("decode W4A8", "tg_tps", "a8"), ("decode W4A16", "tg_tps", "a16"),
-                               ("pp W4A8", "pp_tps", "a8"), ("pp W4A16", "pp_tps", "a16")):
-            r = run(main, act)
-            if r:
-                parts.append(f"{what} {r[key]['median'] / q40[key]['median']:.2f}x")
-        notes.append(f"Ratios to llama.cpp Q4_0 ({file_tag(main['model'])} / {main['layout']}, "
-                     f"medians): " + ", ".join(parts) + ".")
+    # Each anchor's Q4_0 against hearth on the same Q4_0 file when that was measured in the
+    # same rounds, and against hearth's default (the BF16 file at group 128).
+    same = next((o for o in ours if file_tag(o["model"]).lower() == "q4_0"), None)
+    for q40 in (l for l in llama if re.search(r"q4_0", l["model"], re.I)):
+        for o in (same, ours[0]):
+            if o is None:
+                continue
+            parts = []
+            for what, key, act in (("decode W4A8", "tg_tps", "a8"), ("decode W4A16", "tg_tps", "a16"),
+                                   ("pp W4A8", "pp_tps", "a8"), ("pp W4A16", "pp_tps", "a16")):
+                r = run(o, act)
+                if r:
+                    parts.append(f"{what} {r[key]['median'] / q40[key]['median']:.2f}x")
+            notes.append(f"Ratios to {q40.get('engine', 'llama.cpp')} Q4_0 "
+                         f"(hearth {file_tag(o['model'])} / {o['layout']}, medians): "
+                         + ", ".join(parts) + ".")
     return {"speed": text + "\n\n" + " ".join(notes)}
 
 
