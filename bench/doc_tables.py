@@ -7,6 +7,7 @@ usage: bench/doc_tables.py KIND DOC RESULT
   serving   RESULT = `hearth bench --json` output (lines that are not JSON are skipped)
   memory    RESULT = `bench_memory --json` output (the ledger JSON line, then the PASS/FAIL lines)
   fidelity  RESULT = a directory of bench/fidelity and bench/fidelity_llama --json files
+  fidelity-trained  RESULT = the same from bench/bench_fidelity_trained.sh (trained model)
   kernels   RESULT = bench/bench_kernels output
 
 A kind owns one or more sections of DOC, each between `<!-- bench:NAME begin -->` and
@@ -113,7 +114,7 @@ def speed(res):
         # llama.cpp's decode reads about its whole model per token (the tied head is token_embd).
         kv = kv_per_pos * (l["tg"] * l["pp"] + l["tg"] * (l["tg"] + 1) / 2)
         gbs = (l["tg"] * l["size_bytes"] + kv) / (l["tg"] / l["tg_tps"]["median"]) * 1e-9
-        rows.append(["llama.cpp", file_tag(l["model"]).upper(), num(l["bpw"], 2),
+        rows.append([l.get("engine", "llama.cpp"), file_tag(l["model"]).upper(), num(l["bpw"], 2),
                      stat(l["pp_tps"], 1), stat(l["tg_tps"], 2), num(gbs, 1), pct(gbs), "-"])
     text = table(["engine", "file / layout", "bpw", f"pp{pp} tok/s", f"tg{tg} tok/s",
                   "decode GB/s", "% probe", "% paired"], rows)
@@ -121,18 +122,23 @@ def speed(res):
     if probe:
         notes.append(f"Stream probe at start-up: median {probe['median']:.1f} GB/s "
                      f"(min {probe['min']:.1f}, max {probe['max']:.1f}).")
-    q40 = next((l for l in llama if re.search(r"q4_0", l["model"], re.I)), None)
-    main = ours[0]
     run = lambda o, act: next((r for r in o["runs"] if r["act"] == act), None)
-    if q40:
-        parts = []
-        for what, key, act in (("decode W4A8", "tg_tps", "a8"), ("decode W4A16", "tg_tps", "a16"),
-                               ("pp W4A8", "pp_tps", "a8"), ("pp W4A16", "pp_tps", "a16")):
-            r = run(main, act)
-            if r:
-                parts.append(f"{what} {r[key]['median'] / q40[key]['median']:.2f}x")
-        notes.append(f"Ratios to llama.cpp Q4_0 ({file_tag(main['model'])} / {main['layout']}, "
-                     f"medians): " + ", ".join(parts) + ".")
+    # Each anchor's Q4_0 against hearth on the same Q4_0 file when that was measured in the
+    # same rounds, and against hearth's default (the BF16 file at group 128).
+    same = next((o for o in ours if file_tag(o["model"]).lower() == "q4_0"), None)
+    for q40 in (l for l in llama if re.search(r"q4_0", l["model"], re.I)):
+        for o in (same, ours[0]):
+            if o is None:
+                continue
+            parts = []
+            for what, key, act in (("decode W4A8", "tg_tps", "a8"), ("decode W4A16", "tg_tps", "a16"),
+                                   ("pp W4A8", "pp_tps", "a8"), ("pp W4A16", "pp_tps", "a16")):
+                r = run(o, act)
+                if r:
+                    parts.append(f"{what} {r[key]['median'] / q40[key]['median']:.2f}x")
+            notes.append(f"Ratios to {q40.get('engine', 'llama.cpp')} Q4_0 "
+                         f"(hearth {file_tag(o['model'])} / {o['layout']}, medians): "
+                         + ", ".join(parts) + ".")
     return {"speed": text + "\n\n" + " ".join(notes)}
 
 
@@ -212,11 +218,14 @@ ABLATIONS = {
 def kl(v):
     if v is None:
         return "-"
+    if v == 0:
+        return "0"
     if v >= 0.1:
         return f"{v:.3f}"
     if v >= 0.001:
         return f"{v:.3g}"
-    return f"{v:.6f}".rstrip("0")
+    text = f"{v:.6f}".rstrip("0")
+    return "< 1e-6" if text == "0." else text
 
 
 def model_label(name):
@@ -265,6 +274,37 @@ def fidelity(res):
     return out
 
 
+def fidelity_trained(res):
+    """One row per build of the trained model, with the greedy exact-reproduction count."""
+    try:
+        files = sorted(f for f in os.listdir(res) if f.endswith(".json"))
+    except OSError as e:
+        die(f"{res}: {e}")
+    if not files:
+        die(f"{res}: no result files")
+    rows, check = [], None
+    for f in files:
+        o = read_json(os.path.join(res, f))
+        for b in o["builds"]:
+            if "q4_0_source" in o:
+                label = f"{b['build']} ({b.get('types', '')})"
+            else:
+                label = f"hearth {b['build'].upper()} ({b['quant']})"
+            greedy = (f"{b['greedy_exact']}/{b['greedy_prompts']}" if "greedy_exact" in b else "-")
+            rows.append([label, num(b.get("bpw"), 2), num(b.get("top1"), 3), kl(b.get("kl_mean")),
+                         kl(b.get("kl_p99")), kl(b.get("kl_max")), greedy])
+        if "check_vs_hearth_f32" in o:
+            check = o["check_vs_hearth_f32"]
+        positions = o["positions"]
+    head = ["build", "bpw", "top-1", "KL mean", "KL p99", "KL max", "greedy exact"]
+    text = f"{positions} held-out positions.\n\n" + table(head, rows)
+    if check:
+        text += (f"\n\nllama.cpp unquantized against hearth's f32 reference on the same positions: "
+                 f"top-1 {num(check.get('top1'), 4)}, KL mean {kl(check.get('kl_mean'))}, "
+                 f"max {kl(check.get('kl_max'))}.")
+    return {"fidelity-trained": text}
+
+
 # ---- kernels: bench/bench_kernels
 
 def kernels(path):
@@ -302,7 +342,8 @@ def kernels(path):
     return {"kernels": (f"{head}, wall-clock rates.\n\n" if head else "") + text}
 
 
-KINDS = {"speed": speed, "serving": serving, "memory": memory, "fidelity": fidelity, "kernels": kernels}
+KINDS = {"speed": speed, "serving": serving, "memory": memory, "fidelity": fidelity,
+         "fidelity-trained": fidelity_trained, "kernels": kernels}
 
 
 def replace(doc, sections):

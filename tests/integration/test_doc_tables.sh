@@ -81,7 +81,9 @@ check_kind speed "$fx/speed" "speed" \
 	'| hearth W4A8 | bf16 / q4_g128 | 4.25 | 196.5 (195.3-203.6) | 27.45 (26.62-27.50) | 26.9 | 79 % | 96 % (85-107 %) |' \
 	'| hearth W4A16 | bf16 / q4_g32 | 4.50 | 102.6 | 25.83 | 26.7 | 78 % | 81 % (81-119 %) |' \
 	'| llama.cpp | Q4_0 | 4.87 | 88.9 (86.1-90.7) | 17.95 (17.38-18.24) | 20.0 | 59 % | - |' \
-	'median 34.1 GB/s (min 33.2, max 34.7)' 'decode W4A8 1.53x' 'pp W4A8 2.21x'
+	'| ik_llama.cpp | Q4_0 | 4.87 | 125.0 (121.0-127.5) | 25.40 (25.10-25.90) | 28.3 | 83 % | - |' \
+	'median 34.1 GB/s (min 33.2, max 34.7)' 'decode W4A8 1.53x' 'pp W4A8 2.21x' \
+	'Ratios to ik_llama.cpp Q4_0 (hearth q4_0 / q4_g32+head_g128, medians): decode W4A8 1.21x'
 check_kind serving "$fx/serving.json" "serving" \
 	'| 8 | 212.9 | 26.7 / 26.6 | 35.2 | 291.8 | 1339 / 1340 | 37 / 137 / 216 |' \
 	'aggregate(8) / aggregate(1) = 3.30x' 'same cpu p50 5.4 / p99 15.9 µs'
