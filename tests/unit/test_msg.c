@@ -460,6 +460,8 @@ static size_t full_messages(enum msg_type type, struct msg *v)
 		m->u.generate.has_prompt = true;
 		m->u.generate.prompt = B("x");
 		m->u.generate.json_object = true;
+		m->u.generate.has_jump_forward = true;
+		m->u.generate.jump_forward = false;
 		break;
 	}
 	case MSG_CHAT: {
@@ -486,6 +488,8 @@ static size_t full_messages(enum msg_type type, struct msg *v)
 		c->gen.logits = true;
 		c->gen.ignore_eos = true;
 		c->gen.json_object = true;
+		c->gen.has_jump_forward = true;
+		c->gen.jump_forward = false;
 		m = &v[n++];
 		msg_init(m, type, 8);
 		m->u.chat.messages = full_chat_messages;
@@ -535,7 +539,7 @@ static size_t full_messages(enum msg_type type, struct msg *v)
 		m->u.done = (struct msg_done){ MSG_FINISH_LENGTH, 3, 4, 1.5, 2.5, 3.5, 4.5, 5.5 };
 		m = &v[n++];
 		msg_init(m, type, 8);
-		m->u.done = (struct msg_done){ MSG_FINISH_TOOL_CALLS, 3, 4, 1.5, 2.5, 3.5, 4.5, 5.5, 2, true,
+		m->u.done = (struct msg_done){ MSG_FINISH_TOOL_CALLS, 3, 4, 1.5, 2.5, 3.5, 4.5, 5.5, 2, 1, true,
 					       { B("ok"), B("hmm"), full_calls, 2 } };
 		break;
 	case MSG_TOKENS:
