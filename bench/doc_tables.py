@@ -9,6 +9,7 @@ usage: bench/doc_tables.py KIND DOC RESULT
   fidelity  RESULT = a directory of bench/fidelity and bench/fidelity_llama --json files
   fidelity-trained  RESULT = the same from bench/bench_fidelity_trained.sh (trained model)
   kernels   RESULT = bench/bench_kernels output
+  grammar   RESULT = bench/grammar_speed.sh's result directory (masks.txt, hearth.json, llama.json)
 
 A kind owns one or more sections of DOC, each between `<!-- bench:NAME begin -->` and
 `<!-- bench:NAME end -->` on lines of their own; only what lies between them is replaced.
@@ -342,8 +343,71 @@ def kernels(path):
     return {"kernels": (f"{head}, wall-clock rates.\n\n" if head else "") + text}
 
 
+# ---- grammar: structured output's cost (bench/grammar_speed.sh)
+
+def med(v):
+    s = sorted(v)
+    n = len(s)
+    if not n:
+        return None
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def spread(v, digits, suffix=""):
+    """median (min-max) of a list."""
+    if not v:
+        return "-"
+    return f"{med(v):.{digits}f}{suffix} ({min(v):.{digits}f}-{max(v):.{digits}f}{suffix})"
+
+
+def grammar(res):
+    h = read_json(os.path.join(res, "hearth.json"))
+    ll = read_json(os.path.join(res, "llama.json"))
+    tps = lambda runs: [r["decode_tps"] for r in runs]  # noqa: E731
+    hr = h["runs"]
+    rows = [["hearth", spread(tps(hr["plain"]), 2), spread(tps(hr["schema"]), 2), spread(h["ratio_schema"], 3, "x")],
+            ["hearth, jump-forward on", spread(tps(hr["plain"]), 2), spread(tps(hr["schema_jump"]), 2),
+             spread(h["ratio_schema_jump"], 3, "x")],
+            ["llama.cpp", spread(tps(ll["runs"]["plain"]), 2), spread(tps(ll["runs"]["schema"]), 2),
+             spread(ll["ratio_schema"], 3, "x")]]
+    speed_text = table(["engine", "unconstrained tok/s", "10-property schema tok/s",
+                        "schema / unconstrained, per round"], rows)
+    speed_text += (f"\n\n{h['rounds']} alternating rounds of {h['tokens']} greedy tokens each; "
+                   f"median (min-max) over the rounds.")
+    jrows = []
+    for kind, label in (("long_keys", "without jump-forward"), ("long_keys_jump", "with jump-forward")):
+        runs = hr[kind]
+        jrows.append([label, f"{med([r['n_gen'] for r in runs]):.0f}", f"{med([r['n_forced'] for r in runs]):.0f}",
+                      spread(tps(runs), 2), spread([r["ms"] for r in runs], 0),
+                      spread([r["bytes"] / (r["ms"] / 1e3) for r in runs], 1)])
+    jump_text = table(["long-keys schema, hearth", "tokens", "of them forced", "tokens/s",
+                       "ms per request", "output bytes/s"], jrows)
+    mrows = []
+    name = None
+    with open(os.path.join(res, "masks.txt"), encoding="utf-8") as f:
+        for line in f:
+            m = re.match(r"schema (\S+\.json)$", line)
+            if m:
+                name = m.group(1)
+                compile_ms = None
+                continue
+            m = re.match(r"schema -> grammar -> token index: best ([\d.]+) ms", line)
+            if m:
+                compile_ms = float(m.group(1))
+                continue
+            m = re.match(r"fill_mask .* over (\d+) steps.*p50 ([\d.]+), p90 [\d.]+, p99 ([\d.]+), max ([\d.]+) ms",
+                         line)
+            if m and name:
+                mrows.append([name, num(compile_ms, 1), m.group(1), f"{float(m.group(2)) * 1e3:.0f}",
+                              f"{float(m.group(3)) * 1e3:.0f}", f"{float(m.group(4)):.2f}"])
+    if not mrows:
+        die(f"{res}/masks.txt: no bench_grammar results")
+    mask_text = table(["schema", "compile + index ms", "mask steps", "p50 µs", "p99 µs", "max ms"], mrows)
+    return {"grammar": speed_text, "grammar-jump": jump_text, "grammar-masks": mask_text}
+
+
 KINDS = {"speed": speed, "serving": serving, "memory": memory, "fidelity": fidelity,
-         "fidelity-trained": fidelity_trained, "kernels": kernels}
+         "fidelity-trained": fidelity_trained, "kernels": kernels, "grammar": grammar}
 
 
 def replace(doc, sections):

@@ -84,6 +84,10 @@ check_kind speed "$fx/speed" "speed" \
 	'| ik_llama.cpp | Q4_0 | 4.87 | 125.0 (121.0-127.5) | 25.40 (25.10-25.90) | 28.3 | 83 % | - |' \
 	'median 34.1 GB/s (min 33.2, max 34.7)' 'decode W4A8 1.53x' 'pp W4A8 2.21x' \
 	'Ratios to ik_llama.cpp Q4_0 (hearth q4_0 / q4_g32+head_g128, medians): decode W4A8 1.21x'
+check_kind grammar "$fx/grammar" "grammar grammar-jump grammar-masks" \
+	'| hearth | 24.24 (10.55-26.31) | 23.39 (11.43-25.59) | 0.968x (0.848-1.464x) |' \
+	'| with jump-forward | 128 | 31 | 25.55 (8.13-30.94) |' \
+	'| ten_properties.json | 14.3 | 7853 | 1 | 46 | 0.13 |'
 check_kind serving "$fx/serving.json" "serving" \
 	'| 8 | 212.9 | 26.7 / 26.6 | 35.2 | 291.8 | 1339 / 1340 | 37 / 137 / 216 |' \
 	'aggregate(8) / aggregate(1) = 3.30x' 'same cpu p50 5.4 / p99 15.9 µs'
@@ -151,7 +155,8 @@ fi
 
 # The real documents carry the sections their bench targets write (Makefile.am, bench section).
 for pair in benchmarks.md:speed benchmarks.md:serving benchmarks.md:fidelity \
-	benchmarks.md:fidelity-ablation memory.md:memory memory.md:memory-ledger kernels.md:kernels; do
+	benchmarks.md:fidelity-ablation benchmarks.md:grammar benchmarks.md:grammar-jump \
+	benchmarks.md:grammar-masks memory.md:memory memory.md:memory-ledger kernels.md:kernels; do
 	doc=$HEARTH_SRCDIR/doc/${pair%%:*} s=${pair#*:}
 	if [ "$(grep -c "^<!-- bench:$s begin -->\$" "$doc")" = 1 ] &&
 		[ "$(grep -c "^<!-- bench:$s end -->\$" "$doc")" = 1 ]; then
