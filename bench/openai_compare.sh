@@ -63,7 +63,7 @@ start_llama llama_ik "${HEARTH_IK_BIN:-}"
 # cache holds them from an earlier round; within a round the 8 prompts differ from the start.
 streams() { # PORT SALT: aggregate tok/s, or exit on any failed stream
 	out=$(/usr/bin/python3 "$S/openai_streams.py" "http://127.0.0.1:$1/v1/chat/completions" $N $TOK --ignore-eos --salt "$2")
-	case $out in *aggregate_tps*) ;; *) echo "openai_compare: $out" >&2; exit 1 ;; esac
+	case $out in *aggregate_tps*) ;; *) echo "openai_compare: $out" >&2; return 1 ;; esac
 	echo "$out" | /usr/bin/python3 -c 'import json,sys; v=json.load(sys.stdin); assert v["tokens"] == '$((N * TOK))', v; print(v["aggregate_tps"])' ||
 		{ echo "openai_compare: not every stream gave $TOK tokens: $out" >&2; exit 1; }
 }
@@ -79,7 +79,7 @@ for l in sys.stdin:
 # Warm-up: each server once, not counted (first-touch of KV pages, llama-server's graphs).
 lib 1000 >/dev/null
 streams "$GPORT" 1000 >/dev/null || exit 1
-for l in $LLAMAS; do streams "${l#*=}" 1000 >/dev/null || exit 1; done
+for l in $LLAMAS; do streams "${l#*=}" 1000 >/dev/null || streams "${l#*=}" 1001 >/dev/null || exit 1; done
 
 r=1
 while [ $r -le "$ROUNDS" ]; do
@@ -92,7 +92,10 @@ while [ $r -le "$ROUNDS" ]; do
 		case $c in
 		lib) v=$(lib $r); line="$line, \"libhearth\": $v" ;;
 		gw) v=$(streams "$GPORT" $r) || exit 1; line="$line, \"gateway\": $v" ;;
-		*) v=$(streams "${c#*=}" $r) || exit 1; line="$line, \"${c%%=*}\": $v" ;;
+		*) # llama-server ends a stream early now and then (its chat parser on random-weight
+		   # output): such a round of it is run again on new prompts, and counted.
+			v=$(streams "${c#*=}" $r) || v=$(streams "${c#*=}" $((r + 100))) || exit 1
+			line="$line, \"${c%%=*}\": $v" ;;
 		esac
 	done
 	echo "$line}"

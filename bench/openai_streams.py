@@ -24,10 +24,12 @@ def one(url, body, out, i, barrier):
     if resp.status != 200:
         out[i] = {"error": "HTTP %d: %s" % (resp.status, resp.read()[:200])}
         return
-    chunks, usage, done, first = 0, None, False, b""
+    chunks, usage, done, first, last = 0, None, False, b"", b""
     for raw in resp:
         if not first:
             first = raw[:200]
+        if raw.strip():
+            last = raw[:300]
         line = raw.strip()
         if not line.startswith(b"data:"):
             continue
@@ -43,7 +45,8 @@ def one(url, body, out, i, barrier):
                 chunks += 1
     out[i] = {"tokens": usage["completion_tokens"] if usage else chunks,
               "prompt": usage["prompt_tokens"] if usage else None,
-              "done": done, "end": time.monotonic(), "first": first.decode("utf-8", "replace")}
+              "done": done, "end": time.monotonic(), "first": first.decode("utf-8", "replace"),
+              "last": last.decode("utf-8", "replace")}
     conn.close()
 
 
@@ -82,7 +85,7 @@ def main(argv):
     tok = sum(o["tokens"] for o in out)
     wall = max(o["end"] for o in out) - t0
     for o in out:
-        del o["first"]
+        del o["first"], o["last"]
     print(json.dumps({"streams": n, "tokens": tok, "prompt_tokens": [o["prompt"] for o in out],
                       "wall_s": round(wall, 3), "aggregate_tps": round(tok / wall, 2)}))
     return 0

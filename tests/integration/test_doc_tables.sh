@@ -156,7 +156,7 @@ fi
 
 # The real documents carry the sections their bench targets write (Makefile.am, bench section).
 for pair in benchmarks.md:speed benchmarks.md:serving benchmarks.md:fidelity \
-	benchmarks.md:fidelity-ablation memory.md:memory memory.md:memory-ledger kernels.md:kernels; do
+	benchmarks.md:fidelity-ablation memory.md:memory memory.md:memory-ledger kernels.md:kernels benchmarks.md:openai; do
 	doc=$HEARTH_SRCDIR/doc/${pair%%:*} s=${pair#*:}
 	if [ "$(grep -c "^<!-- bench:$s begin -->\$" "$doc")" = 1 ] &&
 		[ "$(grep -c "^<!-- bench:$s end -->\$" "$doc")" = 1 ]; then
