@@ -10,6 +10,7 @@ usage: bench/doc_tables.py KIND DOC RESULT
   fidelity-trained  RESULT = the same from bench/bench_fidelity_trained.sh (trained model)
   kernels   RESULT = bench/bench_kernels output
   grammar   RESULT = bench/grammar_speed.sh's result directory (masks.txt, hearth.json, llama.json)
+  openai    RESULT = bench/openai_compare.sh output (one JSON line per round)
 
 A kind owns one or more sections of DOC, each between `<!-- bench:NAME begin -->` and
 `<!-- bench:NAME end -->` on lines of their own; only what lies between them is replaced.
@@ -406,8 +407,46 @@ def grammar(res):
     return {"grammar": speed_text, "grammar-jump": jump_text, "grammar-masks": mask_text}
 
 
+# ---- openai: the gateway against libhearth and llama-server (bench/openai_compare.sh)
+
+def openai(path):
+    """Rounds of bench/openai_compare.sh: per contender the median aggregate tok/s and the
+    range; then the ratios that the goals name, taken round by round (each round runs the
+    contenders back to back) and summarised by their median and range."""
+    rounds = json_lines(path)
+    if not rounds:
+        die(f"{path}: no rounds")
+    names = [("libhearth", "libhearth (`hearth bench --clients 8`)"),
+             ("gateway", "hearth-openai, streaming /v1/chat/completions"),
+             ("llama_mainline", "llama-server `--parallel 8`, mainline llama.cpp"),
+             ("llama_ik", "llama-server `--parallel 8`, ik_llama.cpp")]
+    names = [(k, label) for k, label in names if all(k in r for r in rounds)]
+
+    def cell(v, digits, unit=""):
+        return f"{med(v):.{digits}f}{unit} ({min(v):.{digits}f}-{max(v):.{digits}f})"
+
+    rows = [[label, cell([r[k] for r in rounds], 1)] for k, label in names]
+    ratios = []
+    if "gateway" in rounds[0]:
+        ratios.append(["hearth-openai / libhearth", cell([r["gateway"] / r["libhearth"] for r in rounds], 2, "x"),
+                       "≥ 0.95x"])
+        for k, label in names:
+            if k.startswith("llama_"):
+                anchor = "mainline llama.cpp" if k == "llama_mainline" else "ik_llama.cpp"
+                ratios.append([f"hearth-openai / llama-server ({anchor})",
+                               cell([r["gateway"] / r[k] for r in rounds], 2, "x"), "≥ 2x"])
+    r0 = rounds[0]
+    head = (f"{len(rounds)} alternating rounds, {r0['streams']} concurrent streams, {r0['tokens']} tokens "
+            f"generated each, {r0['threads']} compute threads per server; median (lowest-highest).")
+    text = head + "\n\n" + table(["through", "aggregate tok/s"], rows)
+    if ratios:
+        text += "\n\n" + table(["ratio, round by round", "median (range)", "goal"], ratios)
+    return {"openai": text}
+
+
 KINDS = {"speed": speed, "serving": serving, "memory": memory, "fidelity": fidelity,
-         "fidelity-trained": fidelity_trained, "kernels": kernels, "grammar": grammar}
+         "fidelity-trained": fidelity_trained, "kernels": kernels, "grammar": grammar,
+         "openai": openai}
 
 
 def replace(doc, sections):

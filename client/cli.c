@@ -827,9 +827,12 @@ static int cmd_stats(struct cli *c, int argc, char **argv)
 	if (c->json) {
 		printf("{\"uptime_ms\":%" PRIu64 ",\"clients\":%u,\"running\":%u,\"queued\":%u,"
 		       "\"prompt_tokens\":%" PRIu64 ",\"gen_tokens\":%" PRIu64 ",\"kv_used\":%" PRIu64
-		       ",\"kv_total\":%" PRIu64 ",\"rss\":%" PRIu64 ",\"model\":{\"name\":",
+		       ",\"kv_total\":%" PRIu64 ",\"rss\":%" PRIu64 ",\"prefix_lookup_tokens\":%" PRIu64
+		       ",\"prefix_hit_tokens\":%" PRIu64 ",\"phase\":",
 		       s.uptime_ms, s.clients, s.running, s.queued, s.prompt_tokens, s.gen_tokens,
-		       s.kv_used, s.kv_total, s.rss);
+		       s.kv_used, s.kv_total, s.rss, s.prefix_lookup_tokens, s.prefix_hit_tokens);
+		cli_json_string(stdout, s.phase, strlen(s.phase));
+		fputs(",\"model\":{\"name\":", stdout);
 		cli_json_string(stdout, m.name, strlen(m.name));
 		fputs(",\"arch\":", stdout);
 		cli_json_string(stdout, m.arch, strlen(m.arch));
@@ -866,6 +869,11 @@ static int cmd_stats(struct cli *c, int argc, char **argv)
 	printf("%-16s %s / %s (%.1f%%)\n", "kv cache", kvu, kvt,
 	       s.kv_total ? 100.0 * (double)s.kv_used / (double)s.kv_total : 0.0);
 	printf("%-16s %s\n", "rss", rss);
+	printf("%-16s %" PRIu64 " of %" PRIu64 " prompt tokens (%.1f%%)\n", "prefix cache", s.prefix_hit_tokens,
+	       s.prefix_lookup_tokens,
+	       s.prefix_lookup_tokens ? 100.0 * (double)s.prefix_hit_tokens / (double)s.prefix_lookup_tokens : 0.0);
+	if (s.phase[0])
+		printf("%-16s %s\n", "phase", s.phase);
 	return 0;
 }
 

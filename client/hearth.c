@@ -119,6 +119,11 @@ int hearth_stats(struct hearth *h, struct hearth_stats *out, struct hearth_err *
 	out->kv_used = s->kv_used;
 	out->kv_total = s->kv_total;
 	out->rss = s->rss;
+	out->prefix_lookup_tokens = s->prefix_lookup_tokens;
+	out->prefix_hit_tokens = s->prefix_hit_tokens;
+	size_t n = s->phase.len < sizeof out->phase - 1 ? s->phase.len : sizeof out->phase - 1;
+	memcpy(out->phase, s->phase.ptr, n);
+	out->phase[n] = 0;
 	msg_free(&reply);
 	return 0;
 }

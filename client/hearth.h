@@ -362,6 +362,12 @@ struct hearth_stats {
 	uint64_t kv_used;         /* bytes */
 	uint64_t kv_total;
 	uint64_t rss;             /* the daemon's resident set, bytes */
+	/* Prefix cache since start: prompt tokens of admitted requests, and of those the ones
+	 * found cached (the sum of hearth_done.n_cached); hit ratio = hit / lookup. */
+	uint64_t prefix_lookup_tokens;
+	uint64_t prefix_hit_tokens;
+	char phase[64];           /* "ready", "failed", the load phase ("map", "repack", ...),
+				   * or "" from a daemon that does not say */
 };
 
 int hearth_stats(struct hearth *h, struct hearth_stats *out, struct hearth_err *err);

@@ -316,6 +316,10 @@ struct msg_stats_reply {
 	uint64_t kv_used;          /* bytes */
 	uint64_t kv_total;
 	uint64_t rss;
+	/* Optional, added without a version bump (a client knows them by their presence): */
+	uint64_t prefix_lookup_tokens; /* prompt tokens of admitted requests, since start */
+	uint64_t prefix_hit_tokens;    /* of those, found in the prefix cache */
+	struct msg_bytes phase;        /* "ready", "failed", or the loader's phase ("map", ...) */
 };
 
 struct msg_ledger_entry {

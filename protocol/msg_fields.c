@@ -205,6 +205,9 @@ static const struct field stats_fields[] = {
 	F("kv_used", FK_U64, 0, struct msg_stats_reply, kv_used, 0, U64MAX),
 	F("kv_total", FK_U64, 0, struct msg_stats_reply, kv_total, 0, U64MAX),
 	F("rss", FK_U64, 0, struct msg_stats_reply, rss, 0, U64MAX),
+	F("prefix_lookup_tokens", FK_U64, 0, struct msg_stats_reply, prefix_lookup_tokens, 0, U64MAX),
+	F("prefix_hit_tokens", FK_U64, 0, struct msg_stats_reply, prefix_hit_tokens, 0, U64MAX),
+	F("phase", FK_STR, 0, struct msg_stats_reply, phase, 0, MSG_NAME_MAX),
 };
 
 static const struct field ledger_entry_fields[] = {

@@ -287,6 +287,8 @@ static int seq_start(struct sched *s, struct sched_seq *q, struct sched_msg *m, 
 	m->result.n_prompt = r->n_prompt;
 	m->result.n_cached = n_cached;
 	m->result.t_admit = now;
+	atomic_fetch_add_explicit(&s->stats.prefix_lookup_tokens, r->n_prompt, memory_order_relaxed);
+	atomic_fetch_add_explicit(&s->stats.prefix_hit_tokens, n_cached, memory_order_relaxed);
 	return 0;
 }
 

@@ -160,6 +160,9 @@ struct sched_stats {
 	_Atomic uint64_t kv_used, kv_total; /* bytes */
 	_Atomic uint64_t busy_ns;       /* time spent in forward steps */
 	_Atomic uint32_t decode_tps_x100; /* decode tokens/s over the last second, x100 */
+	/* Prefix cache: prompt tokens of every admitted sequence (looked up), and those found
+	 * cached and not computed again (hits: exactly the sum of the done frames' n_cached). */
+	_Atomic uint64_t prefix_lookup_tokens, prefix_hit_tokens;
 };
 
 struct sched;

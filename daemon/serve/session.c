@@ -948,8 +948,16 @@ static void session_on_stats(struct session *ss, const struct msg *m)
 		st->gen_tokens = atomic_load(&ss_->tokens_generated);
 		st->kv_used = atomic_load(&ss_->kv_used);
 		st->kv_total = atomic_load(&ss_->kv_total);
+		st->prefix_lookup_tokens = atomic_load(&ss_->prefix_lookup_tokens);
+		st->prefix_hit_tokens = atomic_load(&ss_->prefix_hit_tokens);
 	}
 	st->rss = session_rss();
+	/* stats is answered before hello too, so a monitor sees the load's progress. */
+	struct server_loading ld;
+	server_loading_snapshot(srv, &ld);
+	const char *phase = ld.state == SERVE_READY ? "ready" : ld.state == SERVE_FAILED ? "failed" :
+			    ld.phase[0] ? ld.phase : "loading";
+	st->phase = (struct msg_bytes){ phase, strlen(phase) };
 	session_send(ss, &r);
 }
 

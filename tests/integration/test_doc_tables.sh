@@ -105,6 +105,13 @@ check_kind fidelity "$fx/fidelity" "fidelity fidelity-ablation" \
 check_kind kernels "$fx/kernels.txt" "kernels" \
 	'| plain streaming read | 18.1 GB/s | 26.7 GB/s |' \
 	'| GEMM 512 tok W4A8 6144x2048 | 282.0 GOP/s | 563.0 GOP/s |'
+check_kind openai "$fx/openai.jsonl" "openai" \
+	'| libhearth (`hearth bench --clients 8`) | 150.0 (140.0-160.0) |' \
+	'| hearth-openai, streaming /v1/chat/completions | 147.0 (144.0-147.0) |' \
+	'| hearth-openai / libhearth | 0.98x (0.90-1.05) | ≥ 0.95x |' \
+	'| hearth-openai / llama-server (mainline llama.cpp) | 2.10x (2.00-2.45) | ≥ 2x |' \
+	'| hearth-openai / llama-server (ik_llama.cpp) | 2.94x (2.67-3.00) | ≥ 2x |' \
+	'3 alternating rounds, 8 concurrent streams'
 
 # bench_kernels' small-batch lines (8 tokens from memory) are rows of their own.
 cat >"$tmp/kernels8.txt" <<'EOF2'
@@ -156,7 +163,7 @@ fi
 # The real documents carry the sections their bench targets write (Makefile.am, bench section).
 for pair in benchmarks.md:speed benchmarks.md:serving benchmarks.md:fidelity \
 	benchmarks.md:fidelity-ablation benchmarks.md:grammar benchmarks.md:grammar-jump \
-	benchmarks.md:grammar-masks memory.md:memory memory.md:memory-ledger kernels.md:kernels; do
+	benchmarks.md:grammar-masks memory.md:memory memory.md:memory-ledger kernels.md:kernels benchmarks.md:openai; do
 	doc=$HEARTH_SRCDIR/doc/${pair%%:*} s=${pair#*:}
 	if [ "$(grep -c "^<!-- bench:$s begin -->\$" "$doc")" = 1 ] &&
 		[ "$(grep -c "^<!-- bench:$s end -->\$" "$doc")" = 1 ]; then

@@ -268,7 +268,12 @@ class Client:
 
     def stats(self):
         f = self._request("stats")
-        return {k: v for k, v in f.items() if k not in ("t", "id")}
+        s = {k: v for k, v in f.items() if k not in ("t", "id")}
+        # Optional fields (no version bump): absent from an older daemon, then 0 and "".
+        s.setdefault("prefix_lookup_tokens", 0)
+        s.setdefault("prefix_hit_tokens", 0)
+        s["phase"] = text_of(s.get("phase", ""))
+        return s
 
     def ledger(self):
         f = self._request("ledger")

@@ -128,6 +128,26 @@ def test_stats_count_this_client(daemon):
         assert s["kv_total"] > 0
 
 
+def test_stats_prefix_counters_move_by_the_cached_tokens(daemon):
+    prompt = " ".join(["river stone lamp orchard winter copper meadow harbor"] * 6)
+    with hearth.Client(daemon) as c:
+        s0 = c.stats()
+        assert s0["phase"] == "ready"
+        g1 = c.generate(prompt, max_tokens=2, temperature=0, ignore_eos=True).wait()
+        s1 = c.stats()
+        g2 = c.generate(prompt, max_tokens=2, temperature=0, ignore_eos=True).wait()
+        s2 = c.stats()
+    n = g1.done["n_prompt"]
+    assert n > 32 and g2.done["n_prompt"] == n
+    # The repeat is cached up to its last full 16-token KV block; its last token is always
+    # computed, so its logits exist.
+    assert g2.done.get("n_cached", 0) == min(n // 16 * 16, n - 1)
+    assert s1["prefix_lookup_tokens"] - s0["prefix_lookup_tokens"] == n
+    assert s1["prefix_hit_tokens"] - s0["prefix_hit_tokens"] == g1.done.get("n_cached", 0)
+    assert s2["prefix_lookup_tokens"] - s1["prefix_lookup_tokens"] == n
+    assert s2["prefix_hit_tokens"] - s1["prefix_hit_tokens"] == g2.done["n_cached"]
+
+
 def test_asyncio_streams_two_generations_concurrently(daemon):
     async def run():
         c = await hearth.AsyncClient.connect(daemon)
