@@ -7,7 +7,10 @@ usage: bench/doc_tables.py KIND DOC RESULT
   serving   RESULT = `hearth bench --json` output (lines that are not JSON are skipped)
   memory    RESULT = `bench_memory --json` output (the ledger JSON line, then the PASS/FAIL lines)
   fidelity  RESULT = a directory of bench/fidelity and bench/fidelity_llama --json files
+  fidelity-trained  RESULT = the same from bench/bench_fidelity_trained.sh (trained model)
   kernels   RESULT = bench/bench_kernels output
+  grammar   RESULT = bench/grammar_speed.sh's result directory (masks.txt, hearth.json, llama.json)
+  openai    RESULT = bench/openai_compare.sh output (one JSON line per round)
 
 A kind owns one or more sections of DOC, each between `<!-- bench:NAME begin -->` and
 `<!-- bench:NAME end -->` on lines of their own; only what lies between them is replaced.
@@ -113,7 +116,7 @@ def speed(res):
         # llama.cpp's decode reads about its whole model per token (the tied head is token_embd).
         kv = kv_per_pos * (l["tg"] * l["pp"] + l["tg"] * (l["tg"] + 1) / 2)
         gbs = (l["tg"] * l["size_bytes"] + kv) / (l["tg"] / l["tg_tps"]["median"]) * 1e-9
-        rows.append(["llama.cpp", file_tag(l["model"]).upper(), num(l["bpw"], 2),
+        rows.append([l.get("engine", "llama.cpp"), file_tag(l["model"]).upper(), num(l["bpw"], 2),
                      stat(l["pp_tps"], 1), stat(l["tg_tps"], 2), num(gbs, 1), pct(gbs), "-"])
     text = table(["engine", "file / layout", "bpw", f"pp{pp} tok/s", f"tg{tg} tok/s",
                   "decode GB/s", "% probe", "% paired"], rows)
@@ -121,18 +124,23 @@ def speed(res):
     if probe:
         notes.append(f"Stream probe at start-up: median {probe['median']:.1f} GB/s "
                      f"(min {probe['min']:.1f}, max {probe['max']:.1f}).")
-    q40 = next((l for l in llama if re.search(r"q4_0", l["model"], re.I)), None)
-    main = ours[0]
     run = lambda o, act: next((r for r in o["runs"] if r["act"] == act), None)
-    if q40:
-        parts = []
-        for what, key, act in (("decode W4A8", "tg_tps", "a8"), ("decode W4A16", "tg_tps", "a16"),
-                               ("pp W4A8", "pp_tps", "a8"), ("pp W4A16", "pp_tps", "a16")):
-            r = run(main, act)
-            if r:
-                parts.append(f"{what} {r[key]['median'] / q40[key]['median']:.2f}x")
-        notes.append(f"Ratios to llama.cpp Q4_0 ({file_tag(main['model'])} / {main['layout']}, "
-                     f"medians): " + ", ".join(parts) + ".")
+    # Each anchor's Q4_0 against hearth on the same Q4_0 file when that was measured in the
+    # same rounds, and against hearth's default (the BF16 file at group 128).
+    same = next((o for o in ours if file_tag(o["model"]).lower() == "q4_0"), None)
+    for q40 in (l for l in llama if re.search(r"q4_0", l["model"], re.I)):
+        for o in (same, ours[0]):
+            if o is None:
+                continue
+            parts = []
+            for what, key, act in (("decode W4A8", "tg_tps", "a8"), ("decode W4A16", "tg_tps", "a16"),
+                                   ("pp W4A8", "pp_tps", "a8"), ("pp W4A16", "pp_tps", "a16")):
+                r = run(o, act)
+                if r:
+                    parts.append(f"{what} {r[key]['median'] / q40[key]['median']:.2f}x")
+            notes.append(f"Ratios to {q40.get('engine', 'llama.cpp')} Q4_0 "
+                         f"(hearth {file_tag(o['model'])} / {o['layout']}, medians): "
+                         + ", ".join(parts) + ".")
     return {"speed": text + "\n\n" + " ".join(notes)}
 
 
@@ -212,11 +220,14 @@ ABLATIONS = {
 def kl(v):
     if v is None:
         return "-"
+    if v == 0:
+        return "0"
     if v >= 0.1:
         return f"{v:.3f}"
     if v >= 0.001:
         return f"{v:.3g}"
-    return f"{v:.6f}".rstrip("0")
+    text = f"{v:.6f}".rstrip("0")
+    return "< 1e-6" if text == "0." else text
 
 
 def model_label(name):
@@ -265,6 +276,37 @@ def fidelity(res):
     return out
 
 
+def fidelity_trained(res):
+    """One row per build of the trained model, with the greedy exact-reproduction count."""
+    try:
+        files = sorted(f for f in os.listdir(res) if f.endswith(".json"))
+    except OSError as e:
+        die(f"{res}: {e}")
+    if not files:
+        die(f"{res}: no result files")
+    rows, check = [], None
+    for f in files:
+        o = read_json(os.path.join(res, f))
+        for b in o["builds"]:
+            if "q4_0_source" in o:
+                label = f"{b['build']} ({b.get('types', '')})"
+            else:
+                label = f"hearth {b['build'].upper()} ({b['quant']})"
+            greedy = (f"{b['greedy_exact']}/{b['greedy_prompts']}" if "greedy_exact" in b else "-")
+            rows.append([label, num(b.get("bpw"), 2), num(b.get("top1"), 3), kl(b.get("kl_mean")),
+                         kl(b.get("kl_p99")), kl(b.get("kl_max")), greedy])
+        if "check_vs_hearth_f32" in o:
+            check = o["check_vs_hearth_f32"]
+        positions = o["positions"]
+    head = ["build", "bpw", "top-1", "KL mean", "KL p99", "KL max", "greedy exact"]
+    text = f"{positions} held-out positions.\n\n" + table(head, rows)
+    if check:
+        text += (f"\n\nllama.cpp unquantized against hearth's f32 reference on the same positions: "
+                 f"top-1 {num(check.get('top1'), 4)}, KL mean {kl(check.get('kl_mean'))}, "
+                 f"max {kl(check.get('kl_max'))}.")
+    return {"fidelity-trained": text}
+
+
 # ---- kernels: bench/bench_kernels
 
 def kernels(path):
@@ -302,7 +344,109 @@ def kernels(path):
     return {"kernels": (f"{head}, wall-clock rates.\n\n" if head else "") + text}
 
 
-KINDS = {"speed": speed, "serving": serving, "memory": memory, "fidelity": fidelity, "kernels": kernels}
+# ---- grammar: structured output's cost (bench/grammar_speed.sh)
+
+def med(v):
+    s = sorted(v)
+    n = len(s)
+    if not n:
+        return None
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def spread(v, digits, suffix=""):
+    """median (min-max) of a list."""
+    if not v:
+        return "-"
+    return f"{med(v):.{digits}f}{suffix} ({min(v):.{digits}f}-{max(v):.{digits}f}{suffix})"
+
+
+def grammar(res):
+    h = read_json(os.path.join(res, "hearth.json"))
+    ll = read_json(os.path.join(res, "llama.json"))
+    tps = lambda runs: [r["decode_tps"] for r in runs]  # noqa: E731
+    hr = h["runs"]
+    rows = [["hearth", spread(tps(hr["plain"]), 2), spread(tps(hr["schema"]), 2), spread(h["ratio_schema"], 3, "x")],
+            ["hearth, jump-forward on", spread(tps(hr["plain"]), 2), spread(tps(hr["schema_jump"]), 2),
+             spread(h["ratio_schema_jump"], 3, "x")],
+            ["llama.cpp", spread(tps(ll["runs"]["plain"]), 2), spread(tps(ll["runs"]["schema"]), 2),
+             spread(ll["ratio_schema"], 3, "x")]]
+    speed_text = table(["engine", "unconstrained tok/s", "10-property schema tok/s",
+                        "schema / unconstrained, per round"], rows)
+    speed_text += (f"\n\n{h['rounds']} alternating rounds of {h['tokens']} greedy tokens each; "
+                   f"median (min-max) over the rounds.")
+    jrows = []
+    for kind, label in (("long_keys", "without jump-forward"), ("long_keys_jump", "with jump-forward")):
+        runs = hr[kind]
+        jrows.append([label, f"{med([r['n_gen'] for r in runs]):.0f}", f"{med([r['n_forced'] for r in runs]):.0f}",
+                      spread(tps(runs), 2), spread([r["ms"] for r in runs], 0),
+                      spread([r["bytes"] / (r["ms"] / 1e3) for r in runs], 1)])
+    jump_text = table(["long-keys schema, hearth", "tokens", "of them forced", "tokens/s",
+                       "ms per request", "output bytes/s"], jrows)
+    mrows = []
+    name = None
+    with open(os.path.join(res, "masks.txt"), encoding="utf-8") as f:
+        for line in f:
+            m = re.match(r"schema (\S+\.json)$", line)
+            if m:
+                name = m.group(1)
+                compile_ms = None
+                continue
+            m = re.match(r"schema -> grammar -> token index: best ([\d.]+) ms", line)
+            if m:
+                compile_ms = float(m.group(1))
+                continue
+            m = re.match(r"fill_mask .* over (\d+) steps.*p50 ([\d.]+), p90 [\d.]+, p99 ([\d.]+), max ([\d.]+) ms",
+                         line)
+            if m and name:
+                mrows.append([name, num(compile_ms, 1), m.group(1), f"{float(m.group(2)) * 1e3:.0f}",
+                              f"{float(m.group(3)) * 1e3:.0f}", f"{float(m.group(4)):.2f}"])
+    if not mrows:
+        die(f"{res}/masks.txt: no bench_grammar results")
+    mask_text = table(["schema", "compile + index ms", "mask steps", "p50 µs", "p99 µs", "max ms"], mrows)
+    return {"grammar": speed_text, "grammar-jump": jump_text, "grammar-masks": mask_text}
+
+
+# ---- openai: the gateway against libhearth and llama-server (bench/openai_compare.sh)
+
+def openai(path):
+    """Rounds of bench/openai_compare.sh: per contender the median aggregate tok/s and the
+    range; then the ratios that the goals name, taken round by round (each round runs the
+    contenders back to back) and summarised by their median and range."""
+    rounds = json_lines(path)
+    if not rounds:
+        die(f"{path}: no rounds")
+    names = [("libhearth", "libhearth (`hearth bench --clients 8`)"),
+             ("gateway", "hearth-openai, streaming /v1/chat/completions"),
+             ("llama_mainline", "llama-server `--parallel 8`, mainline llama.cpp"),
+             ("llama_ik", "llama-server `--parallel 8`, ik_llama.cpp")]
+    names = [(k, label) for k, label in names if all(k in r for r in rounds)]
+
+    def cell(v, digits, unit=""):
+        return f"{med(v):.{digits}f}{unit} ({min(v):.{digits}f}-{max(v):.{digits}f})"
+
+    rows = [[label, cell([r[k] for r in rounds], 1)] for k, label in names]
+    ratios = []
+    if "gateway" in rounds[0]:
+        ratios.append(["hearth-openai / libhearth", cell([r["gateway"] / r["libhearth"] for r in rounds], 2, "x"),
+                       "≥ 0.95x"])
+        for k, label in names:
+            if k.startswith("llama_"):
+                anchor = "mainline llama.cpp" if k == "llama_mainline" else "ik_llama.cpp"
+                ratios.append([f"hearth-openai / llama-server ({anchor})",
+                               cell([r["gateway"] / r[k] for r in rounds], 2, "x"), "≥ 2x"])
+    r0 = rounds[0]
+    head = (f"{len(rounds)} alternating rounds, {r0['streams']} concurrent streams, {r0['tokens']} tokens "
+            f"generated each, {r0['threads']} compute threads per server; median (lowest-highest).")
+    text = head + "\n\n" + table(["through", "aggregate tok/s"], rows)
+    if ratios:
+        text += "\n\n" + table(["ratio, round by round", "median (range)", "goal"], ratios)
+    return {"openai": text}
+
+
+KINDS = {"speed": speed, "serving": serving, "memory": memory, "fidelity": fidelity,
+         "fidelity-trained": fidelity_trained, "kernels": kernels, "grammar": grammar,
+         "openai": openai}
 
 
 def replace(doc, sections):

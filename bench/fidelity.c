@@ -1,7 +1,7 @@
 /* bench/fidelity: how far hearth's int4 paths (W4A16, W4A8) move the next-token distribution
  * away from the unquantized model, measured against the f32 scalar reference over a corpus
  * of positions (top-1 agreement, mean / p99 / max KL), with the bits per weight each spends.
- * usage: bench/fidelity [--seqs N] [--len L] [--seed S] [--no-text] [--threads T]
+ * usage: bench/fidelity [--seqs N] [--len L] [--seed S] [--no-text] [--corpus FILE] [--threads T]
  *                       [--act a16|a8|both] [--weights-group 128|32] [--head-group 128|32]
  *                       [--head int4|int8] [--kv f16|bf16|q8]
  *                       [--ablate] [--json] MODEL.gguf   (F32/F16/BF16)
@@ -27,13 +27,19 @@
 #include "protocol/clock.h"
 
 struct fidelity_args {
+	const char *corpus;             /* --corpus: one document a line, or NULL */
 	const char *path;
 	uint32_t n_seqs, len, seed, threads;
 	uint32_t group, head_group;     /* load_opts weights_group / head_group (0: default) */
 	uint32_t head_bits;             /* load_opts head_bits: 4 or 8 */
 	enum qtype kv_type;             /* load_opts kv_type: QTYPE_F16, QTYPE_BF16, QTYPE_KV_Q8 */
+	uint32_t greedy;                /* --greedy N: prompts for the exact-reproduction count */
 	bool text, json, a16, a8, ablate;
 };
+
+/* Greedy reproduction: each prompt is a corpus sequence's first GREEDY_PROMPT tokens, and a
+ * build reproduces it when its GREEDY_GEN greedy tokens equal the f32 reference's exactly. */
+enum { GREEDY_PROMPT = 16, GREEDY_GEN = 64 };
 
 /* One int4 build's results. */
 struct fidelity_build {
@@ -42,11 +48,13 @@ struct fidelity_build {
 	struct fidelity_bpw bpw;
 	struct fidelity_summary sum;
 	double ms;
+	uint32_t greedy_exact;          /* prompts whose greedy continuation equals the reference's */
+	double greedy_prefix;           /* mean tokens equal before the first difference */
 };
 
 static void usage(FILE *to)
 {
-	fprintf(to, "usage: bench/fidelity [--seqs N] [--len L] [--seed S] [--no-text] [--threads T]\n"
+	fprintf(to, "usage: bench/fidelity [--seqs N] [--len L] [--seed S] [--no-text] [--corpus FILE] [--threads T]\n"
 		    "                      [--act a16|a8|both] [--weights-group 128|32] [--head-group 128|32]\n"
 		    "                      [--head int4|int8] [--kv f16|bf16|q8] [--ablate] [--json] MODEL.gguf\n"
 		    "  MODEL is an unquantized GGUF (F32, F16 or BF16 matrices).\n"
@@ -55,7 +63,11 @@ static void usage(FILE *to)
 		    "  --head int8 stores the embedding/head as int8 (the daemon's head key).\n"
 		    "  --kv is the int4 builds' KV cache type (the daemon's kv_type key; default f16).\n"
 		    "  Defaults: 4 sequences x 64 positions (the built-in paragraph, then random ids\n"
-		    "  from seed 1), 2 threads, both activation paths.\n");
+		    "  from seed 1), 2 threads, both activation paths.\n"
+		    "  --greedy N: also count, over the first N sequences' first 16 tokens as prompts,\n"
+		    "  the builds whose 64 greedy tokens equal the f32 reference's exactly.\n"
+		    "  --corpus FILE: real text instead, one document a line (a trained model's held-out\n"
+		    "  chapters); each sequence is one line's first --len tokens.\n");
 }
 
 static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
@@ -80,6 +92,10 @@ static int parse_args(int argc, char **argv, struct fidelity_args *a)
 			a->json = true;
 		else if (!strcmp(o, "--no-text"))
 			a->text = false;
+		else if (!strcmp(o, "--corpus") && v)
+			a->corpus = argv[++i];
+		else if (!strcmp(o, "--greedy") && v && !parse_u32(v, 1, 1024, &a->greedy))
+			i++;
 		else if (!strcmp(o, "--ablate"))
 			a->ablate = true;
 		else if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
@@ -163,6 +179,59 @@ static int int4_logits(struct model_q4 *m, const int32_t *ids, uint32_t n, float
 	for (uint32_t i = 0; i < n && rc == 0; i++) {
 		struct engine_span sp = { s, &ids[i], 1, out + (size_t)i * eng.n_vocab, 0 };
 		rc = eng.forward(eng.impl, &sp, 1, err);
+	}
+	eng.seq_close(eng.impl, s);
+	return rc;
+}
+
+static int32_t argmax_of(const float *x, uint32_t n)
+{
+	uint32_t best = 0;
+	for (uint32_t i = 1; i < n; i++)
+		if (x[i] > x[best])
+			best = i;
+	return (int32_t)best;
+}
+
+/* The f32 reference's greedy continuation of prompt: GREEDY_GEN ids into out. */
+static int ref_greedy(const struct model *m, struct model_ctx *c, const int32_t *prompt, float *logits,
+		      int32_t *out, struct hearth_error *err)
+{
+	model_ctx_reset(c);
+	int rc = model_forward(m, c, prompt, GREEDY_PROMPT, MODEL_LOGITS_LAST, logits, err);
+	for (uint32_t i = 0; i < GREEDY_GEN && rc == 0; i++) {
+		out[i] = argmax_of(logits, m->hp.n_vocab);
+		if (i + 1 < GREEDY_GEN)
+			rc = model_forward(m, c, &out[i], 1, MODEL_LOGITS_LAST, logits, err);
+	}
+	return rc;
+}
+
+/* The same through the int4 engine's interface, one token a step as the daemon decodes. A
+ * sharing domain of its own per prompt, so no prompt is served from another's prefix. */
+static int int4_greedy(struct model_q4 *m, const int32_t *prompt, uint32_t domain, float *logits,
+		       int32_t *out, struct hearth_error *err)
+{
+	struct engine eng;
+	model_q4_engine(m, &eng);
+	struct engine_seq *s;
+	uint32_t cached;
+	int rc = eng.seq_open(eng.impl, prompt, GREEDY_PROMPT, GREEDY_PROMPT + GREEDY_GEN, domain, &s, &cached,
+			      err);
+	if (rc < 0)
+		return rc;
+	if (cached)
+		rc = hearth_error_set(err, HEARTH_EINVAL, "fidelity: greedy prompt came from the prefix cache");
+	for (uint32_t i = 0; i < GREEDY_PROMPT && rc == 0; i++) {
+		struct engine_span sp = { s, &prompt[i], 1, logits, 0 };
+		rc = eng.forward(eng.impl, &sp, 1, err);
+	}
+	for (uint32_t i = 0; i < GREEDY_GEN && rc == 0; i++) {
+		out[i] = argmax_of(logits, eng.n_vocab);
+		if (i + 1 < GREEDY_GEN) {
+			struct engine_span sp = { s, &out[i], 1, logits, 0 };
+			rc = eng.forward(eng.impl, &sp, 1, err);
+		}
 	}
 	eng.seq_close(eng.impl, s);
 	return rc;
@@ -535,7 +604,11 @@ int main(int argc, char **argv)
 	if ((rc = tok_load(&tok, f, &e)) < 0)
 		goto out;
 	uint32_t n_vocab = ref->hp.n_vocab;
-	if ((rc = fidelity_corpus_build(&corpus, tok, n_vocab, a.n_seqs, a.len, a.seed, a.text, &e)) < 0)
+	if (a.corpus)
+		rc = fidelity_corpus_read(&corpus, tok, a.corpus, a.n_seqs, a.len, &e);
+	else
+		rc = fidelity_corpus_build(&corpus, tok, n_vocab, a.n_seqs, a.len, a.seed, a.text, &e);
+	if (rc < 0)
 		goto out;
 	for (int k = 0; k < 2; k++) {
 		if (!want[k])
@@ -590,6 +663,30 @@ int main(int argc, char **argv)
 	}
 	for (int k = 0; k < 2; k++)
 		builds[k].sum = fidelity_acc_summary(&acc[k]);
+	if (a.greedy) {
+		if (a.greedy > corpus.n_seqs || a.len < GREEDY_PROMPT + GREEDY_GEN) {
+			rc = hearth_error_set(&e, HEARTH_EINVAL, "fidelity: --greedy %u needs as many sequences "
+					      "and --len >= %d", a.greedy, GREEDY_PROMPT + GREEDY_GEN);
+			goto out;
+		}
+		int32_t want_ids[GREEDY_GEN], got_ids[GREEDY_GEN];
+		for (uint32_t p = 0; p < a.greedy; p++) {
+			const int32_t *prompt = corpus.ids + (size_t)p * a.len;
+			if ((rc = ref_greedy(ref, ctx, prompt, q_logits, want_ids, &e)) < 0)
+				goto out;
+			for (int k = 0; k < 2; k++) {
+				if (!want[k])
+					continue;
+				if ((rc = int4_greedy(q[k], prompt, 1000 + p, q_logits, got_ids, &e)) < 0)
+					goto out;
+				uint32_t same = 0;
+				while (same < GREEDY_GEN && got_ids[same] == want_ids[same])
+					same++;
+				builds[k].greedy_exact += same == GREEDY_GEN;
+				builds[k].greedy_prefix += (double)same / a.greedy;
+			}
+		}
+	}
 	if (a.ablate) {
 		double t0 = ((double)hearth_now_ns() * 1e-6);
 		for (size_t i = 0; i < N_ABLATIONS; i++) {
@@ -607,7 +704,7 @@ int main(int argc, char **argv)
 	}
 
 	const char *name = strrchr(a.path, '/') ? strrchr(a.path, '/') + 1 : a.path;
-	uint32_t n_text = a.text ? 1 : 0;
+	uint32_t n_text = a.corpus ? a.n_seqs : a.text ? 1 : 0;
 	const char *kv_name = a.kv_type == QTYPE_KV_Q8 ? "q8" : a.kv_type == QTYPE_BF16 ? "bf16" : "f16";
 	if (a.json) {
 		printf("{\"model\":\"%s\",\"arch\":\"%s\",\"n_vocab\":%u,\"seqs\":%u,\"len\":%u,"
@@ -624,8 +721,13 @@ int main(int argc, char **argv)
 			printf("%s{\"build\":\"%s\",\"quant\":\"%s\",", first ? "" : ",", k ? "w4a8" : "w4a16",
 			       builds[k].quant);
 			json_bpw(&builds[k].bpw);
-			printf(",\"top1\":%.6f,\"kl_mean\":%.8f,\"kl_p99\":%.8f,\"kl_max\":%.8f,\"ms\":%.0f}",
+			printf(",\"top1\":%.6f,\"kl_mean\":%.8f,\"kl_p99\":%.8f,\"kl_max\":%.8f,\"ms\":%.0f",
 			       s->top1, s->kl_mean, s->kl_p99, s->kl_max, builds[k].ms);
+			if (a.greedy)
+				printf(",\"greedy_prompts\":%u,\"greedy_len\":%d,\"greedy_exact\":%u,"
+				       "\"greedy_prefix\":%.2f", a.greedy, GREEDY_GEN, builds[k].greedy_exact,
+				       builds[k].greedy_prefix);
+			printf("}");
 			first = false;
 		}
 		printf("]");
@@ -661,6 +763,11 @@ int main(int argc, char **argv)
 		for (int k = 0; k < 2; k++)
 			if (want[k])
 				print_row(builds[k].label, builds[k].quant, &builds[k].bpw, &builds[k].sum);
+		for (int k = 0; k < 2 && a.greedy; k++)
+			if (want[k])
+				printf("%s greedy: %u of %u prompts reproduce the reference's %d tokens exactly "
+				       "(mean %.1f tokens before the first difference)\n", builds[k].label,
+				       builds[k].greedy_exact, a.greedy, GREEDY_GEN, builds[k].greedy_prefix);
 		if (a.ablate) {
 			printf("\nablation (f32 reference engine, f32 activations, weights swapped):\n");
 			for (size_t i = 0; i < N_ABLATIONS; i++)

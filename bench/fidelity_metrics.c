@@ -3,9 +3,13 @@
  * ids neither underflows nor loses the small differences 4-bit weights make. */
 #include "bench/fidelity_metrics.h"
 
+#include <errno.h>
+#include <inttypes.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 
 #include "daemon/engine/gguf.h"
 #include "daemon/engine/tokenizer.h"
@@ -70,6 +74,53 @@ int fidelity_corpus_build(struct fidelity_corpus *c, const struct tok *tok, uint
 	for (uint32_t s = first; s < n_seqs; s++)
 		fidelity_random_ids(seed + s, c->ids + (size_t)s * len, len, n_vocab);
 	return 0;
+}
+
+int fidelity_corpus_read(struct fidelity_corpus *c, const struct tok *tok, const char *path,
+			 uint32_t n_seqs, uint32_t len, struct hearth_error *err)
+{
+	memset(c, 0, sizeof *c);
+	size_t n, cap = 0, got;
+	char *line = NULL;
+	int32_t *buf = NULL;
+	int rc = 0;
+	if (!n_seqs || !len || __builtin_mul_overflow((size_t)n_seqs, (size_t)len, &n))
+		return hearth_error_set(err, HEARTH_EINVAL, "corpus: %u sequences of %u tokens", n_seqs, len);
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		return hearth_error_set(err, HEARTH_EIO, "corpus: %s: %s", path, strerror(errno));
+	if (!(c->ids = malloc(n * sizeof *c->ids))) {
+		rc = hearth_error_set(err, HEARTH_ENOMEM, "corpus: %zu ids", n);
+		goto out;
+	}
+	c->len = len;
+	ssize_t linelen;
+	while (c->n_seqs < n_seqs && (linelen = getline(&line, &cap, f)) > 0) {
+		if (line[linelen - 1] == '\n')
+			linelen--;
+		/* a token is at least one byte, and BOS adds one */
+		int32_t *grown = realloc(buf, ((size_t)linelen + 2) * sizeof *buf);
+		if (!grown) {
+			rc = hearth_error_set(err, HEARTH_ENOMEM, "corpus: ids for a %zd-byte line", linelen);
+			goto out;
+		}
+		buf = grown;
+		if ((rc = tok_encode(tok, line, (size_t)linelen, tok_add_bos(tok), false, buf, (size_t)linelen + 2,
+				     &got, err)) < 0)
+			goto out;
+		if (got >= len)
+			memcpy(c->ids + (size_t)c->n_seqs++ * len, buf, len * sizeof *buf);
+	}
+	if (c->n_seqs < n_seqs)
+		rc = hearth_error_set(err, HEARTH_ERANGE, "corpus: %s has %u lines of %u or more tokens, not %u",
+				      path, c->n_seqs, len, n_seqs);
+out:
+	free(line);
+	free(buf);
+	fclose(f);
+	if (rc < 0)
+		fidelity_corpus_free(c);
+	return rc < 0 ? rc : 0;
 }
 
 void fidelity_corpus_free(struct fidelity_corpus *c)
@@ -192,4 +243,116 @@ int fidelity_gguf_bpw(const char *path, struct fidelity_bpw *out, struct hearth_
 double fidelity_bpw_of(uint64_t bytes, uint64_t params)
 {
 	return params ? 8.0 * (double)bytes / (double)params : 0;
+}
+
+/* ggml's block sizes (ggml.c type_traits), for the types llama-quantize writes at 2-8 bits. */
+static const struct {
+	const char *name;
+	uint32_t block_elems, block_bytes;
+} fidelity_types[64] = {
+	[0] = { "F32", 1, 4 }, [1] = { "F16", 1, 2 }, [2] = { "Q4_0", 32, 18 }, [3] = { "Q4_1", 32, 20 },
+	[6] = { "Q5_0", 32, 22 }, [7] = { "Q5_1", 32, 24 }, [8] = { "Q8_0", 32, 34 },
+	[10] = { "Q2_K", 256, 84 }, [11] = { "Q3_K", 256, 110 }, [12] = { "Q4_K", 256, 144 },
+	[13] = { "Q5_K", 256, 176 }, [14] = { "Q6_K", 256, 210 }, [20] = { "IQ4_NL", 32, 18 },
+	[23] = { "IQ4_XS", 256, 136 }, [30] = { "BF16", 1, 2 },
+};
+
+const char *fidelity_type_name(unsigned t)
+{
+	return t < 64 && fidelity_types[t].name ? fidelity_types[t].name : "?";
+}
+
+struct scan {
+	FILE *f;
+	bool bad;
+};
+
+static uint64_t scan_u(struct scan *s, int bytes)
+{
+	uint8_t b[8];
+	uint64_t v = 0;
+	if (fread(b, 1, (size_t)bytes, s->f) != (size_t)bytes) {
+		s->bad = true;
+		return 0;
+	}
+	for (int i = bytes - 1; i >= 0; i--)
+		v = v << 8 | b[i];
+	return v;
+}
+
+static void scan_skip(struct scan *s, uint64_t n)
+{
+	if (n > (1u << 30) || fseek(s->f, (long)n, SEEK_CUR))
+		s->bad = true;
+}
+
+/* Skips one metadata value of GGUF type t (arrays of arrays are not in any real file). */
+static void scan_value(struct scan *s, uint32_t t, int depth)
+{
+	static const int width[13] = { 1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8 };
+	if (t == 8) {
+		scan_skip(s, scan_u(s, 8));
+	} else if (t == 9 && depth == 0) {
+		uint32_t et = (uint32_t)scan_u(s, 4);
+		uint64_t n = scan_u(s, 8);
+		if (et == 8 || et == 9) {
+			for (uint64_t i = 0; i < n && !s->bad; i++)
+				scan_value(s, et, 1);
+		} else if (et < 13 && width[et]) {
+			scan_skip(s, n * (uint64_t)width[et]);
+		} else {
+			s->bad = true;
+		}
+	} else if (t < 13 && width[t]) {
+		scan_skip(s, (uint64_t)width[t]);
+	} else {
+		s->bad = true;
+	}
+}
+
+int fidelity_gguf_census(const char *path, struct fidelity_bpw *out, unsigned count[64],
+			 struct hearth_error *err)
+{
+	memset(out, 0, sizeof *out);
+	memset(count, 0, 64 * sizeof *count);
+	struct scan s = { fopen(path, "rb"), false };
+	if (!s.f)
+		return hearth_error_set(err, HEARTH_EIO, "%s: %s", path, strerror(errno));
+	int rc = 0;
+	if (scan_u(&s, 4) != 0x46554747u || scan_u(&s, 4) < 2) { /* "GGUF", version 2 or 3 */
+		rc = hearth_error_set(err, HEARTH_EFORMAT, "%s: not a GGUF v2/v3 file", path);
+		goto out;
+	}
+	uint64_t n_tensors = scan_u(&s, 8), n_kv = scan_u(&s, 8);
+	for (uint64_t i = 0; i < n_kv && !s.bad; i++) {
+		scan_skip(&s, scan_u(&s, 8));
+		scan_value(&s, (uint32_t)scan_u(&s, 4), 0);
+	}
+	for (uint64_t i = 0; i < n_tensors && !s.bad; i++) {
+		scan_skip(&s, scan_u(&s, 8));
+		uint32_t n_dims = (uint32_t)scan_u(&s, 4);
+		uint64_t ne[4] = { 1, 1, 1, 1 }, n = 1;
+		for (uint32_t d = 0; d < n_dims && d < 4; d++)
+			n *= ne[d] = scan_u(&s, 8);
+		uint32_t t = (uint32_t)scan_u(&s, 4);
+		scan_u(&s, 8); /* offset */
+		if (s.bad || n_dims > 4 || t >= 64 || !fidelity_types[t].name) {
+			rc = hearth_error_set(err, HEARTH_EUNSUPPORTED, "%s: tensor %" PRIu64 ": type %u unknown here",
+					      path, i, t);
+			goto out;
+		}
+		uint64_t bytes = n / fidelity_types[t].block_elems * fidelity_types[t].block_bytes;
+		out->bytes_all += bytes;
+		out->params_all += n;
+		if (n_dims >= 2 && ne[1] > 1) {
+			out->bytes_mat += bytes;
+			out->params_mat += n;
+			count[t]++;
+		}
+	}
+	if (s.bad)
+		rc = hearth_error_set(err, HEARTH_EFORMAT, "%s: truncated or malformed header", path);
+out:
+	fclose(s.f);
+	return rc;
 }

@@ -23,6 +23,11 @@ struct fidelity_corpus {
 int fidelity_corpus_build(struct fidelity_corpus *c, const struct tok *tok, uint32_t n_vocab,
 			  uint32_t n_seqs, uint32_t len, uint32_t seed, bool text,
 			  struct hearth_error *err);
+/* A corpus of real text: path holds one document a line (bench/train writes its held-out
+ * chapters so); sequence s is the s-th line long enough, tokenized (BOS first when the
+ * model adds one) and cut to len. Fails when fewer than n_seqs lines are long enough. */
+int fidelity_corpus_read(struct fidelity_corpus *c, const struct tok *tok, const char *path,
+			 uint32_t n_seqs, uint32_t len, struct hearth_error *err);
 void fidelity_corpus_free(struct fidelity_corpus *c);
 
 /* Per-position results; summaries are taken at the end. */
@@ -54,5 +59,13 @@ struct fidelity_bpw {
 };
 int fidelity_gguf_bpw(const char *path, struct fidelity_bpw *out, struct hearth_error *err);
 double fidelity_bpw_of(uint64_t bytes, uint64_t params);
+
+/* The same, and per ggml type id (< 64) how many matrices use it, from the file's tensor
+ * infos alone: works for llama.cpp types hearth does not load (IQ4_XS, the other K-quants),
+ * whose sizes it only has to know, not decode. */
+int fidelity_gguf_census(const char *path, struct fidelity_bpw *out, unsigned count[64],
+			 struct hearth_error *err);
+/* ggml's name for type id t ("IQ4_XS"), or "?" */
+const char *fidelity_type_name(unsigned t);
 
 #endif

@@ -22,7 +22,10 @@ try {
 	const context = await model.createContext({ contextSize: 256, threads: 2 });
 	const t1 = performance.now();
 	const sequence = context.getSequence();
+	// tokenize() never adds BOS; llama.cpp's own tools (and hearth) do when the file asks
 	const promptTokens = model.tokenize(prompt);
+	if (model.tokens.shouldPrependBosToken && model.tokens.bos != null)
+		promptTokens.unshift(model.tokens.bos);
 	const tokens = [];
 	for await (const token of sequence.evaluate(promptTokens, { temperature: 0 })) {
 		tokens.push(token);

@@ -1,7 +1,7 @@
-/* Makes the llama.cpp comparison files (Q4_0, Q4_K_M) from one BF16 GGUF with llama.cpp's own
+/* Makes the llama.cpp comparison files (Q4_0, Q4_K_M, IQ4_XS) from one BF16/F32 GGUF with llama.cpp's own
  * quantizer, so both engines start from the same weights. libllama is dlopen'ed from the
  * node-llama-cpp package (no llama.cpp headers or CLI here); built only by `make bench`.
- * usage: bench/llama_quantize LIBLLAMA.so IN.gguf OUT.gguf q4_0|q4_k_m [threads] */
+ * usage: bench/llama_quantize LIBLLAMA.so IN.gguf OUT.gguf q4_0|q4_k_m|iq4_xs [threads] */
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -11,6 +11,7 @@
 /* llama_ftype values (llama.h); stable since the GGUF switch. */
 #define LQ_FTYPE_Q4_0 2
 #define LQ_FTYPE_Q4_K_M 15
+#define LQ_FTYPE_IQ4_XS 30
 
 /* llama_model_quantize_params starts with `int32_t nthread; enum llama_ftype ftype;` in every
  * llama.cpp release; the fields after them change between releases. Only those two are touched
@@ -30,7 +31,7 @@ typedef void (*lq_void_fn)(void);
 int main(int argc, char **argv)
 {
 	if (argc < 5 || argc > 6) {
-		fprintf(stderr, "usage: %s LIBLLAMA.so IN.gguf OUT.gguf q4_0|q4_k_m [threads]\n",
+		fprintf(stderr, "usage: %s LIBLLAMA.so IN.gguf OUT.gguf q4_0|q4_k_m|iq4_xs [threads]\n",
 			argv[0]);
 		return 2;
 	}
@@ -39,8 +40,10 @@ int main(int argc, char **argv)
 		ftype = LQ_FTYPE_Q4_0;
 	} else if (!strcmp(argv[4], "q4_k_m")) {
 		ftype = LQ_FTYPE_Q4_K_M;
+	} else if (!strcmp(argv[4], "iq4_xs")) {
+		ftype = LQ_FTYPE_IQ4_XS; /* no importance matrix: llama.cpp allows it for IQ4_XS */
 	} else {
-		fprintf(stderr, "llama_quantize: type '%s' is not q4_0 or q4_k_m\n", argv[4]);
+		fprintf(stderr, "llama_quantize: type '%s' is not q4_0, q4_k_m or iq4_xs\n", argv[4]);
 		return 2;
 	}
 	int threads = argc == 6 ? atoi(argv[5]) : 2;

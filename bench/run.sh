@@ -6,6 +6,11 @@
 # Environment: HEARTH_BENCH_DIR (models + results; default $TMPDIR/hearth-bench-speed),
 # HEARTH_BENCH_THREADS (2), HEARTH_BENCH_REPS (3), HEARTH_BENCH_PP (512), HEARTH_BENCH_TG (128),
 # HEARTH_BENCH_OURS_Q4_0=0 skips hearth on the Q4_0 file (its codes carried over as group 32).
+# Anchors: HEARTH_IK_BIN and HEARTH_LLAMA_BIN name the bin/ directories of native ik_llama.cpp
+# and mainline llama.cpp builds (DEVELOPERS.md says how to build them). Each one found is
+# measured with its own llama-bench on the same Q4_0 and Q4_K_M files in rounds alternating
+# with hearth on the Q4_0 file; node-llama-cpp's prebuilt llama.cpp is the fallback when
+# neither is set. llama-quantize of the mainline build makes the files when it is there.
 set -eu
 
 builddir=${HEARTH_BUILDDIR:-$(pwd)}
@@ -21,13 +26,30 @@ libdir=$srcdir/bench/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64
 
 say() { echo "bench: $*" >&2; }
 
+anchors=
+for a in "ik_llama.cpp:${HEARTH_IK_BIN:-}" "llama.cpp:${HEARTH_LLAMA_BIN:-}"; do
+	bin=${a#*:}
+	[ -n "$bin" ] || continue
+	[ -x "$bin/llama-bench" ] || { say "${a%%:*}: no llama-bench in $bin"; exit 1; }
+	anchors="$anchors $a"
+done
+quantizer=
+[ -n "${HEARTH_LLAMA_BIN:-}" ] && [ -x "$HEARTH_LLAMA_BIN/llama-quantize" ] &&
+	quantizer=$HEARTH_LLAMA_BIN/llama-quantize
 libllama=
 for f in "$libdir"/libllama.v*.so "$libdir"/libllama.so; do
 	[ -f "$f" ] && { libllama=$f; break; }
 done
-if [ -z "$libllama" ] || ! command -v node >/dev/null; then
-	say "llama.cpp comparison needs node and node-llama-cpp: make bench-deps"
-	exit 1
+if [ -z "$anchors" ] || [ -z "$quantizer" ]; then
+	if [ -z "$libllama" ] || ! command -v node >/dev/null; then
+		say "llama.cpp comparison needs HEARTH_IK_BIN/HEARTH_LLAMA_BIN, or node and node-llama-cpp (make bench-deps)"
+		exit 1
+	fi
+fi
+if [ -n "$anchors" ]; then
+	say "anchors: native$anchors"
+else
+	say "anchors: node-llama-cpp's prebuilt llama.cpp only (set HEARTH_IK_BIN / HEARTH_LLAMA_BIN for native builds)"
 fi
 [ -f "$vocab" ] || { say "missing $vocab"; exit 1; }
 mkdir -p "$dir"
@@ -44,9 +66,15 @@ fi
 for t in q4_0 q4_k_m; do
 	out=$dir/qwen3-1.7b-$t.gguf
 	[ -f "$out" ] && continue
-	say "quantizing $bf16 -> $out with llama_model_quantize"
-	"$builddir/bench/llama_quantize" "$libllama" "$bf16" "$out.tmp" "$t" "$threads" \
-		>"$dir/quantize-$t.log" 2>&1 || { say "quantize failed, see $dir/quantize-$t.log"; exit 1; }
+	if [ -n "$quantizer" ]; then
+		say "quantizing $bf16 -> $out with $quantizer"
+		"$quantizer" "$bf16" "$out.tmp" "$(echo "$t" | tr a-z A-Z)" "$threads" \
+			>"$dir/quantize-$t.log" 2>&1 || { say "quantize failed, see $dir/quantize-$t.log"; exit 1; }
+	else
+		say "quantizing $bf16 -> $out with llama_model_quantize"
+		"$builddir/bench/llama_quantize" "$libllama" "$bf16" "$out.tmp" "$t" "$threads" \
+			>"$dir/quantize-$t.log" 2>&1 || { say "quantize failed, see $dir/quantize-$t.log"; exit 1; }
+	fi
 	mv "$out.tmp" "$out"
 done
 
@@ -66,17 +94,40 @@ say "hearthd-tool bench on the BF16 file with weights_group 32 (searched group 3
 say "hearthd-tool bench on the BF16 file with weights_group 32 and head int8 (the closest to the f32 model)"
 "$builddir/hearthd-tool" bench --json -m "$bf16" -t "$threads" -r "$reps" \
 	--pp "$pp" --tg "$tg" --weights-group 32 --head int8 >"$res/hearth_bf16_g32_q8.json"
-say "llama.cpp on Q4_0 and Q4_K_M"
-node "$srcdir/bench/llama_bench.mjs" --json --threads "$threads" --reps "$reps" \
-	--pp "$pp" --tg "$tg" "$q40" "$q4km" \
-	>"$res/llama.json"
-if [ "${HEARTH_BENCH_OURS_Q4_0:-1}" != 0 ]; then
-	say "hearthd-tool bench on the Q4_0 file (codes carried over: group 32)"
-	"$builddir/hearthd-tool" bench --json -m "$q40" -t "$threads" -r "$reps" \
-		--pp "$pp" --tg "$tg" \
-		>"$res/hearth_q4_0.json"
+if [ -n "$anchors" ]; then
+	# One repetition of each engine per round, engines alternating, so a slow spell of the
+	# machine lands on all of them alike; medians over the rounds.
+	rm -rf "$res/rounds" "$res/hearth_q4_0.json"
+	mkdir -p "$res/rounds"
+	i=1
+	while [ "$i" -le "$reps" ]; do
+		say "round $i of $reps: hearth on the Q4_0 file, then$anchors on Q4_0 and Q4_K_M"
+		"$builddir/hearthd-tool" bench --json -m "$q40" -t "$threads" -r 1 \
+			--pp "$pp" --tg "$tg" >"$res/rounds/hearth_q4_0.$i.json"
+		for a in $anchors; do
+			for f in "$q40" "$q4km"; do
+				python3 "$srcdir/bench/anchor_bench.py" round "${a%%:*}" "${a#*:}" "$f" \
+					"$threads" "$pp" "$tg" >>"$res/rounds/anchors.jsonl"
+			done
+		done
+		i=$((i + 1))
+	done
+	python3 "$srcdir/bench/anchor_bench.py" merge-hearth "$res/hearth_q4_0.json" \
+		"$res"/rounds/hearth_q4_0.*.json
+	python3 "$srcdir/bench/anchor_bench.py" merge-anchors "$res/rounds/anchors.jsonl" >"$res/llama.json"
 else
-	rm -f "$res/hearth_q4_0.json"
+	say "llama.cpp on Q4_0 and Q4_K_M"
+	node "$srcdir/bench/llama_bench.mjs" --json --threads "$threads" --reps "$reps" \
+		--pp "$pp" --tg "$tg" "$q40" "$q4km" \
+		>"$res/llama.json"
+	if [ "${HEARTH_BENCH_OURS_Q4_0:-1}" != 0 ]; then
+		say "hearthd-tool bench on the Q4_0 file (codes carried over: group 32)"
+		"$builddir/hearthd-tool" bench --json -m "$q40" -t "$threads" -r "$reps" \
+			--pp "$pp" --tg "$tg" \
+			>"$res/hearth_q4_0.json"
+	else
+		rm -f "$res/hearth_q4_0.json"
+	fi
 fi
 cut -d' ' -f1-3 /proc/loadavg >"$res/load_after"
 

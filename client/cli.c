@@ -40,7 +40,8 @@ static void usage(FILE *f)
 		"\n"
 		"  generate [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
 		"           [--repeat-penalty R] [--repeat-last-n N] [--seed S] [--stop STR]...\n"
-		"           [--grammar FILE|--json-schema FILE|--json-object] [--speculate K]\n"
+		"           [--grammar FILE|--json-schema FILE|--json-object] [--no-jump-forward]\n"
+		"           [--speculate K]\n"
 		"           [--json] PROMPT|-      stream the continuation of PROMPT (- reads stdin)\n"
 		"  chat [--system S] [--messages FILE] [--tools FILE] [--tool-choice C] [--var KEY=JSON]...\n"
 		"       [--no-think]\n"
@@ -443,6 +444,9 @@ int gen_option(struct cli *c, struct gen_args *a, int opt, const char *arg)
 	case OPT_JSON_OBJECT:
 		p->json_object = true;
 		return 0;
+	case OPT_NO_JUMP_FORWARD:
+		p->jump_forward = false;
+		return 0;
 	case OPT_SPECULATE:
 		if (!parse_u64(arg, HEARTH_SPECULATE_MAX, &u))
 			return usage_error("--speculate wants 0 (off) to %u draft tokens, not \"%s\"",
@@ -543,9 +547,9 @@ static void gen_report(const struct cli *c, const struct hearth_result *res,
 	if (c->json) {
 		printf("{\"finish\":\"%s\",\"n_prompt\":%u,\"n_gen\":%u,\"queue_ms\":%.3f,"
 		       "\"prefill_ms\":%.3f,\"decode_ms\":%.3f,\"prefill_tps\":%.2f,"
-		       "\"decode_tps\":%.2f,\"text\":", hearth_finish_name(res->finish),
+		       "\"decode_tps\":%.2f,\"n_forced\":%u,\"text\":", hearth_finish_name(res->finish),
 		       res->n_prompt, res->n_gen, res->queue_ms, res->prefill_ms, res->decode_ms,
-		       res->prefill_tps, res->decode_tps);
+		       res->prefill_tps, res->decode_tps, res->n_forced);
 		cli_json_string(stdout, out->text ? out->text : "", out->len);
 		fputs("}\n", stdout);
 	} else {
@@ -830,10 +834,14 @@ static int cmd_stats(struct cli *c, int argc, char **argv)
 	if (c->json) {
 		printf("{\"uptime_ms\":%" PRIu64 ",\"clients\":%u,\"running\":%u,\"queued\":%u,"
 		       "\"prompt_tokens\":%" PRIu64 ",\"gen_tokens\":%" PRIu64 ",\"kv_used\":%" PRIu64
-		       ",\"kv_total\":%" PRIu64 ",\"rss\":%" PRIu64 ",\"draft_tokens\":%" PRIu64
-		       ",\"draft_accepted\":%" PRIu64 ",\"model\":{\"name\":",
+		       ",\"kv_total\":%" PRIu64 ",\"rss\":%" PRIu64 ",\"prefix_lookup_tokens\":%" PRIu64
+		       ",\"prefix_hit_tokens\":%" PRIu64 ",\"draft_tokens\":%" PRIu64
+		       ",\"draft_accepted\":%" PRIu64 ",\"phase\":",
 		       s.uptime_ms, s.clients, s.running, s.queued, s.prompt_tokens, s.gen_tokens,
-		       s.kv_used, s.kv_total, s.rss, s.draft_tokens, s.draft_accepted);
+		       s.kv_used, s.kv_total, s.rss, s.prefix_lookup_tokens, s.prefix_hit_tokens,
+		       s.draft_tokens, s.draft_accepted);
+		cli_json_string(stdout, s.phase, strlen(s.phase));
+		fputs(",\"model\":{\"name\":", stdout);
 		cli_json_string(stdout, m.name, strlen(m.name));
 		fputs(",\"arch\":", stdout);
 		cli_json_string(stdout, m.arch, strlen(m.arch));
@@ -873,6 +881,11 @@ static int cmd_stats(struct cli *c, int argc, char **argv)
 	printf("%-16s %s / %s (%.1f%%)\n", "kv cache", kvu, kvt,
 	       s.kv_total ? 100.0 * (double)s.kv_used / (double)s.kv_total : 0.0);
 	printf("%-16s %s\n", "rss", rss);
+	printf("%-16s %" PRIu64 " of %" PRIu64 " prompt tokens (%.1f%%)\n", "prefix cache", s.prefix_hit_tokens,
+	       s.prefix_lookup_tokens,
+	       s.prefix_lookup_tokens ? 100.0 * (double)s.prefix_hit_tokens / (double)s.prefix_lookup_tokens : 0.0);
+	if (s.phase[0])
+		printf("%-16s %s\n", "phase", s.phase);
 	return 0;
 }
 

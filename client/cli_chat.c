@@ -185,10 +185,11 @@ static void print_json_reply(const struct hearth_chat_result *r)
 	for (size_t i = 0; i < r->n_tool_calls; i++)
 		json_array_append_new(calls, json_pack("{s:s,s:s,s:s}", "id", r->tool_calls[i].id, "name",
 						       r->tool_calls[i].name, "arguments", r->tool_calls[i].arguments));
-	json_t *o = json_pack("{s:s?,s:s?,s:o,s:s,s:i,s:i,s:i,s:f,s:f}", "content", r->content, "reasoning_content",
+	json_t *o = json_pack("{s:s?,s:s?,s:o,s:s,s:i,s:i,s:i,s:i,s:f,s:f}", "content", r->content, "reasoning_content",
 			      r->reasoning_content, "tool_calls", calls, "finish", hearth_finish_name(r->gen.finish),
 			      "n_prompt", (int)r->gen.n_prompt, "n_cached", (int)r->gen.n_cached, "n_gen",
-			      (int)r->gen.n_gen, "prefill_tps", r->gen.prefill_tps, "decode_tps", r->gen.decode_tps);
+			      (int)r->gen.n_gen, "n_forced", (int)r->gen.n_forced, "prefill_tps", r->gen.prefill_tps,
+			      "decode_tps", r->gen.decode_tps);
 	char *s = json_dumps(o, JSON_COMPACT);
 	if (s)
 		puts(s);

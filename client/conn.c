@@ -689,6 +689,7 @@ static void dispatch_frame(struct hearth *h, struct msg *m)
 			r->result.prefill_tps = d->prefill_tps;
 			r->result.decode_tps = d->decode_tps;
 			r->result.n_cached = d->n_cached;
+			r->result.n_forced = d->n_forced;
 			if (d->has_message)
 				take_chat_reply(r, &d->message);
 			r->final = true;

@@ -17,6 +17,7 @@ struct hearth_gen_params hearth_gen_params_default(void)
 	p.min_p = MSG_DEFAULT_MIN_P;
 	p.repeat_penalty = MSG_DEFAULT_REPEAT_PENALTY;
 	p.repeat_last_n = MSG_DEFAULT_REPEAT_LAST_N;
+	p.jump_forward = true;
 	return p;
 }
 
@@ -50,6 +51,9 @@ int gen_fill(struct msg_generate *g, const struct hearth_gen_params *p, struct m
 	g->has_json_schema = p->json_schema != NULL;
 	g->json_schema = (struct msg_bytes){ p->json_schema, p->json_schema ? strlen(p->json_schema) : 0 };
 	g->json_object = p->json_object;
+	/* sent only to turn it off, so a 1.1 daemon sees no field it does not know */
+	g->has_jump_forward = !p->jump_forward;
+	g->jump_forward = p->jump_forward;
 	if (p->speculate < -1 || p->speculate > MSG_SPECULATE_MAX)
 		return conn_err_set(err, HEARTH_EINVAL, "speculate %d: -1 (off), 0 (the daemon's default) or 1..%u",
 				    (int)p->speculate, MSG_SPECULATE_MAX);

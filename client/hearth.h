@@ -167,9 +167,12 @@ struct hearth_gen_params {
 	const char *grammar;
 	const char *json_schema;
 	bool json_object;
-	/* Speculative decoding (protocol 1.2): draft tokens from prompt lookup verified per
+	/* Jump-forward (protocol 1.2): text the grammar forces is fed to the model without
+	 * sampling it token by token. Default true; it never applies with logprobs or logits. */
+	bool jump_forward;
+	/* Speculative decoding (protocol 1.3): draft tokens from prompt lookup verified per
 	 * step, 1..16 at most; -1 = off; 0 = the daemon's default (the field is not sent, so a
-	 * 1.1 daemon is served too). Outputs are the same either way; only speed differs. */
+	 * 1.2 daemon is served too). Outputs are the same either way; only speed differs. */
 	int32_t speculate;
 };
 
@@ -221,6 +224,7 @@ struct hearth_result {
 	double prefill_tps;       /* prompt tokens per second */
 	double decode_tps;        /* generated tokens per second */
 	uint32_t n_cached;        /* prompt tokens the daemon's prefix cache already held */
+	uint32_t n_forced;        /* of n_gen, tokens a grammar forced (jump-forward, 1.2) */
 };
 
 /* Return 0 to go on, non-zero to cancel the generation: no more tokens are delivered
@@ -365,6 +369,12 @@ struct hearth_stats {
 	uint64_t kv_used;         /* bytes */
 	uint64_t kv_total;
 	uint64_t rss;             /* the daemon's resident set, bytes */
+	/* Prefix cache since start: prompt tokens of admitted requests, and of those the ones
+	 * found cached (the sum of hearth_done.n_cached); hit ratio = hit / lookup. */
+	uint64_t prefix_lookup_tokens;
+	uint64_t prefix_hit_tokens;
+	char phase[64];           /* "ready", "failed", the load phase ("map", "repack", ...),
+				   * or "" from a daemon that does not say */
 	uint64_t draft_tokens;    /* speculative decoding: draft tokens verified since start */
 	uint64_t draft_accepted;  /* of them, accepted */
 };

@@ -32,6 +32,21 @@ void prom_write_daemon(FILE *out, const struct hearth_stats *st, const struct he
 	metric(out, "hearth_kv_used_bytes", "gauge", "KV cache bytes in use.", (double)st->kv_used);
 	metric(out, "hearth_kv_total_bytes", "gauge", "KV cache budget in bytes.", (double)st->kv_total);
 	metric(out, "hearth_resident_memory_bytes", "gauge", "hearthd's resident set.", (double)st->rss);
+	metric(out, "hearth_prefix_cache_lookup_tokens_total", "counter",
+	       "Prompt tokens of admitted requests, looked up in the prefix cache.", (double)st->prefix_lookup_tokens);
+	metric(out, "hearth_prefix_cache_hit_tokens_total", "counter",
+	       "Prompt tokens found in the prefix cache and not computed again (hit ratio: over lookup_tokens_total).",
+	       (double)st->prefix_hit_tokens);
+	if (st->phase[0]) {
+		/* One series, the current phase: a label value the loader names, kept printable. */
+		char phase[sizeof st->phase];
+		size_t k = 0;
+		for (const char *p = st->phase; *p && k + 1 < sizeof phase; p++)
+			phase[k++] = isalnum((unsigned char)*p) || *p == '_' || *p == '-' ? *p : '_';
+		phase[k] = 0;
+		prom_header(out, "hearth_load_phase", "gauge", "1 for hearthd's current phase (ready, failed, or a load phase).");
+		fprintf(out, "hearth_load_phase{phase=\"%s\"} 1\n", phase);
+	}
 	if (!ledger)
 		return;
 	prom_header(out, "hearth_memory_bytes", "gauge", "hearthd's memory by owner (the ledger).");

@@ -11,7 +11,7 @@
 #include "protocol/error.h"
 
 #define MSG_PROTO_MAJOR 1
-#define MSG_PROTO_MINOR 2
+#define MSG_PROTO_MINOR 3
 
 /* Bounds checked before msgpack builds any object; see doc/protocol.md "Limits". */
 #define MSG_DEPTH_MAX 8            /* nesting of maps/arrays, the top map being depth 1 */
@@ -194,7 +194,10 @@ struct msg_generate {
 	bool has_json_schema;
 	struct msg_bytes json_schema;
 	bool json_object;
-	/* Speculative decoding (protocol 1.2): at most this many draft tokens a step; 0 = off;
+	/* (1.2) false: every token of a constrained output is sampled, none jumped forward */
+	bool has_jump_forward;
+	bool jump_forward;
+	/* Speculative decoding (1.3): at most this many draft tokens a step; 0 = off;
 	 * absent = the daemon's default. */
 	bool has_speculate;
 	uint32_t speculate;
@@ -294,6 +297,7 @@ struct msg_done {
 	double prefill_tps;        /* prompt tokens per second */
 	double decode_tps;         /* generated tokens per second */
 	uint32_t n_cached;         /* prompt tokens found in the prefix cache (1.1) */
+	uint32_t n_forced;         /* of n_gen, tokens a grammar forced (jump-forward; 1.2) */
 	bool has_message;          /* a chat's done: the parsed assistant message */
 	struct msg_chat_reply message;
 };
@@ -317,8 +321,12 @@ struct msg_stats_reply {
 	uint64_t kv_used;          /* bytes */
 	uint64_t kv_total;
 	uint64_t rss;
+	/* Optional, added without a version bump (a client knows them by their presence): */
+	uint64_t prefix_lookup_tokens; /* prompt tokens of admitted requests, since start */
+	uint64_t prefix_hit_tokens;    /* of those, found in the prefix cache */
+	struct msg_bytes phase;        /* "ready", "failed", or the loader's phase ("map", ...) */
 	uint64_t draft_tokens;     /* speculative decoding since start: draft tokens verified */
-	uint64_t draft_accepted;   /* of them, accepted (1.2) */
+	uint64_t draft_accepted;   /* of them, accepted (1.3) */
 };
 
 struct msg_ledger_entry {

@@ -54,6 +54,7 @@ static const struct field hello_fields[] = {
 	FH("grammar", FK_STR, FF_UTF8 | FF_NONEMPTY, st, g grammar, g has_grammar, 0, MSG_GRAMMAR_MAX), \
 	FH("json_schema", FK_STR, FF_UTF8 | FF_NONEMPTY, st, g json_schema, g has_json_schema, 0, MSG_GRAMMAR_MAX), \
 	F("json_object", FK_BOOL, FF_OMIT_ZERO, st, g json_object, 0, 0), \
+	FH("jump_forward", FK_BOOL, 0, st, g jump_forward, g has_jump_forward, 0, 0), \
 	FH("speculate", FK_U32, 0, st, g speculate, g has_speculate, 0, MSG_SPECULATE_MAX)
 
 static const struct field generate_fields[] = {
@@ -181,6 +182,7 @@ static const struct field done_fields[] = {
 	F("prefill_tps", FK_F64, 0, struct msg_done, prefill_tps, 0, 1e15),
 	F("decode_tps", FK_F64, 0, struct msg_done, decode_tps, 0, 1e15),
 	F("n_cached", FK_U32, FF_OMIT_ZERO, struct msg_done, n_cached, 0, U32MAX),
+	F("n_forced", FK_U32, FF_OMIT_ZERO, struct msg_done, n_forced, 0, U32MAX),
 	{ "message", FK_MAP, 0, offsetof(struct msg_done, message), FIELD_NO_OFF, offsetof(struct msg_done, has_message),
 	  0, 0, 0, &chat_reply_table },
 };
@@ -204,6 +206,9 @@ static const struct field stats_fields[] = {
 	F("kv_used", FK_U64, 0, struct msg_stats_reply, kv_used, 0, U64MAX),
 	F("kv_total", FK_U64, 0, struct msg_stats_reply, kv_total, 0, U64MAX),
 	F("rss", FK_U64, 0, struct msg_stats_reply, rss, 0, U64MAX),
+	F("prefix_lookup_tokens", FK_U64, 0, struct msg_stats_reply, prefix_lookup_tokens, 0, U64MAX),
+	F("prefix_hit_tokens", FK_U64, 0, struct msg_stats_reply, prefix_hit_tokens, 0, U64MAX),
+	F("phase", FK_STR, 0, struct msg_stats_reply, phase, 0, MSG_NAME_MAX),
 	F("draft_tokens", FK_U64, FF_OMIT_ZERO, struct msg_stats_reply, draft_tokens, 0, U64MAX),
 	F("draft_accepted", FK_U64, FF_OMIT_ZERO, struct msg_stats_reply, draft_accepted, 0, U64MAX),
 };

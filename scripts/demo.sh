@@ -1,22 +1,24 @@
 #!/bin/sh
 # The README's main-job command: installs dependencies, builds, starts hearthd on a model and
 # streams a generation from it with the hearth client. MODEL=path/to/file.gguf picks the
-# model; without it a small synthetic model is made (its text is noise, and we say so).
+# model; without it the committed demo model (models/, trained on the King James Bible) runs.
 set -eu
 cd "$(dirname "$0")/.."
 sh scripts/deps.sh
 sh scripts/build.sh
+if [ -z "${MODEL:-}" ]; then
+	MODEL=models/hearth-kjv-q8_0.gguf
+	# the demo model knows only the KJV and was trained on 256 positions
+	PROMPT=${PROMPT:-"And it came to pass, when the king"}
+	MAX_CONTEXT=${MAX_CONTEXT:-256}
+	cat >&2 <<'MSG'
+hearth: MODEL is not set, so this run uses the demo model in models/: 2.9M parameters
+hearth: trained on the King James Bible alone, so it writes Bible-like prose and nothing else.
+hearth: For your own model run   MODEL=/path/to/model.gguf sh scripts/demo.sh
+MSG
+fi
 PROMPT=${PROMPT:-"The quick brown fox"}
 N=${N:-48}
-if [ -z "${MODEL:-}" ]; then
-	MODEL=demo-model.gguf
-	cat >&2 <<'MSG'
-hearth: MODEL is not set, so this run uses a small synthetic model made by tests/mkmodel.
-hearth: its weights are RANDOM: the text below is noise, not a bug. For real text run
-hearth:   MODEL=/path/to/model.gguf sh scripts/demo.sh   (llama, qwen2 or qwen3 GGUF files)
-MSG
-	[ -f "$MODEL" ] || ./tests/mkmodel --preset tiny --arch qwen3 --type f16 --seed 1 -o "$MODEL"
-fi
 dir=$(mktemp -d)
 sock="$dir/hearth.sock"
 ./hearthd --model="$MODEL" --socket="$sock" --max-context=${MAX_CONTEXT:-2048} \

@@ -1,6 +1,6 @@
-/* mkmodel: writes synthetic GGUF models that llama.cpp also loads (llama, qwen2, qwen3 at any
- * shape, weights F32/F16/BF16/Q8_0/Q4_0, seeded) for tests and benchmarks. Tensors are
- * generated and written one row block at a time, so a multi-gigabyte file needs little memory. */
+/* mkmodel: writes GGUF models that llama.cpp also loads (llama, qwen2, qwen3 at any shape,
+ * weights F32/F16/BF16/Q8_0/Q4_0): seeded synthetic ones for tests and benchmarks, written one
+ * row block at a time, or trained ones (--weights, --spm-vocab from bench/train/train.py). */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -46,6 +46,8 @@ struct mk_opts {
 	const char *out;
 	const char *vocab_path;
 	const char *chat_template_path; /* tokenizer.chat_template from this file */
+	const char *spm_vocab_path;     /* a SentencePiece vocabulary as train.py writes it */
+	const char *weights_path;       /* trained weights (.hkw) instead of seeded ones */
 	const char *name;
 	const struct mk_preset *preset;
 	int arch;            /* -1: the preset's */
@@ -98,7 +100,8 @@ static uint64_t name_seed(uint64_t seed, const char *name)
 
 struct mk_vocab {
 	char **tokens;
-	int32_t *types;     /* llama.cpp token types: 1 normal, 3 control, 5 unused */
+	int32_t *types;     /* llama.cpp token types: 1 normal, 2 unknown, 3 control, 5 unused, 6 byte */
+	float *scores;      /* SentencePiece vocabularies only: merge priority, higher first */
 	uint64_t n_tokens;
 	char **merges;
 	uint64_t n_merges;
@@ -411,6 +414,7 @@ static void vocab_free(struct mk_vocab *v)
 		free(v->merges[i]);
 	free(v->tokens);
 	free(v->types);
+	free(v->scores);
 	free(v->merges);
 }
 
@@ -427,6 +431,162 @@ static int vocab_write(struct gguf_build *b, const struct mk_vocab *v, enum mk_a
 	rc |= gguf_build_kv_u32(b, "tokenizer.ggml.padding_token_id", v->eos);
 	rc |= gguf_build_kv_bool(b, "tokenizer.ggml.add_bos_token", arch == MK_LLAMA);
 	return rc ? HEARTH_ENOMEM : 0;
+}
+
+/* ---- a SentencePiece vocabulary, as bench/train/train.py writes it from its .model */
+
+/* One token a line, in id order: piece TAB score TAB llama.cpp token type. Pieces never
+ * hold a tab or newline (train.py checks), so no escaping is needed. */
+static int spm_vocab_read(struct mk_vocab *v, const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	char line[512];
+	uint64_t lineno = 0;
+	int rc = 0;
+
+	if (!f) {
+		fprintf(stderr, "mkmodel: %s: %s\n", path, strerror(errno));
+		return HEARTH_EIO;
+	}
+	while (fgets(line, sizeof line, f)) {
+		char *tab1, *tab2, *end;
+		size_t len = strlen(line);
+
+		lineno++;
+		if (len == 0 || line[len - 1] != '\n' || !(tab1 = strchr(line, '\t')) ||
+		    !(tab2 = strchr(tab1 + 1, '\t'))) {
+			fprintf(stderr, "mkmodel: %s:%" PRIu64 ": not 'piece<TAB>score<TAB>type'\n", path, lineno);
+			rc = HEARTH_EFORMAT;
+			break;
+		}
+		line[len - 1] = '\0';
+		*tab1 = *tab2 = '\0';
+		const float score = strtof(tab1 + 1, &end);
+		const bool score_ok = end != tab1 + 1 && *end == '\0';
+		const long type = strtol(tab2 + 1, &end, 10);
+		if (!score_ok || *end || type < 1 || type > 6) {
+			fprintf(stderr, "mkmodel: %s:%" PRIu64 ": bad score or token type\n", path, lineno);
+			rc = HEARTH_EFORMAT;
+			break;
+		}
+		if (!grow(&v->tokens, v->n_tokens + 1, sizeof *v->tokens) ||
+		    !grow(&v->types, v->n_tokens + 1, sizeof *v->types) ||
+		    !grow(&v->scores, v->n_tokens + 1, sizeof *v->scores) ||
+		    !(v->tokens[v->n_tokens] = strdup(line))) {
+			rc = oom();
+			break;
+		}
+		v->types[v->n_tokens] = (int32_t)type;
+		v->scores[v->n_tokens++] = score;
+	}
+	if (!rc && (ferror(f) || v->n_tokens < 3)) {
+		fprintf(stderr, "mkmodel: %s: unreadable or fewer than 3 tokens\n", path);
+		rc = HEARTH_EFORMAT;
+	}
+	fclose(f);
+	/* SentencePiece's llama convention, which train.py keeps: <unk> 0, <s> 1, </s> 2 */
+	v->bos = 1;
+	v->eos = 2;
+	return rc;
+}
+
+static int spm_vocab_write(struct gguf_build *b, const struct mk_vocab *v)
+{
+	int rc = 0;
+	rc |= gguf_build_kv_str(b, "tokenizer.ggml.model", "llama");
+	rc |= gguf_build_kv_str(b, "tokenizer.ggml.pre", "default");
+	rc |= gguf_build_kv_arr_str(b, "tokenizer.ggml.tokens", (const char *const *)v->tokens, v->n_tokens);
+	rc |= gguf_build_kv_arr(b, "tokenizer.ggml.scores", GGUF_VT_FLOAT32, v->scores, v->n_tokens);
+	rc |= gguf_build_kv_arr(b, "tokenizer.ggml.token_type", GGUF_VT_INT32, v->types, v->n_tokens);
+	rc |= gguf_build_kv_u32(b, "tokenizer.ggml.bos_token_id", v->bos);
+	rc |= gguf_build_kv_u32(b, "tokenizer.ggml.eos_token_id", v->eos);
+	rc |= gguf_build_kv_u32(b, "tokenizer.ggml.unknown_token_id", 0);
+	rc |= gguf_build_kv_bool(b, "tokenizer.ggml.add_bos_token", true);
+	rc |= gguf_build_kv_bool(b, "tokenizer.ggml.add_eos_token", false);
+	rc |= gguf_build_kv_bool(b, "tokenizer.ggml.add_space_prefix", true);
+	return rc ? HEARTH_ENOMEM : 0;
+}
+
+/* ---- trained weights: the .hkw file bench/train/train.py writes */
+
+struct mk_weight {
+	char name[96];
+	uint32_t rows, cols; /* GGUF's ne[1], ne[0]; cols is 1 for a vector */
+	float *data;         /* rows * cols, row-major */
+};
+
+struct mk_weights {
+	struct mk_weight *w;
+	uint32_t n;
+};
+
+static void weights_free(struct mk_weights *ws)
+{
+	for (uint32_t i = 0; i < ws->n; i++)
+		free(ws->w[i].data);
+	free(ws->w);
+}
+
+static bool read_u32(FILE *f, uint32_t *v)
+{
+	uint8_t b[4];
+	if (fread(b, 1, 4, f) != 4)
+		return false;
+	*v = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+	return true;
+}
+
+/* 'HKW1', u32 count, then per tensor: u32 name length, name, u32 rows, u32 cols, f32 data
+ * (little-endian, as on every machine hearth runs on). Read whole: trained models here are
+ * small, and the writer wants tensors in its own order. */
+static int weights_read(struct mk_weights *ws, const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	char magic[4];
+	uint32_t n = 0;
+	int rc = HEARTH_EFORMAT;
+
+	if (!f) {
+		fprintf(stderr, "mkmodel: %s: %s\n", path, strerror(errno));
+		return HEARTH_EIO;
+	}
+	if (fread(magic, 1, 4, f) != 4 || memcmp(magic, "HKW1", 4) || !read_u32(f, &n) || n > 4096) {
+		fprintf(stderr, "mkmodel: %s: not a .hkw weights file\n", path);
+		goto out;
+	}
+	if (!(ws->w = zalloc(n, sizeof *ws->w))) {
+		rc = oom();
+		goto out;
+	}
+	for (; ws->n < n; ws->n++) {
+		struct mk_weight *w = &ws->w[ws->n];
+		uint32_t len;
+		if (!read_u32(f, &len) || len == 0 || len >= sizeof w->name || fread(w->name, 1, len, f) != len ||
+		    !read_u32(f, &w->rows) || !read_u32(f, &w->cols) || !w->rows || !w->cols) {
+			fprintf(stderr, "mkmodel: %s: tensor %" PRIu32 ": bad header\n", path, ws->n);
+			goto out;
+		}
+		if (!(w->data = zalloc((size_t)w->rows * w->cols, sizeof *w->data))) {
+			rc = oom();
+			goto out;
+		}
+		if (fread(w->data, sizeof *w->data, (size_t)w->rows * w->cols, f) != (size_t)w->rows * w->cols) {
+			fprintf(stderr, "mkmodel: %s: %s: truncated data\n", path, w->name);
+			goto out;
+		}
+	}
+	rc = 0;
+out:
+	fclose(f);
+	return rc;
+}
+
+static const struct mk_weight *weights_find(const struct mk_weights *ws, const char *name)
+{
+	for (uint32_t i = 0; i < ws->n; i++)
+		if (!strcmp(ws->w[i].name, name))
+			return &ws->w[i];
+	return NULL;
 }
 
 /* ---- a vocabulary copied from another GGUF: every tokenizer.* key, padded on request */
@@ -711,14 +871,27 @@ static void fill_row(const struct mk_tensor *t, uint64_t *rng, float *row)
 		row[i] = base + scale * rng_normalish(rng);
 }
 
+/* Seeded rows, or with ws the trained tensor of the same name (its shape must be planned). */
 static int write_tensor(struct gguf_build *b, FILE *fp, const struct mk_tensor *t, uint64_t seed,
-			struct hearth_error *err)
+			const struct mk_weights *ws, struct hearth_error *err)
 {
 	size_t row_bytes;
 	uint64_t rng = name_seed(seed, t->name);
+	const struct mk_weight *w = NULL;
 
 	if (!qtype_row_bytes(t->type, t->ne[0], &row_bytes))
 		return hearth_error_set(err, HEARTH_EINVAL, "%s: bad row", t->name);
+	if (ws) {
+		if (!(w = weights_find(ws, t->name)))
+			return hearth_error_set(err, HEARTH_EFORMAT, "weights have no tensor %s", t->name);
+		/* a vector is rows x 1 in the file, ne[0] x 1 here */
+		const bool same = t->n_dims == 1 ? w->cols == 1 && w->rows == t->ne[0]
+						 : w->cols == t->ne[0] && w->rows == t->ne[1];
+		if (!same)
+			return hearth_error_set(err, HEARTH_EFORMAT,
+						"weights' %s is %" PRIu32 " x %" PRIu32 ", the shape asks %" PRIu64
+						" x %" PRIu64, t->name, w->rows, w->cols, t->ne[1], t->ne[0]);
+	}
 	/* about 1 MiB of output per write */
 	uint64_t rows_per_chunk = (UINT64_C(1) << 20) / row_bytes;
 	if (rows_per_chunk == 0)
@@ -735,7 +908,10 @@ static int write_tensor(struct gguf_build *b, FILE *fp, const struct mk_tensor *
 	for (uint64_t r = 0; r < t->ne[1] && !rc;) {
 		uint64_t n = 0;
 		for (; n < rows_per_chunk && r < t->ne[1]; n++, r++) {
-			fill_row(t, &rng, row);
+			if (w)
+				memcpy(row, w->data + r * t->ne[0], t->ne[0] * sizeof *row);
+			else
+				fill_row(t, &rng, row);
 			if (!quant_quantize_row(t->type, row, chunk + n * row_bytes, t->ne[0]))
 				rc = hearth_error_set(err, HEARTH_EUNSUPPORTED, "%s: cannot write %s",
 						      t->name, qtype_name(t->type));
@@ -777,10 +953,13 @@ static void usage(FILE *fp)
 		"               [--vocab VOCAB.gguf] [--n-vocab N] [--name NAME]\n"
 		"               [--n-embd N] [--n-layer N] [--n-head N] [--n-head-kv N] [--head-dim N]\n"
 		"               [--n-ff N] [--ctx N] [--rope-theta F] [--rms-eps F] [--tied|--untied]\n"
-		"               [--chat-template FILE.jinja]\n"
+		"               [--chat-template FILE.jinja] [--spm-vocab FILE.tsv] [--weights FILE.hkw]\n"
 		"Writes a synthetic model with seeded weights that llama.cpp loads. Without --vocab the\n"
 		"vocabulary is a small byte-level BPE of its own, padded with [PADn] to --n-vocab;\n"
-		"with --vocab every tokenizer.* key of that file is copied (and padded likewise).\n"
+		"with --vocab every tokenizer.* key of that file is copied (and padded likewise);\n"
+		"with --spm-vocab a SentencePiece vocabulary from bench/train/train.py is written as\n"
+		"a llama (SPM) tokenizer. --weights writes trained weights (train.py's .hkw) instead\n"
+		"of seeded ones; every planned tensor must be there with the planned shape.\n"
 		"Default preset: tiny (llama arch, 64 wide, 2 layers).\n");
 }
 
@@ -818,7 +997,8 @@ static bool parse_float(const char *s, float *out)
 enum {
 	OPT_PRESET = 256, OPT_ARCH, OPT_TYPE, OPT_SEED, OPT_VOCAB, OPT_N_VOCAB, OPT_NAME,
 	OPT_N_EMBD, OPT_N_LAYER, OPT_N_HEAD, OPT_N_HEAD_KV, OPT_HEAD_DIM, OPT_N_FF, OPT_CTX,
-	OPT_ROPE_THETA, OPT_RMS_EPS, OPT_TIED, OPT_UNTIED, OPT_CHAT_TEMPLATE,
+	OPT_ROPE_THETA, OPT_RMS_EPS, OPT_TIED, OPT_UNTIED, OPT_CHAT_TEMPLATE, OPT_SPM_VOCAB,
+	OPT_WEIGHTS,
 };
 
 /* 0: options in o; 1: --help was printed; -1: bad usage (already reported). */
@@ -845,6 +1025,8 @@ static int parse_args(int argc, char **argv, struct mk_opts *o)
 		{ "tied", no_argument, NULL, OPT_TIED },
 		{ "untied", no_argument, NULL, OPT_UNTIED },
 		{ "chat-template", required_argument, NULL, OPT_CHAT_TEMPLATE },
+		{ "spm-vocab", required_argument, NULL, OPT_SPM_VOCAB },
+		{ "weights", required_argument, NULL, OPT_WEIGHTS },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -885,6 +1067,8 @@ static int parse_args(int argc, char **argv, struct mk_opts *o)
 		case OPT_SEED: ok = parse_u64(optarg, &o->seed); break;
 		case OPT_VOCAB: o->vocab_path = optarg; break;
 		case OPT_CHAT_TEMPLATE: o->chat_template_path = optarg; break;
+		case OPT_SPM_VOCAB: o->spm_vocab_path = optarg; break;
+		case OPT_WEIGHTS: o->weights_path = optarg; break;
 		case OPT_N_VOCAB: ok = parse_u64(optarg, &o->set.n_vocab) && o->set.n_vocab > 0; break;
 		case OPT_NAME: o->name = optarg; break;
 		case OPT_N_EMBD: ok = parse_u32(optarg, &o->set.n_embd); break;
@@ -907,6 +1091,10 @@ static int parse_args(int argc, char **argv, struct mk_opts *o)
 	}
 	if (optind < argc || !o->out) {
 		usage(stderr);
+		return -1;
+	}
+	if (o->spm_vocab_path && (o->vocab_path || o->set.n_vocab)) {
+		fprintf(stderr, "mkmodel: --spm-vocab takes its size from the file; no --vocab or --n-vocab\n");
 		return -1;
 	}
 
@@ -1044,6 +1232,7 @@ int main(int argc, char **argv)
 	struct gguf_build *b = NULL;
 	struct mk_plan plan = { 0 };
 	struct mk_vocab vocab = { 0 };
+	struct mk_weights weights = { 0 };
 	uint64_t n_vocab = 0;
 	char *tmp = NULL;
 	FILE *fp = NULL;
@@ -1057,7 +1246,15 @@ int main(int argc, char **argv)
 	}
 
 	/* metadata first: the vocabulary decides n_vocab, which shapes the embedding */
-	if (o.vocab_path) {
+	if (o.weights_path && (rc = weights_read(&weights, o.weights_path)))
+		goto out;
+	if (o.spm_vocab_path) {
+		if ((rc = spm_vocab_read(&vocab, o.spm_vocab_path)))
+			goto out;
+		n_vocab = vocab.n_tokens;
+		if ((rc = write_metadata(b, &o, n_vocab)) || (rc = spm_vocab_write(b, &vocab)))
+			goto out;
+	} else if (o.vocab_path) {
 		/* the model's keys go first, as in llama.cpp's files */
 		if ((rc = vocab_size_of(o.vocab_path, o.shape.n_vocab, &n_vocab)) ||
 		    (rc = write_metadata(b, &o, n_vocab)) || (rc = vocab_copy(b, o.vocab_path, n_vocab)))
@@ -1088,7 +1285,7 @@ int main(int argc, char **argv)
 	if ((rc = gguf_build_write_header(b, fp, &err)))
 		goto out_err;
 	for (int i = 0; i < plan.n; i++)
-		if ((rc = write_tensor(b, fp, &plan.t[i], o.seed, &err)))
+		if ((rc = write_tensor(b, fp, &plan.t[i], o.seed, o.weights_path ? &weights : NULL, &err)))
 			goto out_err;
 	if (fflush(fp) || ferror(fp)) {
 		fprintf(stderr, "mkmodel: %s: %s\n", tmp, strerror(errno));
@@ -1115,6 +1312,7 @@ out:
 	free(tmp);
 	free(plan.t);
 	vocab_free(&vocab);
+	weights_free(&weights);
 	gguf_build_free(b);
 	return rc ? 1 : 0;
 }

@@ -106,6 +106,17 @@ bool gw_params_parse(json_t *body, bool chat, struct gw_params *p, struct gw_rep
 			return false;
 		}
 	}
+	/* ignore_eos: llama-server's and vLLM's extension, so a benchmark can ask every server
+	 * for the same number of tokens. */
+	json_t *ie = json_object_get(body, "ignore_eos");
+	if (ie && !json_is_null(ie)) {
+		if (!json_is_boolean(ie)) {
+			gw_reply_error(r, 400, "invalid_request_error", "ignore_eos", "invalid_value",
+				       "'ignore_eos' must be a boolean");
+			return false;
+		}
+		p->gen.ignore_eos = json_is_true(ie);
+	}
 	json_t *seed = json_object_get(body, "seed");
 	if (seed && !json_is_null(seed)) {
 		if (!json_is_integer(seed)) {

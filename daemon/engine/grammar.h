@@ -98,6 +98,27 @@ bool grammar_matcher_is_done(const struct grammar_matcher *m);
 /* The longest byte string every continuation starts with (jump-forward); at most cap bytes
  * are written, the length is returned. 0 when the next byte is not determined. */
 size_t grammar_matcher_forced_bytes(struct grammar_matcher *m, char *buf, size_t cap);
+/* The same, and what may follow them: next holds the 256-bit set of bytes allowed after
+ * the forced ones, *can_end whether the grammar may end there instead. */
+size_t grammar_matcher_forced_next(struct grammar_matcher *m, char *buf, size_t cap, uint64_t next[4],
+				   bool *can_end);
+/* The vocabulary the matcher's masks are over, and a token's bytes in it (NULL, 0 for an id
+ * out of range; 0 bytes for end-of-generation and empty tokens). */
+const struct grammar_vocab *grammar_matcher_vocab(const struct grammar_matcher *m);
+const uint8_t *grammar_vocab_bytes(const struct grammar_vocab *v, int32_t id, uint32_t *len);
+
+/* Jump-forward (grammar_jump.c): when the grammar allows exactly one continuation string,
+ * its tokens are fed without sampling. The forced bytes are tokenized with t (the
+ * vocabulary the matcher was built from) and cut where that tokenization is stable: only
+ * the leading tokens that the tokenizations of the forced bytes alone and of the forced
+ * bytes followed by each probed next byte agree on, and whose bytes are exactly the forced
+ * ones, are taken (the rest is left to the model, which may merge it with what it writes
+ * next). At most max_ids ids are written to ids; the matcher accepts each of them, one
+ * history step per token. *n_ids 0: nothing forced, or no stable token. */
+#define GRAMMAR_JUMP_MAX_BYTES 256
+#define GRAMMAR_JUMP_PROBES 8
+int grammar_jump_tokens(struct grammar_matcher *m, const struct tok *t, int32_t *ids, size_t max_ids,
+			size_t *n_ids, struct hearth_error *err);
 /* Undoes the last n accept steps (tokens or byte strings); HEARTH_ERANGE if fewer exist. */
 int grammar_matcher_rollback(struct grammar_matcher *m, size_t n, struct hearth_error *err);
 size_t grammar_matcher_history(const struct grammar_matcher *m);

@@ -635,14 +635,17 @@ bool grammar_matcher_is_done(const struct grammar_matcher *m)
 	return n == 1 && gpool_can_end(&m->pool, cur_state(m));
 }
 
-size_t grammar_matcher_forced_bytes(struct grammar_matcher *m, char *buf, size_t cap)
+size_t grammar_matcher_forced_next(struct grammar_matcher *m, char *buf, size_t cap, uint64_t next[4],
+				   bool *can_end)
 {
+	next[0] = next[1] = next[2] = next[3] = 0;
+	*can_end = false;
 	if (m->hist[m->n_hist - 1] & MATCHER_DONE)
 		return 0;
 	const struct grammar *g = m->ix->g;
 	uint32_t st = cur_state(m);
 	size_t n = 0;
-	while (n < cap && st != GSTATE_DEAD && !gpool_can_end(&m->pool, st)) {
+	while (st != GSTATE_DEAD) {
 		uint64_t u[4] = { 0 };
 		uint32_t k;
 		const uint32_t *fr = gpool_frames(&m->pool, st, &k);
@@ -656,12 +659,38 @@ size_t grammar_matcher_forced_bytes(struct grammar_matcher *m, char *buf, size_t
 			if (u[w] && byte < 0)
 				byte = w * 64 + __builtin_ctzll(u[w]);
 		}
-		if (count != 1)
+		bool end = gpool_can_end(&m->pool, st);
+		if (count != 1 || end || n == cap) {
+			memcpy(next, u, sizeof u);
+			*can_end = end;
 			break;
+		}
 		buf[n++] = (char)byte;
 		st = gpool_step(&m->pool, st, (uint8_t)byte);
 	}
 	return n;
+}
+
+size_t grammar_matcher_forced_bytes(struct grammar_matcher *m, char *buf, size_t cap)
+{
+	uint64_t next[4];
+	bool end;
+	return grammar_matcher_forced_next(m, buf, cap, next, &end);
+}
+
+const uint8_t *grammar_vocab_bytes(const struct grammar_vocab *v, int32_t id, uint32_t *len)
+{
+	if (id < 0 || id >= v->n_vocab) {
+		*len = 0;
+		return NULL;
+	}
+	*len = v->tok_len[id];
+	return v->bytes + v->tok_off[id];
+}
+
+const struct grammar_vocab *grammar_matcher_vocab(const struct grammar_matcher *m)
+{
+	return m->ix->v;
 }
 
 int grammar_matcher_rollback(struct grammar_matcher *m, size_t n, struct hearth_error *err)

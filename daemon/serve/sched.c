@@ -63,6 +63,8 @@ struct sched_seq {
 	uint32_t n_tail;
 	struct spec_seq spec;           /* speculative decoding: drafting state */
 	int32_t draft[SPEC_K_MAX];      /* the draft the step verifies (also at tokens[n_tokens..]) */
+	uint32_t n_forced_pending;      /* the last tokens of tokens[]: forced by the grammar
+					 * (jump-forward), their events not yet built */
 };
 
 struct sched {
@@ -285,10 +287,14 @@ static int seq_start(struct sched *s, struct sched_seq *q, struct sched_msg *m, 
 	q->grammar_on = r->grammar && !r->grammar_trigger[0];
 	q->n_tail = 0;
 	spec_seq_init(&q->spec, s->spec_rows ? r->speculate : 0);
+	q->n_forced_pending = 0;
+	m->result.n_forced = 0;
 	tok_stream_init(&q->stream);
 	m->result.n_prompt = r->n_prompt;
 	m->result.n_cached = n_cached;
 	m->result.t_admit = now;
+	atomic_fetch_add_explicit(&s->stats.prefix_lookup_tokens, r->n_prompt, memory_order_relaxed);
+	atomic_fetch_add_explicit(&s->stats.prefix_hit_tokens, n_cached, memory_order_relaxed);
 	return 0;
 }
 
@@ -629,6 +635,9 @@ static void seq_grammar_watch(struct sched_seq *q, const char *piece, size_t n)
 	}
 }
 
+static void seq_token_out(struct sched *s, struct sched_seq *q, int32_t t, uint32_t n_gen);
+static void seq_jump(struct sched *s, struct sched_seq *q);
+
 /* The logits of q's last fed token are in q->logits: sample, decide whether the sequence
  * ends, and build the token event. */
 static void seq_sample(struct sched *s, struct sched_seq *q, uint64_t now)
@@ -666,6 +675,16 @@ static void seq_sample(struct sched *s, struct sched_seq *q, uint64_t now)
 		seq_fill_logprobs(s, q, q->logits, t);
 
 	q->tokens[q->n_tokens++] = t;
+	seq_token_out(s, q, t, n_gen);
+	if (!q->finish && q->grammar_on && r->jump_forward)
+		seq_jump(s, q);
+}
+
+/* The event of generated token t (the n_gen-th): its text, and whether the sequence ends
+ * with it. Sampled and forced tokens alike. */
+static void seq_token_out(struct sched *s, struct sched_seq *q, int32_t t, uint32_t n_gen)
+{
+	const struct sched_request *r = &q->msg->req;
 	q->ev.token = t;
 	q->ev.index = n_gen;
 	q->ev.text_len = 0;
@@ -709,6 +728,58 @@ static void seq_sample(struct sched *s, struct sched_seq *q, uint64_t now)
 			q->ev.text_len += (uint32_t)nf;
 	}
 	q->has_event = true;
+}
+
+/* Jump-forward: the tokens the grammar forces after the one just sampled go into tokens[]
+ * now, so the next step feeds them with it in one span (grammar_jump_tokens says which
+ * tokens; forced tokens count towards max_tokens like sampled ones). Their events follow
+ * the sampled token's, one each, built as the ring takes them. */
+static void seq_jump(struct sched *s, struct sched_seq *q)
+{
+	const struct sched_request *r = &q->msg->req;
+	uint32_t n_gen = q->n_tokens - r->n_prompt;
+	uint32_t room = r->max_tokens > n_gen ? r->max_tokens - n_gen : 0;
+	if (s->eng.max_context - q->n_tokens < room)
+		room = s->eng.max_context - q->n_tokens;
+	size_t n = 0;
+	struct hearth_error ge;
+	if (room == 0 || grammar_jump_tokens(r->grammar, s->tok, &q->tokens[q->n_tokens], room, &n, &ge) < 0)
+		return; /* a failed jump only means the bytes are sampled instead */
+	for (size_t i = 0; i < n; i++)
+		sampler_accept(q->sampler, q->tokens[q->n_tokens + i]);
+	q->n_tokens += (uint32_t)n;
+	q->n_forced_pending = (uint32_t)n;
+}
+
+/* Builds the event of the next forced token. One the sequence ends with (a stop string in
+ * the forced text, max_tokens) drops the forced tokens after it, which no one will see. */
+static void seq_forced_event(struct sched *s, struct sched_seq *q)
+{
+	struct sched_msg *m = q->msg;
+	uint32_t at = q->n_tokens - q->n_forced_pending--;
+	q->ev.with_logits = false;
+	q->ev.n_top = 0;
+	q->ev.logprob = 0;
+	q->ev.t_sampled_ns = hearth_now_ns();
+	seq_token_out(s, q, q->tokens[at], at - m->req.n_prompt);
+	m->result.n_forced++;
+	atomic_fetch_add_explicit(&s->stats.tokens_forced, 1, memory_order_relaxed);
+	if (q->finish) {
+		q->n_tokens = at + 1;
+		q->n_forced_pending = 0;
+	}
+}
+
+/* Sends the events of forced tokens while the ring takes them; false when one is parked
+ * on a full ring. */
+static bool seq_emit_forced(struct sched *s, struct sched_seq *q)
+{
+	while (q->n_forced_pending && !q->has_event && !q->cancel) {
+		seq_forced_event(s, q);
+		if (!seq_try_emit(s, q))
+			return false;
+	}
+	return !q->has_event;
 }
 
 /* ---- speculative decoding ---- */
@@ -760,15 +831,21 @@ static void seq_verify(struct sched *s, struct sched_seq *q, const struct engine
 	bool emitted = false;
 	for (;;) {
 		memcpy(q->logits, sp->logits + (size_t)i * s->eng.n_vocab, row);
+		uint32_t at = q->n_tokens;
 		seq_sample(s, q, now);
+		/* Tokens the grammar forced after the sample (jump-forward) end the draft: the
+		 * next rows were computed after draft tokens, not after them; they are fed next
+		 * step. (Their events may be out before the check, so it looks at n_tokens.) */
+		bool jumped = q->n_tokens > at + 1;
 		if (q->has_event && !q->cancel && seq_try_emit(s, q)) {
 			q->blocked_since = 0;
 			emitted = true;
+			seq_emit_forced(s, q);
 		}
 		/* The sample at row i is accepted (its K/V, as draft[i], are in the cache) only
 		 * when another row follows; else it is the next unfed token. */
-		if (i == n_draft || q->has_event || q->finish || q->cancel ||
-		    q->tokens[q->n_tokens - 1] != q->draft[i])
+		if (i == n_draft || q->has_event || q->finish || q->cancel || jumped ||
+		    q->tokens[at] != q->draft[i])
 			break;
 		i++;
 	}
@@ -812,6 +889,11 @@ static void sched_settle(struct sched *s, uint64_t now)
 			}
 			q->blocked_since = 0;
 		}
+		if (!seq_emit_forced(s, q)) {
+			if (!q->blocked_since)
+				q->blocked_since = now;
+			continue;
+		}
 		if (q->finish != SCHED_FINISH_NONE)
 			seq_end(s, q, q->finish, &q->err);
 	}
@@ -835,41 +917,48 @@ static size_t sched_build_batch(struct sched *s)
 	size_t n = 0;
 	uint32_t budget = s->p.step_tokens;
 	s->step_no++;
-	/* Rows of logits beyond one per sequence go to drafts, whoever asks first. */
-	uint32_t running = 0, decoding = 0, spare_rows = 0, spec_row = 0;
+	/* Decode tokens first: they are one each and keep every stream moving. A sequence
+	 * with forced tokens (jump-forward) feeds them too, as far as the budget goes after
+	 * one token for every other decoding sequence; the rest waits for the next step. Rows
+	 * of logits beyond one per sequence go to drafts (speculative decoding), whoever asks
+	 * first, and so do the tokens beyond one for each decoding sequence. */
+	uint32_t running = 0, n_decoding = 0, spare_rows = 0, spec_row = 0;
 	for (uint32_t i = 0; i < s->p.max_seqs; i++) {
-		const struct sched_seq *q = &s->seqs[i];
+		struct sched_seq *q = &s->seqs[i];
 		running += q->msg != NULL;
-		decoding += q->msg && q->n_fed >= q->msg->req.n_prompt;
+		n_decoding += q->msg && !q->has_event && !q->finish && !q->cancel &&
+			      q->n_fed >= q->msg->req.n_prompt;
 	}
 	if (s->spec_rows && s->n_spec_rows > running)
 		spare_rows = s->n_spec_rows - running;
-	/* Drafts of decoding sequences take tokens only beyond one for each of them. */
-	uint32_t spare_tokens = budget > decoding ? budget - decoding : 0;
-	/* Decode tokens first: they are one each and keep every stream moving. */
 	for (uint32_t i = 0; i < s->p.max_seqs; i++) {
 		struct sched_seq *q = &s->seqs[i];
 		if (!q->msg || q->has_event || q->finish || q->cancel)
 			continue;
 		if (q->n_fed < q->msg->req.n_prompt)
 			continue;
+		uint32_t want = q->n_tokens - q->n_fed, room = budget > n_decoding ? budget - n_decoding + 1 : 1;
+		uint32_t take = want < room ? want : room;
+		n_decoding--;
+		/* Forced tokens are certain already: a draft waits until they are fed. */
 		uint32_t k = 0;
-		if (q->spec.k_max && spare_rows && spare_tokens)
-			k = seq_draft(s, q, spare_rows < spare_tokens ? spare_rows : spare_tokens);
-		spare_tokens -= k;
+		if (want == 1 && q->spec.k_max && spare_rows && room > 1)
+			k = seq_draft(s, q, spare_rows < room - 1 ? spare_rows : room - 1);
 		if (q->finish)
 			continue; /* the grammar failed while the draft was checked */
 		if (k > 0) {
-			s->spans[n] = (struct engine_span){ q->eseq, &q->tokens[q->n_fed], 1 + k,
+			take = 1 + k;
+			s->spans[n] = (struct engine_span){ q->eseq, &q->tokens[q->n_fed], take,
 							    s->spec_rows + (size_t)spec_row * s->eng.n_vocab,
-							    1 + k };
-			spec_row += 1 + k;
+							    take };
+			spec_row += take;
 			spare_rows -= k;
 		} else {
-			s->spans[n] = (struct engine_span){ q->eseq, &q->tokens[q->n_fed], 1, q->logits, 0 };
+			s->spans[n] = (struct engine_span){ q->eseq, &q->tokens[q->n_fed], take,
+							    take == want ? q->logits : NULL, 0 };
 		}
 		s->span_seq[n++] = q;
-		budget = budget > 1 + k ? budget - 1 - k : 0;
+		budget = budget > take ? budget - take : 0;
 	}
 	/* Prefill chunks, starting from a rotating slot; first pass one chunk per client so a
 	 * client with many prompts cannot starve one with a single prompt. */
@@ -953,6 +1042,7 @@ static void sched_step(struct sched *s, size_t n_spans)
 			 * A full ring leaves the event parked for sched_settle. */
 			if (q->has_event && !q->cancel && seq_try_emit(s, q)) {
 				q->blocked_since = 0;
+				seq_emit_forced(s, q);
 				/* The doorbell just woke the client, often onto this CPU, where
 				 * the compute threads would hold it off for the rest of their time
 				 * slice, milliseconds of token-to-callback latency: give it the CPU

@@ -95,6 +95,9 @@ struct sched_request {
 	 * (a tool-call opener: free text until the model starts a call). */
 	struct grammar_matcher *grammar;
 	char grammar_trigger[SCHED_TRIGGER_MAX];
+	/* Jump-forward: bytes the grammar forces are fed as tokens without sampling (one event
+	 * each, logprob 0). Not with logprobs or logits: a jumped position has no distribution. */
+	bool jump_forward;
 	uint64_t prefix_share;          /* prefix-sharing domain (config prefix_share) */
 	bool special_text;              /* special tokens' text is part of the output (a chat's
 					 * reply parser reads the family's markers in it) */
@@ -107,6 +110,7 @@ struct sched_result {
 	enum sched_finish finish;
 	struct hearth_error err;        /* when finish == SCHED_FINISH_ERROR */
 	uint32_t n_prompt, n_cached, n_generated;
+	uint32_t n_forced;              /* of n_generated, fed by jump-forward (not sampled) */
 	uint64_t t_submit, t_admit, t_first, t_end;  /* CLOCK_MONOTONIC ns */
 };
 
@@ -151,6 +155,7 @@ struct sched_stats {
 	_Atomic uint64_t steps;         /* forward steps done: the watchdog's progress mark */
 	_Atomic uint64_t tokens_generated;
 	_Atomic uint64_t tokens_prefilled;
+	_Atomic uint64_t tokens_forced; /* generated tokens jump-forward fed without sampling */
 	_Atomic uint32_t running;
 	_Atomic uint32_t waiting;
 	_Atomic uint32_t parked;        /* running but waiting for room in a client's ring */
@@ -159,6 +164,9 @@ struct sched_stats {
 	_Atomic uint32_t decode_tps_x100; /* decode tokens/s over the last second, x100 */
 	_Atomic uint64_t spec_drafted;  /* draft tokens verified */
 	_Atomic uint64_t spec_accepted; /* of them, accepted (output without a step of its own) */
+	/* Prefix cache: prompt tokens of every admitted sequence (looked up), and those found
+	 * cached and not computed again (hits: exactly the sum of the done frames' n_cached). */
+	_Atomic uint64_t prefix_lookup_tokens, prefix_hit_tokens;
 };
 
 struct sched;

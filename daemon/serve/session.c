@@ -731,6 +731,10 @@ static void session_gen_submit(struct session *ss, uint64_t id, const struct msg
 	q->user = chat;
 	q->grammar = gm;
 	memcpy(q->grammar_trigger, trigger, sizeof q->grammar_trigger);
+	/* A jumped position has no distribution of its own to report: requests that read the
+	 * model's distribution at every position sample every token. */
+	q->jump_forward = (!g->has_jump_forward || g->jump_forward) && !g->logprobs && !g->top_logprobs &&
+			  !g->logits;
 	sm->result.t_submit = hearth_now_ns();
 	r->id = id;
 	r->tokens = cost;
@@ -948,8 +952,16 @@ static void session_on_stats(struct session *ss, const struct msg *m)
 		st->kv_total = atomic_load(&ss_->kv_total);
 		st->draft_tokens = atomic_load(&ss_->spec_drafted);
 		st->draft_accepted = atomic_load(&ss_->spec_accepted);
+		st->prefix_lookup_tokens = atomic_load(&ss_->prefix_lookup_tokens);
+		st->prefix_hit_tokens = atomic_load(&ss_->prefix_hit_tokens);
 	}
 	st->rss = session_rss();
+	/* stats is answered before hello too, so a monitor sees the load's progress. */
+	struct server_loading ld;
+	server_loading_snapshot(srv, &ld);
+	const char *phase = ld.state == SERVE_READY ? "ready" : ld.state == SERVE_FAILED ? "failed" :
+			    ld.phase[0] ? ld.phase : "loading";
+	st->phase = (struct msg_bytes){ phase, strlen(phase) };
 	session_send(ss, &r);
 }
 
@@ -1243,6 +1255,7 @@ void session_deliver(struct server *srv, struct sched_msg *m)
 				dn->n_prompt = res->n_prompt;
 				dn->n_gen = res->n_generated;
 				dn->n_cached = res->n_cached;
+				dn->n_forced = res->n_forced;
 				uint64_t admit = res->t_admit ? res->t_admit : res->t_end;
 				uint64_t first = res->t_first ? res->t_first : res->t_end;
 				dn->queue_ms = (double)(admit - res->t_submit) / 1e6;

@@ -81,7 +81,13 @@ check_kind speed "$fx/speed" "speed" \
 	'| hearth W4A8 | bf16 / q4_g128 | 4.25 | 196.5 (195.3-203.6) | 27.45 (26.62-27.50) | 26.9 | 79 % | 96 % (85-107 %) |' \
 	'| hearth W4A16 | bf16 / q4_g32 | 4.50 | 102.6 | 25.83 | 26.7 | 78 % | 81 % (81-119 %) |' \
 	'| llama.cpp | Q4_0 | 4.87 | 88.9 (86.1-90.7) | 17.95 (17.38-18.24) | 20.0 | 59 % | - |' \
-	'median 34.1 GB/s (min 33.2, max 34.7)' 'decode W4A8 1.53x' 'pp W4A8 2.21x'
+	'| ik_llama.cpp | Q4_0 | 4.87 | 125.0 (121.0-127.5) | 25.40 (25.10-25.90) | 28.3 | 83 % | - |' \
+	'median 34.1 GB/s (min 33.2, max 34.7)' 'decode W4A8 1.53x' 'pp W4A8 2.21x' \
+	'Ratios to ik_llama.cpp Q4_0 (hearth q4_0 / q4_g32+head_g128, medians): decode W4A8 1.21x'
+check_kind grammar "$fx/grammar" "grammar grammar-jump grammar-masks" \
+	'| hearth | 24.24 (10.55-26.31) | 23.39 (11.43-25.59) | 0.968x (0.848-1.464x) |' \
+	'| with jump-forward | 128 | 31 | 25.55 (8.13-30.94) |' \
+	'| ten_properties.json | 14.3 | 7853 | 1 | 46 | 0.13 |'
 check_kind serving "$fx/serving.json" "serving" \
 	'| 8 | 212.9 | 26.7 / 26.6 | 35.2 | 291.8 | 1339 / 1340 | 37 / 137 / 216 |' \
 	'aggregate(8) / aggregate(1) = 3.30x' 'same cpu p50 5.4 / p99 15.9 µs'
@@ -99,6 +105,13 @@ check_kind fidelity "$fx/fidelity" "fidelity fidelity-ablation" \
 check_kind kernels "$fx/kernels.txt" "kernels" \
 	'| plain streaming read | 18.1 GB/s | 26.7 GB/s |' \
 	'| GEMM 512 tok W4A8 6144x2048 | 282.0 GOP/s | 563.0 GOP/s |'
+check_kind openai "$fx/openai.jsonl" "openai" \
+	'| libhearth (`hearth bench --clients 8`) | 150.0 (140.0-160.0) |' \
+	'| hearth-openai, streaming /v1/chat/completions | 147.0 (144.0-147.0) |' \
+	'| hearth-openai / libhearth | 0.98x (0.90-1.05) | ≥ 0.95x |' \
+	'| hearth-openai / llama-server (mainline llama.cpp) | 2.10x (2.00-2.45) | ≥ 2x |' \
+	'| hearth-openai / llama-server (ik_llama.cpp) | 2.94x (2.67-3.00) | ≥ 2x |' \
+	'3 alternating rounds, 8 concurrent streams'
 
 # bench_kernels' small-batch lines (8 tokens from memory) are rows of their own.
 cat >"$tmp/kernels8.txt" <<'EOF2'
@@ -149,7 +162,8 @@ fi
 
 # The real documents carry the sections their bench targets write (Makefile.am, bench section).
 for pair in benchmarks.md:speed benchmarks.md:serving benchmarks.md:fidelity \
-	benchmarks.md:fidelity-ablation memory.md:memory memory.md:memory-ledger kernels.md:kernels; do
+	benchmarks.md:fidelity-ablation benchmarks.md:grammar benchmarks.md:grammar-jump \
+	benchmarks.md:grammar-masks memory.md:memory memory.md:memory-ledger kernels.md:kernels benchmarks.md:openai; do
 	doc=$HEARTH_SRCDIR/doc/${pair%%:*} s=${pair#*:}
 	if [ "$(grep -c "^<!-- bench:$s begin -->\$" "$doc")" = 1 ] &&
 		[ "$(grep -c "^<!-- bench:$s end -->\$" "$doc")" = 1 ]; then

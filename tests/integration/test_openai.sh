@@ -82,6 +82,43 @@ grep -q '^hearth_openai_requests_total{endpoint="chat_completions",outcome="2xx"
 	grep -q '^hearth_kv_total_bytes ' "$TMP/metrics.txt" && grep -q '^hearth_up 1' "$TMP/metrics.txt"
 expect "GET /metrics is Prometheus text with the gateway's and hearthd's figures" $?
 
+# The prefix cache's counters move by exactly what the requests report: a chat, then the
+# same chat again, whose prompt is found cached up to its last full 16-token KV block (the
+# last prompt token is always computed, so its logits exist).
+metric() { sed -n "s/^$1 \([0-9][0-9]*\)\$/\1/p" "$2"; }
+words="river stone lamp orchard winter copper meadow harbor lantern thistle granite violet ember willow"
+body="{\"model\":\"hearth\",\"messages\":[{\"role\":\"user\",\"content\":\"$words $words $words\"}],\"max_tokens\":2,\"temperature\":0}"
+pc_ok=0
+curl -s -o "$TMP/pm0.txt" "$URL/metrics"
+curl -s -o "$TMP/pc1.json" -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' -d "$body" "$URL/v1/chat/completions"
+curl -s -o "$TMP/pm1.txt" "$URL/metrics"
+curl -s -o "$TMP/pc2.json" -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' -d "$body" "$URL/v1/chat/completions"
+curl -s -o "$TMP/pm2.txt" "$URL/metrics"
+usage() { /usr/bin/python3 -c 'import json,sys; u=json.load(open(sys.argv[1]))["usage"]; print(u["prompt_tokens"], u.get("prompt_tokens_details", {}).get("cached_tokens", 0))' "$1"; }
+set -- $(usage "$TMP/pc1.json") $(usage "$TMP/pc2.json")
+p1=$1 c1=$2 p2=$3 c2=$4
+for k in 0 1 2; do
+	eval "h$k=\$(metric hearth_prefix_cache_hit_tokens_total \"\$TMP/pm$k.txt\")"
+	eval "l$k=\$(metric hearth_prefix_cache_lookup_tokens_total \"\$TMP/pm$k.txt\")"
+done
+want=$((p1 / 16 * 16))
+[ "$want" -ge "$p1" ] && want=$((p1 - 1))
+echo "# prompt $p1 then $p2 tokens, cached $c1 then $c2 (blocks: $want); hits $h0 -> $h1 -> $h2, lookups $l0 -> $l1 -> $l2"
+[ -n "$h0" ] && [ -n "$h2" ] && [ "$p1" -gt 32 ] && [ "$p2" = "$p1" ] && [ "$c2" = "$want" ] &&
+	[ $((l1 - l0)) = "$p1" ] && [ $((h1 - h0)) = "$c1" ] && [ $((l2 - l1)) = "$p2" ] && [ $((h2 - h1)) = "$c2" ] ||
+	pc_ok=1
+expect "a repeated chat moves hearth_prefix_cache_hit_tokens_total by its cached tokens and lookup_tokens_total by its prompt" $pc_ok
+grep -q '^hearth_load_phase{phase="ready"} 1$' "$TMP/pm2.txt"
+expect "/metrics says hearth_load_phase{phase=\"ready\"} 1 once the model is loaded" $?
+"$HEARTH_BUILDDIR/hearth" --socket "$TMP/h.sock" stats --prometheus >"$TMP/prom.txt" &&
+	"$HEARTH_BUILDDIR/hearth" --socket "$TMP/h.sock" stats --json >"$TMP/stats.json"
+rc=$?
+[ $rc = 0 ] && [ "$(metric hearth_prefix_cache_hit_tokens_total "$TMP/prom.txt")" = "$h2" ] &&
+	grep -q '^hearth_load_phase{phase="ready"} 1$' "$TMP/prom.txt" &&
+	/usr/bin/python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); sys.exit(not (s["phase"] == "ready" and s["prefix_hit_tokens"] == int(sys.argv[2]) and s["prefix_lookup_tokens"] == int(sys.argv[3])))' \
+		"$TMP/stats.json" "$h2" "$l2"
+expect "hearth stats --prometheus and --json show the same prefix-cache counters and the ready phase" $?
+
 # The OpenAI SDK's suite: its TAP lines renumbered into this stream.
 HEARTH_OPENAI_URL=$URL HEARTH_OPENAI_KEY=$KEY HEARTH_SOCKET="$TMP/h.sock" HEARTH_CLI="$HEARTH_BUILDDIR/hearth" \
 	node --test --test-reporter=tap "$SDK/openai.test.mjs" >"$TMP/sdk.tap" 2>&1

@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -137,6 +138,24 @@ static int setup(void **state)
 	return 0;
 }
 
+/* The daemons leave their sockets' lock files behind by design (removing one would race a
+ * daemon starting on the same path), so the scratch directory is emptied whole. */
+static void dir_empty(const char *dir)
+{
+	DIR *d = opendir(dir);
+	if (!d)
+		return;
+	struct dirent *e;
+	char path[4400];
+	while ((e = readdir(d)) != NULL) {
+		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+			continue;
+		snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+		unlink(path);
+	}
+	closedir(d);
+}
+
 static int teardown(void **state)
 {
 	(void)state;
@@ -148,7 +167,7 @@ static int teardown(void **state)
 		}
 	}
 	int rc = daemon_stop(g_daemon);
-	unlink(g_sock);
+	dir_empty(g_dir);
 	rmdir(g_dir);
 	if (rc != 0) {
 		fprintf(stderr, "hearthd exited with %d after SIGTERM\n", rc);

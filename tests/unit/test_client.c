@@ -1671,7 +1671,7 @@ static void test_cli_generate_json_reads_the_prompt_from_stdin(void **state)
 			    "{\"index\":1,\"token\":2,\"text\":\"lo!\"}\n"
 			    "{\"finish\":\"length\",\"n_prompt\":2,\"n_gen\":2,\"queue_ms\":1.500,"
 			    "\"prefill_ms\":20.250,\"decode_ms\":100.500,\"prefill_tps\":148.00,"
-			    "\"decode_tps\":39.75,\"text\":\"Hello!\"}\n");
+			    "\"decode_tps\":39.75,\"n_forced\":0,\"text\":\"Hello!\"}\n");
 }
 
 static void script_cli_interrupted(struct fake *f)

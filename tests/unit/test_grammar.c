@@ -560,6 +560,115 @@ static void test_grammar_forced_bytes_and_rollback(void **state)
 	grammar_index_unref(ix);
 }
 
+/* ---- jump-forward ---- */
+
+/* Runs grammar_jump_tokens on a fresh matcher of text after accepting `before`; checks what
+ * every jump must hold whatever the tokenizer: the ids spell a prefix of the forced bytes,
+ * the matcher moved over exactly them, and the tokenizer itself (the independent truth)
+ * starts its tokenization of the forced bytes followed by each continuation in conts with
+ * those same ids. Returns how many ids were jumped. */
+static size_t jump_check(const char *text, const char *before, const char *const *conts, size_t n_conts,
+			 size_t max_ids, int32_t *ids)
+{
+	struct grammar_index *ix;
+	struct grammar_matcher *m;
+	struct hearth_error err = { 0 };
+	assert_int_equal(grammar_index_new(&ix, compile_ok(text), vocab, &err), 0);
+	assert_int_equal(grammar_matcher_new(&m, ix, &err), 0);
+	assert_int_equal(grammar_matcher_accept_bytes(m, before, strlen(before), &err), 0);
+	char forced[GRAMMAR_JUMP_MAX_BYTES];
+	size_t nf = grammar_matcher_forced_bytes(m, forced, sizeof forced);
+	size_t hist = grammar_matcher_history(m), n = 0;
+	assert_int_equal(grammar_jump_tokens(m, vocab_tok, ids, max_ids, &n, &err), 0);
+	assert_true(n <= max_ids);
+	assert_int_equal(grammar_matcher_history(m), hist + n);
+	char spelt[GRAMMAR_JUMP_MAX_BYTES + 64];
+	size_t off = 0;
+	for (size_t i = 0; i < n; i++) {
+		size_t l = tok_piece(vocab_tok, ids[i], false, spelt + off, sizeof spelt - off);
+		assert_true(l > 0 && off + l <= nf);
+		off += l;
+	}
+	assert_memory_equal(spelt, forced, off);
+	/* the rest of the forced bytes is what the matcher still forces */
+	char rest[GRAMMAR_JUMP_MAX_BYTES];
+	size_t nr = grammar_matcher_forced_bytes(m, rest, sizeof rest);
+	assert_int_equal(nr, nf - off);
+	assert_memory_equal(rest, forced + off, nr);
+	for (size_t c = 0; c < n_conts; c++) {
+		char full[GRAMMAR_JUMP_MAX_BYTES + 64];
+		memcpy(full, forced, nf);
+		size_t fl = nf + strlen(conts[c]);
+		memcpy(full + nf, conts[c], strlen(conts[c]));
+		int32_t want[GRAMMAR_JUMP_MAX_BYTES + 64];
+		size_t nw;
+		assert_int_equal(tok_encode(vocab_tok, full, fl, false, false, want, 320, &nw, &err), 0);
+		assert_true(nw >= n);
+		for (size_t i = 0; i < n; i++)
+			assert_int_equal(ids[i], want[i]);
+	}
+	grammar_matcher_free(m);
+	grammar_index_unref(ix);
+	return n;
+}
+
+static void test_grammar_jump_takes_only_the_stable_tokens_of_forced_text(void **state)
+{
+	(void)state;
+	int32_t ids[GRAMMAR_JUMP_MAX_BYTES];
+	/* a fixed key, then a string: the quote that opens the value may merge with the
+	 * value's first letters, so the jump stops before it can */
+	static const char *const words[] = { "alice", "Bob", "x y", "42", "\"", "-" };
+	const char *person = "root ::= \"{\\\"customer_identifier\\\": \\\"\" [a-zA-Z0-9 \"-]+ \"}\"\n";
+	size_t n = jump_check(person, "", words, 6, 64, ids);
+	assert_true(n >= 3); /* `{"`, `customer`, `_identifier`, ... at least */
+	/* numbers after a forced `": ` */
+	static const char *const nums[] = { "7", "123", "-5" };
+	n = jump_check("root ::= \"{\\\"count_of_items\\\": \" \"-\"? [0-9]+ \"}\"\n", "", nums, 3, 64, ids);
+	assert_true(n >= 3);
+	/* the whole output forced: everything is taken, the grammar can end at once */
+	n = jump_check("root ::= \"hello world, all forced\"\n", "", NULL, 0, 64, ids);
+	{
+		int32_t want[64];
+		size_t nw;
+		struct hearth_error err;
+		const char *t = "hello world, all forced";
+		assert_int_equal(tok_encode(vocab_tok, t, strlen(t), false, false, want, 64, &nw, &err), 0);
+		assert_int_equal(n, nw);
+		assert_memory_equal(ids, want, nw * sizeof *ids);
+	}
+	/* max_ids bounds the jump; nothing forced, nothing jumped */
+	assert_int_equal(jump_check(person, "", words, 6, 2, ids), 2);
+	assert_int_equal(jump_check("root ::= [a-z]+\n", "", NULL, 0, 64, ids), 0);
+	assert_int_equal(jump_check(person, "{\"customer_identifier\": \"ab", NULL, 0, 64, ids), 0);
+}
+
+static void test_grammar_jump_on_sentencepiece_spells_the_forced_bytes(void **state)
+{
+	(void)state;
+	struct tok *saved_tok = vocab_tok;
+	struct grammar_vocab *saved = vocab;
+	char path[1024];
+	struct gguf_file *f;
+	struct hearth_error err = { 0 };
+	snprintf(path, sizeof path, "%s/vocab/ggml-vocab-llama-spm.gguf", shared_dir());
+	if (gguf_open(&f, path, &err) || tok_load(&vocab_tok, f, &err))
+		fail_msg("%s", err.msg);
+	gguf_close(f);
+	assert_int_equal(grammar_vocab_new(&vocab, vocab_tok, &err), 0);
+	int32_t ids[GRAMMAR_JUMP_MAX_BYTES];
+	/* SentencePiece puts a space before the text it encodes: a token spelling " {" is not
+	 * the forced "{", so only tokens that spell the forced bytes exactly are taken */
+	static const char *const words[] = { "alice", "Bob" };
+	jump_check("root ::= \"{\\\"name\\\": \\\"\" [a-zA-Z]+ \"}\"\n", "", words, 0, 64, ids);
+	jump_check("root ::= \"{\\\"name\\\": \\\"\" [a-zA-Z]+ \"\\\", \\\"kind\\\": \\\"\" [a-z]+ \"}\"\n",
+		   "{\"name\": \"Al\"", NULL, 0, 64, ids);
+	grammar_vocab_free(vocab);
+	tok_free(vocab_tok);
+	vocab = saved;
+	vocab_tok = saved_tok;
+}
+
 static void test_grammar_mask_apply_sets_disallowed_to_minus_infinity(void **state)
 {
 	(void)state;
@@ -626,6 +735,8 @@ int main(void)
 		cmocka_unit_test(test_grammar_masks_equal_brute_force_sentencepiece),
 		cmocka_unit_test(test_grammar_index_of_hostile_grammar_is_bounded),
 		cmocka_unit_test(test_grammar_forced_bytes_and_rollback),
+		cmocka_unit_test(test_grammar_jump_takes_only_the_stable_tokens_of_forced_text),
+		cmocka_unit_test(test_grammar_jump_on_sentencepiece_spells_the_forced_bytes),
 		cmocka_unit_test(test_grammar_cache_shares_by_text),
 	};
 	return cmocka_run_group_tests(tests, load_vocab, free_vocab);

@@ -466,6 +466,8 @@ static size_t full_messages(enum msg_type type, struct msg *v)
 		m->u.generate.has_prompt = true;
 		m->u.generate.prompt = B("x");
 		m->u.generate.json_object = true;
+		m->u.generate.has_jump_forward = true;
+		m->u.generate.jump_forward = false;
 		break;
 	}
 	case MSG_CHAT: {
@@ -492,6 +494,8 @@ static size_t full_messages(enum msg_type type, struct msg *v)
 		c->gen.logits = true;
 		c->gen.ignore_eos = true;
 		c->gen.json_object = true;
+		c->gen.has_jump_forward = true;
+		c->gen.jump_forward = false;
 		c->gen.has_speculate = true;
 		m = &v[n++];
 		msg_init(m, type, 8);
@@ -542,7 +546,7 @@ static size_t full_messages(enum msg_type type, struct msg *v)
 		m->u.done = (struct msg_done){ MSG_FINISH_LENGTH, 3, 4, 1.5, 2.5, 3.5, 4.5, 5.5 };
 		m = &v[n++];
 		msg_init(m, type, 8);
-		m->u.done = (struct msg_done){ MSG_FINISH_TOOL_CALLS, 3, 4, 1.5, 2.5, 3.5, 4.5, 5.5, 2, true,
+		m->u.done = (struct msg_done){ MSG_FINISH_TOOL_CALLS, 3, 4, 1.5, 2.5, 3.5, 4.5, 5.5, 2, 1, true,
 					       { B("ok"), B("hmm"), full_calls, 2 } };
 		break;
 	case MSG_TOKENS:
@@ -553,6 +557,8 @@ static size_t full_messages(enum msg_type type, struct msg *v)
 		break;
 	case MSG_STATS_REPLY:
 		m->u.stats = (struct msg_stats_reply){ 1000, 2, 3, 4, 5, 6, 7, 8, 1ull << 33, 40, 30 };
+		m->u.stats.draft_tokens = 50;
+		m->u.stats.draft_accepted = 20;
 		break;
 	case MSG_LEDGER_REPLY:
 		m->u.ledger = (struct msg_ledger_reply){ full_ledger, 2, 9, 10 };

@@ -195,7 +195,11 @@ struct job {
 	uint32_t step_tokens;           /* the engine's, when below the scheduler's default */
 	uint64_t seed;
 	struct grammar_matcher *grammar;
+	bool jump_forward;
 };
+
+/* Tokens the last run_jobs fed by jump-forward. */
+static uint64_t g_forced;
 
 static struct sched_msg *take(struct sched *s)
 {
@@ -243,6 +247,7 @@ static void run_jobs(const struct engine *eng, const struct tok *tok, const stru
 			m->req.ignore_eos = true;
 			m->req.speculate = j->speculate;
 			m->req.grammar = j->grammar;
+			m->req.jump_forward = j->jump_forward;
 			assert_true(sched_post(s, m));
 			next++;
 		}
@@ -256,6 +261,7 @@ static void run_jobs(const struct engine *eng, const struct tok *tok, const stru
 	}
 	*drafted = atomic_load(&sched_stats(s)->spec_drafted);
 	*accepted = atomic_load(&sched_stats(s)->spec_accepted);
+	g_forced = atomic_load(&sched_stats(s)->tokens_forced);
 	sched_stop(s);
 	sched_destroy(s);
 }
@@ -579,6 +585,48 @@ static void test_spec_grammar_output_equals_plain_decoding(void **state)
 	engine_ref_free(er);
 }
 
+/* Jump-forward and drafts in one sequence: the grammar forces the keys and punctuation
+ * (fed as spans of forced tokens, no draft beside them) and leaves the values to sampling,
+ * where the prompt's earlier records give the lookup its drafts. Output with drafts equals
+ * output without, seed for seed, and both kinds of step happened. */
+static void test_spec_with_jump_forward_equals_plain_decoding(void **state)
+{
+	struct fixture *fx = *state;
+	struct engine eng;
+	struct engine_ref *er = ref_engine(fx, &eng);
+	struct hearth_error e;
+	static const char text[] = "{\"id\": 12}\n{\"id\": 12}\n{\"id\": 12}\n";
+	static const char gbnf[] = "root ::= (\"{\\\"id\\\": \" [0-9] [0-9] \"}\\n\")+";
+	int32_t prompt[64];
+	size_t n;
+	assert_int_equal(tok_encode(fx->tok, text, sizeof text - 1, false, false, prompt, 64, &n, &e), 0);
+	static struct sink with, without;
+	uint64_t drafted = 0, accepted = 0, forced = 0;
+	for (uint64_t seed = 0; seed < 6; seed++) {
+		struct job j = { prompt, (uint32_t)n, 60, 8, .seed = seed, .jump_forward = true };
+		sampled_params(&j.sampling);
+		j.sampling.temperature = seed < 2 ? 0.0f : 0.8f;
+		uint64_t d, a;
+		j.grammar = matcher_for(fx, gbnf);
+		run_jobs(&eng, fx->tok, &j, 1, &with, &d, &a);
+		drafted += d;
+		accepted += a;
+		forced += g_forced;
+		grammar_matcher_free(j.grammar);
+		j.grammar = matcher_for(fx, gbnf);
+		j.speculate = 0;
+		run_jobs(&eng, fx->tok, &j, 1, &without, &d, &a);
+		grammar_matcher_free(j.grammar);
+		assert_int_equal(with.n[0], without.n[0]);
+		assert_memory_equal(with.tokens[0], without.tokens[0], with.n[0] * sizeof(int32_t));
+	}
+	fprintf(stderr, "grammar with jump-forward: %llu forced, %llu drafted, %llu accepted\n",
+		(unsigned long long)forced, (unsigned long long)drafted, (unsigned long long)accepted);
+	assert_true(forced > 0);
+	assert_true(drafted > 0);
+	engine_ref_free(er);
+}
+
 /* ---- the int4 engine: rollback in the paged, prefix-shared cache ---- */
 
 static struct model_q4 *load_q4_fixture(const char *file, struct tok **tok)
@@ -731,6 +779,7 @@ int main(void)
 		cmocka_unit_test(test_spec_sampled_tokens_follow_the_model_distribution),
 		cmocka_unit_test(test_spec_grammar_cuts_drafts_it_would_refuse),
 		cmocka_unit_test(test_spec_grammar_output_equals_plain_decoding),
+		cmocka_unit_test(test_spec_with_jump_forward_equals_plain_decoding),
 		cmocka_unit_test(test_spec_q4_rejected_draft_is_rolled_back_and_never_shared),
 		cmocka_unit_test(test_spec_q4_greedy_with_drafts_equals_without),
 	};

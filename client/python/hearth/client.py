@@ -18,6 +18,7 @@ _GEN_FIELDS = {
     "seed": "seed", "stop": "stop", "stop_tokens": "stop_tokens", "logprobs": "logprobs",
     "top_logprobs": "top_logprobs", "ignore_eos": "ignore_eos",
     "grammar": "grammar", "json_schema": "json_schema", "json_object": "json_object",
+    "jump_forward": "jump_forward",
 }
 
 
@@ -267,7 +268,12 @@ class Client:
 
     def stats(self):
         f = self._request("stats")
-        return {k: v for k, v in f.items() if k not in ("t", "id")}
+        s = {k: v for k, v in f.items() if k not in ("t", "id")}
+        # Optional fields (no version bump): absent from an older daemon, then 0 and "".
+        s.setdefault("prefix_lookup_tokens", 0)
+        s.setdefault("prefix_hit_tokens", 0)
+        s["phase"] = text_of(s.get("phase", ""))
+        return s
 
     def ledger(self):
         f = self._request("ledger")

@@ -6,6 +6,7 @@ daemon seen as "closed"."""
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -14,6 +15,24 @@ import time
 import pytest
 
 import hearth
+
+# Every scratch directory is removed whole at the end: hearthd leaves its socket's lock file
+# behind by design (removing it would race a daemon starting on the same path).
+_scratch = []
+
+
+def scratch_dir():
+    d = tempfile.mkdtemp(prefix="hearth-py.")
+    _scratch.append(d)
+    return d
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_scratch():
+    yield
+    for d in _scratch:
+        shutil.rmtree(d, ignore_errors=True)
+
 
 BUILD = os.environ.get("HEARTH_BUILDDIR", os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 SHARED = os.environ.get("HEARTH_SHARED", os.path.join(BUILD, "..", "shared"))
@@ -44,13 +63,12 @@ def start_daemon(sock):
 def daemon():
     if not os.path.exists(MODEL):
         pytest.fail(f"fixture {MODEL} is missing")
-    d = tempfile.mkdtemp(prefix="hearth-py.")
+    d = scratch_dir()
     sock = os.path.join(d, "h.sock")
     proc = start_daemon(sock)
     yield sock
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=10)
-    os.rmdir(d) if not os.listdir(d) else None
 
 
 def test_welcome_describes_the_fixture(daemon):
@@ -128,6 +146,26 @@ def test_stats_count_this_client(daemon):
         assert s["kv_total"] > 0
 
 
+def test_stats_prefix_counters_move_by_the_cached_tokens(daemon):
+    prompt = " ".join(["river stone lamp orchard winter copper meadow harbor"] * 6)
+    with hearth.Client(daemon) as c:
+        s0 = c.stats()
+        assert s0["phase"] == "ready"
+        g1 = c.generate(prompt, max_tokens=2, temperature=0, ignore_eos=True).wait()
+        s1 = c.stats()
+        g2 = c.generate(prompt, max_tokens=2, temperature=0, ignore_eos=True).wait()
+        s2 = c.stats()
+    n = g1.done["n_prompt"]
+    assert n > 32 and g2.done["n_prompt"] == n
+    # The repeat is cached up to its last full 16-token KV block; its last token is always
+    # computed, so its logits exist.
+    assert g2.done.get("n_cached", 0) == min(n // 16 * 16, n - 1)
+    assert s1["prefix_lookup_tokens"] - s0["prefix_lookup_tokens"] == n
+    assert s1["prefix_hit_tokens"] - s0["prefix_hit_tokens"] == g1.done.get("n_cached", 0)
+    assert s2["prefix_lookup_tokens"] - s1["prefix_lookup_tokens"] == n
+    assert s2["prefix_hit_tokens"] - s1["prefix_hit_tokens"] == g2.done["n_cached"]
+
+
 def test_asyncio_streams_two_generations_concurrently(daemon):
     async def run():
         c = await hearth.AsyncClient.connect(daemon)
@@ -149,7 +187,7 @@ def test_asyncio_streams_two_generations_concurrently(daemon):
 
 
 def test_a_dead_daemon_is_reported_as_closed():
-    d = tempfile.mkdtemp(prefix="hearth-py.")
+    d = scratch_dir()
     sock = os.path.join(d, "h.sock")
     proc = start_daemon(sock)
     try:
@@ -177,7 +215,7 @@ def test_connecting_to_nothing_says_where():
 @pytest.fixture(scope="module")
 def chat_daemon():
     template = os.path.join(SHARED, "chat", "templates", "Qwen-Qwen3-0.6B.jinja")
-    d = tempfile.mkdtemp(prefix="hearth-py.")
+    d = scratch_dir()
     model = os.path.join(d, "q3.gguf")
     subprocess.run([os.path.join(BUILD, "tests", "mkmodel"), "-o", model, "--arch", "qwen3", "--n-embd", "64",
                     "--n-layer", "2", "--n-head", "4", "--n-head-kv", "2", "--head-dim", "16", "--n-ff", "128",
@@ -290,7 +328,7 @@ def _prompt_as(sock, uid, prompt_ids):
 
 
 def _share_daemon(share):
-    d = tempfile.mkdtemp(prefix="hearth-py.")
+    d = scratch_dir()
     os.chmod(d, 0o755)
     sock = os.path.join(d, "h.sock")
     proc = subprocess.Popen(

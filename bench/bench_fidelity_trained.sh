@@ -1,0 +1,73 @@
+#!/bin/sh
+# `make bench-fidelity-trained`: fidelity on trained weights (bench/train's model, peaked
+# distributions), over held-out chapters it never trained on. hearth W4A16 / W4A8 at each
+# layout the loader offers, against hearth's f32 reference; llama.cpp Q4_0, Q4_K_M and
+# IQ4_XS made by llama.cpp's own quantizer from the same F32 file, against llama.cpp's
+# unquantized run. HEARTH_TRAINED_MODEL (F32 GGUF) and HEARTH_TRAINED_CORPUS (one held-out
+# chapter a line) name the inputs; HEARTH_LLAMA_QUANTIZE may name a llama-quantize binary
+# (else bench/llama_quantize on the node-llama-cpp libllama). HEARTH_FIDELITY_RESULTS: a
+# directory for the --json results (bench/doc_tables.py fidelity-trained).
+set -eu
+builddir=${HEARTH_BUILDDIR:-.}
+srcdir=${HEARTH_SRCDIR:-.}
+model=${HEARTH_TRAINED_MODEL:?HEARTH_TRAINED_MODEL must name the trained F32 GGUF}
+corpus=${HEARTH_TRAINED_CORPUS:?HEARTH_TRAINED_CORPUS must name its held-out text}
+# 16 chapters x 128 positions = 2048 held-out positions; 12 of them give the greedy prompts.
+seqs=${HEARTH_FIDELITY_SEQS:-16}
+len=${HEARTH_FIDELITY_LEN:-128}
+lib=${HEARTH_LLAMA_LIB:-$srcdir/bench/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64}
+results=${HEARTH_FIDELITY_RESULTS:-}
+work=$(mktemp -d "${TMPDIR:-/tmp}/hearth-fidelity-trained.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+if [ -n "$results" ]; then
+	mkdir -p "$results"
+	rm -f "$results"/*.json
+fi
+
+save() { # save TAG COMMAND...: the command's text, or its --json into the results
+	tag=$1
+	shift
+	if [ -n "$results" ]; then
+		"$@" --json >"$results/$tag.json"
+		cat "$results/$tag.json"
+	else
+		"$@"
+	fi
+}
+
+c="--corpus $corpus --seqs $seqs --len $len"
+echo "== hearth, default layout (weights_group 128)"
+save 1-hearth-g128 "$builddir/bench/fidelity" $c --greedy 12 "$model"
+echo "== hearth, weights_group 128, int8 embedding/head"
+save 2-hearth-g128-q8 "$builddir/bench/fidelity" $c --greedy 12 --head int8 "$model"
+echo "== hearth, weights_group 32"
+save 3-hearth-g32 "$builddir/bench/fidelity" $c --greedy 12 --weights-group 32 "$model"
+echo "== hearth, weights_group 32, int8 embedding/head"
+save 4-hearth-g32-q8 "$builddir/bench/fidelity" $c --greedy 12 --weights-group 32 --head int8 "$model"
+
+if [ ! -d "$lib" ]; then
+	echo "bench_fidelity_trained: no libllama in $lib (make bench-deps, or set HEARTH_LLAMA_LIB): llama.cpp rows skipped"
+	exit 0
+fi
+libllama=
+for f in "$lib"/libllama.v*.so "$lib"/libllama.so; do
+	[ -f "$f" ] && { libllama=$f; break; }
+done
+i=5
+for t in q4_0 q4_k_m iq4_xs; do
+	q="$work/model-$t.gguf"
+	if [ -n "${HEARTH_LLAMA_QUANTIZE:-}" ]; then
+		"$HEARTH_LLAMA_QUANTIZE" "$model" "$q" "$t" 2 >"$work/quantize.log" 2>&1 ||
+			{ cat "$work/quantize.log"; exit 1; }
+	else
+		"$builddir/bench/llama_quantize" "$libllama" "$model" "$q" "$t" 2
+	fi
+	label=$(echo "$t" | tr a-z A-Z)
+	echo "== llama.cpp $label"
+	# --check once: llama.cpp's unquantized run against hearth's f32 reference
+	chk=""
+	[ $i = 5 ] && chk=--check
+	save "$i-llama-$t" "$builddir/bench/fidelity_llama" --lib "$lib" --q4 "$q" --label "llama.cpp $label" --greedy 12 \
+		$chk $c "$model"
+	i=$((i + 1))
+done
