@@ -444,9 +444,50 @@ def openai(path):
     return {"openai": text}
 
 
+# ---- spec: speculative decoding per workload (bench/spec_bench.sh)
+
+SPEC_MODELS = (("kjv", "demo model (2.9M, trained, Q8_0)"), ("qwen3-1.7b", "Qwen3-1.7B shape, Q4_0 (random weights)"))
+
+
+def spec(res):
+    rows = []
+    meta = None
+    for tag, label in SPEC_MODELS:
+        path = os.path.join(res, f"hearth-{tag}.json")
+        if not os.path.exists(path):
+            continue
+        h = read_json(path)
+        meta = meta or h
+        for name, runs in h["runs"].items():
+            off = [r["decode_tps"] for r in runs["off"]]
+            on = [r["decode_tps"] for r in runs["on"]]
+            drafted = sum(r["drafted"] for r in runs["on"])
+            accepted = sum(r["accepted"] for r in runs["on"])
+            rate = f"{100.0 * accepted / drafted:.0f} % of {drafted}" if drafted else "no draft"
+            rows.append([label, name, spread(off, 1), spread(on, 1),
+                         spread([b / a for a, b in zip(off, on)], 2, "x"), rate,
+                         "yes" if h["same_output"][name] else "**no**"])
+    if not rows:
+        die(f"{res}: no hearth-*.json results")
+    text = table(["model", "workload", "drafts off tok/s", "drafts on tok/s", "on / off, per round",
+                  "drafts accepted", "same tokens"], rows)
+    text += (f"\n\n{meta['rounds']} alternating rounds of {meta['tokens']} tokens each; decode tok/s as "
+             "the daemon reports it (done.decode_tps); median (min-max) over the rounds.")
+    ik = os.path.join(res, "ik.json")
+    if os.path.exists(ik):
+        k = read_json(ik)
+        krows = [[name, spread(r["plain"], 1), spread(r["lookup"], 1),
+                  spread([b / a for a, b in zip(r["plain"], r["lookup"])], 2, "x"),
+                  spread(r["accept"], 0, " %") if r["accept"] else "-"]
+                 for name, r in k["runs"].items()]
+        text += "\n\n" + table(["ik_llama.cpp, Qwen3-1.7B shape Q4_0", "llama-simple tok/s",
+                                 "llama-lookup tok/s", "lookup / simple", "drafts accepted"], krows)
+    return {"spec": text}
+
+
 KINDS = {"speed": speed, "serving": serving, "memory": memory, "fidelity": fidelity,
          "fidelity-trained": fidelity_trained, "kernels": kernels, "grammar": grammar,
-         "openai": openai}
+         "openai": openai, "spec": spec}
 
 
 def replace(doc, sections):

@@ -30,7 +30,7 @@ enum {
 	OPT_REPEAT_PENALTY, OPT_REPEAT_LAST_N, OPT_SEED,
 	OPT_SPIN_US, OPT_STOP, OPT_NO_BOS, OPT_SPECIAL,
 	OPT_CLIENTS, OPT_PROMPT_TOKENS, OPT_TOKENS, OPT_PROMETHEUS,
-	OPT_GRAMMAR, OPT_JSON_SCHEMA, OPT_JSON_OBJECT, OPT_NO_JUMP_FORWARD,
+	OPT_GRAMMAR, OPT_JSON_SCHEMA, OPT_JSON_OBJECT, OPT_NO_JUMP_FORWARD, OPT_SPECULATE,
 };
 
 #define COMMON_OPTIONS \
@@ -66,6 +66,7 @@ struct gen_args {
 	{ "grammar", required_argument, NULL, OPT_GRAMMAR }, \
 	{ "json-schema", required_argument, NULL, OPT_JSON_SCHEMA }, \
 	{ "json-object", no_argument, NULL, OPT_JSON_OBJECT }, \
+	{ "speculate", required_argument, NULL, OPT_SPECULATE }, \
 	{ "no-jump-forward", no_argument, NULL, OPT_NO_JUMP_FORWARD }, \
 	{ "json", no_argument, NULL, OPT_JSON }
 

@@ -21,6 +21,8 @@ struct hearth_gen_params hearth_gen_params_default(void)
 	return p;
 }
 
+_Static_assert(HEARTH_SPECULATE_MAX == MSG_SPECULATE_MAX, "libhearth's bound is the protocol's");
+
 const char *hearth_finish_name(enum hearth_finish f)
 {
 	switch (f) {
@@ -52,6 +54,11 @@ int gen_fill(struct msg_generate *g, const struct hearth_gen_params *p, struct m
 	/* sent only to turn it off, so a 1.1 daemon sees no field it does not know */
 	g->has_jump_forward = !p->jump_forward;
 	g->jump_forward = p->jump_forward;
+	if (p->speculate < -1 || p->speculate > MSG_SPECULATE_MAX)
+		return conn_err_set(err, HEARTH_EINVAL, "speculate %d: -1 (off), 0 (the daemon's default) or 1..%u",
+				    (int)p->speculate, MSG_SPECULATE_MAX);
+	g->has_speculate = p->speculate != 0;
+	g->speculate = p->speculate > 0 ? (uint32_t)p->speculate : 0;
 	if (p->n_stop > MSG_STOP_MAX)
 		return conn_err_set(err, HEARTH_EINVAL, "%zu stop strings; at most %d", p->n_stop,
 				    MSG_STOP_MAX);

@@ -140,6 +140,9 @@ struct hearth_prompt {
 	size_t n_tokens;
 };
 
+/* The most draft tokens a generation may have verified per step (hearth_gen_params). */
+#define HEARTH_SPECULATE_MAX 16
+
 struct hearth_gen_params {
 	uint32_t max_tokens;      /* default 256 */
 	double temperature;       /* 0 = greedy; default 0.8 */
@@ -167,6 +170,10 @@ struct hearth_gen_params {
 	/* Jump-forward (protocol 1.2): text the grammar forces is fed to the model without
 	 * sampling it token by token. Default true; it never applies with logprobs or logits. */
 	bool jump_forward;
+	/* Speculative decoding (protocol 1.3): draft tokens from prompt lookup verified per
+	 * step, 1..16 at most; -1 = off; 0 = the daemon's default (the field is not sent, so a
+	 * 1.2 daemon is served too). Outputs are the same either way; only speed differs. */
+	int32_t speculate;
 };
 
 /* llama.cpp's sampling defaults, as the daemon applies them. */
@@ -368,6 +375,8 @@ struct hearth_stats {
 	uint64_t prefix_hit_tokens;
 	char phase[64];           /* "ready", "failed", the load phase ("map", "repack", ...),
 				   * or "" from a daemon that does not say */
+	uint64_t draft_tokens;    /* speculative decoding: draft tokens verified since start */
+	uint64_t draft_accepted;  /* of them, accepted */
 };
 
 int hearth_stats(struct hearth *h, struct hearth_stats *out, struct hearth_err *err);

@@ -11,7 +11,7 @@
 #include "protocol/error.h"
 
 #define MSG_PROTO_MAJOR 1
-#define MSG_PROTO_MINOR 2
+#define MSG_PROTO_MINOR 3
 
 /* Bounds checked before msgpack builds any object; see doc/protocol.md "Limits". */
 #define MSG_DEPTH_MAX 8            /* nesting of maps/arrays, the top map being depth 1 */
@@ -34,6 +34,7 @@
 #define MSG_ROLE_MAX 64            /* bytes of a role */
 #define MSG_TOOL_NAME_MAX 256      /* bytes of a tool (function) name or call id */
 #define MSG_GRAMMAR_MAX (256u << 10) /* bytes of a grammar or JSON schema */
+#define MSG_SPECULATE_MAX 16       /* draft tokens verified per step (speculative decoding) */
 
 /* Sampling defaults applied by the decoder when a generate omits a field (llama.cpp's). */
 #define MSG_DEFAULT_MAX_TOKENS 256
@@ -196,6 +197,10 @@ struct msg_generate {
 	/* (1.2) false: every token of a constrained output is sampled, none jumped forward */
 	bool has_jump_forward;
 	bool jump_forward;
+	/* Speculative decoding (1.3): at most this many draft tokens a step; 0 = off;
+	 * absent = the daemon's default. */
+	bool has_speculate;
+	uint32_t speculate;
 };
 
 /* A tool call as the wire carries it: arguments is JSON text of an object. */
@@ -320,6 +325,8 @@ struct msg_stats_reply {
 	uint64_t prefix_lookup_tokens; /* prompt tokens of admitted requests, since start */
 	uint64_t prefix_hit_tokens;    /* of those, found in the prefix cache */
 	struct msg_bytes phase;        /* "ready", "failed", or the loader's phase ("map", ...) */
+	uint64_t draft_tokens;     /* speculative decoding since start: draft tokens verified */
+	uint64_t draft_accepted;   /* of them, accepted (1.3) */
 };
 
 struct msg_ledger_entry {

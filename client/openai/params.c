@@ -90,6 +90,12 @@ bool gw_params_parse(json_t *body, bool chat, struct gw_params *p, struct gw_rep
 	if (!get_uint(body, "top_k", 1u << 20, &u, NULL, r))
 		return false;
 	p->gen.top_k = (uint32_t)u;
+	/* hearth's own: draft tokens per step (0 = off), passed through to the daemon. */
+	set = false;
+	if (!get_uint(body, "speculate", HEARTH_SPECULATE_MAX, &u, &set, r))
+		return false;
+	if (set)
+		p->gen.speculate = u ? (int32_t)u : -1;
 	for (const char *const *k = (const char *const[]){ "frequency_penalty", "presence_penalty", NULL }; *k; k++) {
 		d = 0;
 		if (!get_number(body, *k, -2, 2, &d, r))

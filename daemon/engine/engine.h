@@ -16,7 +16,12 @@ struct engine_span {
 	struct engine_seq *seq;
 	const int32_t *tokens;  /* appended at the sequence's current length */
 	uint32_t n;
-	float *logits;          /* NULL, or n_vocab floats: the logits after the last token */
+	float *logits;          /* NULL, or n_logits x n_vocab floats: the logits after each of
+				 * the last n_logits tokens, in order */
+	/* Rows of logits wanted; 0 means 1. Above 1 the span verifies a draft (speculative
+	 * decoding): its last n_logits - 1 positions are tentative. The engine does not
+	 * publish them to the prefix cache, and seq_truncate may take them back. */
+	uint32_t n_logits;
 };
 
 struct engine {
@@ -33,6 +38,13 @@ struct engine {
 	void (*seq_close)(void *impl, struct engine_seq *seq);
 	int (*forward)(void *impl, const struct engine_span *spans, size_t n_spans,
 		       struct hearth_error *err);
+	/* Takes back the positions of seq from n_past on: only tentative ones (of its last
+	 * span, n_logits > 1) may be taken back. NULL: the engine cannot verify drafts. */
+	int (*seq_truncate)(void *impl, struct engine_seq *seq, uint32_t n_past,
+			    struct hearth_error *err);
+	/* Rows of logits one forward step can return in all spans together (0 = one per
+	 * span, as before drafts). */
+	uint32_t max_logit_rows;
 	/* KV bytes in use and in all, for stats. */
 	void (*kv_usage)(void *impl, uint64_t *used, uint64_t *total);
 	/* Optional: called once on the compute thread before its first step (the int4
@@ -50,7 +62,7 @@ static inline int engine_warm_up(const struct engine *eng, int32_t tok, struct h
 	int rc = eng->seq_open(eng->impl, &tok, 1, 1, 0, &s, &cached, err);
 	if (rc < 0)
 		return rc;
-	struct engine_span sp = { s, &tok, 1, NULL };
+	struct engine_span sp = { s, &tok, 1, NULL, 0 };
 	rc = eng->forward(eng->impl, &sp, 1, err);
 	eng->seq_close(eng->impl, s);
 	return rc < 0 ? rc : 0;

@@ -16,6 +16,7 @@
 struct engine_seq {
 	struct kv_seq *kv;
 	uint32_t n_past;           /* positions whose K/V are in the cache */
+	uint32_t n_tentative;      /* of them, the last step's draft positions, unpublished */
 	int32_t *tokens;           /* ids of those positions (max_context) */
 	bool used;
 };
@@ -381,6 +382,11 @@ int model_q4_forward(struct model_q4 *m, const struct engine_span *spans, size_t
 			return hearth_error_set(err, HEARTH_EKVFULL,
 						"sequence would hold %u positions; %u are reserved",
 						s->n_past + sp->n, kv_seq_reserved(s->kv));
+		uint32_t rows = sp->logits ? (sp->n_logits > 1 ? sp->n_logits : 1) : 0;
+		if (rows > sp->n || L + rows > m->max_seqs)
+			return hearth_error_set(err, HEARTH_ERANGE,
+						"%u logit rows of a %u-token span; a step returns at most %u",
+						rows, sp->n, m->max_seqs);
 		for (uint32_t j = 0; j < sp->n; j++) {
 			int32_t tok = sp->tokens[j];
 			if (tok < 0 || (uint32_t)tok >= m->hp.n_vocab)
@@ -392,8 +398,8 @@ int model_q4_forward(struct model_q4 *m, const struct engine_span *spans, size_t
 			m->step_seq[T] = s;
 			T++;
 		}
-		if (sp->logits)
-			m->logit_rows[L++] = T - 1;
+		for (uint32_t j = rows; j > 0; j--)
+			m->logit_rows[L++] = T - j;
 	}
 	if (T == 0)
 		return 0;
@@ -415,17 +421,22 @@ int model_q4_forward(struct model_q4 *m, const struct engine_span *spans, size_t
 	pool_run(m->pool, step_run, &st);
 
 	/* Positions now hold K/V: advance, remember ids, and publish full blocks so later
-	 * prompts that start the same way share them. */
+	 * prompts that start the same way share them. A draft's tentative positions are not
+	 * published: a shared block is never written again, and seq_truncate may hand them
+	 * back to be rewritten; the next step publishes what was accepted. */
 	uint32_t lrow = 0;
 	for (size_t i = 0; i < n_spans; i++) {
 		const struct engine_span *sp = &spans[i];
 		struct engine_seq *s = sp->seq;
+		uint32_t rows = sp->logits ? (sp->n_logits > 1 ? sp->n_logits : 1) : 0;
 		memcpy(s->tokens + s->n_past, sp->tokens, (size_t)sp->n * sizeof(int32_t));
 		s->n_past += sp->n;
-		if (sp->logits)
-			memcpy(sp->logits, m->logits + (size_t)lrow++ * m->hp.n_vocab,
-			       (size_t)m->hp.n_vocab * sizeof(float));
-		int rc = kv_seq_commit_filled(&m->kv, s->kv, s->tokens, s->n_past, err);
+		s->n_tentative = rows > 1 ? rows - 1 : 0;
+		if (rows)
+			memcpy(sp->logits, m->logits + (size_t)lrow * m->hp.n_vocab,
+			       (size_t)rows * m->hp.n_vocab * sizeof(float));
+		lrow += rows;
+		int rc = kv_seq_commit_filled(&m->kv, s->kv, s->tokens, s->n_past - s->n_tentative, err);
 		if (rc < 0)
 			return rc;
 	}
@@ -483,6 +494,7 @@ static int mq4_seq_open(void *impl, const int32_t *prompt, uint32_t n_prompt, ui
 	s->kv = ks;
 	s->used = true;
 	s->n_past = (uint32_t)matched;
+	s->n_tentative = 0;
 	memcpy(s->tokens, prompt, (size_t)matched * sizeof(int32_t));
 	*n_cached = (uint32_t)matched;
 	*out = s;
@@ -504,6 +516,21 @@ static int mq4_forward(void *impl, const struct engine_span *spans, size_t n_spa
 		       struct hearth_error *err)
 {
 	return model_q4_forward(impl, spans, n_spans, err);
+}
+
+/* Rolling back a rejected draft: its positions' K/V stay in private blocks, to be
+ * overwritten by the tokens that replace them; nothing was published, so no shared block
+ * is touched (model_q4_forward). */
+static int mq4_seq_truncate(void *impl, struct engine_seq *s, uint32_t n_past, struct hearth_error *err)
+{
+	(void)impl;
+	if (n_past > s->n_past || n_past + s->n_tentative < s->n_past)
+		return hearth_error_set(err, HEARTH_EINVAL,
+					"truncate to %u of %u positions: only the %u tentative ones may go",
+					n_past, s->n_past, s->n_tentative);
+	s->n_tentative -= s->n_past - n_past;
+	s->n_past = n_past;
+	return 0;
 }
 
 static void mq4_kv_usage(void *impl, uint64_t *used, uint64_t *total)
@@ -552,6 +579,8 @@ void model_q4_engine(struct model_q4 *m, struct engine *out)
 		.seq_open = mq4_seq_open,
 		.seq_close = mq4_seq_close,
 		.forward = mq4_forward,
+		.seq_truncate = mq4_seq_truncate,
+		.max_logit_rows = m->max_seqs, /* the logits scratch holds max_seqs rows */
 		.kv_usage = mq4_kv_usage,
 		.thread_init = mq4_thread_init,
 	};

@@ -18,6 +18,7 @@
 
 #include "daemon/engine/load.h"
 #include "daemon/engine/tokenizer.h"
+#include "daemon/serve/spec.h"
 #include "protocol/assert.h"
 #include "protocol/clock.h"
 
@@ -60,6 +61,8 @@ struct sched_seq {
 	bool grammar_on;                /* the request's grammar constrains the next token */
 	char tail[2 * SCHED_TRIGGER_MAX]; /* the output's last bytes, while a trigger is awaited */
 	uint32_t n_tail;
+	struct spec_seq spec;           /* speculative decoding: drafting state */
+	int32_t draft[SPEC_K_MAX];      /* the draft the step verifies (also at tokens[n_tokens..]) */
 	uint32_t n_forced_pending;      /* the last tokens of tokens[]: forced by the grammar
 					 * (jump-forward), their events not yet built */
 };
@@ -80,6 +83,8 @@ struct sched {
 	struct sched_seq *seqs;         /* max_seqs slots */
 	struct engine_span *spans;
 	struct sched_seq **span_seq;
+	float *spec_rows;               /* n_spec_rows x n_vocab: logits of verifying spans */
+	uint32_t n_spec_rows;
 	struct sched_client *rr;        /* next client whose waiting request is admitted */
 	uint32_t prefill_cursor;
 	uint64_t step_no;
@@ -281,6 +286,7 @@ static int seq_start(struct sched *s, struct sched_seq *q, struct sched_msg *m, 
 	q->cancel = false;
 	q->grammar_on = r->grammar && !r->grammar_trigger[0];
 	q->n_tail = 0;
+	spec_seq_init(&q->spec, s->spec_rows ? r->speculate : 0);
 	q->n_forced_pending = 0;
 	m->result.n_forced = 0;
 	tok_stream_init(&q->stream);
@@ -776,6 +782,87 @@ static bool seq_emit_forced(struct sched *s, struct sched_seq *q)
 	return !q->has_event;
 }
 
+/* ---- speculative decoding ---- */
+
+/* Drafts for decoding sequence q (prompt lookup, spec.c), at most max_rows tokens and what
+ * its KV reservation, max_tokens and max_context leave; a draft is cut before the first
+ * token its grammar would refuse, since that row could never be accepted. The draft goes
+ * to q->draft and after the unfed token in q->tokens, where the step reads it. */
+static uint32_t seq_draft(struct sched *s, struct sched_seq *q, uint32_t max_rows)
+{
+	const struct sched_request *r = &q->msg->req;
+	uint32_t n_gen = q->n_tokens - r->n_prompt;
+	/* One step yields up to k + 1 tokens: k + 1 <= max_tokens - n_gen keeps the KV
+	 * reservation (n_prompt + max_tokens) and the request's length. */
+	uint32_t limit = r->max_tokens > n_gen + 1 ? r->max_tokens - n_gen - 1 : 0;
+	if (limit > max_rows)
+		limit = max_rows;
+	if (q->n_tokens + limit > s->eng.max_context)
+		limit = s->eng.max_context - q->n_tokens;
+	uint32_t k = spec_draft(&q->spec, q->tokens, q->n_tokens, limit, q->draft);
+	if (k && q->grammar_on) {
+		struct hearth_error ge;
+		uint32_t ok = 0;
+		while (ok < k && !grammar_matcher_is_done(r->grammar) &&
+		       grammar_matcher_accept_token(r->grammar, q->draft[ok], &ge) == 0)
+			ok++;
+		if (ok && grammar_matcher_rollback(r->grammar, ok, &ge) < 0) {
+			seq_grammar_fail(q, &ge);
+			return 0;
+		}
+		k = ok;
+	}
+	memcpy(q->tokens + q->n_tokens, q->draft, (size_t)k * sizeof *q->draft);
+	return k;
+}
+
+/* The step verified q's draft: sp->logits holds a row after the unfed token and after each
+ * draft token. Each row is sampled exactly as a plain decode step samples (grammar mask,
+ * penalties, top-k/top-p/min-p, temperature, the same draw from the sequence's PRNG), and
+ * drafting goes on while the sample equals the draft. With a draft that is one token for
+ * sure (prompt lookup), that is speculative sampling's rejection rule: draft x is kept with
+ * probability p(x), and otherwise the token is a draw from p without x, renormalised, since
+ * a draw from p that is not x is just that. So the output is plain decoding's, token for
+ * token for every seed, not only in distribution. The rejected draft's positions go back. */
+static void seq_verify(struct sched *s, struct sched_seq *q, const struct engine_span *sp, uint64_t now)
+{
+	uint32_t n_draft = sp->n_logits - 1, i = 0;
+	size_t row = s->eng.n_vocab * sizeof(float);
+	bool emitted = false;
+	for (;;) {
+		memcpy(q->logits, sp->logits + (size_t)i * s->eng.n_vocab, row);
+		uint32_t at = q->n_tokens;
+		seq_sample(s, q, now);
+		/* Tokens the grammar forced after the sample (jump-forward) end the draft: the
+		 * next rows were computed after draft tokens, not after them; they are fed next
+		 * step. (Their events may be out before the check, so it looks at n_tokens.) */
+		bool jumped = q->n_tokens > at + 1;
+		if (q->has_event && !q->cancel && seq_try_emit(s, q)) {
+			q->blocked_since = 0;
+			emitted = true;
+			seq_emit_forced(s, q);
+		}
+		/* The sample at row i is accepted (its K/V, as draft[i], are in the cache) only
+		 * when another row follows; else it is the next unfed token. */
+		if (i == n_draft || q->has_event || q->finish || q->cancel || jumped ||
+		    q->tokens[at] != q->draft[i])
+			break;
+		i++;
+	}
+	spec_seq_update(&q->spec, n_draft, i);
+	atomic_fetch_add_explicit(&s->stats.spec_drafted, n_draft, memory_order_relaxed);
+	atomic_fetch_add_explicit(&s->stats.spec_accepted, i, memory_order_relaxed);
+	/* The unfed token and the i accepted draft tokens stay. */
+	q->n_fed += 1 + i;
+	struct hearth_error e;
+	if (i < n_draft && s->eng.seq_truncate(s->eng.impl, q->eseq, q->n_fed, &e) < 0) {
+		q->finish = SCHED_FINISH_ERROR;
+		q->err = e;
+	}
+	if (emitted)
+		sched_yield(); /* as sched_step does after an emit */
+}
+
 /* Emits parked events and ends sequences whose last event is out or that were canceled. */
 static void sched_settle(struct sched *s, uint64_t now)
 {
@@ -832,13 +919,18 @@ static size_t sched_build_batch(struct sched *s)
 	s->step_no++;
 	/* Decode tokens first: they are one each and keep every stream moving. A sequence
 	 * with forced tokens (jump-forward) feeds them too, as far as the budget goes after
-	 * one token for every other decoding sequence; the rest waits for the next step. */
-	uint32_t n_decoding = 0;
+	 * one token for every other decoding sequence; the rest waits for the next step. Rows
+	 * of logits beyond one per sequence go to drafts (speculative decoding), whoever asks
+	 * first, and so do the tokens beyond one for each decoding sequence. */
+	uint32_t running = 0, n_decoding = 0, spare_rows = 0, spec_row = 0;
 	for (uint32_t i = 0; i < s->p.max_seqs; i++) {
 		struct sched_seq *q = &s->seqs[i];
+		running += q->msg != NULL;
 		n_decoding += q->msg && !q->has_event && !q->finish && !q->cancel &&
 			      q->n_fed >= q->msg->req.n_prompt;
 	}
+	if (s->spec_rows && s->n_spec_rows > running)
+		spare_rows = s->n_spec_rows - running;
 	for (uint32_t i = 0; i < s->p.max_seqs; i++) {
 		struct sched_seq *q = &s->seqs[i];
 		if (!q->msg || q->has_event || q->finish || q->cancel)
@@ -848,8 +940,23 @@ static size_t sched_build_batch(struct sched *s)
 		uint32_t want = q->n_tokens - q->n_fed, room = budget > n_decoding ? budget - n_decoding + 1 : 1;
 		uint32_t take = want < room ? want : room;
 		n_decoding--;
-		s->spans[n] = (struct engine_span){ q->eseq, &q->tokens[q->n_fed], take,
-						    take == want ? q->logits : NULL };
+		/* Forced tokens are certain already: a draft waits until they are fed. */
+		uint32_t k = 0;
+		if (want == 1 && q->spec.k_max && spare_rows && room > 1)
+			k = seq_draft(s, q, spare_rows < room - 1 ? spare_rows : room - 1);
+		if (q->finish)
+			continue; /* the grammar failed while the draft was checked */
+		if (k > 0) {
+			take = 1 + k;
+			s->spans[n] = (struct engine_span){ q->eseq, &q->tokens[q->n_fed], take,
+							    s->spec_rows + (size_t)spec_row * s->eng.n_vocab,
+							    take };
+			spec_row += take;
+			spare_rows -= k;
+		} else {
+			s->spans[n] = (struct engine_span){ q->eseq, &q->tokens[q->n_fed], take,
+							    take == want ? q->logits : NULL, 0 };
+		}
 		s->span_seq[n++] = q;
 		budget = budget > take ? budget - take : 0;
 	}
@@ -877,10 +984,27 @@ static size_t sched_build_batch(struct sched *s)
 			if (chunk > budget)
 				chunk = budget;
 			bool last = q->n_fed + chunk == n_prompt;
-			s->spans[n] = (struct engine_span){ q->eseq, &q->tokens[q->n_fed], chunk,
-							    last ? q->logits : NULL };
+			/* The prompt's last chunk may carry a draft too: the first tokens of
+			 * an answer that quotes its prompt come from the lookup. */
+			uint32_t nd = 0;
+			if (last && q->spec.k_max && spare_rows && budget > chunk) {
+				uint32_t room = budget - chunk;
+				nd = seq_draft(s, q, spare_rows < room ? spare_rows : room);
+				if (q->finish)
+					continue;
+			}
+			if (nd > 0) {
+				s->spans[n] = (struct engine_span){ q->eseq, &q->tokens[q->n_fed], chunk + nd,
+								    s->spec_rows + (size_t)spec_row * s->eng.n_vocab,
+								    1 + nd };
+				spec_row += 1 + nd;
+				spare_rows -= nd;
+			} else {
+				s->spans[n] = (struct engine_span){ q->eseq, &q->tokens[q->n_fed], chunk,
+								    last ? q->logits : NULL, 0 };
+			}
 			s->span_seq[n++] = q;
-			budget -= chunk;
+			budget -= chunk + nd;
 		}
 	}
 	s->prefill_cursor = (s->prefill_cursor + 1) % s->p.max_seqs;
@@ -901,11 +1025,16 @@ static void sched_step(struct sched *s, size_t n_spans)
 			continue;
 		}
 		bool prefill = q->n_fed < q->msg->req.n_prompt;
-		q->n_fed += s->spans[i].n;
+		/* A draft's tokens are not the prompt's, and stay unfed until verified. */
+		uint32_t n_draft = s->spans[i].n_logits > 1 ? s->spans[i].n_logits - 1 : 0;
+		q->n_fed += s->spans[i].n - n_draft;
 		if (prefill)
-			atomic_fetch_add_explicit(&s->stats.tokens_prefilled, s->spans[i].n,
+			atomic_fetch_add_explicit(&s->stats.tokens_prefilled, s->spans[i].n - n_draft,
 						  memory_order_relaxed);
-		if (s->spans[i].logits) {
+		if (n_draft) {
+			q->n_fed--; /* the token before the draft: fed, its sample still to come */
+			seq_verify(s, q, &s->spans[i], t1);
+		} else if (s->spans[i].logits) {
 			seq_sample(s, q, t1);
 			/* Out at once, not after every other sequence of the batch was sampled:
 			 * greedy sampling of a 152k vocabulary takes ~0.2 ms, which a client at
@@ -1016,6 +1145,7 @@ static void sched_free(struct sched *s)
 	free(s->seqs);
 	free(s->spans);
 	free(s->span_seq);
+	free(s->spec_rows);
 	queue_destroy(&s->in);
 	queue_destroy(&s->out);
 	if (s->doorbell >= 0)
@@ -1050,6 +1180,16 @@ int sched_start(struct sched **out, const struct sched_params *p, const struct e
 	s->span_seq = calloc(p->max_seqs, sizeof *s->span_seq);
 	if (!s->seqs || !s->spans || !s->span_seq)
 		goto oom;
+	/* Rows for verifying drafts, only when the engine can take rejected ones back: one
+	 * per sequence, and room for two full drafts beyond (the engine may allow fewer). */
+	if (eng->seq_truncate && eng->max_logit_rows > 0) {
+		s->n_spec_rows = p->max_seqs + 2 * SPEC_K_MAX;
+		if (s->n_spec_rows > eng->max_logit_rows)
+			s->n_spec_rows = eng->max_logit_rows;
+		s->spec_rows = malloc((size_t)s->n_spec_rows * eng->n_vocab * sizeof(float));
+		if (!s->spec_rows)
+			goto oom;
+	}
 	for (uint32_t i = 0; i < p->max_seqs; i++) {
 		s->seqs[i].tokens = malloc((size_t)eng->max_context * sizeof(int32_t));
 		s->seqs[i].logits = malloc((size_t)eng->n_vocab * sizeof(float));

@@ -101,6 +101,8 @@ struct sched_request {
 	uint64_t prefix_share;          /* prefix-sharing domain (config prefix_share) */
 	bool special_text;              /* special tokens' text is part of the output (a chat's
 					 * reply parser reads the family's markers in it) */
+	uint32_t speculate;             /* draft tokens a step may verify (prompt lookup,
+					 * daemon/serve/spec.h); 0 = off */
 	void *user;                     /* the session's per-request state, handed to emit */
 };
 
@@ -160,6 +162,8 @@ struct sched_stats {
 	_Atomic uint64_t kv_used, kv_total; /* bytes */
 	_Atomic uint64_t busy_ns;       /* time spent in forward steps */
 	_Atomic uint32_t decode_tps_x100; /* decode tokens/s over the last second, x100 */
+	_Atomic uint64_t spec_drafted;  /* draft tokens verified */
+	_Atomic uint64_t spec_accepted; /* of them, accepted (output without a step of its own) */
 	/* Prefix cache: prompt tokens of every admitted sequence (looked up), and those found
 	 * cached and not computed again (hits: exactly the sum of the done frames' n_cached). */
 	_Atomic uint64_t prefix_lookup_tokens, prefix_hit_tokens;

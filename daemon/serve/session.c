@@ -15,6 +15,7 @@
 #include "daemon/serve/chat.h"
 #include "daemon/serve/ledger_reply.h"
 #include "daemon/serve/serve.h"
+#include "daemon/serve/spec.h"
 #include "daemon/engine/tokenizer.h"
 #include "daemon/serve/offload.h"
 #include "protocol/fdpass.h"
@@ -718,6 +719,7 @@ static void session_gen_submit(struct session *ss, uint64_t id, const struct msg
 	q->top_logprobs = g->top_logprobs;
 	q->full_logits = g->logits;
 	q->ignore_eos = g->ignore_eos;
+	q->speculate = g->has_speculate ? g->speculate : SPEC_K_DEFAULT;
 	q->to_socket = g->stream_socket;
 	/* Prefix-sharing domains never meet: uids and gids in separate halves, 0 for all. */
 	switch (srv->cfg.prefix_share) {
@@ -948,6 +950,8 @@ static void session_on_stats(struct session *ss, const struct msg *m)
 		st->gen_tokens = atomic_load(&ss_->tokens_generated);
 		st->kv_used = atomic_load(&ss_->kv_used);
 		st->kv_total = atomic_load(&ss_->kv_total);
+		st->draft_tokens = atomic_load(&ss_->spec_drafted);
+		st->draft_accepted = atomic_load(&ss_->spec_accepted);
 		st->prefix_lookup_tokens = atomic_load(&ss_->prefix_lookup_tokens);
 		st->prefix_hit_tokens = atomic_load(&ss_->prefix_hit_tokens);
 	}

@@ -112,6 +112,11 @@ check_kind openai "$fx/openai.jsonl" "openai" \
 	'| hearth-openai / llama-server (mainline llama.cpp) | 2.10x (2.00-2.45) | ≥ 2x |' \
 	'| hearth-openai / llama-server (ik_llama.cpp) | 2.94x (2.67-3.00) | ≥ 2x |' \
 	'3 alternating rounds, 8 concurrent streams'
+check_kind spec "$fx/spec" "spec" \
+	'| Qwen3-1.7B shape, Q4_0 (random weights) | rewrite | 23.7 (23.0-24.2) | 77.1 (76.6-83.2) | 3.26x (3.17-3.62x) | 100 % of 150 | yes |' \
+	'| Qwen3-1.7B shape, Q4_0 (random weights) | sampled | 21.0 (13.4-24.0) | 21.2 (12.1-23.7) | 0.99x (0.91-1.01x) | no draft | yes |' \
+	'| quote | 13.6 (13.2-13.7) | 21.3 (19.7-23.3) | 1.62x (1.43-1.72x) | 43 % (43-43 %) |' \
+	'3 alternating rounds of 64 tokens each'
 
 # bench_kernels' small-batch lines (8 tokens from memory) are rows of their own.
 cat >"$tmp/kernels8.txt" <<'EOF2'
@@ -163,7 +168,7 @@ fi
 # The real documents carry the sections their bench targets write (Makefile.am, bench section).
 for pair in benchmarks.md:speed benchmarks.md:serving benchmarks.md:fidelity \
 	benchmarks.md:fidelity-ablation benchmarks.md:grammar benchmarks.md:grammar-jump \
-	benchmarks.md:grammar-masks memory.md:memory memory.md:memory-ledger kernels.md:kernels benchmarks.md:openai; do
+	benchmarks.md:grammar-masks memory.md:memory memory.md:memory-ledger kernels.md:kernels benchmarks.md:openai benchmarks.md:spec; do
 	doc=$HEARTH_SRCDIR/doc/${pair%%:*} s=${pair#*:}
 	if [ "$(grep -c "^<!-- bench:$s begin -->\$" "$doc")" = 1 ] &&
 		[ "$(grep -c "^<!-- bench:$s end -->\$" "$doc")" = 1 ]; then

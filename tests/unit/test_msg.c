@@ -195,6 +195,8 @@ static void test_msg_roundtrips_generate_with_every_field(void **state)
 	g->top_logprobs = 5;
 	g->logits = true;
 	g->ignore_eos = true;
+	g->has_speculate = true;
+	g->speculate = MSG_SPECULATE_MAX;
 	roundtrip(&m, MSG_FROM_CLIENT, &d);
 	const struct msg_generate *dg = &d.u.generate;
 	assert_true(dg->has_prompt);
@@ -220,6 +222,8 @@ static void test_msg_roundtrips_generate_with_every_field(void **state)
 	assert_true(dg->logits);
 	assert_false(dg->stream_socket);
 	assert_true(dg->ignore_eos);
+	assert_true(dg->has_speculate);
+	assert_int_equal(dg->speculate, MSG_SPECULATE_MAX);
 	msg_free(&d);
 
 	/* token-id prompt, streamed on the socket */
@@ -357,7 +361,7 @@ static void test_msg_roundtrips_replies(void **state)
 
 	msg_init(&m, MSG_STATS_REPLY, 12);
 	m.u.stats = (struct msg_stats_reply){ 123456, 3, 2, 1, 1000, 2000, 1u << 20, 1u << 30,
-					      987654321 };
+					      987654321, 0, 0 };
 	roundtrip(&m, MSG_FROM_DAEMON, &d);
 	assert_int_equal(d.u.stats.uptime_ms, 123456);
 	assert_int_equal(d.u.stats.clients, 3);
@@ -438,6 +442,8 @@ static size_t full_messages(enum msg_type type, struct msg *v)
 		g->top_logprobs = 3;
 		g->logits = true;
 		g->ignore_eos = true;
+		g->has_speculate = true;
+		g->speculate = 4;
 		m = &v[n++];
 		msg_init(m, type, 8);
 		m->u.generate.tokens = full_toks;
@@ -490,6 +496,7 @@ static size_t full_messages(enum msg_type type, struct msg *v)
 		c->gen.json_object = true;
 		c->gen.has_jump_forward = true;
 		c->gen.jump_forward = false;
+		c->gen.has_speculate = true;
 		m = &v[n++];
 		msg_init(m, type, 8);
 		m->u.chat.messages = full_chat_messages;
@@ -549,7 +556,9 @@ static size_t full_messages(enum msg_type type, struct msg *v)
 		m->u.text.text = B("hey");
 		break;
 	case MSG_STATS_REPLY:
-		m->u.stats = (struct msg_stats_reply){ 1000, 2, 3, 4, 5, 6, 7, 8, 1ull << 33 };
+		m->u.stats = (struct msg_stats_reply){ 1000, 2, 3, 4, 5, 6, 7, 8, 1ull << 33, 40, 30 };
+		m->u.stats.draft_tokens = 50;
+		m->u.stats.draft_accepted = 20;
 		break;
 	case MSG_LEDGER_REPLY:
 		m->u.ledger = (struct msg_ledger_reply){ full_ledger, 2, 9, 10 };
@@ -719,6 +728,16 @@ static void test_msg_encode_appends_frames_back_to_back(void **state)
 	msg_buf_free(&b);
 }
 
+static void test_msg_rejects_speculate_beyond_its_bound(void **state)
+{
+	(void)state;
+	struct raw r;
+	raw_request(&r, "generate", 4, 2);
+	raw_kv_str(&r, "prompt", "hi");
+	raw_kv_uint(&r, "speculate", MSG_SPECULATE_MAX + 1);
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 4);
+}
+
 static void test_msg_decode_fills_generate_defaults(void **state)
 {
 	(void)state;
@@ -733,6 +752,7 @@ static void test_msg_decode_fills_generate_defaults(void **state)
 	assert_true(d.u.generate.sampling.top_p == MSG_DEFAULT_TOP_P);
 	assert_true(d.u.generate.sampling.min_p == MSG_DEFAULT_MIN_P);
 	assert_true(d.u.generate.sampling.repeat_penalty == MSG_DEFAULT_REPEAT_PENALTY);
+	assert_false(d.u.generate.has_speculate); /* absent: the daemon's default */
 	assert_int_equal(d.u.generate.sampling.repeat_last_n, MSG_DEFAULT_REPEAT_LAST_N);
 	assert_false(d.u.generate.sampling.has_seed);
 	assert_int_equal(d.u.generate.n_stop, 0);
@@ -1292,6 +1312,7 @@ int main(void)
 		cmocka_unit_test(test_msg_encoder_leaves_out_defaults_marked_omittable),
 		cmocka_unit_test(test_msg_encode_appends_frames_back_to_back),
 		cmocka_unit_test(test_msg_decode_fills_generate_defaults),
+		cmocka_unit_test(test_msg_rejects_speculate_beyond_its_bound),
 		cmocka_unit_test(test_msg_accepts_integer_for_float_and_nil_as_absent),
 		cmocka_unit_test(test_msg_rejects_truncated_payload),
 		cmocka_unit_test(test_msg_rejects_payload_that_is_not_one_map),

@@ -5,7 +5,7 @@ stream concurrently in one task each."""
 import asyncio
 
 from ._wire import PROTO_MAJOR, PROTO_MINOR, Core, HearthError, raise_if_error, raw_bytes, text_of
-from .client import _Stream, chat_fields, gen_fields, socket_path_default
+from .client import _Stream, chat_fields, gen_fields, socket_path_default, stats_of
 
 
 class AsyncGeneration(_Stream):
@@ -145,8 +145,7 @@ class AsyncClient:
         return raw_bytes((await self._request("detokenize", tokens=list(tokens))).get("text"))
 
     async def stats(self):
-        f = await self._request("stats")
-        return {k: v for k, v in f.items() if k not in ("t", "id")}
+        return stats_of(await self._request("stats"))
 
     async def ping(self):
         await self._request("ping")

@@ -18,7 +18,7 @@ _GEN_FIELDS = {
     "seed": "seed", "stop": "stop", "stop_tokens": "stop_tokens", "logprobs": "logprobs",
     "top_logprobs": "top_logprobs", "ignore_eos": "ignore_eos",
     "grammar": "grammar", "json_schema": "json_schema", "json_object": "json_object",
-    "jump_forward": "jump_forward",
+    "jump_forward": "jump_forward", "speculate": "speculate",
 }
 
 
@@ -34,6 +34,18 @@ def gen_fields(params):
         if v is not None:
             out[_GEN_FIELDS[k]] = v
     return out
+
+
+def stats_of(frame):
+    """A stats_reply frame as a dict, the same for both clients."""
+    s = {k: v for k, v in frame.items() if k not in ("t", "id")}
+    # Optional fields (no version bump): absent from an older daemon, then 0 and "".
+    s.setdefault("prefix_lookup_tokens", 0)
+    s.setdefault("prefix_hit_tokens", 0)
+    s.setdefault("draft_tokens", 0)      # left out while 0, and by a daemon before 1.3
+    s.setdefault("draft_accepted", 0)
+    s["phase"] = text_of(s.get("phase", ""))
+    return s
 
 
 def _call_to_wire(call):
@@ -267,13 +279,7 @@ class Client:
         return raw_bytes(self._request("detokenize", tokens=list(tokens)).get("text"))
 
     def stats(self):
-        f = self._request("stats")
-        s = {k: v for k, v in f.items() if k not in ("t", "id")}
-        # Optional fields (no version bump): absent from an older daemon, then 0 and "".
-        s.setdefault("prefix_lookup_tokens", 0)
-        s.setdefault("prefix_hit_tokens", 0)
-        s["phase"] = text_of(s.get("phase", ""))
-        return s
+        return stats_of(self._request("stats"))
 
     def ledger(self):
         f = self._request("ledger")

@@ -139,6 +139,18 @@ def test_bad_request_is_a_hearth_error_with_the_daemons_code(daemon):
             c.generate("x", temprature=0.5)
 
 
+def test_speculate_changes_no_token_and_counts_its_drafts(daemon):
+    prompt = "one two three four one two three four one two three"
+    with hearth.Client(daemon) as c:
+        s0 = c.stats()
+        off = c.generate(prompt, max_tokens=40, temperature=0, ignore_eos=True, speculate=0).wait()
+        on = c.generate(prompt, max_tokens=40, temperature=0, ignore_eos=True, speculate=8).wait()
+        s1 = c.stats()
+    assert [t.id for t in on.tokens] == [t.id for t in off.tokens]
+    assert s1["draft_tokens"] > s0["draft_tokens"]
+    assert s1["draft_accepted"] <= s1["draft_tokens"]
+
+
 def test_stats_count_this_client(daemon):
     with hearth.Client(daemon) as c:
         s = c.stats()

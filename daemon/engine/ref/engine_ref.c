@@ -4,6 +4,10 @@
 
 #include <stdlib.h>
 
+/* Each span writes its rows straight into the caller's buffer, so any number fits; this
+ * bounds only what the scheduler asks for in one step. */
+#define ENGINE_REF_LOGIT_ROWS 256
+
 struct engine_seq {
 	struct model_ctx *ctx;
 	uint32_t reserved;
@@ -71,11 +75,32 @@ static int ref_forward(void *impl, const struct engine_span *spans, size_t n_spa
 	for (size_t i = 0; i < n_spans; i++) {
 		const struct engine_span *sp = &spans[i];
 		float *out = sp->logits ? sp->logits : e->scratch_logits;
-		int rc = model_forward(e->m, sp->seq->ctx, sp->tokens, sp->n, MODEL_LOGITS_LAST,
-				       out, err);
+		uint32_t rows = sp->logits && sp->n_logits > 1 ? sp->n_logits : 1;
+		if (rows > sp->n)
+			return hearth_error_set(err, HEARTH_EINVAL, "engine: %u logit rows of a %u-token span",
+						rows, sp->n);
+		/* The rows are the span's last tokens': the head before them is a plain run (the
+		 * result does not depend on how a sequence is split into calls). */
+		int rc = 0;
+		if (rows < sp->n)
+			rc = model_forward(e->m, sp->seq->ctx, sp->tokens, sp->n - rows, MODEL_LOGITS_LAST,
+					   e->scratch_logits, err);
+		if (rc >= 0)
+			rc = model_forward(e->m, sp->seq->ctx, sp->tokens + sp->n - rows, rows,
+					   rows > 1 ? MODEL_LOGITS_ALL : MODEL_LOGITS_LAST, out, err);
 		if (rc < 0)
 			return rc;
 	}
+	return 0;
+}
+
+static int ref_seq_truncate(void *impl, struct engine_seq *s, uint32_t n_past, struct hearth_error *err)
+{
+	(void)impl;
+	if (n_past > model_ctx_n_past(s->ctx))
+		return hearth_error_set(err, HEARTH_EINVAL, "engine: truncate to %u of %u positions", n_past,
+					model_ctx_n_past(s->ctx));
+	model_ctx_truncate(s->ctx, n_past);
 	return 0;
 }
 
@@ -115,6 +140,8 @@ int engine_ref_new(struct engine_ref **out, const struct model *m, uint32_t max_
 		.seq_open = ref_seq_open,
 		.seq_close = ref_seq_close,
 		.forward = ref_forward,
+		.seq_truncate = ref_seq_truncate,
+		.max_logit_rows = ENGINE_REF_LOGIT_ROWS,
 		.kv_usage = ref_kv_usage,
 	};
 	*out = e;

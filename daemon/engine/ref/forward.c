@@ -190,6 +190,12 @@ void model_ctx_reset(struct model_ctx *c)
 	c->n_past = 0;
 }
 
+void model_ctx_truncate(struct model_ctx *c, uint32_t n_past)
+{
+	if (n_past < c->n_past)
+		c->n_past = n_past;
+}
+
 uint32_t model_ctx_n_past(const struct model_ctx *c)
 {
 	return c->n_past;

@@ -22,6 +22,9 @@ void model_ctx_free(struct model_ctx *c);
 void model_ctx_reset(struct model_ctx *c);
 /* Positions already in the KV cache. */
 uint32_t model_ctx_n_past(const struct model_ctx *c);
+/* Forget positions n_past.. (a rejected draft's): the next token is at n_past. A larger
+ * n_past than held changes nothing. */
+void model_ctx_truncate(struct model_ctx *c, uint32_t n_past);
 uint32_t model_ctx_max(const struct model_ctx *c);
 
 /* Runs tokens[0..n) at positions n_past.. and appends them to the KV cache. Fails with

@@ -1,0 +1,108 @@
+#!/usr/bin/python3
+"""hearth's side of `make bench-spec`: decode speed of a running hearthd with speculative
+decoding off (speculate 0) and at the daemon's default, per workload, in alternating rounds
+so that a shared machine's drift falls on both alike.
+
+usage: bench/spec_drive.py SOCKET ROUNDS TOKENS PASSAGE_FILE [PASSAGE_BYTES]
+       bench/spec_drive.py prompts PASSAGE_FILE [PASSAGE_BYTES]   (the greedy workloads'
+       prompts as one JSON object, for an anchor's runs)
+Workloads, all from one passage of text (the first PASSAGE_BYTES, default 600, of
+PASSAGE_FILE, cut at a word; small enough that prompt and output fit the model's context):
+  quote    the passage, a blank line, and its first words again: an answer that quotes its
+           source (extracting, summarising with citations)
+  rewrite  the passage, a blank line, and the passage again with its first half reworded
+           (thou -> you, unto -> to): a rewrite that keeps most of the text
+  json     the passage and a JSON Schema asking for {"quote": string, "words": integer}
+  free     a short prompt and greedy continuation (nothing to look up but the output itself)
+  sampled  the same at temperature 0.8, fixed seed
+Each round runs every workload off and on (the order flips every round). Prints one JSON
+object: per workload and mode the daemon's decode tokens/s (done.decode_tps), tokens, and
+for "on" the draft tokens verified and accepted (stats before and after the request).
+"""
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "client", "python"))
+import hearth  # noqa: E402
+
+SCHEMA = json.dumps({"type": "object", "properties": {"quote": {"type": "string"},
+                                                       "words": {"type": "integer"}},
+                     "required": ["quote", "words"], "additionalProperties": False})
+
+
+def passage_of(path, n_bytes):
+    text = " ".join(open(path, encoding="utf-8").read().split())
+    cut = text[:n_bytes]
+    return cut[:cut.rfind(" ")] if " " in cut else cut
+
+
+def workloads(p):
+    half = len(p) // 2
+    reworded = p[:half].replace("thou ", "you ").replace("unto ", "to ") + p[half:]
+    first = " ".join(p.split()[:6])
+    return {
+        "quote": (p + "\n\n" + first, dict(temperature=0.0)),
+        "rewrite": (p + "\n\n" + reworded[:half], dict(temperature=0.0)),
+        "json": (p + "\n", dict(temperature=0.0, json_schema=SCHEMA)),
+        "free": ("And it came to pass", dict(temperature=0.0)),
+        "sampled": ("And it came to pass", dict(temperature=0.8, seed=7)),
+    }
+
+
+def main(argv):
+    if len(argv) in (3, 4) and argv[1] == "prompts":
+        work = workloads(passage_of(argv[2], int(argv[3]) if len(argv) == 4 else 600))
+        print(json.dumps({n: w[0] for n, w in work.items() if n in ("quote", "rewrite", "free")}))
+        return 0
+    if len(argv) not in (5, 6):
+        print(__doc__.strip().split("\n\n")[1], file=sys.stderr)
+        return 2
+    sock, rounds, tokens = argv[1], int(argv[2]), int(argv[3])
+    work = workloads(passage_of(argv[4], int(argv[5]) if len(argv) == 6 else 600))
+    for _ in range(600):
+        try:
+            c = hearth.Client(sock, name="bench-spec")
+            break
+        except hearth.HearthError:
+            time.sleep(0.1)
+    else:
+        print("spec_drive: no daemon at " + sock, file=sys.stderr)
+        return 1
+
+    def run(name, mode):
+        prompt, params = work[name]
+        extra = {"speculate": 0} if mode == "off" else {}
+        before = c.stats()
+        g = c.generate(prompt, max_tokens=tokens, ignore_eos=True, **params, **extra).wait()
+        after = c.stats()
+        d = g.done
+        return {"decode_tps": d["decode_tps"], "n_gen": d["n_gen"],
+                "drafted": after["draft_tokens"] - before["draft_tokens"],
+                "accepted": after["draft_accepted"] - before["draft_accepted"],
+                "tokens": [t.id for t in g.tokens]}
+
+    for name in work:            # warm-up: faults the weights in, compiles the schema
+        run(name, "off")
+    res = {n: {"off": [], "on": []} for n in work}
+    same = {n: True for n in work}
+    for r in range(rounds):
+        for name in work:
+            for mode in (("off", "on") if r % 2 == 0 else ("on", "off")):
+                res[name][mode].append(run(name, mode))
+            same[name] &= res[name]["off"][-1]["tokens"] == res[name]["on"][-1]["tokens"]
+        print(f"spec_drive: round {r + 1}/{rounds}: " + ", ".join(
+            f"{n} {res[n]['off'][-1]['decode_tps']:.1f}->{res[n]['on'][-1]['decode_tps']:.1f}"
+            for n in work) + " tok/s", file=sys.stderr)
+    for n in work:
+        for mode in res[n]:
+            for x in res[n][mode]:
+                del x["tokens"]
+    print(json.dumps({"engine": "hearth", "rounds": rounds, "tokens": tokens, "runs": res,
+                      "same_output": same}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
