@@ -65,6 +65,8 @@ struct sched_seq {
 	int32_t draft[SPEC_K_MAX];      /* the draft the step verifies (also at tokens[n_tokens..]) */
 	uint32_t n_forced_pending;      /* the last tokens of tokens[]: forced by the grammar
 					 * (jump-forward), their events not yet built */
+	uint32_t prefill_end;           /* tokens[0..prefill_end) are fed as prefill: the prompt,
+					 * or after a preemption everything up to now */
 };
 
 struct sched {
@@ -80,7 +82,8 @@ struct sched {
 	_Atomic bool quit;
 	size_t in_flight;               /* loop thread only: posted and not yet taken back */
 
-	struct sched_seq *seqs;         /* max_seqs slots */
+	struct sched_seq *seqs;         /* n_slots entries; at most max_seqs hold KV */
+	uint32_t n_slots;               /* max_seqs, and as many for preempted sequences */
 	struct engine_span *spans;
 	struct sched_seq **span_seq;
 	float *spec_rows;               /* n_spec_rows x n_vocab: logits of verifying spans */
@@ -104,6 +107,7 @@ void sched_params_default(struct sched_params *p)
 	p->prefill_chunk = 256;
 	p->kv_wait_ns = 30ull * 1000000000ull;
 	p->stall_ns = 30ull * 1000000000ull;
+	p->preempt_ns = 250ull * 1000000ull;
 	p->queue_cap = 4096;
 }
 
@@ -234,12 +238,105 @@ static void seq_end(struct sched *s, struct sched_seq *q, enum sched_finish f,
 	sched_finish_msg(s, m, f, err);
 }
 
+/* KV positions a request reserves: its prompt and max_tokens, within max_context. */
+static uint32_t seq_reserve(const struct sched *s, const struct sched_request *r)
+{
+	uint32_t n = r->n_prompt + r->max_tokens;
+	return n > s->eng.max_context || n < r->n_prompt ? s->eng.max_context : n;
+}
+
+/* Sequences holding KV and a place in the steps: at most max_seqs. A preempted one (a
+ * message, no engine sequence) holds neither. */
+static uint32_t sched_n_active(const struct sched *s)
+{
+	uint32_t n = 0;
+	for (uint32_t i = 0; i < s->n_slots; i++)
+		n += s->seqs[i].msg && s->seqs[i].eseq;
+	return n;
+}
+
+/* The buffers of an entry beyond the first max_seqs are made when a preemption first needs
+ * it, so a daemon whose clients all read pays for max_seqs only. */
+static bool seq_buffers(struct sched *s, struct sched_seq *q)
+{
+	if (q->tokens)
+		return true;
+	q->tokens = malloc((size_t)s->eng.max_context * sizeof(int32_t));
+	q->logits = malloc((size_t)s->eng.n_vocab * sizeof(float));
+	q->mask = malloc(((size_t)s->eng.n_vocab + 31) / 32 * sizeof(uint32_t));
+	if (q->tokens && q->logits && q->mask)
+		return true;
+	free(q->tokens);
+	free(q->logits);
+	free(q->mask);
+	q->tokens = NULL;
+	q->logits = NULL;
+	q->mask = NULL;
+	return false;
+}
+
 static struct sched_seq *seq_free_slot(struct sched *s)
 {
-	for (uint32_t i = 0; i < s->p.max_seqs; i++)
-		if (!s->seqs[i].msg)
+	if (sched_n_active(s) >= s->p.max_seqs)
+		return NULL;
+	for (uint32_t i = 0; i < s->n_slots; i++)
+		if (!s->seqs[i].msg && seq_buffers(s, &s->seqs[i]))
 			return &s->seqs[i];
 	return NULL;
+}
+
+/* A sequence parked on a full ring for preempt_ns while others wait gives back its KV
+ * and its place: its tokens, sampler, grammar and text state stay, and it resumes
+ * (sched_resume) once its reader has taken the parked event. Only a sequence between
+ * steps in the plain state (one unfed token, no forced tokens pending) is taken, the one
+ * parked longest. Returns whether one was. */
+static bool sched_preempt_parked(struct sched *s, uint64_t now)
+{
+	struct sched_seq *best = NULL;
+	bool spare_entry = false;
+	for (uint32_t i = 0; i < s->n_slots; i++) {
+		struct sched_seq *q = &s->seqs[i];
+		spare_entry |= !q->msg;
+		if (!q->msg || !q->eseq || !q->has_event || !q->blocked_since || q->finish || q->cancel ||
+		    q->n_forced_pending || q->n_tokens - q->n_fed != 1 || now - q->blocked_since < s->p.preempt_ns)
+			continue;
+		if (!best || q->blocked_since < best->blocked_since)
+			best = q;
+	}
+	if (!best || !spare_entry)
+		return false;
+	s->eng.seq_close(s->eng.impl, best->eseq);
+	best->eseq = NULL;
+	best->n_fed = 0;
+	atomic_fetch_add_explicit(&s->stats.preempted, 1, memory_order_relaxed);
+	return true;
+}
+
+/* Gives preempted sequence q its KV back once its parked event is out: everything up to
+ * the unfed token is prefilled again (from the prefix cache as far as it still holds it),
+ * then decoding goes on as if nothing happened. Later when the KV budget is full. */
+static void sched_resume(struct sched *s, struct sched_seq *q)
+{
+	if (sched_n_active(s) >= s->p.max_seqs)
+		return;
+	const struct sched_request *r = &q->msg->req;
+	uint32_t n_reserve = seq_reserve(s, r);
+	uint32_t n_cached = 0;
+	struct hearth_error e;
+	int rc = s->eng.seq_open(s->eng.impl, q->tokens, q->n_tokens, n_reserve, r->prefix_share, &q->eseq,
+				 &n_cached, &e);
+	if (rc < 0) {
+		q->eseq = NULL;
+		if (rc != HEARTH_EKVFULL)
+			seq_end(s, q, SCHED_FINISH_ERROR, &e);
+		return;
+	}
+	/* The unfed token is fed again with the replay, and its logits come from that step. */
+	if (n_cached >= q->n_tokens)
+		n_cached = q->n_tokens - 1;
+	q->n_fed = n_cached;
+	q->prefill_end = q->n_tokens;
+	atomic_fetch_add_explicit(&s->stats.resumed, 1, memory_order_relaxed);
 }
 
 /* Tries to start m in a free slot. 0 on success, HEARTH_EKVFULL when the KV budget cannot
@@ -247,9 +344,7 @@ static struct sched_seq *seq_free_slot(struct sched *s)
 static int seq_start(struct sched *s, struct sched_seq *q, struct sched_msg *m, uint64_t now)
 {
 	const struct sched_request *r = &m->req;
-	uint32_t n_reserve = r->n_prompt + r->max_tokens;
-	if (n_reserve > s->eng.max_context || n_reserve < r->n_prompt)
-		n_reserve = s->eng.max_context;
+	uint32_t n_reserve = seq_reserve(s, r);
 	uint32_t n_cached = 0;
 	struct hearth_error e;
 	int rc = s->eng.seq_open(s->eng.impl, r->prompt, r->n_prompt, n_reserve, r->prefix_share, &q->eseq,
@@ -288,6 +383,7 @@ static int seq_start(struct sched *s, struct sched_seq *q, struct sched_msg *m, 
 	q->n_tail = 0;
 	spec_seq_init(&q->spec, s->spec_rows ? r->speculate : 0);
 	q->n_forced_pending = 0;
+	q->prefill_end = r->n_prompt;
 	m->result.n_forced = 0;
 	tok_stream_init(&q->stream);
 	m->result.n_prompt = r->n_prompt;
@@ -353,7 +449,7 @@ static bool sched_cancel_waiting(struct sched *s, struct sched_client *c, uint64
 static void sched_on_cancel(struct sched *s, struct sched_msg *m)
 {
 	if (!sched_cancel_waiting(s, m->client, m->req_id)) {
-		for (uint32_t i = 0; i < s->p.max_seqs; i++) {
+		for (uint32_t i = 0; i < s->n_slots; i++) {
 			struct sched_seq *q = &s->seqs[i];
 			if (q->msg && q->msg->client == m->client && q->msg->req.id == m->req_id)
 				q->cancel = true;
@@ -370,7 +466,7 @@ static void sched_on_client_gone(struct sched *s, struct sched_msg *m)
 	while ((w = waiting_pop(s, c)))
 		sched_finish_msg(s, w, SCHED_FINISH_CANCELED, NULL);
 	rr_remove(s, c);
-	for (uint32_t i = 0; i < s->p.max_seqs; i++) {
+	for (uint32_t i = 0; i < s->n_slots; i++) {
 		struct sched_seq *q = &s->seqs[i];
 		if (q->msg && q->msg->client == c)
 			seq_end(s, q, SCHED_FINISH_CANCELED, NULL);
@@ -465,14 +561,22 @@ static void sched_admit(struct sched *s, uint64_t now)
 {
 	sched_expire_waiting(s, now);
 	while (s->rr) {
+		/* No place or no KV for the next request: a sequence parked on a full ring
+		 * gives its own back rather than hold them against it. */
 		struct sched_seq *q = seq_free_slot(s);
-		if (!q)
+		if (!q) {
+			if (sched_preempt_parked(s, now))
+				continue;
 			return;
+		}
 		struct sched_client *c = s->rr;
 		struct sched_msg *m = c->waiting;
 		int rc = seq_start(s, q, m, now);
-		if (rc == HEARTH_EKVFULL)
+		if (rc == HEARTH_EKVFULL) {
+			if (sched_preempt_parked(s, now))
+				continue;
 			return;     /* head of line waits for KV; fairness keeps its turn */
+		}
 		waiting_pop(s, c);
 		s->rr = c->rr_next;
 		if (!c->waiting)
@@ -866,7 +970,7 @@ static void seq_verify(struct sched *s, struct sched_seq *q, const struct engine
 /* Emits parked events and ends sequences whose last event is out or that were canceled. */
 static void sched_settle(struct sched *s, uint64_t now)
 {
-	for (uint32_t i = 0; i < s->p.max_seqs; i++) {
+	for (uint32_t i = 0; i < s->n_slots; i++) {
 		struct sched_seq *q = &s->seqs[i];
 		if (!q->msg)
 			continue;
@@ -896,9 +1000,11 @@ static void sched_settle(struct sched *s, uint64_t now)
 		}
 		if (q->finish != SCHED_FINISH_NONE)
 			seq_end(s, q, q->finish, &q->err);
+		else if (!q->eseq)
+			sched_resume(s, q);
 	}
 	if (s->shutdown && now >= s->shutdown_deadline) {
-		for (uint32_t i = 0; i < s->p.max_seqs; i++) {
+		for (uint32_t i = 0; i < s->n_slots; i++) {
 			struct sched_seq *q = &s->seqs[i];
 			if (!q->msg)
 				continue;
@@ -923,19 +1029,19 @@ static size_t sched_build_batch(struct sched *s)
 	 * of logits beyond one per sequence go to drafts (speculative decoding), whoever asks
 	 * first, and so do the tokens beyond one for each decoding sequence. */
 	uint32_t running = 0, n_decoding = 0, spare_rows = 0, spec_row = 0;
-	for (uint32_t i = 0; i < s->p.max_seqs; i++) {
+	for (uint32_t i = 0; i < s->n_slots; i++) {
 		struct sched_seq *q = &s->seqs[i];
-		running += q->msg != NULL;
-		n_decoding += q->msg && !q->has_event && !q->finish && !q->cancel &&
-			      q->n_fed >= q->msg->req.n_prompt;
+		running += q->msg && q->eseq;
+		n_decoding += q->msg && q->eseq && !q->has_event && !q->finish && !q->cancel &&
+			      q->n_fed >= q->prefill_end;
 	}
 	if (s->spec_rows && s->n_spec_rows > running)
 		spare_rows = s->n_spec_rows - running;
-	for (uint32_t i = 0; i < s->p.max_seqs; i++) {
+	for (uint32_t i = 0; i < s->n_slots; i++) {
 		struct sched_seq *q = &s->seqs[i];
-		if (!q->msg || q->has_event || q->finish || q->cancel)
+		if (!q->msg || !q->eseq || q->has_event || q->finish || q->cancel)
 			continue;
-		if (q->n_fed < q->msg->req.n_prompt)
+		if (q->n_fed < q->prefill_end)
 			continue;
 		uint32_t want = q->n_tokens - q->n_fed, room = budget > n_decoding ? budget - n_decoding + 1 : 1;
 		uint32_t take = want < room ? want : room;
@@ -963,18 +1069,18 @@ static size_t sched_build_batch(struct sched *s)
 	/* Prefill chunks, starting from a rotating slot; first pass one chunk per client so a
 	 * client with many prompts cannot starve one with a single prompt. */
 	for (int pass = 0; pass < 2 && budget > 0; pass++) {
-		for (uint32_t k = 0; k < s->p.max_seqs && budget > 0; k++) {
-			struct sched_seq *q = &s->seqs[(s->prefill_cursor + k) % s->p.max_seqs];
-			if (!q->msg || q->finish || q->cancel)
+		for (uint32_t k = 0; k < s->n_slots && budget > 0; k++) {
+			struct sched_seq *q = &s->seqs[(s->prefill_cursor + k) % s->n_slots];
+			if (!q->msg || !q->eseq || q->finish || q->cancel)
 				continue;
-			uint32_t n_prompt = q->msg->req.n_prompt;
+			uint32_t n_prompt = q->prefill_end;
 			if (q->n_fed >= n_prompt)
 				continue;
 			bool seen = false;
 			for (size_t j = 0; j < n; j++)
 				if (s->span_seq[j] == q ||
 				    (pass == 0 && s->span_seq[j]->msg->client == q->msg->client &&
-				     s->span_seq[j]->n_fed < n_prompt))
+				     s->span_seq[j]->n_fed < s->span_seq[j]->prefill_end))
 					seen = true;
 			if (seen)
 				continue;
@@ -1007,7 +1113,7 @@ static size_t sched_build_batch(struct sched *s)
 			budget -= chunk + nd;
 		}
 	}
-	s->prefill_cursor = (s->prefill_cursor + 1) % s->p.max_seqs;
+	s->prefill_cursor = (s->prefill_cursor + 1) % s->n_slots;
 	return n;
 }
 
@@ -1024,7 +1130,7 @@ static void sched_step(struct sched *s, size_t n_spans)
 			seq_end(s, q, SCHED_FINISH_ERROR, &e);
 			continue;
 		}
-		bool prefill = q->n_fed < q->msg->req.n_prompt;
+		bool prefill = q->n_fed < q->prefill_end;
 		/* A draft's tokens are not the prompt's, and stay unfed until verified. */
 		uint32_t n_draft = s->spans[i].n_logits > 1 ? s->spans[i].n_logits - 1 : 0;
 		q->n_fed += s->spans[i].n - n_draft;
@@ -1057,7 +1163,7 @@ static void sched_step(struct sched *s, size_t n_spans)
 static void sched_update_stats(struct sched *s, uint64_t now)
 {
 	uint32_t running = 0, parked = 0;
-	for (uint32_t i = 0; i < s->p.max_seqs; i++) {
+	for (uint32_t i = 0; i < s->n_slots; i++) {
 		running += s->seqs[i].msg != NULL;
 		parked += s->seqs[i].msg && s->seqs[i].has_event;
 	}
@@ -1081,7 +1187,7 @@ static void sched_update_stats(struct sched *s, uint64_t now)
 
 static bool sched_has_work(const struct sched *s)
 {
-	for (uint32_t i = 0; i < s->p.max_seqs; i++)
+	for (uint32_t i = 0; i < s->n_slots; i++)
 		if (s->seqs[i].msg)
 			return true;
 	return s->n_waiting > 0;
@@ -1136,7 +1242,7 @@ static void sched_free(struct sched *s)
 	if (!s)
 		return;
 	if (s->seqs) {
-		for (uint32_t i = 0; i < s->p.max_seqs; i++) {
+		for (uint32_t i = 0; i < s->n_slots; i++) {
 			free(s->seqs[i].tokens);
 			free(s->seqs[i].logits);
 			free(s->seqs[i].mask);
@@ -1175,7 +1281,8 @@ int sched_start(struct sched **out, const struct sched_params *p, const struct e
 	if ((rc = queue_init(&s->in, p->queue_cap, err)) < 0 ||
 	    (rc = queue_init(&s->out, p->queue_cap, err)) < 0)
 		goto fail;
-	s->seqs = calloc(p->max_seqs, sizeof *s->seqs);
+	s->n_slots = 2 * p->max_seqs;
+	s->seqs = calloc(s->n_slots, sizeof *s->seqs);
 	s->spans = calloc(p->max_seqs, sizeof *s->spans);
 	s->span_seq = calloc(p->max_seqs, sizeof *s->span_seq);
 	if (!s->seqs || !s->spans || !s->span_seq)
@@ -1190,13 +1297,9 @@ int sched_start(struct sched **out, const struct sched_params *p, const struct e
 		if (!s->spec_rows)
 			goto oom;
 	}
-	for (uint32_t i = 0; i < p->max_seqs; i++) {
-		s->seqs[i].tokens = malloc((size_t)eng->max_context * sizeof(int32_t));
-		s->seqs[i].logits = malloc((size_t)eng->n_vocab * sizeof(float));
-		s->seqs[i].mask = malloc(((size_t)eng->n_vocab + 31) / 32 * sizeof(uint32_t));
-		if (!s->seqs[i].tokens || !s->seqs[i].logits || !s->seqs[i].mask)
+	for (uint32_t i = 0; i < p->max_seqs; i++)
+		if (!seq_buffers(s, &s->seqs[i]))
 			goto oom;
-	}
 	s->doorbell = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	if (s->doorbell < 0) {
 		rc = hearth_error_errno(err, HEARTH_EIO, errno, "scheduler: eventfd");
@@ -1280,7 +1383,7 @@ void sched_stop(struct sched *s)
 	/* The compute thread is gone: this thread may now act for it. Whatever is still
 	 * inside goes back as canceled, so the caller's sched_take sees every message once. */
 	sched_drain_inbox(s, hearth_now_ns());
-	for (uint32_t i = 0; i < s->p.max_seqs; i++)
+	for (uint32_t i = 0; i < s->n_slots; i++)
 		if (s->seqs[i].msg)
 			seq_end(s, &s->seqs[i], SCHED_FINISH_CANCELED, NULL);
 	sched_end_waiting(s, SCHED_FINISH_CANCELED, NULL);

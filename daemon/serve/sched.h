@@ -145,6 +145,8 @@ struct sched_params {
 	uint64_t kv_wait_ns;            /* how long a request may queue for KV before kv_full */
 	uint64_t stall_ns;              /* how long a full ring may stall a sequence before it
 					 * is ended (the client stopped reading) */
+	uint64_t preempt_ns;            /* how long a sequence may stay parked on a full ring
+					 * while other requests wait for its place or its KV */
 	uint32_t queue_cap;             /* messages in flight between the threads */
 };
 
@@ -164,6 +166,8 @@ struct sched_stats {
 	_Atomic uint32_t decode_tps_x100; /* decode tokens/s over the last second, x100 */
 	_Atomic uint64_t spec_drafted;  /* draft tokens verified */
 	_Atomic uint64_t spec_accepted; /* of them, accepted (output without a step of its own) */
+	_Atomic uint64_t preempted;     /* parked sequences that gave their KV and place back */
+	_Atomic uint64_t resumed;       /* of them, given KV again once their reader caught up */
 	/* Prefix cache: prompt tokens of every admitted sequence (looked up), and those found
 	 * cached and not computed again (hits: exactly the sum of the done frames' n_cached). */
 	_Atomic uint64_t prefix_lookup_tokens, prefix_hit_tokens;

@@ -377,6 +377,67 @@ static void test_serve_client_that_never_reads_its_ring_stalls_only_itself(void 
 	tc_close(&busy);
 }
 
+/* One user parks every sequence slot (16 generations whose rings it never reads); another
+ * user's request is served within seconds, not after the 30 s stall timeout: the parked
+ * sequences give their places and KV back. Read at last, they finish with the tokens a
+ * solo run gives. The other user is nobody when the test runs as root. */
+static void test_serve_parked_sequences_give_way_to_another_user(void **state)
+{
+	(void)state;
+	enum { N_LAZY = 16, N_GEN = 40 };
+	static struct tclient lazy[N_LAZY];
+	uint64_t ids[N_LAZY];
+	int32_t prompt[8];
+	make_prompt(21, prompt, 8);
+	/* The solo run first: while root parks 16 sequences it may run no more. */
+	struct tclient solo;
+	assert_int_equal(tc_connect_path(&solo, g_sock), 0);
+	tc_hello(&solo, "solo");
+	static struct gen_result want, got;
+	tc_generate(&solo, prompt, 8, N_GEN, 0.0, 1, &want);
+	assert_int_equal(want.n, N_GEN);
+	for (int i = 0; i < N_LAZY; i++) {
+		assert_int_equal(tc_connect_path(&lazy[i], g_sock), 0);
+		tc_hello(&lazy[i], "parker");
+		/* full logits rows fill its ring within a few tokens */
+		ids[i] = tc_generate_start(&lazy[i], prompt, 8, N_GEN, 0.0, 1, true);
+	}
+	usleep(500000);
+	uint64_t t0 = tc_now_ms();
+	pid_t pid = fork();
+	if (pid == 0) {
+		if (getuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0))
+			_exit(3);
+		struct tclient b;
+		if (tc_connect_path(&b, g_sock) != 0)
+			_exit(4);
+		tc_hello(&b, "other");
+		static struct gen_result g;
+		tc_generate(&b, prompt, 8, 20, 0.0, 1, &g);
+		_exit(g.final.type == MSG_DONE && g.n == 20 ? 0 : 1);
+	}
+	int st;
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	uint64_t waited = tc_now_ms() - t0;
+	fprintf(stderr, "the other user's 20 tokens took %llu ms\n", (unsigned long long)waited);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 0);
+	assert_true(waited < 5000);
+
+	for (int i = 0; i < N_LAZY; i++) {
+		memset(&got, 0, sizeof got);
+		tc_generate_wait(&lazy[i], ids[i], &got, 20000);
+		assert_int_equal(got.final.type, MSG_DONE);
+		assert_int_equal(got.n, N_GEN);
+		assert_memory_equal(got.tokens, want.tokens, N_GEN * sizeof(int32_t));
+		msg_free(&got.final);
+		tc_close(&lazy[i]);
+	}
+	msg_free(&want.final);
+	wait_idle(&solo);
+	tc_close(&solo);
+}
+
 static void expect_error(struct tclient *c, enum msg_errcode code, const char *what)
 {
 	struct msg r;
@@ -911,6 +972,7 @@ int main(void)
 		cmocka_unit_test(test_serve_sixteen_clients_at_once_equal_each_alone),
 		cmocka_unit_test(test_serve_killed_client_gives_its_kv_back),
 		cmocka_unit_test(test_serve_client_that_never_reads_its_ring_stalls_only_itself),
+		cmocka_unit_test(test_serve_parked_sequences_give_way_to_another_user),
 		cmocka_unit_test(test_serve_hostile_frames_get_errors_and_the_daemon_keeps_serving),
 		cmocka_unit_test(test_serve_hostile_ring_indices_close_only_that_client),
 		cmocka_unit_test(test_serve_cancel_stops_a_generation),
