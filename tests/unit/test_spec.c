@@ -3,7 +3,8 @@
  * decoding token for token (greedy against the model run alone; seeded sampling against
  * the scheduler without drafts), sampled outputs must follow the model's exact
  * distribution (chi-square), grammars must cut drafts, and the int4 engine must take a
- * rejected draft's K/V back without ever publishing it to the prefix cache. */
+ * rejected draft's K/V back without ever publishing it to the prefix cache. Logprobs and
+ * top_logprobs of a token accepted from a draft must be those plain decoding reports. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -96,9 +97,16 @@ struct fixture {
 	uint32_t n_vocab;
 };
 
+#define SINK_TOP 4
+
 struct sink {
 	int32_t tokens[MAX_REQ][MAX_GEN];
 	uint32_t n[MAX_REQ];
+	/* What a request for logprobs got with each token (zero when it did not ask). */
+	float logprob[MAX_REQ][MAX_GEN];
+	uint32_t n_top[MAX_REQ][MAX_GEN];
+	int32_t top_ids[MAX_REQ][MAX_GEN][SINK_TOP];
+	float top_logprobs[MAX_REQ][MAX_GEN][SINK_TOP];
 };
 
 static int g_efd = -1;
@@ -114,8 +122,17 @@ static void notify(void *ctx)
 static bool sink_emit(void *p, const struct sched_token *t)
 {
 	struct sink *s = p;
-	if (t->req_id < MAX_REQ && s->n[t->req_id] < MAX_GEN)
-		s->tokens[t->req_id][s->n[t->req_id]++] = t->token;
+	if (t->req_id >= MAX_REQ || s->n[t->req_id] >= MAX_GEN)
+		return true;
+	uint64_t r = t->req_id;
+	uint32_t k = s->n[r]++;
+	s->tokens[r][k] = t->token;
+	s->logprob[r][k] = t->logprob;
+	s->n_top[r][k] = t->n_top < SINK_TOP ? t->n_top : SINK_TOP;
+	for (uint32_t i = 0; i < s->n_top[r][k]; i++) {
+		s->top_ids[r][k][i] = t->top_ids[i];
+		s->top_logprobs[r][k][i] = t->top_logprobs[i];
+	}
 	return true;
 }
 
@@ -196,6 +213,8 @@ struct job {
 	uint64_t seed;
 	struct grammar_matcher *grammar;
 	bool jump_forward;
+	bool logprobs;
+	uint32_t top_logprobs;
 };
 
 /* Tokens the last run_jobs fed by jump-forward. */
@@ -248,6 +267,8 @@ static void run_jobs(const struct engine *eng, const struct tok *tok, const stru
 			m->req.speculate = j->speculate;
 			m->req.grammar = j->grammar;
 			m->req.jump_forward = j->jump_forward;
+			m->req.logprobs = j->logprobs;
+			m->req.top_logprobs = j->top_logprobs;
 			assert_true(sched_post(s, m));
 			next++;
 		}
@@ -408,6 +429,55 @@ static void top_dist(const struct fixture *fx, const int32_t *toks, uint32_t n, 
  * sampled from the draft's own row; rejected otherwise) must follow the joint distribution
  * computed from the model's logits, with and without drafts. Seeds are fixed, so the
  * verdict is too; the bound is chi-square's 0.1% point at 8 degrees of freedom. */
+/* A token accepted from a draft was sampled from a row of the verifying step, not from a
+ * step of its own: its logprob and top_logprobs must still be the distribution plain
+ * decoding reports at that position (the row of that position, not its neighbour's, and
+ * the model's own row, not one the sampler or the grammar rewrote). Greedy and sampled,
+ * several sequences drafting in one step. */
+static void test_spec_logprobs_of_draft_tokens_equal_plain_decoding(void **state)
+{
+	struct fixture *fx = *state;
+	struct engine eng;
+	struct engine_ref *er = ref_engine(fx, &eng);
+	enum { N = 6, GEN = 32 };
+	int32_t prompts[N][36];
+	struct job jobs[N];
+	for (int i = 0; i < N; i++) {
+		repeating_prompt(300u + (uint32_t)i, prompts[i], 36, 4u + (uint32_t)i % 3, fx->n_vocab);
+		jobs[i] = (struct job){ prompts[i], 36, GEN, 0, .seed = 7u + (uint64_t)i,
+					.logprobs = true, .top_logprobs = SINK_TOP };
+		if (i % 2)
+			sampled_params(&jobs[i].sampling);
+		else
+			greedy_params(&jobs[i].sampling);
+	}
+	static struct sink off, on;
+	uint64_t drafted, accepted;
+	run_jobs(&eng, fx->tok, jobs, N, &off, &drafted, &accepted);
+	for (int i = 0; i < N; i++)
+		jobs[i].speculate = 8;
+	run_jobs(&eng, fx->tok, jobs, N, &on, &drafted, &accepted);
+	fprintf(stderr, "logprobs: %llu drafted, %llu accepted\n", (unsigned long long)drafted,
+		(unsigned long long)accepted);
+	assert_true(accepted > 0);
+	for (int i = 0; i < N; i++) {
+		assert_int_equal(on.n[i], GEN);
+		assert_memory_equal(on.tokens[i], off.tokens[i], GEN * sizeof(int32_t));
+		for (int k = 0; k < GEN; k++) {
+			/* A batched row may differ from a one-token step in the last bits. */
+			assert_true(off.logprob[i][k] < 0.0f);
+			assert_float_equal(on.logprob[i][k], off.logprob[i][k], 1e-4);
+			assert_int_equal(on.n_top[i][k], SINK_TOP);
+			assert_int_equal(off.n_top[i][k], SINK_TOP);
+			for (int j = 0; j < SINK_TOP; j++) {
+				assert_int_equal(on.top_ids[i][k][j], off.top_ids[i][k][j]);
+				assert_float_equal(on.top_logprobs[i][k][j], off.top_logprobs[i][k][j], 1e-4);
+			}
+		}
+	}
+	engine_ref_free(er);
+}
+
 static void test_spec_sampled_tokens_follow_the_model_distribution(void **state)
 {
 	struct fixture *fx = *state;
@@ -777,6 +847,7 @@ int main(void)
 		cmocka_unit_test(test_spec_greedy_equals_the_model_alone_in_one_batch),
 		cmocka_unit_test(test_spec_seeded_sampling_equals_plain_decoding_for_every_seed),
 		cmocka_unit_test(test_spec_sampled_tokens_follow_the_model_distribution),
+		cmocka_unit_test(test_spec_logprobs_of_draft_tokens_equal_plain_decoding),
 		cmocka_unit_test(test_spec_grammar_cuts_drafts_it_would_refuse),
 		cmocka_unit_test(test_spec_grammar_output_equals_plain_decoding),
 		cmocka_unit_test(test_spec_with_jump_forward_equals_plain_decoding),
