@@ -838,6 +838,111 @@ static void test_spec_q4_greedy_with_drafts_equals_without(void **state)
 	check_q4_greedy_with_drafts_equals_without("fx-quant-f16.gguf");
 }
 
+/* A client that stops reading after park_at tokens: its ring is full from then on, so the
+ * sequence parks with the rest of a verified draft undelivered. */
+struct park_sink {
+	_Atomic uint32_t n;
+	uint32_t park_at;
+};
+
+static bool park_emit(void *p, const struct sched_token *t)
+{
+	(void)t;
+	struct park_sink *ps = p;
+	if (atomic_load(&ps->n) >= ps->park_at)
+		return false;
+	atomic_fetch_add(&ps->n, 1);
+	return true;
+}
+
+/* Cancel in the middle of a draft: a request parks on its full ring inside a verifying
+ * step (tokens of an accepted draft still to deliver, the rejected rest taken back) and
+ * is canceled there. It must finish canceled at once, and another request drafting in the
+ * same steps must go on to exactly its output without drafts. */
+static void test_spec_cancel_mid_draft_leaves_the_batch_exact(void **state)
+{
+	(void)state;
+	struct tok *tok;
+	struct model_q4 *m = load_q4_fixture("fx-quant-q4_0.gguf", &tok);
+	struct engine eng;
+	model_q4_engine(m, &eng);
+	enum { GEN = 40 };
+	int32_t pa[30], pb[30];
+	repeating_prompt(400u, pa, 30, 3, eng.n_vocab);
+	repeating_prompt(401u, pb, 30, 5, eng.n_vocab);
+
+	/* B alone without drafts: the truth. */
+	struct job jb = { pb, 30, GEN, 0, .seed = 1, .step_tokens = 64 };
+	greedy_params(&jb.sampling);
+	static struct sink alone, with;
+	uint64_t d0, a0;
+	run_jobs(&eng, tok, &jb, 1, &alone, &d0, &a0);
+
+	struct hearth_error e;
+	struct sched_params p;
+	sched_params_default(&p);
+	p.step_tokens = 64;
+	struct sched *s;
+	assert_int_equal(sched_start(&s, &p, &eng, tok, notify, NULL, &e), 0);
+	struct park_sink ps = { .park_at = 6 };
+	struct sched_client ca = { .sink = &ps, .emit = park_emit };
+	struct sched_client cb = { .sink = &with, .emit = sink_emit };
+	memset(&with, 0, sizeof with);
+	const int32_t *prompts[2] = { pa, pb };
+	struct sched_client *clients[2] = { &ca, &cb };
+	for (int i = 0; i < 2; i++) {
+		struct sched_msg *sm = calloc(1, sizeof *sm);
+		sm->type = SCHED_MSG_SUBMIT;
+		sm->client = clients[i];
+		sm->req.id = 0;
+		sm->req.prompt = malloc(30 * sizeof(int32_t));
+		memcpy(sm->req.prompt, prompts[i], 30 * sizeof(int32_t));
+		sm->req.n_prompt = 30;
+		sm->req.max_tokens = GEN;
+		greedy_params(&sm->req.sampling);
+		sm->req.seed = 1;
+		sm->req.ignore_eos = true;
+		sm->req.speculate = 8;
+		assert_true(sched_post(s, sm));
+	}
+	for (int i = 0; i < 6000 && atomic_load(&ps.n) < ps.park_at; i++)
+		usleep(1000);
+	assert_int_equal(atomic_load(&ps.n), ps.park_at);
+	struct sched_msg *cm = calloc(1, sizeof *cm);
+	cm->type = SCHED_MSG_CANCEL;
+	cm->client = &ca;
+	cm->req_id = 0;
+	assert_true(sched_post(s, cm));
+	bool acked = false, a_done = false, b_done = false;
+	while (!(acked && a_done && b_done)) {
+		struct sched_msg *r = take(s);
+		if (r->type == SCHED_MSG_CANCEL) {
+			acked = true;
+		} else if (r->client == &ca) {
+			assert_int_equal(r->result.finish, SCHED_FINISH_CANCELED);
+			assert_true(r->result.n_generated < GEN);
+			a_done = true;
+			free(r->req.prompt);
+		} else {
+			assert_int_equal(r->result.finish, SCHED_FINISH_LENGTH);
+			b_done = true;
+			free(r->req.prompt);
+		}
+		free(r);
+	}
+	uint64_t drafted = atomic_load(&sched_stats(s)->spec_drafted);
+	uint64_t accepted = atomic_load(&sched_stats(s)->spec_accepted);
+	fprintf(stderr, "cancel mid-draft: %llu drafted, %llu accepted\n", (unsigned long long)drafted,
+		(unsigned long long)accepted);
+	assert_true(accepted > 0);
+	sched_stop(s);
+	sched_destroy(s);
+	assert_int_equal(with.n[0], GEN);
+	assert_memory_equal(with.tokens[0], alone.tokens[0], GEN * sizeof(int32_t));
+	tok_free(tok);
+	model_q4_free(m);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -853,6 +958,7 @@ int main(void)
 		cmocka_unit_test(test_spec_with_jump_forward_equals_plain_decoding),
 		cmocka_unit_test(test_spec_q4_rejected_draft_is_rolled_back_and_never_shared),
 		cmocka_unit_test(test_spec_q4_greedy_with_drafts_equals_without),
+		cmocka_unit_test(test_spec_cancel_mid_draft_leaves_the_batch_exact),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
