@@ -237,6 +237,28 @@ static struct sched_msg *take(struct sched *s)
 	return NULL;
 }
 
+/* Submits job j as request id of client c. */
+static void post_job(struct sched *s, struct sched_client *c, uint64_t id, const struct job *j)
+{
+	struct sched_msg *m = calloc(1, sizeof *m);
+	m->type = SCHED_MSG_SUBMIT;
+	m->client = c;
+	m->req.id = id;
+	m->req.prompt = malloc(j->n_prompt * sizeof(int32_t));
+	memcpy(m->req.prompt, j->prompt, j->n_prompt * sizeof(int32_t));
+	m->req.n_prompt = j->n_prompt;
+	m->req.max_tokens = j->max_tokens;
+	m->req.sampling = j->sampling;
+	m->req.seed = j->seed;
+	m->req.ignore_eos = true;
+	m->req.speculate = j->speculate;
+	m->req.grammar = j->grammar;
+	m->req.jump_forward = j->jump_forward;
+	m->req.logprobs = j->logprobs;
+	m->req.top_logprobs = j->top_logprobs;
+	assert_true(sched_post(s, m));
+}
+
 static void run_jobs(const struct engine *eng, const struct tok *tok, const struct job *jobs, size_t n,
 		     struct sink *sink, uint64_t *drafted, uint64_t *accepted)
 {
@@ -252,24 +274,7 @@ static void run_jobs(const struct engine *eng, const struct tok *tok, const stru
 	for (size_t done = 0, next = 0; done < n;) {
 		/* At most max_seqs in flight, so a request never waits long in the queue. */
 		while (next < n && next - done < p.max_seqs) {
-			const struct job *j = &jobs[next];
-			struct sched_msg *m = calloc(1, sizeof *m);
-			m->type = SCHED_MSG_SUBMIT;
-			m->client = &c;
-			m->req.id = next;
-			m->req.prompt = malloc(j->n_prompt * sizeof(int32_t));
-			memcpy(m->req.prompt, j->prompt, j->n_prompt * sizeof(int32_t));
-			m->req.n_prompt = j->n_prompt;
-			m->req.max_tokens = j->max_tokens;
-			m->req.sampling = j->sampling;
-			m->req.seed = j->seed;
-			m->req.ignore_eos = true;
-			m->req.speculate = j->speculate;
-			m->req.grammar = j->grammar;
-			m->req.jump_forward = j->jump_forward;
-			m->req.logprobs = j->logprobs;
-			m->req.top_logprobs = j->top_logprobs;
-			assert_true(sched_post(s, m));
+			post_job(s, &c, next, &jobs[next]);
 			next++;
 		}
 		struct sched_msg *m = take(s);
@@ -888,23 +893,11 @@ static void test_spec_cancel_mid_draft_leaves_the_batch_exact(void **state)
 	struct sched_client ca = { .sink = &ps, .emit = park_emit };
 	struct sched_client cb = { .sink = &with, .emit = sink_emit };
 	memset(&with, 0, sizeof with);
-	const int32_t *prompts[2] = { pa, pb };
-	struct sched_client *clients[2] = { &ca, &cb };
-	for (int i = 0; i < 2; i++) {
-		struct sched_msg *sm = calloc(1, sizeof *sm);
-		sm->type = SCHED_MSG_SUBMIT;
-		sm->client = clients[i];
-		sm->req.id = 0;
-		sm->req.prompt = malloc(30 * sizeof(int32_t));
-		memcpy(sm->req.prompt, prompts[i], 30 * sizeof(int32_t));
-		sm->req.n_prompt = 30;
-		sm->req.max_tokens = GEN;
-		greedy_params(&sm->req.sampling);
-		sm->req.seed = 1;
-		sm->req.ignore_eos = true;
-		sm->req.speculate = 8;
-		assert_true(sched_post(s, sm));
-	}
+	struct job ja = { pa, 30, GEN, 8, .seed = 1 };
+	greedy_params(&ja.sampling);
+	jb.speculate = 8;
+	post_job(s, &ca, 0, &ja);
+	post_job(s, &cb, 0, &jb);
 	for (int i = 0; i < 6000 && atomic_load(&ps.n) < ps.park_at; i++)
 		usleep(1000);
 	assert_int_equal(atomic_load(&ps.n), ps.park_at);
