@@ -11,12 +11,9 @@ first over the time after the first), generated and forced tokens, time to the w
 and per round the ratio of the schema runs to the unconstrained run of the same round.
 """
 import json
-import os
 import sys
-import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "client", "python"))
-import hearth  # noqa: E402
+import drive  # bench/drive.py: also puts the Python client on the path
 
 PROMPT = "Output:"
 
@@ -28,14 +25,8 @@ def main(argv):
     sock, rounds, tokens = argv[1], int(argv[2]), int(argv[3])
     schema = open(argv[4], encoding="utf-8").read()
     long_keys = open(argv[5], encoding="utf-8").read()
-    for _ in range(600):
-        try:
-            c = hearth.Client(sock, name="bench-grammar")
-            break
-        except hearth.HearthError:
-            time.sleep(0.1)
-    else:
-        print("grammar_drive: no daemon at " + sock, file=sys.stderr)
+    c = drive.connect(sock, "bench-grammar")
+    if c is None:
         return 1
     kinds = {
         "plain": dict(ignore_eos=True),

@@ -20,12 +20,9 @@ object: per workload and mode the daemon's decode tokens/s (done.decode_tps), to
 for "on" the draft tokens verified and accepted (stats before and after the request).
 """
 import json
-import os
 import sys
-import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "client", "python"))
-import hearth  # noqa: E402
+import drive  # bench/drive.py: also puts the Python client on the path
 
 SCHEMA = json.dumps({"type": "object", "properties": {"quote": {"type": "string"},
                                                        "words": {"type": "integer"}},
@@ -61,14 +58,8 @@ def main(argv):
         return 2
     sock, rounds, tokens = argv[1], int(argv[2]), int(argv[3])
     work = workloads(passage_of(argv[4], int(argv[5]) if len(argv) == 6 else 600))
-    for _ in range(600):
-        try:
-            c = hearth.Client(sock, name="bench-spec")
-            break
-        except hearth.HearthError:
-            time.sleep(0.1)
-    else:
-        print("spec_drive: no daemon at " + sock, file=sys.stderr)
+    c = drive.connect(sock, "bench-spec")
+    if c is None:
         return 1
 
     def run(name, mode):

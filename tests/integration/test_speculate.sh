@@ -15,19 +15,31 @@ trap '[ -n "$HPID" ] && kill $HPID 2>/dev/null; wait 2>/dev/null; rm -rf "$TMP"'
 B=$HEARTH_BUILDDIR
 SOCK=$TMP/h.sock
 
-"$B/hearthd" --model="$HEARTH_SHARED/fixtures/fx-quant-q4_0.gguf" --socket="$SOCK" \
-	--max-context=512 --kv-budget=16MiB --threads=2 --log-level=warning >"$TMP/hearthd.log" 2>&1 &
-HPID=$!
-for _ in $(seq 100); do
-	"$B/hearth" --socket "$SOCK" ping -c 1 >/dev/null 2>&1 && break
-	sleep 0.1
-done
+# start LOG HEARTHD-OPTION...: a hearthd on $SOCK, waited for until it answers.
+start() {
+	log=$1
+	shift
+	"$B/hearthd" --socket="$SOCK" --threads=2 --log-level=warning "$@" >"$TMP/$log" 2>&1 &
+	HPID=$!
+	for _ in $(seq 100); do
+		"$B/hearth" --socket "$SOCK" ping -c 1 >/dev/null 2>&1 && break
+		sleep 0.1
+	done
+}
+start hearthd.log --model="$HEARTH_SHARED/fixtures/fx-quant-q4_0.gguf" --max-context=512 --kv-budget=16MiB
 
 echo "1..7"
 n=0
 fails=0
 ok() { n=$((n + 1)); echo "ok $n - $1"; }
 not_ok() { n=$((n + 1)); fails=$((fails + 1)); echo "not ok $n - $1"; }
+
+# The daemon's draft counters since it started, into drafted and accepted.
+drafts() {
+	stats=$("$B/hearth" --socket "$SOCK" stats --json)
+	drafted=$(echo "$stats" | sed -n 's/.*"draft_tokens":\([0-9]*\).*/\1/p')
+	accepted=$(echo "$stats" | sed -n 's/.*"draft_accepted":\([0-9]*\).*/\1/p')
+}
 
 # The token ids a generation printed, one a line.
 gen() { # out prompt args...
@@ -83,9 +95,7 @@ done
 [ $same = 1 ] && ok "three clients at once: drafts change no token" ||
 	not_ok "three clients at once: drafts change no token"
 
-stats=$("$B/hearth" --socket "$SOCK" stats --json)
-drafted=$(echo "$stats" | sed -n 's/.*"draft_tokens":\([0-9]*\).*/\1/p')
-accepted=$(echo "$stats" | sed -n 's/.*"draft_accepted":\([0-9]*\).*/\1/p')
+drafts
 echo "# $accepted of $drafted draft tokens accepted"
 [ "${drafted:-0}" -gt 0 ] && [ "${accepted:-0}" -gt 0 ] && ok "drafts were verified and accepted" ||
 	not_ok "drafts were verified and accepted"
@@ -97,13 +107,7 @@ echo "# $accepted of $drafted draft tokens accepted"
 kill $HPID
 wait $HPID 2>/dev/null
 rm -f "$SOCK"
-"$B/hearthd" --model="$HEARTH_SRCDIR/models/hearth-kjv-q8_0.gguf" --socket="$SOCK" \
-	--max-context=256 --threads=2 --log-level=warning >"$TMP/hearthd-kjv.log" 2>&1 &
-HPID=$!
-for _ in $(seq 100); do
-	"$B/hearth" --socket "$SOCK" ping -c 1 >/dev/null 2>&1 && break
-	sleep 0.1
-done
+start hearthd-kjv.log --model="$HEARTH_SRCDIR/models/hearth-kjv-q8_0.gguf" --max-context=256
 P="And Abraham journeyed from thence toward the south country, and dwelled between Kadesh and Shur, and sojourned in Gerar. And Abraham said of Sarah his wife, She is my sister.
 
 And Abraham journeyed from thence"
@@ -123,9 +127,7 @@ for mode in "-n 80 --temp 0" "-n 80 --temp 0.8 --seed 5" "-n 3 --temp 0" "-n 80 
 done
 [ $same = 1 ] && ok "demo model: drafts change no token (sampling, stop, max_tokens 3, schema)" ||
 	not_ok "demo model: drafts change no token (sampling, stop, max_tokens 3, schema)"
-stats=$("$B/hearth" --socket "$SOCK" stats --json)
-drafted=$(echo "$stats" | sed -n 's/.*"draft_tokens":\([0-9]*\).*/\1/p')
-accepted=$(echo "$stats" | sed -n 's/.*"draft_accepted":\([0-9]*\).*/\1/p')
+drafts
 echo "# demo model: $accepted of $drafted draft tokens accepted"
 [ "${accepted:-0}" -gt 10 ] && ok "demo model: drafts of real text are accepted" ||
 	not_ok "demo model: drafts of real text are accepted"
