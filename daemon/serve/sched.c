@@ -89,6 +89,7 @@ struct sched {
 	float *spec_rows;               /* n_spec_rows x n_vocab: logits of verifying spans */
 	uint32_t n_spec_rows;
 	struct sched_client *rr;        /* next client whose waiting request is admitted */
+	uint32_t last_uid;              /* the user admitted last */
 	uint32_t prefill_cursor;
 	uint64_t step_no;
 	struct sched_msg *shutdown;
@@ -557,6 +558,37 @@ static void sched_expire_waiting(struct sched *s, uint64_t now)
 	}
 }
 
+/* Sequences of user uid holding KV and a place in the steps. */
+static uint32_t sched_uid_active(const struct sched *s, uint32_t uid)
+{
+	uint32_t n = 0;
+	for (uint32_t i = 0; i < s->n_slots; i++)
+		n += s->seqs[i].msg && s->seqs[i].eseq && s->seqs[i].msg->client->uid == uid;
+	return n;
+}
+
+/* The client whose waiting request is admitted next: in ring order from s->rr, the first of
+ * the user with the fewest sequences running, and of another user than the one admitted
+ * last where two tie. Round robin over connections alone would give a user with ten
+ * connections ten turns for another user's one. */
+static struct sched_client *sched_pick(struct sched *s)
+{
+	struct sched_client *best = NULL, *c = s->rr;
+	uint32_t best_n = 0;
+	bool best_last = false;
+	do {
+		uint32_t n = sched_uid_active(s, c->uid);
+		bool last = c->uid == s->last_uid;
+		if (!best || n < best_n || (n == best_n && best_last && !last)) {
+			best = c;
+			best_n = n;
+			best_last = last;
+		}
+		c = c->rr_next;
+	} while (c != s->rr);
+	return best;
+}
+
 static void sched_admit(struct sched *s, uint64_t now)
 {
 	sched_expire_waiting(s, now);
@@ -569,7 +601,7 @@ static void sched_admit(struct sched *s, uint64_t now)
 				continue;
 			return;
 		}
-		struct sched_client *c = s->rr;
+		struct sched_client *c = sched_pick(s);
 		struct sched_msg *m = c->waiting;
 		int rc = seq_start(s, q, m, now);
 		if (rc == HEARTH_EKVFULL) {
@@ -579,6 +611,7 @@ static void sched_admit(struct sched *s, uint64_t now)
 		}
 		waiting_pop(s, c);
 		s->rr = c->rr_next;
+		s->last_uid = c->uid;
 		if (!c->waiting)
 			rr_remove(s, c);
 	}

@@ -70,6 +70,7 @@ struct sched_client {
 	struct sched_client *rr_next;   /* ring of clients with waiting requests */
 	bool in_rr;
 	bool gone;
+	uint32_t uid;                   /* the peer's user: admission is fair between users */
 };
 
 #define SCHED_TRIGGER_MAX 32

@@ -1316,6 +1316,7 @@ void session_accept(struct server *srv)
 		session_close(ss);
 		return;
 	}
+	ss->client.uid = ss->cred.uid;
 	if (srv->stopping) {
 		session_send_error(ss, 0, MSG_ERR_SHUTTING_DOWN, true, "the daemon is shutting down");
 		session_close(ss);

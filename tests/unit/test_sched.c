@@ -503,6 +503,41 @@ static void test_sched_admits_clients_round_robin(void **state)
 	harness_stop(&h);
 }
 
+/* Admission is fair between users, not connections: one user's three connections with
+ * a request each do not all go before another user's one request. */
+static void test_sched_admits_users_round_robin(void **state)
+{
+	struct fixture *fx = *state;
+	struct harness h;
+	struct sched_params p;
+	sched_params_default(&p);
+	p.max_seqs = 1;                 /* one at a time: admission order is completion order */
+	harness_start(&h, fx, 4096, &p);
+	struct sink sa[3] = { 0 }, sb = { 0 };
+	struct sched_client a[3], b = { .sink = &sb, .emit = sink_emit, .uid = 2000 };
+	for (int i = 0; i < 3; i++)
+		a[i] = (struct sched_client){ .sink = &sa[i], .emit = sink_emit, .uid = 1000 };
+	int32_t prompt[4];
+	test_prompt(2, prompt, 4, fx->n_vocab);
+	/* Posted back to back, as in the test above: user 1000's first request may already
+	 * run when user 2000's arrives; the rest must not all go before it. */
+	struct sched_msg *ms[4];
+	for (uint64_t i = 0; i < 3; i++)
+		ms[i] = submit_msg(&a[i], i, prompt, 4, 16, 0.0f, 1);
+	ms[3] = submit_msg(&b, 9, prompt, 4, 2, 0.0f, 1);
+	for (int i = 0; i < 4; i++)
+		assert_true(sched_post(h.s, ms[i]));
+	struct sched_client *order[4];
+	for (int i = 0; i < 4; i++) {
+		struct sched_msg *m = take(&h);
+		order[i] = m->client;
+		free(m->req.prompt);
+		free(m);
+	}
+	assert_true(order[1] == &b || order[0] == &b);
+	harness_stop(&h);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -514,6 +549,7 @@ int main(void)
 		cmocka_unit_test(test_sched_client_gone_returns_its_kv_at_once),
 		cmocka_unit_test(test_sched_stop_string_ends_and_is_withheld),
 		cmocka_unit_test(test_sched_admits_clients_round_robin),
+		cmocka_unit_test(test_sched_admits_users_round_robin),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
