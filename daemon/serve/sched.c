@@ -256,6 +256,49 @@ static uint32_t sched_n_active(const struct sched *s)
 	return n;
 }
 
+/* Sequences of user uid holding KV and a place in the steps. */
+static uint32_t sched_uid_active(const struct sched *s, uint32_t uid)
+{
+	uint32_t n = 0;
+	for (uint32_t i = 0; i < s->n_slots; i++)
+		n += s->seqs[i].msg && s->seqs[i].eseq && s->seqs[i].msg->client->uid == uid;
+	return n;
+}
+
+/* Adds uid to the set uids[0..*n) of at most cap; false when it is full. */
+static bool uid_set_add(uint32_t *uids, uint32_t *n, uint32_t cap, uint32_t uid)
+{
+	for (uint32_t j = 0; j < *n; j++)
+		if (uids[j] == uid)
+			return true;
+	if (*n == cap)
+		return false;
+	uids[(*n)++] = uid;
+	return true;
+}
+
+/* Each user's fair share of the sequence places: max_seqs over the users with a sequence
+ * or a waiting request, rounded up (1 beyond USERS_MAX users). */
+static uint32_t sched_fair_share(const struct sched *s)
+{
+	enum { USERS_MAX = 64 };
+	uint32_t uids[USERS_MAX], n = 0;
+	bool ok = true;
+	for (uint32_t i = 0; i < s->n_slots && ok; i++)
+		if (s->seqs[i].msg)
+			ok = uid_set_add(uids, &n, USERS_MAX, s->seqs[i].msg->client->uid);
+	const struct sched_client *c = s->rr;
+	if (c) {
+		do {
+			ok = ok && uid_set_add(uids, &n, USERS_MAX, c->uid);
+			c = c->rr_next;
+		} while (ok && c != s->rr);
+	}
+	if (!ok)
+		return 1;
+	return n ? (s->p.max_seqs + n - 1) / n : s->p.max_seqs;
+}
+
 /* The buffers of an entry beyond the first max_seqs are made when a preemption first needs
  * it, so a daemon whose clients all read pays for max_seqs only. */
 static bool seq_buffers(struct sched *s, struct sched_seq *q)
@@ -286,6 +329,15 @@ static struct sched_seq *seq_free_slot(struct sched *s)
 	return NULL;
 }
 
+/* Takes q's KV and place back; its tokens and sampling state stay for sched_resume. */
+static void seq_preempt(struct sched *s, struct sched_seq *q)
+{
+	s->eng.seq_close(s->eng.impl, q->eseq);
+	q->eseq = NULL;
+	q->n_fed = 0;
+	atomic_fetch_add_explicit(&s->stats.preempted, 1, memory_order_relaxed);
+}
+
 /* A sequence parked on a full ring for preempt_ns while others wait gives back its KV
  * and its place: its tokens, sampler, grammar and text state stay, and it resumes
  * (sched_resume) once its reader has taken the parked event. Only a sequence between
@@ -306,10 +358,37 @@ static bool sched_preempt_parked(struct sched *s, uint64_t now)
 	}
 	if (!best || !spare_entry)
 		return false;
-	s->eng.seq_close(s->eng.impl, best->eseq);
-	best->eseq = NULL;
-	best->n_fed = 0;
-	atomic_fetch_add_explicit(&s->stats.preempted, 1, memory_order_relaxed);
+	seq_preempt(s, best);
+	return true;
+}
+
+/* Client c's user is below its fair share and nothing is free: the user furthest above
+ * its share gives back one running sequence, between steps and in the plain state, the
+ * one with the fewest tokens to recompute. It resumes (sched_resume) once a place is free
+ * and no one else waits while its user is at its share. Returns whether one was taken. */
+static bool sched_preempt_over_share(struct sched *s, const struct sched_client *c)
+{
+	uint32_t share = sched_fair_share(s);
+	if (sched_uid_active(s, c->uid) >= share)
+		return false;
+	struct sched_seq *best = NULL;
+	uint32_t best_n = share;
+	bool spare_entry = false;
+	for (uint32_t i = 0; i < s->n_slots; i++) {
+		struct sched_seq *q = &s->seqs[i];
+		spare_entry |= !q->msg;
+		if (!q->msg || !q->eseq || q->has_event || q->finish || q->cancel || q->n_forced_pending ||
+		    q->n_fed < q->prefill_end || q->n_tokens - q->n_fed != 1 || q->msg->client->uid == c->uid)
+			continue;
+		uint32_t n = sched_uid_active(s, q->msg->client->uid);
+		if (n > best_n || (best && n == best_n && q->n_tokens < best->n_tokens)) {
+			best = q;
+			best_n = n;
+		}
+	}
+	if (!best || !spare_entry)
+		return false;
+	seq_preempt(s, best);
 	return true;
 }
 
@@ -319,6 +398,9 @@ static bool sched_preempt_parked(struct sched *s, uint64_t now)
 static void sched_resume(struct sched *s, struct sched_seq *q)
 {
 	if (sched_n_active(s) >= s->p.max_seqs)
+		return;
+	/* Requests wait while this user holds its share: they go first. */
+	if (s->rr && sched_uid_active(s, q->msg->client->uid) >= sched_fair_share(s))
 		return;
 	const struct sched_request *r = &q->msg->req;
 	uint32_t n_reserve = seq_reserve(s, r);
@@ -558,15 +640,6 @@ static void sched_expire_waiting(struct sched *s, uint64_t now)
 	}
 }
 
-/* Sequences of user uid holding KV and a place in the steps. */
-static uint32_t sched_uid_active(const struct sched *s, uint32_t uid)
-{
-	uint32_t n = 0;
-	for (uint32_t i = 0; i < s->n_slots; i++)
-		n += s->seqs[i].msg && s->seqs[i].eseq && s->seqs[i].msg->client->uid == uid;
-	return n;
-}
-
 /* The client whose waiting request is admitted next: in ring order from s->rr, the first of
  * the user with the fewest sequences running, and of another user than the one admitted
  * last where two tie. Round robin over connections alone would give a user with ten
@@ -595,17 +668,17 @@ static void sched_admit(struct sched *s, uint64_t now)
 	while (s->rr) {
 		/* No place or no KV for the next request: a sequence parked on a full ring
 		 * gives its own back rather than hold them against it. */
+		struct sched_client *c = sched_pick(s);
 		struct sched_seq *q = seq_free_slot(s);
 		if (!q) {
-			if (sched_preempt_parked(s, now))
+			if (sched_preempt_parked(s, now) || sched_preempt_over_share(s, c))
 				continue;
 			return;
 		}
-		struct sched_client *c = sched_pick(s);
 		struct sched_msg *m = c->waiting;
 		int rc = seq_start(s, q, m, now);
 		if (rc == HEARTH_EKVFULL) {
-			if (sched_preempt_parked(s, now))
+			if (sched_preempt_parked(s, now) || sched_preempt_over_share(s, c))
 				continue;
 			return;     /* head of line waits for KV; fairness keeps its turn */
 		}

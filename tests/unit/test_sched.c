@@ -25,7 +25,7 @@
 #include "daemon/serve/sched.h"
 #include "daemon/engine/tokenizer.h"
 
-#define MAX_GEN 64
+#define MAX_GEN 256
 
 struct fixture {
 	struct gguf_file *f;
@@ -526,6 +526,50 @@ static void test_sched_admits_users_round_robin(void **state)
 	assert_true(admission_place(*state, first, &b) <= 1);
 }
 
+/* A user's running sequences beyond its fair share give way to another user's request:
+ * with two places both running user 1000's long requests, user 2000's short one arrives
+ * and finishes first (before: after one of them), and user 1000's two then finish with
+ * the tokens each gives alone, the one preempted recomputed from its tokens. */
+static void test_sched_running_sequences_give_way_to_another_users_share(void **state)
+{
+	struct fixture *fx = *state;
+	struct harness h;
+	struct sched_params p;
+	sched_params_default(&p);
+	p.max_seqs = 2;
+	harness_start(&h, fx, 4096, &p);
+	struct sink sa = { 0 }, sb = { 0 };
+	struct sched_client a = { .sink = &sa, .emit = sink_emit, .uid = 1000 };
+	struct sched_client b = { .sink = &sb, .emit = sink_emit, .uid = 2000 };
+	enum { LONG = 240 };
+	int32_t prompt[4];
+	test_prompt(4, prompt, 4, fx->n_vocab);
+	submit(&h, &a, 0, prompt, 4, LONG, 0.0f, 1);
+	submit(&h, &a, 1, prompt, 4, LONG, 0.0f, 1);
+	for (int i = 0; i < 1000 && atomic_load(&sched_stats(h.s)->running) < 2; i++)
+		usleep(1000);
+	assert_int_equal(atomic_load(&sched_stats(h.s)->running), 2);
+	submit(&h, &b, 2, prompt, 4, 2, 0.0f, 1);
+	struct sched_client *first = NULL;
+	for (int i = 0; i < 3; i++) {
+		struct sched_msg *m = take(&h);
+		assert_int_equal(m->result.finish, SCHED_FINISH_LENGTH);
+		if (!first)
+			first = m->client;
+		free(m->req.prompt);
+		free(m);
+	}
+	assert_ptr_equal(first, &b);
+	assert_true(atomic_load(&sched_stats(h.s)->preempted) >= 1);
+	int32_t want[MAX_GEN];
+	assert_int_equal(solo_greedy(fx, prompt, 4, LONG, want), LONG);
+	for (int i = 0; i < 2; i++) {
+		assert_int_equal(sa.n[i], LONG);
+		assert_memory_equal(sa.tokens[i], want, LONG * sizeof(int32_t));
+	}
+	harness_stop(&h);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -538,6 +582,7 @@ int main(void)
 		cmocka_unit_test(test_sched_stop_string_ends_and_is_withheld),
 		cmocka_unit_test(test_sched_admits_clients_round_robin),
 		cmocka_unit_test(test_sched_admits_users_round_robin),
+		cmocka_unit_test(test_sched_running_sequences_give_way_to_another_users_share),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
