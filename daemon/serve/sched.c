@@ -419,7 +419,6 @@ static void sched_resume(struct sched *s, struct sched_seq *q)
 		n_cached = q->n_tokens - 1;
 	q->n_fed = n_cached;
 	q->prefill_end = q->n_tokens;
-	atomic_fetch_add_explicit(&s->stats.resumed, 1, memory_order_relaxed);
 }
 
 /* Tries to start m in a free slot. 0 on success, HEARTH_EKVFULL when the KV budget cannot
@@ -662,23 +661,28 @@ static struct sched_client *sched_pick(struct sched *s)
 	return best;
 }
 
+/* No place or no KV for client c's next request: a sequence parked on a full ring gives
+ * its own back first, else the user furthest above its fair share gives one back. */
+static bool sched_make_room(struct sched *s, const struct sched_client *c, uint64_t now)
+{
+	return sched_preempt_parked(s, now) || sched_preempt_over_share(s, c);
+}
+
 static void sched_admit(struct sched *s, uint64_t now)
 {
 	sched_expire_waiting(s, now);
 	while (s->rr) {
-		/* No place or no KV for the next request: a sequence parked on a full ring
-		 * gives its own back rather than hold them against it. */
 		struct sched_client *c = sched_pick(s);
 		struct sched_seq *q = seq_free_slot(s);
 		if (!q) {
-			if (sched_preempt_parked(s, now) || sched_preempt_over_share(s, c))
+			if (sched_make_room(s, c, now))
 				continue;
 			return;
 		}
 		struct sched_msg *m = c->waiting;
 		int rc = seq_start(s, q, m, now);
 		if (rc == HEARTH_EKVFULL) {
-			if (sched_preempt_parked(s, now) || sched_preempt_over_share(s, c))
+			if (sched_make_room(s, c, now))
 				continue;
 			return;     /* head of line waits for KV; fairness keeps its turn */
 		}

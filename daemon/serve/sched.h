@@ -167,8 +167,7 @@ struct sched_stats {
 	_Atomic uint32_t decode_tps_x100; /* decode tokens/s over the last second, x100 */
 	_Atomic uint64_t spec_drafted;  /* draft tokens verified */
 	_Atomic uint64_t spec_accepted; /* of them, accepted (output without a step of its own) */
-	_Atomic uint64_t preempted;     /* parked sequences that gave their KV and place back */
-	_Atomic uint64_t resumed;       /* of them, given KV again once their reader caught up */
+	_Atomic uint64_t preempted;     /* sequences that gave their KV and place back */
 	/* Prefix cache: prompt tokens of every admitted sequence (looked up), and those found
 	 * cached and not computed again (hits: exactly the sum of the done frames' n_cached). */
 	_Atomic uint64_t prefix_lookup_tokens, prefix_hit_tokens;

@@ -18,6 +18,8 @@
 #include <unistd.h>
 
 #include "tests/support/prompt.h"
+#include "tests/support/ref_fixture.h"
+#include "tests/support/sched_doorbell.h"
 #include "daemon/engine/ref/engine_ref.h"
 #include "daemon/engine/gguf.h"
 #include "daemon/engine/model.h"
@@ -46,14 +48,6 @@ struct sink {
 
 static int g_efd = -1;
 
-static void notify(void *ctx)
-{
-	(void)ctx;
-	uint64_t one = 1;
-	ssize_t r = write(g_efd, &one, sizeof one);
-	(void)r;
-}
-
 static bool sink_emit(void *p, const struct sched_token *t)
 {
 	struct sink *s = p;
@@ -70,28 +64,11 @@ static bool sink_emit(void *p, const struct sched_token *t)
 	return true;
 }
 
-static const char *shared_path(const char *rel, char *buf, size_t cap)
-{
-	const char *sh = getenv("HEARTH_SHARED");
-	if (!sh) {
-		fprintf(stderr, "HEARTH_SHARED is not set: run through make check\n");
-		exit(1);
-	}
-	snprintf(buf, cap, "%s/%s", sh, rel);
-	return buf;
-}
-
 static int setup(void **state)
 {
 	struct fixture *fx = calloc(1, sizeof *fx);
-	char path[4096];
-	struct hearth_error e;
-	if (gguf_open(&fx->f, shared_path("fixtures/fx-qwen3.gguf", path, sizeof path), &e) < 0 ||
-	    model_load(&fx->m, fx->f, &(struct model_opts){ .max_ctx = 256 }, &e) < 0 ||
-	    tok_load(&fx->tok, fx->f, &e) < 0) {
-		fprintf(stderr, "fixture: %s\n", e.msg);
+	if (ref_fixture_open("fx-qwen3.gguf", &fx->f, &fx->m, &fx->tok) < 0)
 		return -1;
-	}
 	fx->n_vocab = fx->m->hp.n_vocab;
 	g_efd = eventfd(0, EFD_CLOEXEC);
 	*state = fx;
@@ -101,37 +78,10 @@ static int setup(void **state)
 static int teardown(void **state)
 {
 	struct fixture *fx = *state;
-	tok_free(fx->tok);
-	model_free(fx->m);
-	gguf_close(fx->f);
+	ref_fixture_close(fx->f, fx->m, fx->tok);
 	close(g_efd);
 	free(fx);
 	return 0;
-}
-
-/* The independent truth: the model alone, greedy, one sequence. */
-static uint32_t solo_greedy(const struct fixture *fx, const int32_t *prompt, uint32_t n,
-			    uint32_t max_tokens, int32_t *out)
-{
-	struct model_ctx *c;
-	struct hearth_error e;
-	float *logits = malloc(fx->n_vocab * sizeof *logits);
-	assert_int_equal(model_ctx_new(&c, fx->m, 256, &e), 0);
-	assert_int_equal(model_forward(fx->m, c, prompt, n, MODEL_LOGITS_LAST, logits, &e), 0);
-	uint32_t k = 0;
-	for (;;) {
-		int32_t best = 0;
-		for (uint32_t i = 1; i < fx->n_vocab; i++)
-			if (logits[i] > logits[best])
-				best = (int32_t)i;
-		out[k++] = best;
-		if (k == max_tokens)
-			break; /* the scheduler runs these with ignore_eos */
-		assert_int_equal(model_forward(fx->m, c, &best, 1, MODEL_LOGITS_LAST, logits, &e), 0);
-	}
-	model_ctx_free(c);
-	free(logits);
-	return k;
 }
 
 struct harness {
@@ -151,7 +101,7 @@ static void harness_start(struct harness *h, const struct fixture *fx, uint64_t 
 		sched_params_default(&dp);
 		p = &dp;
 	}
-	assert_int_equal(sched_start(&h->s, p, &h->eng, fx->tok, notify, NULL, &e), 0);
+	assert_int_equal(sched_start(&h->s, p, &h->eng, fx->tok, sched_doorbell_ring, &g_efd, &e), 0);
 }
 
 static void harness_stop(struct harness *h)
@@ -169,19 +119,7 @@ static void harness_stop(struct harness *h)
 /* Waits for the next message handed back (10 s at most). */
 static struct sched_msg *take(struct harness *h)
 {
-	for (int i = 0; i < 1000; i++) {
-		struct sched_msg *m = sched_take(h->s);
-		if (m)
-			return m;
-		struct pollfd pfd = { .fd = g_efd, .events = POLLIN };
-		if (poll(&pfd, 1, 10) > 0) {
-			uint64_t v;
-			ssize_t r = read(g_efd, &v, sizeof v);
-			(void)r;
-		}
-	}
-	fail_msg("the scheduler handed nothing back within 10 s");
-	return NULL;
+	return sched_doorbell_take(h->s, g_efd, 10);
 }
 
 static struct sched_msg *submit_msg(struct sched_client *c, uint64_t id, const int32_t *prompt,
@@ -238,7 +176,7 @@ static void test_sched_batched_greedy_equals_each_request_alone(void **state)
 	}
 	for (int i = 0; i < N; i++) {
 		int32_t want[MAX_GEN];
-		uint32_t n = solo_greedy(fx, prompts[i], lens[i], 12, want);
+		uint32_t n = ref_solo_greedy(fx->m, prompts[i], lens[i], 12, want);
 		assert_int_equal(sink.n[i], n);
 		assert_memory_equal(sink.tokens[i], want, n * sizeof(int32_t));
 	}
@@ -432,7 +370,7 @@ static void test_sched_stop_string_ends_and_is_withheld(void **state)
 	bool found = false;
 	for (uint32_t seed = 21; seed < 121 && !found; seed++) {
 		test_prompt(seed, prompt, 12, fx->n_vocab);
-		solo_greedy(fx, prompt, 12, 20, want);
+		ref_solo_greedy(fx->m, prompt, 12, 20, want);
 		pl = tok_piece(fx->tok, want[4], false, piece, sizeof piece);
 		bl = 0;
 		for (int i = 0; i < 4; i++)
@@ -562,7 +500,7 @@ static void test_sched_running_sequences_give_way_to_another_users_share(void **
 	assert_ptr_equal(first, &b);
 	assert_true(atomic_load(&sched_stats(h.s)->preempted) >= 1);
 	int32_t want[MAX_GEN];
-	assert_int_equal(solo_greedy(fx, prompt, 4, LONG, want), LONG);
+	assert_int_equal(ref_solo_greedy(fx->m, prompt, 4, LONG, want), LONG);
 	for (int i = 0; i < 2; i++) {
 		assert_int_equal(sa.n[i], LONG);
 		assert_memory_equal(sa.tokens[i], want, LONG * sizeof(int32_t));

@@ -21,6 +21,8 @@
 #include <unistd.h>
 
 #include "tests/support/prompt.h"
+#include "tests/support/ref_fixture.h"
+#include "tests/support/sched_doorbell.h"
 #include "daemon/engine/gguf.h"
 #include "daemon/engine/grammar.h"
 #include "daemon/engine/load.h"
@@ -111,14 +113,6 @@ struct sink {
 
 static int g_efd = -1;
 
-static void notify(void *ctx)
-{
-	(void)ctx;
-	uint64_t one = 1;
-	ssize_t r = write(g_efd, &one, sizeof one);
-	(void)r;
-}
-
 static bool sink_emit(void *p, const struct sched_token *t)
 {
 	struct sink *s = p;
@@ -136,28 +130,12 @@ static bool sink_emit(void *p, const struct sched_token *t)
 	return true;
 }
 
-static const char *shared_path(const char *rel, char *buf, size_t cap)
-{
-	const char *sh = getenv("HEARTH_SHARED");
-	if (!sh) {
-		fprintf(stderr, "HEARTH_SHARED is not set: run through make check\n");
-		exit(1);
-	}
-	snprintf(buf, cap, "%s/%s", sh, rel);
-	return buf;
-}
-
 static int setup(void **state)
 {
 	struct fixture *fx = calloc(1, sizeof *fx);
-	char path[4096];
-	struct hearth_error e;
-	if (gguf_open(&fx->f, shared_path("fixtures/fx-qwen3.gguf", path, sizeof path), &e) < 0 ||
-	    model_load(&fx->m, fx->f, &(struct model_opts){ .max_ctx = 256 }, &e) < 0 ||
-	    tok_load(&fx->tok, fx->f, &e) < 0) {
-		fprintf(stderr, "fixture: %s\n", e.msg);
+	if (ref_fixture_open("fx-qwen3.gguf", &fx->f, &fx->m, &fx->tok) < 0)
 		return -1;
-	}
+	struct hearth_error e;
 	if (grammar_vocab_new(&fx->gv, fx->tok, &e) < 0) {
 		fprintf(stderr, "grammar vocabulary: %s\n", e.msg);
 		return -1;
@@ -172,35 +150,10 @@ static int teardown(void **state)
 {
 	struct fixture *fx = *state;
 	grammar_vocab_free(fx->gv);
-	tok_free(fx->tok);
-	model_free(fx->m);
-	gguf_close(fx->f);
+	ref_fixture_close(fx->f, fx->m, fx->tok);
 	close(g_efd);
 	free(fx);
 	return 0;
-}
-
-/* The independent truth for greedy: the model alone, one token at a time. */
-static void solo_greedy(const struct fixture *fx, const int32_t *prompt, uint32_t n, uint32_t max_tokens,
-			int32_t *out)
-{
-	struct model_ctx *c;
-	struct hearth_error e;
-	float *logits = malloc(fx->n_vocab * sizeof *logits);
-	assert_int_equal(model_ctx_new(&c, fx->m, 256, &e), 0);
-	assert_int_equal(model_forward(fx->m, c, prompt, n, MODEL_LOGITS_LAST, logits, &e), 0);
-	for (uint32_t k = 0;;) {
-		int32_t best = 0;
-		for (uint32_t i = 1; i < fx->n_vocab; i++)
-			if (logits[i] > logits[best])
-				best = (int32_t)i;
-		out[k++] = best;
-		if (k == max_tokens)
-			break;
-		assert_int_equal(model_forward(fx->m, c, &best, 1, MODEL_LOGITS_LAST, logits, &e), 0);
-	}
-	model_ctx_free(c);
-	free(logits);
 }
 
 /* One batch of requests through a scheduler over eng, all submitted at once (they share
@@ -222,19 +175,7 @@ static uint64_t g_forced;
 
 static struct sched_msg *take(struct sched *s)
 {
-	for (int i = 0; i < 6000; i++) {
-		struct sched_msg *m = sched_take(s);
-		if (m)
-			return m;
-		struct pollfd pfd = { .fd = g_efd, .events = POLLIN };
-		if (poll(&pfd, 1, 10) > 0) {
-			uint64_t v;
-			ssize_t r = read(g_efd, &v, sizeof v);
-			(void)r;
-		}
-	}
-	fail_msg("the scheduler handed nothing back within 60 s");
-	return NULL;
+	return sched_doorbell_take(s, g_efd, 60);
 }
 
 /* Submits job j as request id of client c. */
@@ -268,7 +209,7 @@ static void run_jobs(const struct engine *eng, const struct tok *tok, const stru
 	if (n && jobs[0].step_tokens)
 		p.step_tokens = jobs[0].step_tokens;
 	struct sched *s;
-	assert_int_equal(sched_start(&s, &p, eng, tok, notify, NULL, &e), 0);
+	assert_int_equal(sched_start(&s, &p, eng, tok, sched_doorbell_ring, &g_efd, &e), 0);
 	struct sched_client c = { .sink = sink, .emit = sink_emit };
 	memset(sink, 0, sizeof *sink);
 	for (size_t done = 0, next = 0; done < n;) {
@@ -334,7 +275,7 @@ static void test_spec_greedy_equals_the_model_alone_in_one_batch(void **state)
 	run_jobs(&eng, fx->tok, jobs, N, &sink, &drafted, &accepted);
 	for (int i = 0; i < N; i++) {
 		int32_t want[GEN];
-		solo_greedy(fx, prompts[i], lens[i], GEN, want);
+		ref_solo_greedy(fx->m, prompts[i], lens[i], GEN, want);
 		assert_int_equal(sink.n[i], GEN);
 		assert_memory_equal(sink.tokens[i], want, GEN * sizeof(int32_t));
 	}
@@ -717,7 +658,7 @@ static struct model_q4 *load_q4_fixture(const char *file, struct tok **tok)
 	struct model_q4 *m;
 	struct hearth_error e;
 	snprintf(rel, sizeof rel, "fixtures/%s", file);
-	if (load_q4(&m, tok, shared_path(rel, path, sizeof path), &o, &e) < 0)
+	if (load_q4(&m, tok, ref_fixture_path(rel, path, sizeof path), &o, &e) < 0)
 		fail_msg("load_q4 %s: %s", file, e.msg);
 	return m;
 }
@@ -888,7 +829,7 @@ static void test_spec_cancel_mid_draft_leaves_the_batch_exact(void **state)
 	sched_params_default(&p);
 	p.step_tokens = 64;
 	struct sched *s;
-	assert_int_equal(sched_start(&s, &p, &eng, tok, notify, NULL, &e), 0);
+	assert_int_equal(sched_start(&s, &p, &eng, tok, sched_doorbell_ring, &g_efd, &e), 0);
 	struct park_sink ps = { .park_at = 6 };
 	struct sched_client ca = { .sink = &ps, .emit = park_emit };
 	struct sched_client cb = { .sink = &with, .emit = sink_emit };
