@@ -34,12 +34,20 @@ struct mk_preset {
 };
 
 /* The real models' shapes (their config.json); head_dim 0 means n_embd / n_head. Llama 3.2's
- * rope scaling (llama3 type, factor 32) is not reproduced: shapes are what benchmarks need. */
+ * rope scaling is in mk_preset_rope_freqs below. */
 static const struct mk_preset mk_presets[] = {
 	{ "tiny", MK_LLAMA, { 64, 2, 4, 2, 0, 192, 2048, 0, 10000.0f, 1e-5f, true } },
 	{ "qwen3-0.6b", MK_QWEN3, { 1024, 28, 16, 8, 128, 3072, 40960, 151936, 1e6f, 1e-6f, true } },
 	{ "qwen3-1.7b", MK_QWEN3, { 2048, 28, 16, 8, 128, 6144, 40960, 151936, 1e6f, 1e-6f, true } },
 	{ "llama-3.2-1b", MK_LLAMA, { 2048, 16, 32, 8, 64, 8192, 131072, 128256, 500000.0f, 1e-5f, true } },
+};
+
+/* Llama 3's RoPE frequency correction (config.json's rope_scaling with rope_type "llama3"),
+ * factor 0 for none. llama.cpp's converter writes it as the tensor rope_freqs.weight, one
+ * divisor per rotated pair, and no rope.scaling keys; rope_freqs_llama3 has the rule. */
+struct mk_rope_freqs {
+	float factor, low_freq_factor, high_freq_factor;
+	uint32_t orig_ctx; /* original_max_position_embeddings */
 };
 
 struct mk_opts {
@@ -53,6 +61,8 @@ struct mk_opts {
 	int arch;            /* -1: the preset's */
 	enum qtype type;
 	uint64_t seed;
+	struct mk_rope_freqs rope_freqs;
+	bool rope_freqs_given; /* --rope-freqs (perhaps none) instead of the preset's */
 	struct mk_shape shape;
 	struct mk_shape set; /* nonzero fields: given on the command line */
 	int tied;            /* -1: the preset's */
@@ -779,6 +789,7 @@ struct mk_tensor {
 	uint64_t ne[2];
 	enum mk_init init;
 	int index;
+	const float *data; /* fixed values (ne[0] x ne[1]) instead of seeded or trained ones */
 };
 
 struct mk_plan {
@@ -881,7 +892,7 @@ static int write_tensor(struct gguf_build *b, FILE *fp, const struct mk_tensor *
 
 	if (!qtype_row_bytes(t->type, t->ne[0], &row_bytes))
 		return hearth_error_set(err, HEARTH_EINVAL, "%s: bad row", t->name);
-	if (ws) {
+	if (ws && !t->data) {
 		if (!(w = weights_find(ws, t->name)))
 			return hearth_error_set(err, HEARTH_EFORMAT, "weights have no tensor %s", t->name);
 		/* a vector is rows x 1 in the file, ne[0] x 1 here */
@@ -908,7 +919,9 @@ static int write_tensor(struct gguf_build *b, FILE *fp, const struct mk_tensor *
 	for (uint64_t r = 0; r < t->ne[1] && !rc;) {
 		uint64_t n = 0;
 		for (; n < rows_per_chunk && r < t->ne[1]; n++, r++) {
-			if (w)
+			if (t->data)
+				memcpy(row, t->data + r * t->ne[0], t->ne[0] * sizeof *row);
+			else if (w)
 				memcpy(row, w->data + r * t->ne[0], t->ne[0] * sizeof *row);
 			else
 				fill_row(t, &rng, row);
@@ -943,6 +956,112 @@ static int write_chat_template(struct gguf_build *b, const char *path)
 	return rc;
 }
 
+/* ---- Llama 3.x RoPE frequency factors (rope_freqs.weight) */
+
+/* The presets whose models carry them (config.json's rope_scaling), by preset name. */
+static const struct {
+	const char *preset;
+	struct mk_rope_freqs rope_freqs;
+} mk_preset_rope_freqs[] = {
+	{ "llama-3.2-1b", { 32.0f, 1.0f, 4.0f, 8192 } },
+};
+
+/* Llama 3's rule as llama.cpp's convert_hf_to_gguf.py applies it, in float as there: pair i
+ * turns at freq = theta^(-2i/n_rot); a wavelength 2*pi/freq shorter than
+ * orig_ctx/high_freq_factor keeps its frequency (divisor 1), one longer than
+ * orig_ctx/low_freq_factor is slowed by factor, and between the two the divisor blends from
+ * factor to 1 as orig_ctx/wavelength goes from low_freq_factor to high_freq_factor.
+ * out gets n_rot/2 divisors. */
+static void rope_freqs_llama3(const struct mk_rope_freqs *r, float theta, uint32_t n_rot, float *out)
+{
+	const float low_freq_wavelen = (float)r->orig_ctx / r->low_freq_factor;
+	const float high_freq_wavelen = (float)r->orig_ctx / r->high_freq_factor;
+
+	for (uint32_t i = 0; i < n_rot / 2; i++) {
+		const float freq = 1.0f / powf(theta, (float)(2 * i) / (float)n_rot);
+		const float wavelen = 6.28318530717958647692f / freq; /* 2 pi */
+		if (wavelen < high_freq_wavelen) {
+			out[i] = 1.0f;
+		} else if (wavelen > low_freq_wavelen) {
+			out[i] = r->factor;
+		} else {
+			const float smooth = ((float)r->orig_ctx / wavelen - r->low_freq_factor) /
+					     (r->high_freq_factor - r->low_freq_factor);
+			out[i] = 1.0f / ((1.0f - smooth) / r->factor + smooth);
+		}
+	}
+}
+
+/* --rope-freqs none | llama3 | llama3:FACTOR,LOW,HIGH,ORIG_CTX ("llama3" alone: Llama
+ * 3.2's 32,1,4,8192). Small test models want a small ORIG_CTX, so that positions a test
+ * reaches fall in the slowed and blended wavelengths. */
+static bool rope_freqs_parse(const char *s, struct mk_opts *o)
+{
+	struct mk_rope_freqs *r = &o->rope_freqs;
+	char *end;
+
+	o->rope_freqs_given = true;
+	if (!strcmp(s, "none")) {
+		memset(r, 0, sizeof *r);
+		return true;
+	}
+	if (strncmp(s, "llama3", 6) != 0)
+		return false;
+	*r = mk_preset_rope_freqs[0].rope_freqs;
+	if (!s[6])
+		return true;
+	if (s[6] != ':')
+		return false;
+	float v[4];
+	const char *p = s + 7;
+	for (int k = 0; k < 4; k++) {
+		errno = 0;
+		v[k] = strtof(p, &end);
+		if (errno || end == p || *end != (k < 3 ? ',' : '\0') || !(v[k] > 0.0f) || isinf(v[k]))
+			return false;
+		p = end + 1;
+	}
+	if (v[3] != floorf(v[3]) || v[3] > (float)UINT32_MAX || !(v[2] > v[1]))
+		return false; /* ORIG_CTX whole; HIGH above LOW, or the blend divides by zero */
+	*r = (struct mk_rope_freqs){ v[0], v[1], v[2], (uint32_t)v[3] };
+	return true;
+}
+
+/* The preset's factors unless --rope-freqs was given; llama arch only, where llama.cpp
+ * reads the tensor. 0, or -1 after reporting. */
+static int rope_freqs_resolve(struct mk_opts *o)
+{
+	for (size_t i = 0; !o->rope_freqs_given && o->arch == MK_LLAMA &&
+			   i < sizeof mk_preset_rope_freqs / sizeof mk_preset_rope_freqs[0]; i++)
+		if (!strcmp(o->preset->name, mk_preset_rope_freqs[i].preset))
+			o->rope_freqs = mk_preset_rope_freqs[i].rope_freqs;
+	if (o->rope_freqs.factor && o->arch != MK_LLAMA) {
+		fprintf(stderr, "mkmodel: --rope-freqs is for --arch llama\n");
+		return -1;
+	}
+	return 0;
+}
+
+/* Plans rope_freqs.weight (n_rot/2 F32, n_rot being head_dim here) first, where llama.cpp's
+ * converter puts it, with its values in *values (the caller frees them). */
+static int plan_rope_freqs(struct gguf_build *b, struct mk_plan *p, const struct mk_opts *o,
+			   float **values)
+{
+	const uint32_t half = o->shape.head_dim / 2;
+	int rc;
+
+	*values = NULL;
+	if (!o->rope_freqs.factor)
+		return 0;
+	if (!(*values = zalloc(half, sizeof **values)))
+		return oom();
+	rope_freqs_llama3(&o->rope_freqs, o->shape.rope_theta, o->shape.head_dim, *values);
+	if ((rc = plan_add(b, p, "rope_freqs.weight", QTYPE_F32, half, 0, INIT_WEIGHT)))
+		return rc;
+	p->t[p->n - 1].data = *values;
+	return 0;
+}
+
 /* ---- command line */
 
 static void usage(FILE *fp)
@@ -954,12 +1073,15 @@ static void usage(FILE *fp)
 		"               [--n-embd N] [--n-layer N] [--n-head N] [--n-head-kv N] [--head-dim N]\n"
 		"               [--n-ff N] [--ctx N] [--rope-theta F] [--rms-eps F] [--tied|--untied]\n"
 		"               [--chat-template FILE.jinja] [--spm-vocab FILE.tsv] [--weights FILE.hkw]\n"
+		"               [--rope-freqs none|llama3[:FACTOR,LOW,HIGH,ORIG_CTX]]\n"
 		"Writes a synthetic model with seeded weights that llama.cpp loads. Without --vocab the\n"
 		"vocabulary is a small byte-level BPE of its own, padded with [PADn] to --n-vocab;\n"
 		"with --vocab every tokenizer.* key of that file is copied (and padded likewise);\n"
 		"with --spm-vocab a SentencePiece vocabulary from bench/train/train.py is written as\n"
 		"a llama (SPM) tokenizer. --weights writes trained weights (train.py's .hkw) instead\n"
 		"of seeded ones; every planned tensor must be there with the planned shape.\n"
+		"--rope-freqs writes rope_freqs.weight by Llama 3's rule (llama arch; llama3 alone:\n"
+		"Llama 3.2's factor 32, low 1, high 4, original context 8192; llama-3.2-1b has it).\n"
 		"Default preset: tiny (llama arch, 64 wide, 2 layers).\n");
 }
 
@@ -999,6 +1121,7 @@ enum {
 	OPT_N_EMBD, OPT_N_LAYER, OPT_N_HEAD, OPT_N_HEAD_KV, OPT_HEAD_DIM, OPT_N_FF, OPT_CTX,
 	OPT_ROPE_THETA, OPT_RMS_EPS, OPT_TIED, OPT_UNTIED, OPT_CHAT_TEMPLATE, OPT_SPM_VOCAB,
 	OPT_WEIGHTS,
+	OPT_ROPE_FREQS,
 };
 
 /* 0: options in o; 1: --help was printed; -1: bad usage (already reported). */
@@ -1027,6 +1150,7 @@ static int parse_args(int argc, char **argv, struct mk_opts *o)
 		{ "chat-template", required_argument, NULL, OPT_CHAT_TEMPLATE },
 		{ "spm-vocab", required_argument, NULL, OPT_SPM_VOCAB },
 		{ "weights", required_argument, NULL, OPT_WEIGHTS },
+		{ "rope-freqs", required_argument, NULL, OPT_ROPE_FREQS },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -1069,6 +1193,7 @@ static int parse_args(int argc, char **argv, struct mk_opts *o)
 		case OPT_CHAT_TEMPLATE: o->chat_template_path = optarg; break;
 		case OPT_SPM_VOCAB: o->spm_vocab_path = optarg; break;
 		case OPT_WEIGHTS: o->weights_path = optarg; break;
+		case OPT_ROPE_FREQS: ok = rope_freqs_parse(optarg, o); break;
 		case OPT_N_VOCAB: ok = parse_u64(optarg, &o->set.n_vocab) && o->set.n_vocab > 0; break;
 		case OPT_NAME: o->name = optarg; break;
 		case OPT_N_EMBD: ok = parse_u32(optarg, &o->set.n_embd); break;
@@ -1137,7 +1262,7 @@ static int parse_args(int argc, char **argv, struct mk_opts *o)
 		fprintf(stderr, "mkmodel: head_dim %u must be even for RoPE\n", s->head_dim);
 		return -1;
 	}
-	return 0;
+	return rope_freqs_resolve(o);
 }
 
 static uint32_t file_type_of(enum qtype t)
@@ -1233,6 +1358,7 @@ int main(int argc, char **argv)
 	struct mk_plan plan = { 0 };
 	struct mk_vocab vocab = { 0 };
 	struct mk_weights weights = { 0 };
+	float *rope_freqs = NULL;
 	uint64_t n_vocab = 0;
 	char *tmp = NULL;
 	FILE *fp = NULL;
@@ -1268,7 +1394,8 @@ int main(int argc, char **argv)
 	}
 	if (o.chat_template_path && (rc = write_chat_template(b, o.chat_template_path)))
 		goto out;
-	if ((rc = plan_model(b, &plan, (enum mk_arch)o.arch, &o.shape, o.type, n_vocab)))
+	if ((rc = plan_rope_freqs(b, &plan, &o, &rope_freqs)) ||
+	    (rc = plan_model(b, &plan, (enum mk_arch)o.arch, &o.shape, o.type, n_vocab)))
 		goto out;
 
 	/* write next to the target and rename, so a failed run leaves no half file behind */
@@ -1311,6 +1438,7 @@ out:
 	}
 	free(tmp);
 	free(plan.t);
+	free(rope_freqs);
 	vocab_free(&vocab);
 	weights_free(&weights);
 	gguf_build_free(b);

@@ -422,19 +422,19 @@ static void sched_resume(struct sched *s, struct sched_seq *q)
 }
 
 /* Tries to start m in a free slot. 0 on success, HEARTH_EKVFULL when the KV budget cannot
- * hold it now, another code for a request that can never run. */
-static int seq_start(struct sched *s, struct sched_seq *q, struct sched_msg *m, uint64_t now)
+ * hold it now, another code (the reason in *e) for a request that can never run. m is still
+ * at the head of its client's queue, so it is not handed back here: the caller takes it out
+ * of the queue first, as the loop may free a message from its hand-back on. */
+static int seq_start(struct sched *s, struct sched_seq *q, struct sched_msg *m, uint64_t now,
+		     struct hearth_error *e)
 {
 	const struct sched_request *r = &m->req;
 	uint32_t n_reserve = seq_reserve(s, r);
 	uint32_t n_cached = 0;
-	struct hearth_error e;
 	int rc = s->eng.seq_open(s->eng.impl, r->prompt, r->n_prompt, n_reserve, r->prefix_share, &q->eseq,
-				 &n_cached, &e);
+				 &n_cached, e);
 	if (rc < 0) {
 		q->eseq = NULL;
-		if (rc != HEARTH_EKVFULL)
-			sched_finish_msg(s, m, SCHED_FINISH_ERROR, &e);
 		return rc;
 	}
 	/* The last prompt token is always fed, so its logits exist even when the whole
@@ -443,11 +443,10 @@ static int seq_start(struct sched *s, struct sched_seq *q, struct sched_msg *m, 
 		n_cached = r->n_prompt - 1;
 	struct sampler_params sp = r->sampling;
 	sp.seed = r->seed;
-	rc = sampler_new(&q->sampler, &sp, s->eng.n_vocab, &e);
+	rc = sampler_new(&q->sampler, &sp, s->eng.n_vocab, e);
 	if (rc < 0) {
 		s->eng.seq_close(s->eng.impl, q->eseq);
 		q->eseq = NULL;
-		sched_finish_msg(s, m, SCHED_FINISH_ERROR, &e);
 		return rc;
 	}
 	for (uint32_t i = 0; i < r->n_prompt; i++)
@@ -680,17 +679,20 @@ static void sched_admit(struct sched *s, uint64_t now)
 			return;
 		}
 		struct sched_msg *m = c->waiting;
-		int rc = seq_start(s, q, m, now);
+		struct hearth_error e;
+		int rc = seq_start(s, q, m, now, &e);
 		if (rc == HEARTH_EKVFULL) {
 			if (sched_make_room(s, c, now))
 				continue;
 			return;     /* head of line waits for KV; fairness keeps its turn */
 		}
-		waiting_pop(s, c);
+		waiting_pop(s, c); /* m, out of the queue before a failure hands it back */
 		s->rr = c->rr_next;
 		s->last_uid = c->uid;
 		if (!c->waiting)
 			rr_remove(s, c);
+		if (rc < 0)
+			sched_finish_msg(s, m, SCHED_FINISH_ERROR, &e);
 	}
 }
 

@@ -8,13 +8,17 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <errno.h>
+#include <math.h>
 #include <poll.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tests/support/prompt.h"
@@ -508,6 +512,76 @@ static void test_sched_running_sequences_give_way_to_another_users_share(void **
 	harness_stop(&h);
 }
 
+/* The doorbell of the test below: it rings, and once armed it holds the compute thread in
+ * the hand-back that rings it until the test has taken that message and scribbled over it,
+ * as a loop thread that freed the message and reused the memory would have. */
+struct held_doorbell {
+	int efd;
+	_Atomic bool armed;
+	sem_t reused;
+};
+
+static void held_doorbell_ring(void *ctx)
+{
+	struct held_doorbell *d = ctx;
+	sched_doorbell_ring(&d->efd);
+	if (atomic_exchange(&d->armed, false)) {
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_sec += 10;
+		while (sem_timedwait(&d->reused, &ts) < 0 && errno == EINTR)
+			;
+	}
+}
+
+/* A waiting request that cannot start (its sampler is refused) is out of its client's queue
+ * before it is handed back: the loop owns a message from the hand-back on and may free it,
+ * so the scheduler must not unlink it afterwards. The request behind it then runs. */
+static void test_sched_request_that_cannot_start_leaves_the_queue_before_it_is_handed_back(void **state)
+{
+	struct fixture *fx = *state;
+	struct harness h;
+	struct hearth_error e;
+	struct held_doorbell d = { .efd = g_efd };
+	struct sched_params p;
+	assert_int_equal(sem_init(&d.reused, 0, 0), 0);
+	atomic_store(&d.armed, true);
+	sched_params_default(&p);
+	assert_int_equal(engine_ref_new(&h.er, fx->m, 256, 4096 * engine_ref_kv_bytes_per_token(fx->m),
+					&h.eng, &e), 0);
+	assert_int_equal(sched_start(&h.s, &p, &h.eng, fx->tok, held_doorbell_ring, &d, &e), 0);
+	struct sink sink = { 0 };
+	struct sched_client c = { .sink = &sink, .emit = sink_emit };
+	int32_t prompt[12];
+	test_prompt(31, prompt, 12, fx->n_vocab);
+	struct sched_msg *bad = submit_msg(&c, 1, prompt, 12, 8, 0.0f, 1);
+	bad->req.sampling.temperature = NAN;
+	assert_true(sched_post(h.s, bad));
+	submit(&h, &c, 2, prompt, 12, 8, 0.0f, 1);
+
+	struct sched_msg *m = take(&h);
+	assert_ptr_equal(m, bad);
+	assert_int_equal(m->result.finish, SCHED_FINISH_ERROR);
+	assert_int_equal(m->result.err.code, HEARTH_EINVAL);
+	int32_t *bad_prompt = m->req.prompt;
+	memset(m, 0xA5, sizeof *m); /* the loop's now; the scheduler must not read it again */
+	sem_post(&d.reused);
+
+	m = take(&h);
+	assert_int_equal(m->req.id, 2);
+	assert_int_equal(m->result.finish, SCHED_FINISH_LENGTH);
+	free(m->req.prompt);
+	free(m);
+	int32_t want[MAX_GEN];
+	assert_int_equal(ref_solo_greedy(fx->m, prompt, 12, 8, want), 8);
+	assert_int_equal(sink.n[2], 8);
+	assert_memory_equal(sink.tokens[2], want, 8 * sizeof(int32_t));
+	harness_stop(&h);
+	free(bad_prompt);
+	free(bad);
+	sem_destroy(&d.reused);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -521,6 +595,7 @@ int main(void)
 		cmocka_unit_test(test_sched_admits_clients_round_robin),
 		cmocka_unit_test(test_sched_admits_users_round_robin),
 		cmocka_unit_test(test_sched_running_sequences_give_way_to_another_users_share),
+		cmocka_unit_test(test_sched_request_that_cannot_start_leaves_the_queue_before_it_is_handed_back),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
