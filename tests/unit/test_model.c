@@ -17,6 +17,7 @@
 
 #include "daemon/engine/gguf.h"
 #include "daemon/engine/model.h"
+#include "daemon/engine/embed.h"
 #include "daemon/engine/ref/forward.h"
 #include "tests/support/gguf_build.h"
 
@@ -645,6 +646,31 @@ static void test_model_reads_pooling_type(void **state)
 	assert_non_null(strstr(err.msg, "llama.pooling_type 9"));
 }
 
+/* Pooling by hand: 3 positions of width 2. */
+static void test_pool_mean_cls_last_and_normalisation(void **state)
+{
+	const float h[6] = { 3, 0,  0, 4,  6, 8 };
+	struct hearth_error err = { 0 };
+	float v[2];
+	(void)state;
+	assert_int_equal(embed_pool(h, 3, 2, MODEL_POOLING_MEAN, false, v, &err), 0);
+	assert_float_equal(v[0], 3.0f, 1e-6);
+	assert_float_equal(v[1], 4.0f, 1e-6);
+	assert_int_equal(embed_pool(h, 3, 2, MODEL_POOLING_MEAN, true, v, &err), 0);
+	assert_float_equal(v[0], 0.6f, 1e-6);
+	assert_float_equal(v[1], 0.8f, 1e-6);
+	assert_int_equal(embed_pool(h, 3, 2, MODEL_POOLING_CLS, true, v, &err), 0);
+	assert_float_equal(v[0], 1.0f, 1e-6);
+	assert_float_equal(v[1], 0.0f, 1e-6);
+	assert_int_equal(embed_pool(h, 3, 2, MODEL_POOLING_LAST, false, v, &err), 0);
+	assert_float_equal(v[0], 6.0f, 1e-6);
+	assert_float_equal(v[1], 8.0f, 1e-6);
+	assert_int_equal(embed_pool(h, 0, 2, MODEL_POOLING_MEAN, true, v, &err), HEARTH_EINVAL);
+	assert_non_null(strstr(err.msg, "empty input"));
+	assert_int_equal(embed_pool(h, 3, 2, MODEL_POOLING_NONE, true, v, &err), HEARTH_EINVAL);
+	assert_non_null(strstr(err.msg, "no single vector"));
+}
+
 static void test_model_rejects_missing_key_by_name(void **state)
 {
 	struct tiny_spec spec = { .no_head_count = true };
@@ -769,6 +795,7 @@ int main(void)
 		cmocka_unit_test(test_model_rejects_wrong_tensor_shape_by_name),
 		cmocka_unit_test(test_model_rejects_unsupported_architecture),
 		cmocka_unit_test(test_model_reads_pooling_type),
+		cmocka_unit_test(test_pool_mean_cls_last_and_normalisation),
 		cmocka_unit_test(test_model_rejects_missing_key_by_name),
 		cmocka_unit_test(test_model_rejects_mixture_of_experts),
 		cmocka_unit_test(test_model_requires_qwen2_biases),
