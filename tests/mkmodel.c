@@ -56,6 +56,7 @@ struct mk_opts {
 	struct mk_shape shape;
 	struct mk_shape set; /* nonzero fields: given on the command line */
 	int tied;            /* -1: the preset's */
+	int pooling;         /* <arch>.pooling_type (llama.cpp's numbering); -1: none written */
 };
 
 /* ---- deterministic numbers: splitmix64 seeds a xorshift64* stream per tensor */
@@ -954,12 +955,14 @@ static void usage(FILE *fp)
 		"               [--n-embd N] [--n-layer N] [--n-head N] [--n-head-kv N] [--head-dim N]\n"
 		"               [--n-ff N] [--ctx N] [--rope-theta F] [--rms-eps F] [--tied|--untied]\n"
 		"               [--chat-template FILE.jinja] [--spm-vocab FILE.tsv] [--weights FILE.hkw]\n"
+		"               [--pooling mean|cls|last]\n"
 		"Writes a synthetic model with seeded weights that llama.cpp loads. Without --vocab the\n"
 		"vocabulary is a small byte-level BPE of its own, padded with [PADn] to --n-vocab;\n"
 		"with --vocab every tokenizer.* key of that file is copied (and padded likewise);\n"
 		"with --spm-vocab a SentencePiece vocabulary from bench/train/train.py is written as\n"
 		"a llama (SPM) tokenizer. --weights writes trained weights (train.py's .hkw) instead\n"
 		"of seeded ones; every planned tensor must be there with the planned shape.\n"
+		"--pooling writes <arch>.pooling_type: an embedding model's pooling, as llama.cpp reads it.\n"
 		"Default preset: tiny (llama arch, 64 wide, 2 layers).\n");
 }
 
@@ -998,7 +1001,7 @@ enum {
 	OPT_PRESET = 256, OPT_ARCH, OPT_TYPE, OPT_SEED, OPT_VOCAB, OPT_N_VOCAB, OPT_NAME,
 	OPT_N_EMBD, OPT_N_LAYER, OPT_N_HEAD, OPT_N_HEAD_KV, OPT_HEAD_DIM, OPT_N_FF, OPT_CTX,
 	OPT_ROPE_THETA, OPT_RMS_EPS, OPT_TIED, OPT_UNTIED, OPT_CHAT_TEMPLATE, OPT_SPM_VOCAB,
-	OPT_WEIGHTS,
+	OPT_WEIGHTS, OPT_POOLING,
 };
 
 /* 0: options in o; 1: --help was printed; -1: bad usage (already reported). */
@@ -1027,6 +1030,7 @@ static int parse_args(int argc, char **argv, struct mk_opts *o)
 		{ "chat-template", required_argument, NULL, OPT_CHAT_TEMPLATE },
 		{ "spm-vocab", required_argument, NULL, OPT_SPM_VOCAB },
 		{ "weights", required_argument, NULL, OPT_WEIGHTS },
+		{ "pooling", required_argument, NULL, OPT_POOLING },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -1036,6 +1040,7 @@ static int parse_args(int argc, char **argv, struct mk_opts *o)
 	o->preset = &mk_presets[0];
 	o->arch = -1;
 	o->tied = -1;
+	o->pooling = -1;
 	o->type = QTYPE_F32;
 	o->seed = 1;
 	while ((c = getopt_long(argc, argv, "o:h", longopts, NULL)) != -1) {
@@ -1082,6 +1087,12 @@ static int parse_args(int argc, char **argv, struct mk_opts *o)
 		case OPT_RMS_EPS: ok = parse_float(optarg, &o->set.rms_eps); break;
 		case OPT_TIED: o->tied = 1; break;
 		case OPT_UNTIED: o->tied = 0; break;
+		case OPT_POOLING: /* llama.cpp's enum llama_pooling_type */
+			if (!strcmp(optarg, "mean")) o->pooling = 1;
+			else if (!strcmp(optarg, "cls")) o->pooling = 2;
+			else if (!strcmp(optarg, "last")) o->pooling = 3;
+			else ok = false;
+			break;
 		default: usage(stderr); return -1;
 		}
 		if (!ok) {
@@ -1175,6 +1186,8 @@ static int write_metadata(struct gguf_build *b, const struct mk_opts *o, uint64_
 	rc |= KV_F32("attention.layer_norm_rms_epsilon", s->rms_eps);
 	rc |= KV_F32("rope.freq_base", s->rope_theta);
 	rc |= KV_U32("rope.dimension_count", s->head_dim);
+	if (o->pooling >= 0)
+		rc |= KV_U32("pooling_type", (uint32_t)o->pooling);
 	/* llama.cpp derives the head size from n_embd / n_head unless told; Qwen3 files
 	 * always say it */
 	if (s->head_dim * s->n_head != s->n_embd || o->arch == MK_QWEN3) {
