@@ -22,11 +22,18 @@ struct engine_span {
 	 * decoding): its last n_logits - 1 positions are tentative. The engine does not
 	 * publish them to the prefix cache, and seq_truncate may take them back. */
 	uint32_t n_logits;
+	/* NULL, or n x n_embd floats: the final hidden state of each of the span's tokens
+	 * after the output norm (what an embedding pools; no head is run for them). Not with
+	 * logits: an embedding sequence is prefill only. */
+	float *embd;
 };
 
 struct engine {
 	void *impl;
 	uint32_t n_vocab;
+	uint32_t n_embd;        /* width of a span's embd rows */
+	int pooling;            /* the file's pooling_type (enum model_pooling, model.h): the
+				 * default of an embed request; MODEL_POOLING_UNSPECIFIED if none */
 	uint32_t max_context;   /* tokens one sequence may hold */
 	uint64_t kv_tokens;     /* tokens the whole KV budget holds */
 	/* Opens a sequence for a prompt and reserves KV for n_reserve tokens in all.
@@ -62,7 +69,7 @@ static inline int engine_warm_up(const struct engine *eng, int32_t tok, struct h
 	int rc = eng->seq_open(eng->impl, &tok, 1, 1, 0, &s, &cached, err);
 	if (rc < 0)
 		return rc;
-	struct engine_span sp = { s, &tok, 1, NULL, 0 };
+	struct engine_span sp = { s, &tok, 1, NULL, 0, NULL };
 	rc = eng->forward(eng->impl, &sp, 1, err);
 	eng->seq_close(eng->impl, s);
 	return rc < 0 ? rc : 0;
