@@ -39,7 +39,9 @@ struct engine {
 	/* Opens a sequence for a prompt and reserves KV for n_reserve tokens in all.
 	 * *n_cached is how many leading prompt tokens are already computed (a shared prefix).
 	 * HEARTH_EKVFULL when the budget cannot hold it now. share is the prefix-sharing
-	 * domain (kv_seq_set_share): a prefix is found only in the same domain. */
+	 * domain (kv_seq_set_share): a prefix is found only in the same domain. prompt NULL
+	 * (n_prompt 0) matches nothing: every position is computed (an embedding that pools
+	 * hidden states a cached prefix does not have). */
 	int (*seq_open)(void *impl, const int32_t *prompt, uint32_t n_prompt, uint32_t n_reserve,
 			uint64_t share, struct engine_seq **out, uint32_t *n_cached, struct hearth_error *err);
 	void (*seq_close)(void *impl, struct engine_seq *seq);
