@@ -365,6 +365,19 @@ static int get_double(struct dec *d, const char *key, const msgpack_object *o, d
 	return 0;
 }
 
+/* n bytes at p copied into the message's memory (NUL-terminated, 16-byte aligned). */
+static int copy_bytes(struct dec *d, const char *key, const char *p, size_t n, struct msg_bytes *out)
+{
+	char *s = msg_arena_take(d->m, n + 1);
+	if (!s)
+		return no_memory(d, key);
+	memcpy(s, p, n);
+	s[n] = '\0';
+	out->ptr = s;
+	out->len = n;
+	return 0;
+}
+
 static int get_bytes(struct dec *d, const char *key, const msgpack_object *o, size_t max,
 		     unsigned flags, struct msg_bytes *out)
 {
@@ -381,17 +394,10 @@ static int get_bytes(struct dec *d, const char *key, const msgpack_object *o, si
 		return bad_field(d, key, "must not be empty", "");
 	if ((flags & FF_UTF8) && !msg_utf8_valid(o->via.str.ptr, n))
 		return bad_field(d, key, "not valid UTF-8", "");
-	char *s = msg_arena_take(d->m, n + 1);
-	if (!s)
-		return no_memory(d, key);
-	memcpy(s, o->via.str.ptr, n);
-	s[n] = '\0';
-	out->ptr = s;
-	out->len = n;
-	return 0;
+	return copy_bytes(d, key, o->via.str.ptr, n, out);
 }
 
-/* Binary data (msgpack bin), copied 8-byte aligned so a reader may cast it to floats. */
+/* Binary data (msgpack bin), copied aligned so a reader may cast it to floats. */
 static int get_bin(struct dec *d, const char *key, const msgpack_object *o, size_t max, struct msg_bytes *out)
 {
 	if (o->type != MSGPACK_OBJECT_BIN)
@@ -402,14 +408,7 @@ static int get_bin(struct dec *d, const char *key, const msgpack_object *o, size
 		d->rej->code = MSG_ERR_TOO_LARGE;
 		return HEARTH_ERANGE;
 	}
-	char *s = msg_arena_take(d->m, n + 1);
-	if (!s)
-		return no_memory(d, key);
-	memcpy(s, o->via.bin.ptr, n);
-	s[n] = '\0';
-	out->ptr = s;
-	out->len = n;
-	return 0;
+	return copy_bytes(d, key, o->via.bin.ptr, n, out);
 }
 
 static int get_array(struct dec *d, const char *key, const msgpack_object *o, size_t max,
