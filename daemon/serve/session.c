@@ -838,16 +838,9 @@ static void session_on_chat(struct session *ss, const struct msg *m)
  * 5 bytes per n_tokens entry. */
 #define SESSION_EMBED_OVERHEAD 256u
 
-/* The inputs of an embed request as tokens back to back (*prompt) and where each ends
- * (*ends): texts tokenized as llama.cpp's embedding tool and server do (the model's BOS and
- * EOS, special-token text parsed), ids checked against the vocabulary; each input must fit
- * the context. 0, or the wire code and words of the refusal in *code and e. */
-static int session_embed_tokens(struct session *ss, const struct msg_embed *em, int32_t **prompt, uint32_t **ends,
-				uint32_t *n_total, enum msg_errcode *code, struct hearth_error *e)
+int serve_embed_tokens(const struct tok *tok, uint32_t max_ctx, uint32_t n_vocab, const struct msg_embed *em,
+		       int32_t **prompt, uint32_t **ends, uint32_t *n_total, enum msg_errcode *code, struct hearth_error *e)
 {
-	const struct server_model *sm = server_model_view(ss->srv);
-	const struct tok *tok = sm->tok;
-	uint32_t max_ctx = sm->eng.max_context;
 	size_t n_in = em->n_input ? em->n_input : em->n_tokens, total = 0, cap = 0;
 	int32_t *toks = NULL;
 	uint32_t *end = calloc(n_in, sizeof *end);
@@ -899,10 +892,10 @@ static int session_embed_tokens(struct session *ss, const struct msg_embed *em, 
 				goto fail;
 			}
 			for (size_t j = 0; j < a->n; j++) {
-				if (a->v[j] >= sm->eng.n_vocab) {
+				if (a->v[j] >= n_vocab) {
 					*code = MSG_ERR_BAD_TOKEN;
 					hearth_error_set(e, HEARTH_EINVAL, "tokens[%zu][%zu] = %u is beyond the vocabulary (%u tokens)",
-							 i, j, a->v[j], sm->eng.n_vocab);
+							 i, j, a->v[j], n_vocab);
 					goto fail;
 				}
 				toks[total + j] = (int32_t)a->v[j];
@@ -922,6 +915,59 @@ fail:
 	free(toks);
 	free(end);
 	return e->code ? e->code : HEARTH_EINVAL;
+}
+
+void session_embed_submit(struct session *ss, uint64_t id, int pooling, size_t n_in, int32_t *prompt,
+			  uint32_t *ends, uint32_t n_total)
+{
+	size_t n_embd = server_model_view(ss->srv)->eng.n_embd;
+	float *out = malloc(n_in * n_embd * sizeof *out);
+	struct sched_msg *sm = sched_msg_new(SCHED_MSG_SUBMIT, &ss->client, ss);
+	/* A duplicate id may have come while the texts were tokenized off the loop. */
+	if (!out || !sm || !session_req_slot(ss, id)) {
+		if (!out || !sm)
+			session_send_error(ss, id, MSG_ERR_INTERNAL, false, "out of memory");
+		free(out);
+		free(sm);
+		free(prompt);
+		free(ends);
+		return;
+	}
+	struct sched_request *q = &sm->req;
+	q->id = id;
+	q->prompt = prompt;
+	q->n_prompt = n_total;
+	q->embed = true;
+	q->pooling = pooling;
+	q->n_inputs = (uint32_t)n_in;
+	q->input_end = ends;
+	q->embd_out = out;
+	q->prefix_share = session_prefix_share(ss);
+	if (!session_post_req(ss, id, n_total, sm)) {
+		free(prompt);
+		free(ends);
+		free(out);
+	}
+}
+
+/* Texts of an embed copied for a worker: one allocation holds the array and the bytes. */
+static struct msg_embed *session_embed_copy(const struct msg_embed *em)
+{
+	size_t bytes = em->n_input * sizeof(struct msg_bytes);
+	for (size_t i = 0; i < em->n_input; i++)
+		bytes += em->input[i].len + 1;
+	struct msg_embed *c = malloc(sizeof *c + bytes);
+	if (!c)
+		return NULL;
+	*c = (struct msg_embed){ .input = (struct msg_bytes *)(c + 1), .n_input = em->n_input };
+	char *at = (char *)(c->input + em->n_input);
+	for (size_t i = 0; i < em->n_input; i++) {
+		memcpy(at, em->input[i].ptr, em->input[i].len);
+		at[em->input[i].len] = 0;
+		c->input[i] = (struct msg_bytes){ at, em->input[i].len };
+		at += em->input[i].len + 1;
+	}
+	return c;
 }
 
 static void session_on_embed(struct session *ss, const struct msg *m)
@@ -950,38 +996,28 @@ static void session_on_embed(struct session *ss, const struct msg *m)
 				   n_in, per_frame, n_embd);
 		return;
 	}
+	size_t text_bytes = 0;
+	for (size_t i = 0; i < em->n_input; i++)
+		text_bytes += em->input[i].len;
+	if (text_bytes > SESSION_TOKENIZE_INLINE) {
+		/* Long texts take the tokenizer milliseconds to seconds: off the loop thread. */
+		struct msg_embed *copy = session_embed_copy(em);
+		if (!copy) {
+			session_send_error(ss, m->id, MSG_ERR_INTERNAL, false, "out of memory");
+			return;
+		}
+		offload_embed(ss, m->id, pooling, copy);
+		return;
+	}
 	int32_t *prompt = NULL;
 	uint32_t *ends = NULL, n_total = 0;
 	enum msg_errcode code;
-	if (session_embed_tokens(ss, em, &prompt, &ends, &n_total, &code, &e) < 0) {
+	if (serve_embed_tokens(model->tok, model->eng.max_context, model->eng.n_vocab, em, &prompt, &ends, &n_total,
+			       &code, &e) < 0) {
 		session_send_error(ss, m->id, code, false, "%s", e.msg);
 		return;
 	}
-	float *out = malloc(n_in * n_embd * sizeof *out);
-	struct sched_msg *sm = sched_msg_new(SCHED_MSG_SUBMIT, &ss->client, ss);
-	if (!out || !sm) {
-		free(out);
-		free(sm);
-		free(prompt);
-		free(ends);
-		session_send_error(ss, m->id, MSG_ERR_INTERNAL, false, "out of memory");
-		return;
-	}
-	struct sched_request *q = &sm->req;
-	q->id = m->id;
-	q->prompt = prompt;
-	q->n_prompt = n_total;
-	q->embed = true;
-	q->pooling = pooling;
-	q->n_inputs = (uint32_t)n_in;
-	q->input_end = ends;
-	q->embd_out = out;
-	q->prefix_share = session_prefix_share(ss);
-	if (!session_post_req(ss, m->id, n_total, sm)) {
-		free(prompt);
-		free(ends);
-		free(out);
-	}
+	session_embed_submit(ss, m->id, pooling, n_in, prompt, ends, n_total);
 }
 
 /* The final frame of an embed request the scheduler handed back. */

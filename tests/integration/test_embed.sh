@@ -93,6 +93,7 @@ PY
 expect "--raw writes n x n_embd float32 equal to the JSON numbers" $?
 
 # 6: 300 inputs, more than one request holds (256): every vector equals that text alone.
+# The first request's 7 KiB of text is tokenized off the daemon's event loop.
 $PY -c "
 for i in range(300): print('line %d of a batch: %s' % (i, 'x' * (i % 17)))" >"$TMP/batch.txt"
 H embed <"$TMP/batch.txt" >"$TMP/batch.json" &&
@@ -125,8 +126,9 @@ tok() { sed -n 's/.*"token":\([0-9]*\).*/\1/p' "$1"; }
 [ $busy = 0 ] && [ -n "$(tok "$TMP/solo.gen")" ] && [ "$(tok "$TMP/solo.gen")" = "$(tok "$TMP/busy.gen")" ]
 expect "embeds beside a generate: the generate's greedy tokens and the vectors are as when each runs alone" $?
 
-# 8-10: refusals that say what is wrong; the daemon serves on.
-long=$($PY -c "print('a b ' * 400)")
+# 8-10: refusals that say what is wrong; the daemon serves on. The long input (8000 bytes)
+# is tokenized off the daemon's event loop, and refused from there.
+long=$($PY -c "print('a b ' * 2000)")
 H embed "$long" >/dev/null 2>"$TMP/long.err"
 rc=$?
 [ $rc = 1 ] && grep -q "input\[0\] is [0-9]* tokens; the context holds 512" "$TMP/long.err"
