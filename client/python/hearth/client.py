@@ -299,6 +299,8 @@ class Client:
         """Embeddings (protocol 1.4) of a string, strings, token ids or lists of token ids:
         Embeddings with .vectors (one unit-length list of floats per input, in order),
         .n_tokens and .pooling. pooling: "mean", "cls" or "last"; None: the model's."""
+        if self.proto_minor < 4:
+            raise HearthError("unknown_type", f"hearthd speaks protocol 1.{self.proto_minor}; embed needs 1.4")
         out = Embeddings()
         for kind, batch in embed_batches(inputs, int(self.model.get("n_embd") or 0)):
             fields = {kind: batch}
