@@ -455,6 +455,68 @@ static void test_sched_embeds_beside_a_generate_equal_each_alone(void **state)
 	harness_stop(&h);
 }
 
+/* A cancel ends an embed between its chunks (its KV given back at once), and an embed of a
+ * client that goes away comes back canceled before the gone message. */
+static void test_sched_cancel_and_client_gone_end_an_embed(void **state)
+{
+	struct fixture *fx = *state;
+	struct harness h;
+	struct sched_params p;
+	sched_params_default(&p);
+	p.max_seqs = 2;
+	p.step_tokens = 8;              /* many steps per input: the cancel lands mid-way */
+	p.prefill_chunk = 4;
+	harness_start(&h, fx, 4096, &p);
+	struct sched_client c = { .sink = NULL, .emit = sink_emit };
+	uint32_t E = fx->m->hp.n_embd;
+	enum { N_IN = 8, LEN = 200 };
+	static int32_t toks[N_IN][LEN];
+	int32_t *inputs[N_IN];
+	uint32_t lens[N_IN];
+	for (int i = 0; i < N_IN; i++) {
+		test_prompt(20 + (uint32_t)i, toks[i], LEN, fx->n_vocab);
+		inputs[i] = toks[i];
+		lens[i] = LEN;
+	}
+	assert_true(sched_post(h.s, embed_msg(&c, 1, inputs, lens, N_IN, MODEL_POOLING_MEAN, E)));
+	uint64_t used = 0, total;
+	for (int i = 0; i < 500 && used == 0; i++) {
+		usleep(2000);
+		h.eng.kv_usage(h.eng.impl, &used, &total);
+	}
+	assert_true(used > 0);
+	struct sched_msg *cm = calloc(1, sizeof *cm);
+	cm->type = SCHED_MSG_CANCEL;
+	cm->client = &c;
+	cm->req_id = 1;
+	assert_true(sched_post(h.s, cm));
+	assert_true(sched_post(h.s, embed_msg(&c, 2, inputs, lens, N_IN, MODEL_POOLING_CLS, E)));
+	struct sched_msg *g = calloc(1, sizeof *g);
+	g->type = SCHED_MSG_CLIENT_GONE;
+	g->client = &c;
+	assert_true(sched_post(h.s, g));
+	int canceled = 0;
+	for (;;) {
+		struct sched_msg *m = take(&h);
+		if (m->type == SCHED_MSG_CLIENT_GONE) {
+			free(m);
+			break;
+		}
+		if (m->type == SCHED_MSG_SUBMIT) {
+			assert_int_equal(m->result.finish, SCHED_FINISH_CANCELED);
+			canceled++;
+			free(m->req.prompt);
+			free(m->req.input_end);
+			free(m->req.embd_out);
+		}
+		free(m);
+	}
+	assert_int_equal(canceled, 2);
+	h.eng.kv_usage(h.eng.impl, &used, &total);
+	assert_int_equal(used, 0);
+	harness_stop(&h);
+}
+
 /* What the scheduler refuses of an embed request itself (the session words it for clients
  * first): an input beyond max_context, a pooling with no single vector. */
 static void test_sched_refuses_an_embed_it_cannot_run(void **state)
@@ -643,6 +705,7 @@ int main(void)
 		cmocka_unit_test(test_sched_stop_string_ends_and_is_withheld),
 		cmocka_unit_test(test_sched_embeds_beside_a_generate_equal_each_alone),
 		cmocka_unit_test(test_sched_refuses_an_embed_it_cannot_run),
+		cmocka_unit_test(test_sched_cancel_and_client_gone_end_an_embed),
 		cmocka_unit_test(test_sched_admits_clients_round_robin),
 		cmocka_unit_test(test_sched_admits_users_round_robin),
 		cmocka_unit_test(test_sched_running_sequences_give_way_to_another_users_share),
