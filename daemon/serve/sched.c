@@ -431,10 +431,10 @@ static void sched_resume(struct sched *s, struct sched_seq *q)
 	q->prefill_end = q->n_tokens;
 }
 
-/* Tries to start m in a free slot. 0 on success, HEARTH_EKVFULL when the KV budget cannot
- * hold it now, another code for a request that can never run. */
 static int seq_embed_start(struct sched *s, struct sched_seq *q, struct sched_msg *m, uint64_t now);
 
+/* Tries to start m in a free slot. 0 on success, HEARTH_EKVFULL when the KV budget cannot
+ * hold it now, another code for a request that can never run. */
 static int seq_start(struct sched *s, struct sched_seq *q, struct sched_msg *m, uint64_t now)
 {
 	if (m->req.embed)
