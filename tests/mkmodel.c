@@ -57,6 +57,7 @@ struct mk_opts {
 	struct mk_shape set; /* nonzero fields: given on the command line */
 	int tied;            /* -1: the preset's */
 	int pooling;         /* <arch>.pooling_type (llama.cpp's numbering); -1: none written */
+	bool add_eos;        /* tokenizer.ggml.add_eos_token: true (Qwen3-Embedding's files) */
 };
 
 /* ---- deterministic numbers: splitmix64 seeds a xorshift64* stream per tensor */
@@ -955,14 +956,16 @@ static void usage(FILE *fp)
 		"               [--n-embd N] [--n-layer N] [--n-head N] [--n-head-kv N] [--head-dim N]\n"
 		"               [--n-ff N] [--ctx N] [--rope-theta F] [--rms-eps F] [--tied|--untied]\n"
 		"               [--chat-template FILE.jinja] [--spm-vocab FILE.tsv] [--weights FILE.hkw]\n"
-		"               [--pooling mean|cls|last]\n"
+		"               [--pooling mean|cls|last] [--add-eos]\n"
 		"Writes a synthetic model with seeded weights that llama.cpp loads. Without --vocab the\n"
 		"vocabulary is a small byte-level BPE of its own, padded with [PADn] to --n-vocab;\n"
 		"with --vocab every tokenizer.* key of that file is copied (and padded likewise);\n"
 		"with --spm-vocab a SentencePiece vocabulary from bench/train/train.py is written as\n"
 		"a llama (SPM) tokenizer. --weights writes trained weights (train.py's .hkw) instead\n"
 		"of seeded ones; every planned tensor must be there with the planned shape.\n"
-		"--pooling writes <arch>.pooling_type: an embedding model's pooling, as llama.cpp reads it.\n"
+		"--pooling writes <arch>.pooling_type: an embedding model's pooling, as llama.cpp reads it;\n"
+		"--add-eos tokenizer.ggml.add_eos_token = true, as embedding models that pool the last\n"
+		"token set it (with the built-in vocabulary only).\n"
 		"Default preset: tiny (llama arch, 64 wide, 2 layers).\n");
 }
 
@@ -1001,7 +1004,7 @@ enum {
 	OPT_PRESET = 256, OPT_ARCH, OPT_TYPE, OPT_SEED, OPT_VOCAB, OPT_N_VOCAB, OPT_NAME,
 	OPT_N_EMBD, OPT_N_LAYER, OPT_N_HEAD, OPT_N_HEAD_KV, OPT_HEAD_DIM, OPT_N_FF, OPT_CTX,
 	OPT_ROPE_THETA, OPT_RMS_EPS, OPT_TIED, OPT_UNTIED, OPT_CHAT_TEMPLATE, OPT_SPM_VOCAB,
-	OPT_WEIGHTS, OPT_POOLING,
+	OPT_WEIGHTS, OPT_POOLING, OPT_ADD_EOS,
 };
 
 /* 0: options in o; 1: --help was printed; -1: bad usage (already reported). */
@@ -1031,6 +1034,7 @@ static int parse_args(int argc, char **argv, struct mk_opts *o)
 		{ "spm-vocab", required_argument, NULL, OPT_SPM_VOCAB },
 		{ "weights", required_argument, NULL, OPT_WEIGHTS },
 		{ "pooling", required_argument, NULL, OPT_POOLING },
+		{ "add-eos", no_argument, NULL, OPT_ADD_EOS },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -1093,6 +1097,7 @@ static int parse_args(int argc, char **argv, struct mk_opts *o)
 			else if (!strcmp(optarg, "last")) o->pooling = 3;
 			else ok = false;
 			break;
+		case OPT_ADD_EOS: o->add_eos = true; break;
 		default: usage(stderr); return -1;
 		}
 		if (!ok) {
@@ -1102,6 +1107,10 @@ static int parse_args(int argc, char **argv, struct mk_opts *o)
 	}
 	if (optind < argc || !o->out) {
 		usage(stderr);
+		return -1;
+	}
+	if (o->add_eos && (o->vocab_path || o->spm_vocab_path)) {
+		fprintf(stderr, "mkmodel: --add-eos is for the built-in vocabulary; a copied one says its own\n");
 		return -1;
 	}
 	if (o->spm_vocab_path && (o->vocab_path || o->set.n_vocab)) {
@@ -1188,6 +1197,8 @@ static int write_metadata(struct gguf_build *b, const struct mk_opts *o, uint64_
 	rc |= KV_U32("rope.dimension_count", s->head_dim);
 	if (o->pooling >= 0)
 		rc |= KV_U32("pooling_type", (uint32_t)o->pooling);
+	if (o->add_eos)
+		rc |= gguf_build_kv_bool(b, "tokenizer.ggml.add_eos_token", true);
 	/* llama.cpp derives the head size from n_embd / n_head unless told; Qwen3 files
 	 * always say it */
 	if (s->head_dim * s->n_head != s->n_embd || o->arch == MK_QWEN3) {

@@ -3,8 +3,9 @@
 # tests/fixtures/embed), as clients get them: `hearth embed` against llama.cpp's vectors for
 # mean, cls and last pooling, the file's pooling by default, raw output, a batch larger than
 # one request, embeds running beside a generate without changing its output, refusals that
-# name the problem while the daemon goes on serving, a generative model (no pooling_type),
-# and hearth-openai's /v1/embeddings (float and base64, token arrays, errors). TAP.
+# name the problem while the daemon goes on serving, the per-client token quota, a
+# generative model (no pooling_type), a file that adds EOS (Qwen3-Embedding's way), and
+# hearth-openai's /v1/embeddings (float and base64, token arrays, errors). TAP.
 set -u
 : "${HEARTH_BUILDDIR:?HEARTH_BUILDDIR is not set (make check sets it)}"
 : "${HEARTH_SRCDIR:?HEARTH_SRCDIR is not set (make check sets it)}"
@@ -66,14 +67,14 @@ sys.exit(0 if worst >= float(sys.argv[3]) else 1)
 PY
 }
 
-# 1-3: each pooling against llama.cpp on the same Q4_0 file (it rounds activations to 8 bits
+# Each pooling against llama.cpp on the same Q4_0 file (it rounds activations to 8 bits
 # for Q4_0 products, hearth keeps 16: tests/unit/test_embed holds the engines closer).
 for p in mean cls last; do
 	H embed --pooling $p <"$FX/inputs.txt" >"$TMP/$p.json" && cmp_ref "$TMP/$p.json" "$FX/ref-q4_0-$p.txt" 0.9995
 	expect "hearth embed --pooling $p matches llama.cpp's vectors and token counts (cosine >= 0.9995)" $?
 done
 
-# 4: no --pooling: the file's (last).
+# No --pooling: the file's (last).
 H embed - <"$FX/inputs.txt" >"$TMP/dflt.json" && $PY - "$TMP/dflt.json" "$TMP/last.json" <<'PY'
 import json, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:3])
@@ -81,7 +82,7 @@ sys.exit(not (a['pooling'] == 'last' and a['data'] == b['data']))
 PY
 expect "without --pooling the file's pooling_type (last) is used and said" $?
 
-# 5: --raw writes the same floats as float32 rows.
+# --raw writes the same floats as float32 rows.
 H embed --raw --pooling mean <"$FX/inputs.txt" >"$TMP/mean.raw" && $PY - "$TMP/mean.raw" "$TMP/mean.json" <<'PY'
 import json, struct, sys
 raw = open(sys.argv[1], 'rb').read()
@@ -92,7 +93,7 @@ sys.exit(not (len(raw) == 4 * len(vals) and all(abs(a - b) <= 1e-7 * max(1, abs(
 PY
 expect "--raw writes n x n_embd float32 equal to the JSON numbers" $?
 
-# 6: 300 inputs, more than one request holds (256): every vector equals that text alone.
+# 300 inputs, more than one request holds (256): every vector equals that text alone.
 # The first request's 7 KiB of text is tokenized off the daemon's event loop.
 $PY -c "
 for i in range(300): print('line %d of a batch: %s' % (i, 'x' * (i % 17)))" >"$TMP/batch.txt"
@@ -110,7 +111,7 @@ sys.exit(not ok)
 PY
 expect "a batch of 300 inputs comes back whole and in order, each vector as when embedded alone" $?
 
-# 7: embeds beside a running generate, in the same steps: its tokens are those of a solo run.
+# Embeds beside a running generate, in the same steps: its tokens are those of a solo run.
 H generate --json --temp 0 -n 480 "the quick brown fox" >"$TMP/solo.gen" 2>/dev/null
 H generate --json --temp 0 -n 480 "the quick brown fox" >"$TMP/busy.gen" 2>/dev/null &
 GEN=$!
@@ -126,7 +127,7 @@ tok() { sed -n 's/.*"token":\([0-9]*\).*/\1/p' "$1"; }
 [ $busy = 0 ] && [ -n "$(tok "$TMP/solo.gen")" ] && [ "$(tok "$TMP/solo.gen")" = "$(tok "$TMP/busy.gen")" ]
 expect "embeds beside a generate: the generate's greedy tokens and the vectors are as when each runs alone" $?
 
-# 8-10: refusals that say what is wrong; the daemon serves on. The long input (8000 bytes)
+# Refusals that say what is wrong; the daemon serves on. The long input (8000 bytes)
 # is tokenized off the daemon's event loop, and refused from there.
 long=$($PY -c "print('a b ' * 2000)")
 H embed "$long" >/dev/null 2>"$TMP/long.err"
@@ -143,7 +144,7 @@ rc2=$?
 [ $rc = 2 ] && [ $rc2 = 2 ] && H embed "still serving" >/dev/null && H ping -c 1 >/dev/null
 expect "empty inputs are refused before sending; the daemon still answers embed and ping" $?
 
-# 11-12: a generative model (no pooling_type; the same weights) embeds only with a pooling
+# A generative model (no pooling_type; the same weights) embeds only with a pooling
 # named; an embed counts its tokens against max_queued_tokens_per_client like a generate.
 "$B/hearthd" --socket="$TMP/g.sock" --threads=2 --log-level=warning --model="$TMP/gen.gguf" --max-context=512 \
 	--kv-budget=16MiB --max-queued-tokens-per-client=200 >"$TMP/hearthd2.log" 2>&1 &
@@ -165,7 +166,25 @@ expect "an embed of more tokens than max_queued_tokens_per_client is refused nam
 kill $H2PID
 H2PID=
 
-# 12-16: the gateway.
+# A file with tokenizer.ggml.add_eos_token (as Qwen3-Embedding's): texts end in EOS, as
+# llama.cpp tokenizes them for embeddings, and last pooling takes that position.
+"$B/tests/mkmodel" -o "$TMP/eos.gguf" --arch qwen3 --pooling last --seed 7 --type q4_0 --add-eos >/dev/null
+"$B/hearthd" --socket="$TMP/e.sock" --threads=2 --log-level=warning --model="$TMP/eos.gguf" --max-context=512 \
+	--kv-budget=16MiB >"$TMP/hearthd3.log" 2>&1 &
+H2PID=$!
+wait_for "$TMP/e.sock"
+eos_ok=0
+[ "$(sha256sum "$TMP/eos.gguf" | cut -d' ' -f1)" = "$(cat "$FX/model-q4_0-eos.sha256")" ] || eos_ok=1
+for p in mean last; do
+	"$B/hearth" --socket "$TMP/e.sock" embed --pooling $p <"$FX/inputs.txt" >"$TMP/eos-$p.json" &&
+		cmp_ref "$TMP/eos-$p.json" "$FX/ref-q4_0-eos-$p.txt" 0.9995 || eos_ok=1
+done
+[ $eos_ok = 0 ]
+expect "with add_eos_token every text ends in EOS and the vectors match llama.cpp's (mean, last)" $?
+kill $H2PID
+H2PID=
+
+# The gateway.
 "$B/hearth-openai" --listen=127.0.0.1:0 --socket="$SOCK" --model-name=hearth >"$TMP/gw.log" 2>&1 &
 GPID=$!
 PORT=
