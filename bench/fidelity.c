@@ -177,7 +177,7 @@ static int int4_logits(struct model_q4 *m, const int32_t *ids, uint32_t n, float
 					"corpus sequences must differ", cached);
 	}
 	for (uint32_t i = 0; i < n && rc == 0; i++) {
-		struct engine_span sp = { s, &ids[i], 1, out + (size_t)i * eng.n_vocab, 0 };
+		struct engine_span sp = { s, &ids[i], 1, out + (size_t)i * eng.n_vocab, 0, NULL };
 		rc = eng.forward(eng.impl, &sp, 1, err);
 	}
 	eng.seq_close(eng.impl, s);
@@ -223,13 +223,13 @@ static int int4_greedy(struct model_q4 *m, const int32_t *prompt, uint32_t domai
 	if (cached)
 		rc = hearth_error_set(err, HEARTH_EINVAL, "fidelity: greedy prompt came from the prefix cache");
 	for (uint32_t i = 0; i < GREEDY_PROMPT && rc == 0; i++) {
-		struct engine_span sp = { s, &prompt[i], 1, logits, 0 };
+		struct engine_span sp = { s, &prompt[i], 1, logits, 0, NULL };
 		rc = eng.forward(eng.impl, &sp, 1, err);
 	}
 	for (uint32_t i = 0; i < GREEDY_GEN && rc == 0; i++) {
 		out[i] = argmax_of(logits, eng.n_vocab);
 		if (i + 1 < GREEDY_GEN) {
-			struct engine_span sp = { s, &out[i], 1, logits, 0 };
+			struct engine_span sp = { s, &out[i], 1, logits, 0, NULL };
 			rc = eng.forward(eng.impl, &sp, 1, err);
 		}
 	}

@@ -51,6 +51,9 @@ static void usage(FILE *f)
 		"  tokenize [--no-bos] [--special] [--json] TEXT|-\n"
 		"                                   print the token ids of TEXT\n"
 		"  detokenize [--json] ID...|-      print the text of token ids\n"
+		"  embed [--pooling mean|cls|last] [--json|--raw] [TEXT...|-]\n"
+		"                                   the unit-length embedding of each TEXT (or stdin\n"
+		"                                   line) as JSON, or --raw float32 rows\n"
 		"  stats [--json|--prometheus]      the daemon's load and memory (--prometheus: the text\n"
 		"                                   format node_exporter's textfile collector reads)\n"
 		"  ledger [--json]                  where the daemon's memory went\n"
@@ -1079,6 +1082,8 @@ int main(int argc, char **argv)
 		return cmd_chat(&c, sub_argc, sub_argv);
 	if (strcmp(cmd, "tokenize") == 0)
 		return cmd_tokenize(&c, sub_argc, sub_argv);
+	if (strcmp(cmd, "embed") == 0)
+		return cmd_embed(&c, sub_argc, sub_argv);
 	if (strcmp(cmd, "detokenize") == 0)
 		return cmd_detokenize(&c, sub_argc, sub_argv);
 	if (strcmp(cmd, "stats") == 0)

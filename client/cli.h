@@ -90,5 +90,7 @@ int gen_option(struct cli *c, struct gen_args *a, int opt, const char *arg);
 
 /* `hearth chat` (client/cli_chat.c). */
 int cmd_chat(struct cli *c, int argc, char **argv);
+/* `hearth embed` (client/cli_embed.c). */
+int cmd_embed(struct cli *c, int argc, char **argv);
 
 #endif

@@ -359,6 +359,42 @@ int hearth_detokenize(struct hearth *h, const uint32_t *tokens, size_t n_tokens,
 
 void hearth_free(void *p);
 
+/* ---- embeddings (protocol 1.4) ---- */
+
+enum hearth_pooling {
+	HEARTH_POOLING_MODEL = 0, /* the model file's pooling_type */
+	HEARTH_POOLING_MEAN,      /* the average over the input's positions */
+	HEARTH_POOLING_CLS,       /* the first position */
+	HEARTH_POOLING_LAST,      /* the last position (Qwen3-Embedding) */
+};
+
+/* One input: UTF-8 text (text != NULL, len bytes; tokenized as llama.cpp's embedding tool
+ * does, with the model's BOS/EOS and special-token text parsed) or token ids. */
+struct hearth_embed_input {
+	const char *text;
+	size_t len;
+	const uint32_t *tokens;
+	size_t n_tokens;
+};
+
+/* The vectors, one per input in order, each of unit L2 norm: the final hidden state after
+ * the model's output norm, pooled. Release with hearth_embeddings_free. */
+struct hearth_embeddings {
+	size_t n;                 /* inputs */
+	uint32_t n_embd;
+	float *data;              /* n x n_embd */
+	uint32_t *n_tokens;       /* tokens of each input */
+	uint64_t total_tokens;
+	char pooling[17];         /* the pooling used: "mean", "cls" or "last" */
+};
+
+/* Embeds n inputs (any n: the call sends them in as many requests as the daemon's frame
+ * limits need, texts and token arrays each in their own). Each input must fit the model's
+ * context and one frame (about 900 KiB of text). HEARTH_EUNSUPPORTED before protocol 1.4. */
+int hearth_embed(struct hearth *h, const struct hearth_embed_input *inputs, size_t n, enum hearth_pooling pooling,
+		 struct hearth_embeddings *out, struct hearth_err *err);
+void hearth_embeddings_free(struct hearth_embeddings *e);
+
 struct hearth_stats {
 	uint64_t uptime_ms;
 	uint32_t clients;

@@ -27,6 +27,8 @@ static const char *const type_names[MSG_TYPE_COUNT] = {
 	[MSG_PONG] = "pong",
 	[MSG_ERROR] = "error",
 	[MSG_DELTA] = "delta",
+	[MSG_EMBED] = "embed",
+	[MSG_EMBEDDINGS] = "embeddings",
 };
 
 static const char *const errcode_names[MSG_ERR_COUNT] = {
@@ -122,6 +124,7 @@ bool msg_type_is_final(enum msg_type t)
 	switch (t) {
 	case MSG_WELCOME: case MSG_DONE: case MSG_TOKENS: case MSG_TEXT:
 	case MSG_STATS_REPLY: case MSG_LEDGER_REPLY: case MSG_PONG: case MSG_ERROR:
+	case MSG_EMBEDDINGS:
 		return true;
 	default:
 		return false;

@@ -11,7 +11,7 @@
 #include "protocol/error.h"
 
 #define MSG_PROTO_MAJOR 1
-#define MSG_PROTO_MINOR 3
+#define MSG_PROTO_MINOR 4
 
 /* Bounds checked before msgpack builds any object; see doc/protocol.md "Limits". */
 #define MSG_DEPTH_MAX 8            /* nesting of maps/arrays, the top map being depth 1 */
@@ -35,6 +35,8 @@
 #define MSG_TOOL_NAME_MAX 256      /* bytes of a tool (function) name or call id */
 #define MSG_GRAMMAR_MAX (256u << 10) /* bytes of a grammar or JSON schema */
 #define MSG_SPECULATE_MAX 16       /* draft tokens verified per step (speculative decoding) */
+#define MSG_EMBED_INPUTS_MAX 256   /* inputs of one embed request (1.4) */
+#define MSG_POOLING_MAX 16         /* bytes of embed.pooling */
 
 /* Sampling defaults applied by the decoder when a generate omits a field (llama.cpp's). */
 #define MSG_DEFAULT_MAX_TOKENS 256
@@ -69,6 +71,8 @@ enum msg_type {
 	MSG_PONG,         /* final for ping */
 	MSG_ERROR,        /* final for any request, or id 0: about the connection */
 	MSG_DELTA,        /* a piece of a chat's parsed reply (not final; protocol 1.1) */
+	MSG_EMBED,        /* client -> daemon: pooled embeddings of inputs (protocol 1.4) */
+	MSG_EMBEDDINGS,   /* final for embed */
 	MSG_TYPE_COUNT
 };
 
@@ -138,6 +142,8 @@ struct msg_model_info {
 	uint32_t n_embd;
 	struct msg_bytes chat_template; /* where chat's template comes from: "model", "file",
 					 * or "chatml" (built in: the model has none); 1.1 */
+	struct msg_bytes pooling;  /* the file's pooling_type ("mean", "cls", "last", "none",
+				    * "rank"); empty when it declares none (1.4) */
 };
 
 struct msg_welcome {
@@ -255,6 +261,36 @@ struct msg_delta {
 	struct msg_chat_call call;
 };
 
+/* An array of token ids, one element of an array of them (embed.tokens). */
+struct msg_u32s {
+	uint32_t *v;
+	size_t n;
+};
+
+/* Embeddings of a batch (1.4): exactly one of input (texts, tokenized as llama.cpp's
+ * embedding tool does: the model's BOS, no special-token parsing) and tokens. */
+struct msg_embed {
+	struct msg_bytes *input;   /* n_input strings, each 1..MSG_STR_MAX bytes of UTF-8 */
+	size_t n_input;
+	struct msg_u32s *tokens;   /* n_tokens arrays of 1..MSG_ARRAY_MAX ids */
+	size_t n_tokens;
+	bool has_pooling;
+	struct msg_bytes pooling;  /* "mean", "cls" or "last"; absent: the model's */
+};
+
+/* The vectors: data holds n_inputs x n_embd float32 in the host's byte order (both ends
+ * share it, as for the ring), each of unit L2 norm; n_tokens[i] counts input i's tokens. */
+struct msg_embeddings {
+	uint32_t n_embd;
+	struct msg_bytes data;
+	uint32_t *n_tokens;
+	size_t n_inputs;
+	struct msg_bytes pooling;  /* the pooling used */
+	uint32_t n_cached;         /* tokens found in the prefix cache (last pooling only) */
+	double queue_ms;           /* waiting for a place */
+	double compute_ms;         /* from admission to the reply */
+};
+
 struct msg_cancel {
 	uint64_t target;           /* id of the generate to cancel */
 };
@@ -357,6 +393,8 @@ struct msg {
 		struct msg_generate generate;
 		struct msg_chat chat;
 		struct msg_delta delta;
+		struct msg_embed embed;
+		struct msg_embeddings embeddings;
 		struct msg_cancel cancel;
 		struct msg_tokenize tokenize;
 		struct msg_detokenize detokenize;

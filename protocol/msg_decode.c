@@ -365,6 +365,19 @@ static int get_double(struct dec *d, const char *key, const msgpack_object *o, d
 	return 0;
 }
 
+/* n bytes at p copied into the message's memory (NUL-terminated, 16-byte aligned). */
+static int copy_bytes(struct dec *d, const char *key, const char *p, size_t n, struct msg_bytes *out)
+{
+	char *s = msg_arena_take(d->m, n + 1);
+	if (!s)
+		return no_memory(d, key);
+	memcpy(s, p, n);
+	s[n] = '\0';
+	out->ptr = s;
+	out->len = n;
+	return 0;
+}
+
 static int get_bytes(struct dec *d, const char *key, const msgpack_object *o, size_t max,
 		     unsigned flags, struct msg_bytes *out)
 {
@@ -381,14 +394,21 @@ static int get_bytes(struct dec *d, const char *key, const msgpack_object *o, si
 		return bad_field(d, key, "must not be empty", "");
 	if ((flags & FF_UTF8) && !msg_utf8_valid(o->via.str.ptr, n))
 		return bad_field(d, key, "not valid UTF-8", "");
-	char *s = msg_arena_take(d->m, n + 1);
-	if (!s)
-		return no_memory(d, key);
-	memcpy(s, o->via.str.ptr, n);
-	s[n] = '\0';
-	out->ptr = s;
-	out->len = n;
-	return 0;
+	return copy_bytes(d, key, o->via.str.ptr, n, out);
+}
+
+/* Binary data (msgpack bin), copied aligned so a reader may cast it to floats. */
+static int get_bin(struct dec *d, const char *key, const msgpack_object *o, size_t max, struct msg_bytes *out)
+{
+	if (o->type != MSGPACK_OBJECT_BIN)
+		return bad_field(d, key, "expected binary data, got ", kind_name(o->type));
+	size_t n = o->via.bin.size;
+	if (n > max) {
+		hearth_error_set(d->err, HEARTH_ERANGE, "%s.%s: %zu bytes (limit %zu)", d->tname, key, n, max);
+		d->rej->code = MSG_ERR_TOO_LARGE;
+		return HEARTH_ERANGE;
+	}
+	return copy_bytes(d, key, o->via.bin.ptr, n, out);
 }
 
 static int get_array(struct dec *d, const char *key, const msgpack_object *o, size_t max,
@@ -416,6 +436,7 @@ static size_t elem_size(const struct field *f)
 	switch (f->kind) {
 	case FK_U32S: return sizeof(uint32_t);
 	case FK_STRS: return sizeof(struct msg_bytes);
+	case FK_U32SS: return sizeof(struct msg_u32s);
 	case FK_TOP: return sizeof(struct msg_top);
 	default: return f->sub->size; /* FK_MAPS */
 	}
@@ -435,6 +456,22 @@ static int decode_elem(struct dec *d, const struct field *f, const msgpack_objec
 	}
 	case FK_STRS:
 		return get_bytes(d, f->key, e, (size_t)f->elem_max, FF_UTF8 | FF_NONEMPTY, at);
+	case FK_U32SS: {
+		struct msg_u32s *a = at;
+		if ((rc = get_array(d, f->key, e, MSG_ARRAY_MAX, FF_NONEMPTY)))
+			return rc;
+		a->n = e->via.array.size;
+		a->v = msg_arena_take(d->m, a->n * sizeof *a->v);
+		if (!a->v)
+			return no_memory(d, f->key);
+		for (size_t i = 0; i < a->n; i++) {
+			uint64_t x;
+			if ((rc = get_uint(d, f->key, &e->via.array.ptr[i], 0, f->elem_max, 0, &x)))
+				return rc;
+			a->v[i] = (uint32_t)x;
+		}
+		return 0;
+	}
 	case FK_TOP: {
 		if (e->type != MSGPACK_OBJECT_ARRAY || e->via.array.size != 2)
 			return bad_field(d, f->key, "entries must be [token, logprob]", "");
@@ -525,12 +562,14 @@ static int decode_field(struct dec *d, const struct field *f, const msgpack_obje
 		return 0;
 	case FK_STR:
 		return get_bytes(d, f->key, o, (size_t)f->max, f->flags, (struct msg_bytes *)at);
+	case FK_BIN:
+		return get_bin(d, f->key, o, (size_t)f->max, (struct msg_bytes *)at);
 	case FK_MAP:
 		return decode_map(d, o, f->sub, at, false);
 	case FK_ERRCODE:
 	case FK_FINISH:
 		return decode_name(d, f, o, (int *)at);
-	default: /* FK_U32S, FK_STRS, FK_TOP, FK_MAPS */
+	default: /* FK_U32S, FK_STRS, FK_U32SS, FK_TOP, FK_MAPS */
 		return decode_array(d, f, o, base);
 	}
 }
@@ -640,6 +679,21 @@ static int check_message(struct dec *d)
 		if (m->u.tokenize.has_text + m->u.tokenize.has_text_ref != 1)
 			return bad_field(d, "text", "exactly one of text, text_ref is required", "");
 		break;
+	case MSG_EMBED: {
+		const struct msg_embed *e = &m->u.embed;
+		if ((e->n_input > 0) + (e->n_tokens > 0) != 1)
+			return bad_field(d, "input", "exactly one of input, tokens is required", "");
+		if (e->has_pooling && strcmp(e->pooling.ptr, "mean") && strcmp(e->pooling.ptr, "cls") &&
+		    strcmp(e->pooling.ptr, "last"))
+			return bad_field(d, "pooling", "must be mean, cls or last", "");
+		break;
+	}
+	case MSG_EMBEDDINGS: {
+		const struct msg_embeddings *e = &m->u.embeddings;
+		if (e->n_embd == 0 || e->data.len / 4 / e->n_embd != e->n_inputs || e->data.len % (4ull * e->n_embd))
+			return bad_field(d, "data", "must hold n_inputs x n_embd float32", "");
+		break;
+	}
 	default:
 		break;
 	}

@@ -101,7 +101,8 @@ static bool field_present(const struct field *f, const void *base)
 	case FK_F32: return *(const float *)at != 0;
 	case FK_BOOL: return *(const bool *)at;
 	case FK_STR: return ((const struct msg_bytes *)at)->len != 0;
-	case FK_U32S: case FK_STRS: case FK_MAPS: case FK_TOP: return field_count(f, base) != 0;
+	case FK_U32S: case FK_STRS: case FK_U32SS: case FK_MAPS: case FK_TOP: return field_count(f, base) != 0;
+	case FK_BIN: return ((const struct msg_bytes *)at)->len != 0;
 	default: return true;
 	}
 }
@@ -121,6 +122,13 @@ static void encode_array(struct enc *e, const struct field *f, const void *base)
 		case FK_STRS:
 			mp_bytes(e, ((const struct msg_bytes *)v)[i]);
 			break;
+		case FK_U32SS: {
+			const struct msg_u32s *a = &((const struct msg_u32s *)v)[i];
+			msgpack_pack_array(&e->pk, a->n);
+			for (size_t j = 0; j < a->n; j++)
+				msgpack_pack_uint32(&e->pk, a->v[j]);
+			break;
+		}
 		case FK_TOP: {
 			const struct msg_top *top = &((const struct msg_top *)v)[i];
 			msgpack_pack_array(&e->pk, 2);
@@ -146,7 +154,14 @@ static void encode_field(struct enc *e, const struct field *f, const void *base)
 	case FK_F32: msgpack_pack_double(&e->pk, *(const float *)at); break;
 	case FK_BOOL: mp_bool(e, *(const bool *)at); break;
 	case FK_STR: mp_bytes(e, *(const struct msg_bytes *)at); break;
-	case FK_U32S: case FK_STRS: case FK_MAPS: case FK_TOP: encode_array(e, f, base); break;
+	case FK_U32S: case FK_STRS: case FK_U32SS: case FK_MAPS: case FK_TOP: encode_array(e, f, base); break;
+	case FK_BIN: {
+		const struct msg_bytes *b = (const struct msg_bytes *)at;
+		msgpack_pack_bin(&e->pk, b->len);
+		if (b->len)
+			msgpack_pack_bin_body(&e->pk, b->ptr, b->len);
+		break;
+	}
 	case FK_MAP: encode_map(e, f->sub, at); break;
 	case FK_ERRCODE: mp_cstr(e, msg_errcode_name(*(const enum msg_errcode *)at)); break;
 	case FK_FINISH: mp_cstr(e, msg_finish_name(*(const enum msg_finish *)at)); break;

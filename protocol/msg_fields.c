@@ -117,6 +117,25 @@ static const struct field chat_reply_fields[] = {
 
 static const struct field_table chat_reply_table = TABLE(chat_reply_fields, struct msg_chat_reply);
 
+static const struct field embed_fields[] = {
+	FA("input", FK_STRS, FF_NONEMPTY | FF_OMIT_ZERO, struct msg_embed, input, n_input, MSG_EMBED_INPUTS_MAX,
+	   MSG_STR_MAX),
+	FA("tokens", FK_U32SS, FF_NONEMPTY | FF_OMIT_ZERO, struct msg_embed, tokens, n_tokens, MSG_EMBED_INPUTS_MAX,
+	   MSG_TOKEN_MAX),
+	FH("pooling", FK_STR, FF_UTF8 | FF_NONEMPTY, struct msg_embed, pooling, has_pooling, 0, MSG_POOLING_MAX),
+};
+
+static const struct field embeddings_fields[] = {
+	F("n_embd", FK_U32, FF_REQUIRED, struct msg_embeddings, n_embd, 0, U32MAX),
+	F("data", FK_BIN, FF_REQUIRED, struct msg_embeddings, data, 0, MSG_STR_MAX),
+	FA("n_tokens", FK_U32S, FF_REQUIRED, struct msg_embeddings, n_tokens, n_inputs, MSG_EMBED_INPUTS_MAX,
+	   U32MAX),
+	F("pooling", FK_STR, 0, struct msg_embeddings, pooling, 0, MSG_POOLING_MAX),
+	F("n_cached", FK_U32, FF_OMIT_ZERO, struct msg_embeddings, n_cached, 0, U32MAX),
+	F("queue_ms", FK_F64, 0, struct msg_embeddings, queue_ms, 0, 1e15),
+	F("compute_ms", FK_F64, 0, struct msg_embeddings, compute_ms, 0, 1e15),
+};
+
 static const struct field cancel_fields[] = {
 	F("target", FK_U64, FF_REQUIRED | FF_MIN_OPEN, struct msg_cancel, target, 0, MSG_ID_MAX),
 };
@@ -144,6 +163,7 @@ static const struct field model_fields[] = {
 	F("n_layer", FK_U32, 0, struct msg_model_info, n_layer, 0, U32MAX),
 	F("n_embd", FK_U32, 0, struct msg_model_info, n_embd, 0, U32MAX),
 	F("chat_template", FK_STR, FF_OMIT_ZERO, struct msg_model_info, chat_template, 0, MSG_NAME_MAX),
+	F("pooling", FK_STR, FF_OMIT_ZERO, struct msg_model_info, pooling, 0, MSG_POOLING_MAX),
 };
 
 static const struct field_table model_table = TABLE(model_fields, struct msg_model_info);
@@ -258,4 +278,6 @@ const struct msg_type_desc msg_types[MSG_TYPE_COUNT] = {
 	[MSG_PONG] = T0(MSG_FROM_DAEMON),
 	[MSG_ERROR] = T(MSG_FROM_DAEMON, error_fields, struct msg_error),
 	[MSG_DELTA] = T(MSG_FROM_DAEMON, delta_fields, struct msg_delta),
+	[MSG_EMBED] = T(MSG_FROM_CLIENT, embed_fields, struct msg_embed),
+	[MSG_EMBEDDINGS] = T(MSG_FROM_DAEMON, embeddings_fields, struct msg_embeddings),
 };

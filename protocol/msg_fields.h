@@ -19,6 +19,8 @@ enum field_kind {
 	FK_TOP,       /* array of [token, logprob] pairs */
 	FK_ERRCODE,   /* enum msg_errcode as its wire name */
 	FK_FINISH,    /* enum msg_finish as its wire name */
+	FK_U32SS,     /* array of arrays of unsigned integers (struct msg_u32s) */
+	FK_BIN,       /* msgpack bin, into struct msg_bytes */
 };
 
 #define FF_REQUIRED 1u

@@ -66,6 +66,8 @@ struct mk_opts {
 	struct mk_shape shape;
 	struct mk_shape set; /* nonzero fields: given on the command line */
 	int tied;            /* -1: the preset's */
+	int pooling;         /* <arch>.pooling_type (llama.cpp's numbering); -1: none written */
+	bool add_eos;        /* tokenizer.ggml.add_eos_token: true (Qwen3-Embedding's files) */
 };
 
 /* ---- deterministic numbers: splitmix64 seeds a xorshift64* stream per tensor */
@@ -1074,6 +1076,7 @@ static void usage(FILE *fp)
 		"               [--n-ff N] [--ctx N] [--rope-theta F] [--rms-eps F] [--tied|--untied]\n"
 		"               [--chat-template FILE.jinja] [--spm-vocab FILE.tsv] [--weights FILE.hkw]\n"
 		"               [--rope-freqs none|llama3[:FACTOR,LOW,HIGH,ORIG_CTX]]\n"
+		"               [--pooling mean|cls|last] [--add-eos]\n"
 		"Writes a synthetic model with seeded weights that llama.cpp loads. Without --vocab the\n"
 		"vocabulary is a small byte-level BPE of its own, padded with [PADn] to --n-vocab;\n"
 		"with --vocab every tokenizer.* key of that file is copied (and padded likewise);\n"
@@ -1082,6 +1085,9 @@ static void usage(FILE *fp)
 		"of seeded ones; every planned tensor must be there with the planned shape.\n"
 		"--rope-freqs writes rope_freqs.weight by Llama 3's rule (llama arch; llama3 alone:\n"
 		"Llama 3.2's factor 32, low 1, high 4, original context 8192; llama-3.2-1b has it).\n"
+		"--pooling writes <arch>.pooling_type: an embedding model's pooling, as llama.cpp reads it;\n"
+		"--add-eos tokenizer.ggml.add_eos_token = true, as embedding models that pool the last\n"
+		"token set it (with the built-in vocabulary only).\n"
 		"Default preset: tiny (llama arch, 64 wide, 2 layers).\n");
 }
 
@@ -1120,8 +1126,7 @@ enum {
 	OPT_PRESET = 256, OPT_ARCH, OPT_TYPE, OPT_SEED, OPT_VOCAB, OPT_N_VOCAB, OPT_NAME,
 	OPT_N_EMBD, OPT_N_LAYER, OPT_N_HEAD, OPT_N_HEAD_KV, OPT_HEAD_DIM, OPT_N_FF, OPT_CTX,
 	OPT_ROPE_THETA, OPT_RMS_EPS, OPT_TIED, OPT_UNTIED, OPT_CHAT_TEMPLATE, OPT_SPM_VOCAB,
-	OPT_WEIGHTS,
-	OPT_ROPE_FREQS,
+	OPT_WEIGHTS, OPT_ROPE_FREQS, OPT_POOLING, OPT_ADD_EOS,
 };
 
 /* 0: options in o; 1: --help was printed; -1: bad usage (already reported). */
@@ -1151,6 +1156,8 @@ static int parse_args(int argc, char **argv, struct mk_opts *o)
 		{ "spm-vocab", required_argument, NULL, OPT_SPM_VOCAB },
 		{ "weights", required_argument, NULL, OPT_WEIGHTS },
 		{ "rope-freqs", required_argument, NULL, OPT_ROPE_FREQS },
+		{ "pooling", required_argument, NULL, OPT_POOLING },
+		{ "add-eos", no_argument, NULL, OPT_ADD_EOS },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -1160,6 +1167,7 @@ static int parse_args(int argc, char **argv, struct mk_opts *o)
 	o->preset = &mk_presets[0];
 	o->arch = -1;
 	o->tied = -1;
+	o->pooling = -1;
 	o->type = QTYPE_F32;
 	o->seed = 1;
 	while ((c = getopt_long(argc, argv, "o:h", longopts, NULL)) != -1) {
@@ -1207,6 +1215,13 @@ static int parse_args(int argc, char **argv, struct mk_opts *o)
 		case OPT_RMS_EPS: ok = parse_float(optarg, &o->set.rms_eps); break;
 		case OPT_TIED: o->tied = 1; break;
 		case OPT_UNTIED: o->tied = 0; break;
+		case OPT_POOLING: /* llama.cpp's enum llama_pooling_type */
+			if (!strcmp(optarg, "mean")) o->pooling = 1;
+			else if (!strcmp(optarg, "cls")) o->pooling = 2;
+			else if (!strcmp(optarg, "last")) o->pooling = 3;
+			else ok = false;
+			break;
+		case OPT_ADD_EOS: o->add_eos = true; break;
 		default: usage(stderr); return -1;
 		}
 		if (!ok) {
@@ -1216,6 +1231,10 @@ static int parse_args(int argc, char **argv, struct mk_opts *o)
 	}
 	if (optind < argc || !o->out) {
 		usage(stderr);
+		return -1;
+	}
+	if (o->add_eos && (o->vocab_path || o->spm_vocab_path)) {
+		fprintf(stderr, "mkmodel: --add-eos is for the built-in vocabulary; a copied one says its own\n");
 		return -1;
 	}
 	if (o->spm_vocab_path && (o->vocab_path || o->set.n_vocab)) {
@@ -1300,6 +1319,10 @@ static int write_metadata(struct gguf_build *b, const struct mk_opts *o, uint64_
 	rc |= KV_F32("attention.layer_norm_rms_epsilon", s->rms_eps);
 	rc |= KV_F32("rope.freq_base", s->rope_theta);
 	rc |= KV_U32("rope.dimension_count", s->head_dim);
+	if (o->pooling >= 0)
+		rc |= KV_U32("pooling_type", (uint32_t)o->pooling);
+	if (o->add_eos)
+		rc |= gguf_build_kv_bool(b, "tokenizer.ggml.add_eos_token", true);
 	/* llama.cpp derives the head size from n_embd / n_head unless told; Qwen3 files
 	 * always say it */
 	if (s->head_dim * s->n_head != s->n_embd || o->arch == MK_QWEN3) {

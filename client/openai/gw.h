@@ -101,6 +101,7 @@ void gw_reply_hearth_error(struct gw_reply *r, const struct hearth_err *err);
 /* Endpoint handlers. body is the parsed request (NULL for GET), borrowed. */
 void gw_chat_completions(struct gw *g, const struct gw_caller *who, json_t *body, struct gw_reply *r);
 void gw_completions(struct gw *g, const struct gw_caller *who, json_t *body, struct gw_reply *r);
+void gw_embeddings(struct gw *g, const struct gw_caller *who, json_t *body, struct gw_reply *r);
 void gw_models(struct gw *g, const struct gw_caller *who, struct gw_reply *r);
 void gw_health(struct gw *g, struct gw_reply *r);
 void gw_metrics_reply(struct gw *g, struct gw_reply *r);

@@ -227,8 +227,7 @@ static void dispatch(struct gw *g, struct MHD_Connection *c, const char *url, co
 	} else if (ep == GW_EP_COMPLETIONS) {
 		gw_completions(g, &who, body, r);
 	} else {
-		gw_reply_error(r, 501, "invalid_request_error", NULL, "unsupported",
-			       "this model does not serve embeddings (hearthd has no embed request for it)");
+		gw_embeddings(g, &who, body, r);
 	}
 	json_decref(body);
 }

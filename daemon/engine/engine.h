@@ -22,17 +22,26 @@ struct engine_span {
 	 * decoding): its last n_logits - 1 positions are tentative. The engine does not
 	 * publish them to the prefix cache, and seq_truncate may take them back. */
 	uint32_t n_logits;
+	/* NULL, or n x n_embd floats: the final hidden state of each of the span's tokens
+	 * after the output norm (what an embedding pools; no head is run for them). Not with
+	 * logits: an embedding sequence is prefill only. */
+	float *embd;
 };
 
 struct engine {
 	void *impl;
 	uint32_t n_vocab;
+	uint32_t n_embd;        /* width of a span's embd rows */
+	int pooling;            /* the file's pooling_type (enum model_pooling, model.h): the
+				 * default of an embed request; MODEL_POOLING_UNSPECIFIED if none */
 	uint32_t max_context;   /* tokens one sequence may hold */
 	uint64_t kv_tokens;     /* tokens the whole KV budget holds */
 	/* Opens a sequence for a prompt and reserves KV for n_reserve tokens in all.
 	 * *n_cached is how many leading prompt tokens are already computed (a shared prefix).
 	 * HEARTH_EKVFULL when the budget cannot hold it now. share is the prefix-sharing
-	 * domain (kv_seq_set_share): a prefix is found only in the same domain. */
+	 * domain (kv_seq_set_share): a prefix is found only in the same domain. prompt NULL
+	 * (n_prompt 0) matches nothing: every position is computed (an embedding that pools
+	 * hidden states a cached prefix does not have). */
 	int (*seq_open)(void *impl, const int32_t *prompt, uint32_t n_prompt, uint32_t n_reserve,
 			uint64_t share, struct engine_seq **out, uint32_t *n_cached, struct hearth_error *err);
 	void (*seq_close)(void *impl, struct engine_seq *seq);
@@ -62,7 +71,7 @@ static inline int engine_warm_up(const struct engine *eng, int32_t tok, struct h
 	int rc = eng->seq_open(eng->impl, &tok, 1, 1, 0, &s, &cached, err);
 	if (rc < 0)
 		return rc;
-	struct engine_span sp = { s, &tok, 1, NULL, 0 };
+	struct engine_span sp = { s, &tok, 1, NULL, 0, NULL };
 	rc = eng->forward(eng->impl, &sp, 1, err);
 	eng->seq_close(eng->impl, s);
 	return rc < 0 ? rc : 0;

@@ -415,6 +415,22 @@ int model_load(struct model **out, const struct gguf_file *f, const struct model
 		goto fail;
 	}
 
+	/* Optional, as in llama.cpp: only embedding models carry it. A value beyond the enum
+	 * is a file this build cannot pool correctly, so it is refused rather than guessed. */
+	{
+		uint32_t pooling;
+		if ((rc = ld_u32_opt(&ld, "pooling_type", UINT32_MAX, &pooling)) < 0)
+			goto fail;
+		if (pooling != UINT32_MAX && pooling > MODEL_POOLING_RANK) {
+			rc = hearth_error_set(err, HEARTH_EFORMAT, "%s: %s.pooling_type %u is not one "
+					      "of 0 none, 1 mean, 2 cls, 3 last, 4 rank", f->path,
+					      ld.arch, pooling);
+			goto fail;
+		}
+		m->hp.pooling = pooling == UINT32_MAX ? MODEL_POOLING_UNSPECIFIED
+						      : (enum model_pooling)pooling;
+	}
+
 	/* Mixtral-style files say "llama" too; their expert tensors are not handled here. */
 	{
 		uint32_t n_expert;

@@ -21,6 +21,18 @@ enum model_arch {
 /* Upper bound on a configured context; beyond it the KV arithmetic is not worth trusting. */
 #define MODEL_MAX_CTX_LIMIT (1u << 20)
 
+/* How a file says its embeddings are pooled: `<arch>.pooling_type`, numbered as llama.cpp's
+ * enum llama_pooling_type so the GGUF value is stored as is. A file without the key is
+ * MODEL_POOLING_UNSPECIFIED (a generative model); an embed request then names its pooling. */
+enum model_pooling {
+	MODEL_POOLING_UNSPECIFIED = -1,
+	MODEL_POOLING_NONE = 0,
+	MODEL_POOLING_MEAN = 1,
+	MODEL_POOLING_CLS = 2,
+	MODEL_POOLING_LAST = 3,
+	MODEL_POOLING_RANK = 4,   /* a reranker's score head; recognised so the error can say so */
+};
+
 struct model_hparams {
 	enum model_arch arch;
 	uint32_t n_vocab;
@@ -30,6 +42,7 @@ struct model_hparams {
 	float norm_eps;
 	bool tied_output;       /* the head is token_embd (stored once) */
 	enum ops_rope_style rope_style;
+	enum model_pooling pooling;   /* <arch>.pooling_type, or UNSPECIFIED */
 };
 
 /* Everything one layer needs, so layers may differ (sliding-window layers with their own

@@ -41,6 +41,7 @@ struct step {
 	uint32_t L;                /* rows whose logits are wanted */
 	uint8_t *acts_mem32, *acts_mem128;
 	bool row_per_seq;          /* every row is the only row of its sequence */
+	bool want_embd;            /* a span wants its rows' final hidden states */
 	enum vec_kv_type kv_type;  /* the cache's element type, as the vec kernels name it */
 	struct mm_queue mmq[2];    /* matmul phases use them in turn (matmul_phase) */
 };
@@ -346,10 +347,13 @@ static void step_run(void *arg, size_t t, size_t nt)
 	}
 
 	/* The head only for the rows whose logits someone wants; none (a prefill chunk or
-	 * the warm-up) skips it. Its rows split differently, hence the barrier. */
-	if (st->L == 0)
+	 * the warm-up) skips it. Its rows split differently, hence the barrier. Embedding
+	 * rows need the last residual too; model_q4_forward norms them after the step. */
+	if (st->L == 0 && !st->want_embd)
 		return;
 	step_rows_norm(st, NULL, true, t, nt);
+	if (st->L == 0)
+		return;
 	pool_barrier(p);
 	split(st->L, t, nt, &b, &e);
 	for (size_t j = b; j < e; j++)
@@ -383,6 +387,8 @@ int model_q4_forward(struct model_q4 *m, const struct engine_span *spans, size_t
 						"sequence would hold %u positions; %u are reserved",
 						s->n_past + sp->n, kv_seq_reserved(s->kv));
 		uint32_t rows = sp->logits ? (sp->n_logits > 1 ? sp->n_logits : 1) : 0;
+		if (sp->embd && sp->logits)
+			return hearth_error_set(err, HEARTH_EINVAL, "a span wants both logits and embeddings");
 		if (rows > sp->n || L + rows > m->max_seqs)
 			return hearth_error_set(err, HEARTH_ERANGE,
 						"%u logit rows of a %u-token span; a step returns at most %u",
@@ -403,7 +409,9 @@ int model_q4_forward(struct model_q4 *m, const struct engine_span *spans, size_t
 	}
 	if (T == 0)
 		return 0;
-	bool row_per_seq = true;
+	bool row_per_seq = true, want_embd = false;
+	for (size_t i = 0; i < n_spans; i++)
+		want_embd |= spans[i].embd != NULL;
 	for (size_t i = 0; i < n_spans && row_per_seq; i++) {
 		row_per_seq = spans[i].n == 1;
 		for (size_t j = 0; j < i && row_per_seq; j++)
@@ -414,6 +422,7 @@ int model_q4_forward(struct model_q4 *m, const struct engine_span *spans, size_t
 		.acts_mem32 = m->acts_mem,
 		.acts_mem128 = (uint8_t *)m->acts_mem + m->acts_bytes,
 		.row_per_seq = row_per_seq,
+		.want_embd = want_embd,
 		.kv_type = kv_elem_type(&m->kv) == QTYPE_BF16    ? VEC_KV_BF16
 			   : kv_elem_type(&m->kv) == QTYPE_KV_Q8 ? VEC_KV_Q8
 							    : VEC_KV_F16,
@@ -424,11 +433,17 @@ int model_q4_forward(struct model_q4 *m, const struct engine_span *spans, size_t
 	 * prompts that start the same way share them. A draft's tentative positions are not
 	 * published: a shared block is never written again, and seq_truncate may hand them
 	 * back to be rewritten; the next step publishes what was accepted. */
-	uint32_t lrow = 0;
+	uint32_t lrow = 0, row0 = 0;
 	for (size_t i = 0; i < n_spans; i++) {
 		const struct engine_span *sp = &spans[i];
 		struct engine_seq *s = sp->seq;
 		uint32_t rows = sp->logits ? (sp->n_logits > 1 ? sp->n_logits : 1) : 0;
+		size_t E = m->hp.n_embd;
+		if (sp->embd)
+			for (uint32_t j = 0; j < sp->n; j++)
+				m->kern->rmsnorm(sp->embd + j * E, m->x + (size_t)(row0 + j) * E, m->output_norm,
+						 E, m->hp.norm_eps);
+		row0 += sp->n;
 		memcpy(s->tokens + s->n_past, sp->tokens, (size_t)sp->n * sizeof(int32_t));
 		s->n_past += sp->n;
 		s->n_tentative = rows > 1 ? rows - 1 : 0;
@@ -574,6 +589,8 @@ void model_q4_engine(struct model_q4 *m, struct engine *out)
 	*out = (struct engine){
 		.impl = m,
 		.n_vocab = m->hp.n_vocab,
+		.n_embd = m->hp.n_embd,
+		.pooling = m->hp.pooling,
 		.max_context = m->max_context,
 		.kv_tokens = st.tokens_capacity,
 		.seq_open = mq4_seq_open,

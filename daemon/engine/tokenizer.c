@@ -53,6 +53,7 @@ struct tok {
 	int32_t eog[TOK_MAX_EOG];
 	size_t n_eog;
 	bool add_bos, add_space_prefix, ignore_merges;
+	bool add_eos;           /* tokenizer.ggml.add_eos_token: embedding models (Qwen3-Embedding) */
 };
 
 /* ---- growable arrays for encoding's scratch (element size fixed at creation) ---- */
@@ -701,6 +702,9 @@ int tok_load(struct tok **out, const struct gguf_file *f, struct hearth_error *e
 				      "%s: tokenizer.ggml.add_bos_token is true but there is no BOS token", f->path);
 		goto fail;
 	}
+	if ((rc = get_bool_opt(f, "tokenizer.ggml.add_eos_token", &t->add_eos, err)))
+		goto fail;
+	t->add_eos = t->add_eos && t->eos != TOK_NULL;
 
 	load_eog(t, f);
 	if ((rc = build_special(t, err)))
@@ -1775,6 +1779,8 @@ int32_t tok_bos(const struct tok *t) { return t->bos; }
 int32_t tok_eos(const struct tok *t) { return t->eos; }
 int32_t tok_eot(const struct tok *t) { return t->eot; }
 bool tok_add_bos(const struct tok *t) { return t->add_bos; }
+
+bool tok_add_eos(const struct tok *t) { return t->add_eos; }
 
 bool tok_is_eog(const struct tok *t, int32_t id)
 {

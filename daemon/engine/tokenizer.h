@@ -85,6 +85,9 @@ int32_t tok_bos(const struct tok *t);  /* TOK_NULL when the model has none */
 int32_t tok_eos(const struct tok *t);
 int32_t tok_eot(const struct tok *t);
 bool tok_add_bos(const struct tok *t); /* tokenizer.ggml.add_bos_token, or the model's default */
+/* tokenizer.ggml.add_eos_token (false without an EOS token): llama.cpp appends EOS to what it
+ * tokenizes with special tokens added, which an embedding model's last pooling relies on. */
+bool tok_add_eos(const struct tok *t);
 bool tok_is_eog(const struct tok *t, int32_t id); /* end of generation: EOS, EOT, EOM, ... */
 bool tok_is_control(const struct tok *t, int32_t id);
 

@@ -12,6 +12,7 @@
 
 #include "daemon/serve/chat.h"
 #include "daemon/serve/config.h"
+#include "daemon/engine/embed.h"
 #include "daemon/engine/grammar.h"
 #include "daemon/engine/ledger.h"
 #include "daemon/engine/load.h"
@@ -180,6 +181,10 @@ static void *loader_main(void *arg)
 		.n_embd = f.n_embd,
 		.chat_template = { ld->chat.origin, strlen(ld->chat.origin) },
 	};
+	if (ld->sm.eng.pooling != MODEL_POOLING_UNSPECIFIED) {
+		const char *pn = embed_pooling_name((enum model_pooling)ld->sm.eng.pooling);
+		ld->sm.info.pooling = (struct msg_bytes){ pn, strlen(pn) };
+	}
 	/* From here the server owns ld (through sm.release). */
 	server_model_ready(ld->srv, &ld->sm);
 	return NULL;

@@ -22,6 +22,11 @@ struct session;
 void offload_tokenize(struct session *ss, uint64_t id, char *text, size_t len, bool add_bos,
 		      bool special);
 
+/* Tokenizes an embed request's texts (em: owned, freed when done) on a worker, then submits
+ * it (session_embed_submit) or answers its refusal from the loop thread. */
+struct msg_embed;
+void offload_embed(struct session *ss, uint64_t id, int pooling, struct msg_embed *em);
+
 /* Waits (on the loop thread) until no worker uses a tokenizer: before a model is freed. */
 void offload_quiesce(struct server *srv);
 

@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "daemon/engine/embed.h"
 #include "daemon/engine/load.h"
 #include "daemon/engine/tokenizer.h"
 #include "daemon/serve/spec.h"
@@ -67,6 +68,12 @@ struct sched_seq {
 					 * (jump-forward), their events not yet built */
 	uint32_t prefill_end;           /* tokens[0..prefill_end) are fed as prefill: the prompt,
 					 * or after a preemption everything up to now */
+	/* An embed request (req.embed): the input being run, fed from embed_tokens (its
+	 * prompt, not tokens[]) up to prefill_end, and the pooling of its rows so far. */
+	uint32_t embed_input;
+	const int32_t *embed_tokens;
+	struct embed_pooler pooler;
+	double *pool_acc;               /* n_embd, made with the entry's first embed request */
 };
 
 struct sched {
@@ -87,6 +94,8 @@ struct sched {
 	struct engine_span *spans;
 	struct sched_seq **span_seq;
 	float *spec_rows;               /* n_spec_rows x n_vocab: logits of verifying spans */
+	float *embd_rows;               /* step_tokens x n_embd: hidden states of embed spans,
+					 * made with the first embed request */
 	uint32_t n_spec_rows;
 	struct sched_client *rr;        /* next client whose waiting request is admitted */
 	uint32_t last_uid;              /* the user admitted last */
@@ -234,7 +243,7 @@ static void seq_end(struct sched *s, struct sched_seq *q, enum sched_finish f,
 		    const struct hearth_error *err)
 {
 	struct sched_msg *m = q->msg;
-	m->result.n_generated = q->n_tokens - m->req.n_prompt;
+	m->result.n_generated = m->req.embed ? 0 : q->n_tokens - m->req.n_prompt;
 	seq_release(s, q);
 	sched_finish_msg(s, m, f, err);
 }
@@ -378,7 +387,8 @@ static bool sched_preempt_over_share(struct sched *s, const struct sched_client 
 		struct sched_seq *q = &s->seqs[i];
 		spare_entry |= !q->msg;
 		if (!q->msg || !q->eseq || q->has_event || q->finish || q->cancel || q->n_forced_pending ||
-		    q->n_fed < q->prefill_end || q->n_tokens - q->n_fed != 1 || q->msg->client->uid == c->uid)
+		    q->msg->req.embed || q->n_fed < q->prefill_end || q->n_tokens - q->n_fed != 1 ||
+		    q->msg->client->uid == c->uid)
 			continue;
 		uint32_t n = sched_uid_active(s, q->msg->client->uid);
 		if (n > best_n || (best && n == best_n && q->n_tokens < best->n_tokens)) {
@@ -421,6 +431,8 @@ static void sched_resume(struct sched *s, struct sched_seq *q)
 	q->prefill_end = q->n_tokens;
 }
 
+static int seq_embed_start(struct sched *s, struct sched_seq *q, struct sched_msg *m, uint64_t now);
+
 /* Tries to start m in a free slot. 0 on success, HEARTH_EKVFULL when the KV budget cannot
  * hold it now, another code (the reason in *e) for a request that can never run. m is still
  * at the head of its client's queue, so it is not handed back here: the caller takes it out
@@ -428,6 +440,8 @@ static void sched_resume(struct sched *s, struct sched_seq *q)
 static int seq_start(struct sched *s, struct sched_seq *q, struct sched_msg *m, uint64_t now,
 		     struct hearth_error *e)
 {
+	if (m->req.embed)
+		return seq_embed_start(s, q, m, now);
 	const struct sched_request *r = &m->req;
 	uint32_t n_reserve = seq_reserve(s, r);
 	uint32_t n_cached = 0;
@@ -475,6 +489,110 @@ static int seq_start(struct sched *s, struct sched_seq *q, struct sched_msg *m, 
 	return 0;
 }
 
+/* ---- embeddings: prefill-only sequences ---- */
+
+/* Opens the engine sequence of q's current input. Mean and cls pool every position, and a
+ * cached prefix has K/V but no hidden states, so they open without a prompt to match and
+ * compute everything; last needs only the last position, which the engine always computes
+ * (it never reports a whole prompt cached), so it shares prefixes like a generate. */
+static int seq_embed_open(struct sched *s, struct sched_seq *q, struct hearth_error *e)
+{
+	struct sched_msg *m = q->msg;
+	const struct sched_request *r = &m->req;
+	uint32_t i = q->embed_input, start = i ? r->input_end[i - 1] : 0, len = r->input_end[i] - start;
+	const int32_t *toks = r->prompt + start;
+	bool share = r->pooling == MODEL_POOLING_LAST;
+	uint32_t n_cached = 0;
+	int rc = s->eng.seq_open(s->eng.impl, share ? toks : NULL, share ? len : 0, len, r->prefix_share,
+				 &q->eseq, &n_cached, e);
+	if (rc < 0) {
+		q->eseq = NULL;
+		return rc;
+	}
+	if (n_cached >= len)
+		n_cached = len - 1;
+	q->embed_tokens = toks;
+	q->n_fed = n_cached;
+	q->prefill_end = len;
+	q->n_tokens = len;
+	embed_pooler_init(&q->pooler, (enum model_pooling)r->pooling, s->eng.n_embd, q->pool_acc, NULL);
+	m->result.n_cached += n_cached;
+	atomic_fetch_add_explicit(&s->stats.prefix_lookup_tokens, len, memory_order_relaxed);
+	atomic_fetch_add_explicit(&s->stats.prefix_hit_tokens, n_cached, memory_order_relaxed);
+	return 0;
+}
+
+/* seq_start of an embed request: its first input. The scratch is made here, once, so a
+ * daemon that never embeds pays nothing for it. */
+static int seq_embed_start(struct sched *s, struct sched_seq *q, struct sched_msg *m, uint64_t now)
+{
+	size_t E = s->eng.n_embd;
+	if (!s->embd_rows)
+		s->embd_rows = malloc((size_t)s->p.step_tokens * E * sizeof(float));
+	if (!q->pool_acc)
+		q->pool_acc = malloc(E * sizeof(double));
+	if (!s->embd_rows || !q->pool_acc) {
+		sched_fail_msg(s, m, HEARTH_ENOMEM, "scheduler: out of memory for embeddings (%zu wide)", E);
+		return HEARTH_ENOMEM;
+	}
+	q->msg = m;
+	q->embed_input = 0;
+	struct hearth_error e;
+	int rc = seq_embed_open(s, q, &e);
+	if (rc < 0) {
+		q->msg = NULL;
+		if (rc != HEARTH_EKVFULL)
+			sched_finish_msg(s, m, SCHED_FINISH_ERROR, &e);
+		return rc;
+	}
+	m->client->n_running++;
+	q->has_event = false;
+	q->finish = SCHED_FINISH_NONE;
+	q->cancel = false;
+	q->grammar_on = false;
+	q->n_forced_pending = 0;
+	spec_seq_init(&q->spec, 0);
+	m->result.n_prompt = m->req.n_prompt;
+	m->result.n_forced = 0;
+	m->result.t_admit = now;
+	return 0;
+}
+
+/* After a step fed the last token of q's current input: its vector goes out, its KV goes
+ * back at once, and the next input opens (or waits in sched_settle for KV: the place stays
+ * the request's). The last input finishes the request. */
+static void seq_embed_input_done(struct sched *s, struct sched_seq *q, uint64_t now)
+{
+	struct sched_msg *m = q->msg;
+	const struct sched_request *r = &m->req;
+	struct hearth_error e;
+	if (!m->result.t_first)
+		m->result.t_first = now;
+	embed_pooler_finish(&q->pooler, true, r->embd_out + (size_t)q->embed_input * s->eng.n_embd, NULL);
+	s->eng.seq_close(s->eng.impl, q->eseq);
+	q->eseq = NULL;
+	if (++q->embed_input == r->n_inputs) {
+		q->finish = SCHED_FINISH_STOP;
+		return;
+	}
+	int rc = seq_embed_open(s, q, &e);
+	if (rc < 0 && rc != HEARTH_EKVFULL) {
+		q->finish = SCHED_FINISH_ERROR;
+		q->err = e;
+	}
+}
+
+/* sched_settle: an embed request between inputs, waiting for KV for the next. */
+static void seq_embed_resume(struct sched *s, struct sched_seq *q)
+{
+	struct hearth_error e;
+	if (sched_n_active(s) >= s->p.max_seqs)
+		return;
+	int rc = seq_embed_open(s, q, &e);
+	if (rc < 0 && rc != HEARTH_EKVFULL)
+		seq_end(s, q, SCHED_FINISH_ERROR, &e);
+}
+
 /* ---- incoming messages ---- */
 
 static void sched_on_submit(struct sched *s, struct sched_msg *m, uint64_t now)
@@ -482,6 +600,32 @@ static void sched_on_submit(struct sched *s, struct sched_msg *m, uint64_t now)
 	const struct sched_request *r = &m->req;
 	if (s->shutdown) {
 		sched_fail_msg(s, m, HEARTH_ESHUTDOWN, "the daemon is shutting down");
+		return;
+	}
+	if (r->embed) {
+		/* The session checked all this with the client's words; here it guards the
+		 * invariants the embed path relies on. */
+		uint32_t prev = 0;
+		enum model_pooling pl = (enum model_pooling)r->pooling;
+		if (!s->eng.n_embd || r->n_inputs == 0 || r->input_end[r->n_inputs - 1] != r->n_prompt ||
+		    (pl != MODEL_POOLING_MEAN && pl != MODEL_POOLING_CLS && pl != MODEL_POOLING_LAST)) {
+			sched_fail_msg(s, m, HEARTH_EINVAL, "embed: a malformed request (%u inputs, pooling %d)",
+				       r->n_inputs, r->pooling);
+			return;
+		}
+		for (uint32_t i = 0; i < r->n_inputs; prev = r->input_end[i++]) {
+			uint32_t len = r->input_end[i] - prev;
+			if (r->input_end[i] <= prev || len > s->eng.max_context || len > s->eng.kv_tokens) {
+				sched_fail_msg(s, m, r->input_end[i] <= prev ? HEARTH_EINVAL : HEARTH_ERANGE,
+					       "embed: input %u has %u tokens; 1..%u fit (max_context, kv_budget)",
+					       i, r->input_end[i] <= prev ? 0 : len,
+					       s->eng.max_context < s->eng.kv_tokens ? s->eng.max_context
+										      : (uint32_t)s->eng.kv_tokens);
+				return;
+			}
+		}
+		m->kv_deadline = now + s->p.kv_wait_ns;
+		waiting_push(s, m->client, m);
 		return;
 	}
 	if (r->n_prompt == 0) {
@@ -1112,6 +1256,8 @@ static void sched_settle(struct sched *s, uint64_t now)
 		}
 		if (q->finish != SCHED_FINISH_NONE)
 			seq_end(s, q, q->finish, &q->err);
+		else if (!q->eseq && q->msg->req.embed)
+			seq_embed_resume(s, q);
 		else if (!q->eseq)
 			sched_resume(s, q);
 	}
@@ -1135,6 +1281,7 @@ static size_t sched_build_batch(struct sched *s)
 	size_t n = 0;
 	uint32_t budget = s->p.step_tokens;
 	s->step_no++;
+	uint32_t embd_row = 0;          /* rows of s->embd_rows taken by this step's spans */
 	/* Decode tokens first: they are one each and keep every stream moving. A sequence
 	 * with forced tokens (jump-forward) feeds them too, as far as the budget goes after
 	 * one token for every other decoding sequence; the rest waits for the next step. Rows
@@ -1168,12 +1315,12 @@ static size_t sched_build_batch(struct sched *s)
 			take = 1 + k;
 			s->spans[n] = (struct engine_span){ q->eseq, &q->tokens[q->n_fed], take,
 							    s->spec_rows + (size_t)spec_row * s->eng.n_vocab,
-							    take };
+							    take, NULL };
 			spec_row += take;
 			spare_rows -= k;
 		} else {
 			s->spans[n] = (struct engine_span){ q->eseq, &q->tokens[q->n_fed], take,
-							    take == want ? q->logits : NULL, 0 };
+							    take == want ? q->logits : NULL, 0, NULL };
 		}
 		s->span_seq[n++] = q;
 		budget = budget > take ? budget - take : 0;
@@ -1214,12 +1361,17 @@ static size_t sched_build_batch(struct sched *s)
 			if (nd > 0) {
 				s->spans[n] = (struct engine_span){ q->eseq, &q->tokens[q->n_fed], chunk + nd,
 								    s->spec_rows + (size_t)spec_row * s->eng.n_vocab,
-								    1 + nd };
+								    1 + nd, NULL };
 				spec_row += 1 + nd;
 				spare_rows -= nd;
+			} else if (q->msg->req.embed) {
+				s->spans[n] = (struct engine_span){ q->eseq, q->embed_tokens + q->n_fed, chunk,
+								    NULL, 0,
+								    s->embd_rows + (size_t)embd_row * s->eng.n_embd };
+				embd_row += chunk;
 			} else {
 				s->spans[n] = (struct engine_span){ q->eseq, &q->tokens[q->n_fed], chunk,
-								    last ? q->logits : NULL, 0 };
+								    last ? q->logits : NULL, 0, NULL };
 			}
 			s->span_seq[n++] = q;
 			budget -= chunk + nd;
@@ -1249,7 +1401,11 @@ static void sched_step(struct sched *s, size_t n_spans)
 		if (prefill)
 			atomic_fetch_add_explicit(&s->stats.tokens_prefilled, s->spans[i].n - n_draft,
 						  memory_order_relaxed);
-		if (n_draft) {
+		if (s->spans[i].embd) {
+			embed_pooler_add(&q->pooler, s->spans[i].embd, s->spans[i].n);
+			if (q->n_fed == q->prefill_end)
+				seq_embed_input_done(s, q, t1);
+		} else if (n_draft) {
 			q->n_fed--; /* the token before the draft: fed, its sample still to come */
 			seq_verify(s, q, &s->spans[i], t1);
 		} else if (s->spans[i].logits) {
@@ -1358,12 +1514,14 @@ static void sched_free(struct sched *s)
 			free(s->seqs[i].tokens);
 			free(s->seqs[i].logits);
 			free(s->seqs[i].mask);
+			free(s->seqs[i].pool_acc);
 		}
 	}
 	free(s->seqs);
 	free(s->spans);
 	free(s->span_seq);
 	free(s->spec_rows);
+	free(s->embd_rows);
 	queue_destroy(&s->in);
 	queue_destroy(&s->out);
 	if (s->doorbell >= 0)

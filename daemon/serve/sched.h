@@ -104,6 +104,16 @@ struct sched_request {
 					 * reply parser reads the family's markers in it) */
 	uint32_t speculate;             /* draft tokens a step may verify (prompt lookup,
 					 * daemon/serve/spec.h); 0 = off */
+	/* Embedding, a prefill-only request: prompt holds n_inputs inputs back to back, input
+	 * i ending at input_end[i]. They run one after another in one sequence (a batch takes
+	 * one place, as a generate does), each with its own KV, freed when it is pooled into
+	 * embd_out[i * n_embd ..] (n_inputs x engine n_embd floats), unit length. Nothing is
+	 * sampled; max_tokens and the sampling fields are unused. */
+	bool embed;
+	int pooling;                    /* enum model_pooling: MEAN, CLS or LAST */
+	uint32_t n_inputs;
+	uint32_t *input_end;            /* owned by the message */
+	float *embd_out;                /* owned by the message */
 	void *user;                     /* the session's per-request state, handed to emit */
 };
 

@@ -150,6 +150,18 @@ void session_check_ring(struct session *ss);
 void session_reply(struct session *ss, const struct msg *m);
 void session_reply_error(struct session *ss, uint64_t id, enum msg_errcode code, const char *text);
 void session_unhold(struct session *ss);
+
+/* An embed request's inputs as tokens back to back (*prompt) and where each ends (*ends):
+ * texts tokenized as llama.cpp's embedding tool and server do (the model's BOS and EOS,
+ * special-token text parsed), ids checked against the vocabulary; each input must fit
+ * max_ctx. 0, or the wire code and words of the refusal in *code and e. Touches no session:
+ * offload.c runs it on a worker. */
+int serve_embed_tokens(const struct tok *tok, uint32_t max_ctx, uint32_t n_vocab, const struct msg_embed *em,
+		       int32_t **prompt, uint32_t **ends, uint32_t *n_total, enum msg_errcode *code,
+		       struct hearth_error *e);
+/* Hands an embed's tokens to the scheduler (takes prompt and ends in every case). */
+void session_embed_submit(struct session *ss, uint64_t id, int pooling, size_t n_in, int32_t *prompt,
+			  uint32_t *ends, uint32_t n_total);
 /* Takes the frames left buffered while paused, then reads from the peer again. */
 void session_resume_reading(struct session *ss);
 

@@ -16,6 +16,7 @@
 #include "daemon/serve/ledger_reply.h"
 #include "daemon/serve/serve.h"
 #include "daemon/serve/spec.h"
+#include "daemon/engine/embed.h"
 #include "daemon/engine/tokenizer.h"
 #include "daemon/serve/offload.h"
 #include "protocol/fdpass.h"
@@ -553,20 +554,44 @@ static int session_open_socket_ring(struct session *ss, struct hearth_error *e)
 
 static void session_send_cb(void *ctx, const struct msg *m);
 
-/* The checks generate and chat share, before any prompt work; false when a refusal was sent. */
-static bool session_gen_admissible(struct session *ss, uint64_t id, const struct msg_generate *g, bool chat)
+/* The first checks of every request the scheduler runs: false when a refusal was sent. */
+static bool session_req_admissible(struct session *ss, uint64_t id)
 {
-	struct server *srv = ss->srv;
-	struct hearth_error e;
 	if (!ss->welcomed) {
 		session_send_error(ss, id, ss->hello_pending ? MSG_ERR_LOADING : MSG_ERR_BAD_STATE,
 				   false, ss->hello_pending ? "the model is still loading" : "send hello first");
 		return false;
 	}
-	if (srv->stopping) {
+	if (ss->srv->stopping) {
 		session_send_error(ss, id, MSG_ERR_SHUTTING_DOWN, false, "the daemon is shutting down");
 		return false;
 	}
+	return true;
+}
+
+/* The id is free and the connection below max_requests_per_client: false when refused. */
+static bool session_req_slot(struct session *ss, uint64_t id)
+{
+	if (session_find_req(ss, id)) {
+		session_send_error(ss, id, MSG_ERR_DUPLICATE_ID, false,
+				   "request %llu is still running", (unsigned long long)id);
+		return false;
+	}
+	if (ss->n_reqs >= ss->srv->cfg.max_requests_per_client) {
+		session_send_error(ss, id, MSG_ERR_BUSY, false,
+				   "this connection already has %u requests running (max_requests_per_client)",
+				   ss->n_reqs);
+		return false;
+	}
+	return true;
+}
+
+/* The checks generate and chat share, before any prompt work; false when a refusal was sent. */
+static bool session_gen_admissible(struct session *ss, uint64_t id, const struct msg_generate *g, bool chat)
+{
+	struct hearth_error e;
+	if (!session_req_admissible(ss, id))
+		return false;
 	if (!ss->ring_open && !g->stream_socket) {
 		session_send_error(ss, id, MSG_ERR_BAD_STATE, false,
 				   "without a shared-memory ring (hello ring=false), ask for socket: true");
@@ -582,17 +607,8 @@ static bool session_gen_admissible(struct session *ss, uint64_t id, const struct
 		session_send_error(ss, id, MSG_ERR_INTERNAL, false, "socket streaming: %s", e.msg);
 		return false;
 	}
-	if (session_find_req(ss, id)) {
-		session_send_error(ss, id, MSG_ERR_DUPLICATE_ID, false,
-				   "request %llu is still running", (unsigned long long)id);
+	if (!session_req_slot(ss, id))
 		return false;
-	}
-	if (ss->n_reqs >= srv->cfg.max_requests_per_client) {
-		session_send_error(ss, id, MSG_ERR_BUSY, false,
-				   "this connection already has %u requests running (max_requests_per_client)",
-				   ss->n_reqs);
-		return false;
-	}
 	if (g->top_logprobs > SCHED_MAX_TOP || g->n_stop > SCHED_MAX_STOP_STRINGS ||
 	    g->n_stop_tokens > SCHED_MAX_STOP_TOKENS) {
 		session_send_error(ss, id, MSG_ERR_BAD_FIELD, false,
@@ -648,12 +664,67 @@ static int session_grammar(struct session *ss, const struct msg_generate *g, con
 	return rc;
 }
 
+/* The request's prefix-sharing domain: domains never meet, uids and gids in separate halves,
+ * 0 for all. */
+static uint64_t session_prefix_share(const struct session *ss)
+{
+	switch (ss->srv->cfg.prefix_share) {
+	case CONFIG_SHARE_UID: return (1ull << 32) | ss->cred.uid;
+	case CONFIG_SHARE_GROUP: return (2ull << 32) | ss->cred.gid;
+	default: return 0;
+	}
+}
+
+/* Posts a filled SUBMIT message for request id costing `cost` tokens of the connection's
+ * queue: the per-connection and per-uid limits, then the scheduler. True when posted (the
+ * request is tracked until its message comes back); false when refused, the refusal sent
+ * and sm freed (what sm->req points to stays the caller's). */
+static bool session_post_req(struct session *ss, uint64_t id, uint64_t cost, struct sched_msg *sm)
+{
+	struct server *srv = ss->srv;
+	struct hearth_error e;
+	if (ss->queued_tokens + cost > srv->cfg.max_queued_tokens_per_client) {
+		session_send_error(ss, id, MSG_ERR_BUSY, false,
+				   "this connection would have %llu tokens queued; the limit is %llu (max_queued_tokens_per_client)",
+				   (unsigned long long)(ss->queued_tokens + cost),
+				   (unsigned long long)srv->cfg.max_queued_tokens_per_client);
+		free(sm);
+		return false;
+	}
+	if (policy_uid_acquire(&srv->policy, ss->cred.uid, &e) < 0) {
+		session_send_error(ss, id, MSG_ERR_BUSY, false, "%s", e.msg);
+		free(sm);
+		return false;
+	}
+	struct serve_req *r = calloc(1, sizeof *r);
+	if (!r) {
+		free(sm);
+		policy_uid_release(&srv->policy, ss->cred.uid);
+		session_send_error(ss, id, MSG_ERR_INTERNAL, false, "out of memory");
+		return false;
+	}
+	sm->result.t_submit = hearth_now_ns();
+	r->id = id;
+	r->tokens = cost;
+	if (serve_post(srv, sm) < 0) {
+		free(r);
+		policy_uid_release(&srv->policy, ss->cred.uid);
+		session_send_error(ss, id, MSG_ERR_BUSY, false, "the daemon's request queue is full");
+		return false;
+	}
+	r->next = ss->reqs;
+	ss->reqs = r;
+	ss->n_reqs++;
+	ss->queued_tokens += cost;
+	ss->n_inflight++;
+	return true;
+}
+
 /* Hands a request with its prompt tokens to the scheduler. Takes prompt (and chat, a chat's
  * state) in every case: on refusal they are freed here. */
 static void session_gen_submit(struct session *ss, uint64_t id, const struct msg_generate *g, int32_t *prompt,
 			       uint32_t n_prompt, struct serve_chat *chat)
 {
-	struct server *srv = ss->srv;
 	struct hearth_error e;
 	struct grammar_matcher *gm = NULL;
 	char trigger[SCHED_TRIGGER_MAX];
@@ -673,23 +744,8 @@ static void session_gen_submit(struct session *ss, uint64_t id, const struct msg
 		session_send_error(ss, id, MSG_ERR_BAD_FIELD, false, "%s", e.msg);
 		goto refuse;
 	}
-	if (ss->queued_tokens + cost > srv->cfg.max_queued_tokens_per_client) {
-		session_send_error(ss, id, MSG_ERR_BUSY, false,
-				   "this connection would have %llu tokens queued; the limit is %llu (max_queued_tokens_per_client)",
-				   (unsigned long long)(ss->queued_tokens + cost),
-				   (unsigned long long)srv->cfg.max_queued_tokens_per_client);
-		goto refuse;
-	}
-	if (policy_uid_acquire(&srv->policy, ss->cred.uid, &e) < 0) {
-		session_send_error(ss, id, MSG_ERR_BUSY, false, "%s", e.msg);
-		goto refuse;
-	}
 	struct sched_msg *sm = sched_msg_new(SCHED_MSG_SUBMIT, &ss->client, ss);
-	struct serve_req *r = calloc(1, sizeof *r);
-	if (!sm || !r) {
-		free(sm);
-		free(r);
-		policy_uid_release(&srv->policy, ss->cred.uid);
+	if (!sm) {
 		session_send_error(ss, id, MSG_ERR_INTERNAL, false, "out of memory");
 		goto refuse;
 	}
@@ -721,12 +777,7 @@ static void session_gen_submit(struct session *ss, uint64_t id, const struct msg
 	q->ignore_eos = g->ignore_eos;
 	q->speculate = g->has_speculate ? g->speculate : SPEC_K_DEFAULT;
 	q->to_socket = g->stream_socket;
-	/* Prefix-sharing domains never meet: uids and gids in separate halves, 0 for all. */
-	switch (srv->cfg.prefix_share) {
-	case CONFIG_SHARE_UID: q->prefix_share = (1ull << 32) | ss->cred.uid; break;
-	case CONFIG_SHARE_GROUP: q->prefix_share = (2ull << 32) | ss->cred.gid; break;
-	default: q->prefix_share = 0; break;
-	}
+	q->prefix_share = session_prefix_share(ss);
 	q->special_text = chat != NULL;
 	q->user = chat;
 	q->grammar = gm;
@@ -735,21 +786,8 @@ static void session_gen_submit(struct session *ss, uint64_t id, const struct msg
 	 * model's distribution at every position sample every token. */
 	q->jump_forward = (!g->has_jump_forward || g->jump_forward) && !g->logprobs && !g->top_logprobs &&
 			  !g->logits;
-	sm->result.t_submit = hearth_now_ns();
-	r->id = id;
-	r->tokens = cost;
-	if (serve_post(srv, sm) < 0) {
-		free(r);
-		policy_uid_release(&srv->policy, ss->cred.uid);
-		session_send_error(ss, id, MSG_ERR_BUSY, false, "the daemon's request queue is full");
-		goto refuse;
-	}
-	r->next = ss->reqs;
-	ss->reqs = r;
-	ss->n_reqs++;
-	ss->queued_tokens += cost;
-	ss->n_inflight++;
-	return;
+	if (session_post_req(ss, id, cost, sm))
+		return;
 refuse:
 	free(prompt);
 	grammar_matcher_free(gm);
@@ -792,6 +830,231 @@ static void session_on_chat(struct session *ss, const struct msg *m)
 		return;
 	}
 	session_gen_submit(ss, m->id, &c->gen, prompt, n_prompt, sc);
+}
+
+/* ---- embed ---- */
+
+/* Room a reply frame needs besides its vectors: the map, keys, pooling, timings, and up to
+ * 5 bytes per n_tokens entry. */
+#define SESSION_EMBED_OVERHEAD 256u
+
+int serve_embed_tokens(const struct tok *tok, uint32_t max_ctx, uint32_t n_vocab, const struct msg_embed *em,
+		       int32_t **prompt, uint32_t **ends, uint32_t *n_total, enum msg_errcode *code, struct hearth_error *e)
+{
+	size_t n_in = em->n_input ? em->n_input : em->n_tokens, total = 0, cap = 0;
+	int32_t *toks = NULL;
+	uint32_t *end = calloc(n_in, sizeof *end);
+	*code = MSG_ERR_INTERNAL;
+	if (!end)
+		return hearth_error_set(e, HEARTH_ENOMEM, "out of memory");
+	for (size_t i = 0; i < n_in; i++) {
+		/* Room for this input at its longest: the context, and one more to tell too long. */
+		size_t want = total + max_ctx + 2;
+		if (want > cap) {
+			size_t ncap = cap ? cap * 2 : 1024;
+			while (ncap < want)
+				ncap *= 2;
+			int32_t *t = realloc(toks, ncap * sizeof *t);
+			if (!t)
+				goto oom;
+			toks = t;
+			cap = ncap;
+		}
+		size_t n = 0;
+		if (em->n_input) {
+			bool eos = tok_add_eos(tok);
+			int rc = tok_encode(tok, em->input[i].ptr, em->input[i].len, tok_add_bos(tok), true, toks + total,
+					    max_ctx + 1 - eos, &n, e);
+			if (rc == HEARTH_ERANGE || (rc == 0 && n + eos > max_ctx)) {
+				*code = MSG_ERR_CONTEXT;
+				hearth_error_set(e, HEARTH_ERANGE, "input[%zu] is %zu tokens; the context holds %u", i,
+						 n + eos, max_ctx);
+				goto fail;
+			}
+			if (rc < 0) {
+				*code = MSG_ERR_BAD_FIELD;
+				hearth_error_prefix(e, "input[%zu]", i);
+				goto fail;
+			}
+			if (eos)
+				toks[total + n++] = tok_eos(tok);
+			if (n == 0) {
+				*code = MSG_ERR_BAD_FIELD;
+				hearth_error_set(e, HEARTH_EINVAL, "input[%zu] makes no token", i);
+				goto fail;
+			}
+		} else {
+			const struct msg_u32s *a = &em->tokens[i];
+			if (a->n > max_ctx) {
+				*code = MSG_ERR_CONTEXT;
+				hearth_error_set(e, HEARTH_ERANGE, "tokens[%zu] has %zu tokens; the context holds %u", i, a->n,
+						 max_ctx);
+				goto fail;
+			}
+			for (size_t j = 0; j < a->n; j++) {
+				if (a->v[j] >= n_vocab) {
+					*code = MSG_ERR_BAD_TOKEN;
+					hearth_error_set(e, HEARTH_EINVAL, "tokens[%zu][%zu] = %u is beyond the vocabulary (%u tokens)",
+							 i, j, a->v[j], n_vocab);
+					goto fail;
+				}
+				toks[total + j] = (int32_t)a->v[j];
+			}
+			n = a->n;
+		}
+		total += n;
+		end[i] = (uint32_t)total;
+	}
+	*prompt = toks;
+	*ends = end;
+	*n_total = (uint32_t)total;
+	return 0;
+oom:
+	hearth_error_set(e, HEARTH_ENOMEM, "out of memory for the inputs' tokens");
+fail:
+	free(toks);
+	free(end);
+	return e->code ? e->code : HEARTH_EINVAL;
+}
+
+void session_embed_submit(struct session *ss, uint64_t id, int pooling, size_t n_in, int32_t *prompt,
+			  uint32_t *ends, uint32_t n_total)
+{
+	size_t n_embd = server_model_view(ss->srv)->eng.n_embd;
+	float *out = malloc(n_in * n_embd * sizeof *out);
+	struct sched_msg *sm = sched_msg_new(SCHED_MSG_SUBMIT, &ss->client, ss);
+	/* A duplicate id may have come while the texts were tokenized off the loop. */
+	if (!out || !sm || !session_req_slot(ss, id)) {
+		if (!out || !sm)
+			session_send_error(ss, id, MSG_ERR_INTERNAL, false, "out of memory");
+		free(out);
+		free(sm);
+		free(prompt);
+		free(ends);
+		return;
+	}
+	struct sched_request *q = &sm->req;
+	q->id = id;
+	q->prompt = prompt;
+	q->n_prompt = n_total;
+	q->embed = true;
+	q->pooling = pooling;
+	q->n_inputs = (uint32_t)n_in;
+	q->input_end = ends;
+	q->embd_out = out;
+	q->prefix_share = session_prefix_share(ss);
+	if (!session_post_req(ss, id, n_total, sm)) {
+		free(prompt);
+		free(ends);
+		free(out);
+	}
+}
+
+/* Texts of an embed copied for a worker: one allocation holds the array and the bytes. */
+static struct msg_embed *session_embed_copy(const struct msg_embed *em)
+{
+	size_t bytes = em->n_input * sizeof(struct msg_bytes);
+	for (size_t i = 0; i < em->n_input; i++)
+		bytes += em->input[i].len + 1;
+	struct msg_embed *c = malloc(sizeof *c + bytes);
+	if (!c)
+		return NULL;
+	*c = (struct msg_embed){ .input = (struct msg_bytes *)(c + 1), .n_input = em->n_input };
+	char *at = (char *)(c->input + em->n_input);
+	for (size_t i = 0; i < em->n_input; i++) {
+		memcpy(at, em->input[i].ptr, em->input[i].len);
+		at[em->input[i].len] = 0;
+		c->input[i] = (struct msg_bytes){ at, em->input[i].len };
+		at += em->input[i].len + 1;
+	}
+	return c;
+}
+
+static void session_on_embed(struct session *ss, const struct msg *m)
+{
+	const struct msg_embed *em = &m->u.embed;
+	const struct server_model *model = server_model_view(ss->srv);
+	struct hearth_error e = { 0 };
+	if (!session_req_admissible(ss, m->id) || !session_req_slot(ss, m->id))
+		return;
+	/* The request's pooling, else the file's; a file that declares none is a generative
+	 * model, which gives a vector only for a pooling the request names. */
+	enum model_pooling pooling = (enum model_pooling)model->eng.pooling;
+	if (em->has_pooling)
+		embed_pooling_parse(em->pooling.ptr, em->pooling.len, &pooling);
+	if (pooling != MODEL_POOLING_MEAN && pooling != MODEL_POOLING_CLS && pooling != MODEL_POOLING_LAST) {
+		session_send_error(ss, m->id, MSG_ERR_BAD_FIELD, false,
+				   "this model's pooling_type is %s, which gives no single vector: name a pooling "
+				   "(mean, cls or last)", embed_pooling_name(pooling));
+		return;
+	}
+	size_t n_in = em->n_input ? em->n_input : em->n_tokens, n_embd = model->eng.n_embd;
+	size_t per_frame = (FRAME_MAX_DEFAULT - SESSION_EMBED_OVERHEAD) / (n_embd * sizeof(float) + 5);
+	if (n_in > per_frame) {
+		session_send_error(ss, m->id, MSG_ERR_TOO_LARGE, false,
+				   "%zu inputs: the vectors of at most %zu (%zu floats each) fit in one reply frame",
+				   n_in, per_frame, n_embd);
+		return;
+	}
+	size_t text_bytes = 0;
+	for (size_t i = 0; i < em->n_input; i++)
+		text_bytes += em->input[i].len;
+	if (text_bytes > SESSION_TOKENIZE_INLINE) {
+		/* Long texts take the tokenizer milliseconds to seconds: off the loop thread. */
+		struct msg_embed *copy = session_embed_copy(em);
+		if (!copy) {
+			session_send_error(ss, m->id, MSG_ERR_INTERNAL, false, "out of memory");
+			return;
+		}
+		offload_embed(ss, m->id, pooling, copy);
+		return;
+	}
+	int32_t *prompt = NULL;
+	uint32_t *ends = NULL, n_total = 0;
+	enum msg_errcode code;
+	if (serve_embed_tokens(model->tok, model->eng.max_context, model->eng.n_vocab, em, &prompt, &ends, &n_total,
+			       &code, &e) < 0) {
+		session_send_error(ss, m->id, code, false, "%s", e.msg);
+		return;
+	}
+	session_embed_submit(ss, m->id, pooling, n_in, prompt, ends, n_total);
+}
+
+/* The final frame of an embed request the scheduler handed back. */
+static void session_embed_reply(struct session *ss, const struct sched_msg *m)
+{
+	const struct sched_result *res = &m->result;
+	const struct sched_request *q = &m->req;
+	if (res->finish == SCHED_FINISH_ERROR) {
+		session_send_error(ss, q->id, msg_errcode_from_hearth(res->err.code), false, "%s", res->err.msg);
+		return;
+	}
+	struct msg r;
+	if (res->finish == SCHED_FINISH_CANCELED) {
+		msg_init(&r, MSG_DONE, q->id);
+		r.u.done.finish = MSG_FINISH_CANCEL;
+		r.u.done.n_prompt = res->n_prompt;
+		session_send(ss, &r);
+		return;
+	}
+	uint32_t n_embd = server_model_view(ss->srv)->eng.n_embd;
+	uint32_t counts[MSG_EMBED_INPUTS_MAX];
+	for (uint32_t i = 0; i < q->n_inputs; i++)
+		counts[i] = q->input_end[i] - (i ? q->input_end[i - 1] : 0);
+	const char *pn = embed_pooling_name((enum model_pooling)q->pooling);
+	uint64_t admit = res->t_admit ? res->t_admit : res->t_end;
+	msg_init(&r, MSG_EMBEDDINGS, q->id);
+	r.u.embeddings = (struct msg_embeddings){
+		.n_embd = n_embd,
+		.data = { (const char *)q->embd_out, (size_t)q->n_inputs * n_embd * sizeof(float) },
+		.n_tokens = counts,
+		.n_inputs = q->n_inputs,
+		.pooling = { pn, strlen(pn) },
+		.n_cached = res->n_cached,
+		.queue_ms = (double)(admit - res->t_submit) / 1e6,
+		.compute_ms = (double)(res->t_end - admit) / 1e6,
+	};
+	session_send(ss, &r);
 }
 
 static void session_on_cancel(struct session *ss, const struct msg *m)
@@ -1072,6 +1335,9 @@ static void session_dispatch(struct session *ss, const struct msg *m)
 	case MSG_DETOKENIZE:
 		session_on_detokenize(ss, m);
 		break;
+	case MSG_EMBED:
+		session_on_embed(ss, m);
+		break;
 	case MSG_STATS:
 		session_on_stats(ss, m);
 		break;
@@ -1233,7 +1499,14 @@ void session_deliver(struct server *srv, struct sched_msg *m)
 	}
 	hearth_assert(ss->n_inflight > 0);
 	ss->n_inflight--;
-	if (m->type == SCHED_MSG_SUBMIT) {
+	if (m->type == SCHED_MSG_SUBMIT && m->req.embed) {
+		if (!ss->closing)
+			session_embed_reply(ss, m);
+		session_forget_req(ss, m->req.id);
+		free(m->req.prompt);
+		free(m->req.input_end);
+		free(m->req.embd_out);
+	} else if (m->type == SCHED_MSG_SUBMIT) {
 		const struct sched_result *res = &m->result;
 		struct serve_chat *chat = m->req.user;
 		if ((m->req.to_socket || chat) && !ss->closing)

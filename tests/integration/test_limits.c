@@ -830,6 +830,8 @@ static void test_limits_protocol_md_quotes_the_code_limits(void **state)
 		{ "MSG_NAME_MAX", MSG_NAME_MAX },
 		{ "MSG_MESSAGE_MAX", MSG_MESSAGE_MAX },
 		{ "MSG_LEDGER_MAX", MSG_LEDGER_MAX },
+		{ "MSG_EMBED_INPUTS_MAX", MSG_EMBED_INPUTS_MAX },
+		{ "MSG_POOLING_MAX", MSG_POOLING_MAX },
 		{ "FRAME_MAX_DEFAULT", FRAME_MAX_DEFAULT },
 	};
 	for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++) {

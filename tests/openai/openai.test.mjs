@@ -170,6 +170,29 @@ test('aborting a stream ends the request in hearthd', async () => {
   assert.equal(running, 0);
 });
 
+test('embeddings: a generative model needs a pooling; with one, unit vectors in order, base64 as float, as the CLI', async () => {
+  await assert.rejects(client.embeddings.create({ model, input: 'hello' }),
+    (e) => e.status === 400 && /pooling_type is unspecified/.test(e.error?.message ?? ''));
+  const input = ['hello world', 'a second, longer input to embed', 'x'];
+  // Without encoding_format the SDK asks for base64 and decodes it to floats itself.
+  const b64 = await client.embeddings.create({ model, input, pooling: 'mean' });
+  const fl = await client.embeddings.create({ model, input, pooling: 'mean', encoding_format: 'float' });
+  assert.equal(fl.object, 'list');
+  assert.equal(fl.data.length, 3);
+  assert.ok(fl.usage.prompt_tokens > 0);
+  assert.equal(b64.usage.prompt_tokens, fl.usage.prompt_tokens);
+  const cli = JSON.parse(execFileSync(process.env.HEARTH_CLI,
+    ['--socket', process.env.HEARTH_SOCKET, 'embed', '--pooling', 'mean', ...input], { encoding: 'utf8' }));
+  assert.equal(cli.usage.prompt_tokens, fl.usage.prompt_tokens);
+  fl.data.forEach((d, i) => {
+    assert.equal(d.index, i);
+    const norm = Math.sqrt(d.embedding.reduce((s, x) => s + x * x, 0));
+    assert.ok(Math.abs(norm - 1) < 1e-5, `norm ${norm}`);
+    assert.deepEqual(Array.from(b64.data[i].embedding), d.embedding);
+    d.embedding.forEach((x, k) => assert.ok(Math.abs(x - cli.data[i].embedding[k]) < 1e-6));
+  });
+});
+
 test('completions continue a prompt, whole and streamed alike', async () => {
   const r = await client.completions.create({ model, prompt: 'Once upon a time', max_tokens: 8, temperature: 0 });
   assert.equal(r.object, 'text_completion');

@@ -17,6 +17,7 @@
 
 #include "daemon/engine/gguf.h"
 #include "daemon/engine/model.h"
+#include "daemon/engine/embed.h"
 #include "daemon/engine/ref/forward.h"
 #include "tests/support/gguf_build.h"
 
@@ -459,7 +460,12 @@ struct tiny_spec {
 	const char *reshape;     /* a tensor whose row count is off by one */
 	bool no_head_count;
 	uint32_t n_expert;       /* written as ARCH.expert_count when nonzero */
+	uint32_t pooling;        /* written as ARCH.pooling_type when has_pooling */
+	bool has_pooling;
 };
+
+/* What the last successful tiny_load() read as the file's pooling. */
+static enum model_pooling tiny_last_pooling;
 
 struct tiny_tensor {
 	const char *name;
@@ -502,6 +508,8 @@ static void tiny_write(const char *path, const struct tiny_spec *spec)
 	gguf_build_kv_f32(b, KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
 	if (spec->n_expert)
 		gguf_build_kv_u32(b, KEY("expert_count"), spec->n_expert);
+	if (spec->has_pooling)
+		gguf_build_kv_u32(b, KEY("pooling_type"), spec->pooling);
 #undef KEY
 	for (size_t i = 0; i < sizeof(tiny_tensors) / sizeof(tiny_tensors[0]); i++) {
 		const struct tiny_tensor *t = &tiny_tensors[i];
@@ -554,6 +562,7 @@ static int tiny_load(const struct tiny_spec *spec, struct hearth_error *err)
 		for (int i = 0; i < 8; i++)
 			assert_true(isfinite(logits[i]));
 		model_ctx_free(c);
+		tiny_last_pooling = m->hp.pooling;
 	}
 	model_free(m);
 	gguf_close(f);
@@ -616,6 +625,50 @@ static void test_model_rejects_mixture_of_experts(void **state)
 	(void)state;
 	assert_int_equal(tiny_load(&spec, &err), HEARTH_EUNSUPPORTED);
 	assert_non_null(strstr(err.msg, "expert"));
+}
+
+/* <arch>.pooling_type is read as llama.cpp numbers it; absent is unspecified, and a value
+ * beyond the enum is refused by name rather than pooled some guessed way. */
+static void test_model_reads_pooling_type(void **state)
+{
+	struct tiny_spec none = { 0 }, last = { .has_pooling = true, .pooling = 3 },
+			 mean = { .has_pooling = true, .pooling = 1 },
+			 bad = { .has_pooling = true, .pooling = 9 };
+	struct hearth_error err = { 0 };
+	(void)state;
+	assert_int_equal(tiny_load(&none, &err), 0);
+	assert_int_equal(tiny_last_pooling, MODEL_POOLING_UNSPECIFIED);
+	assert_int_equal(tiny_load(&last, &err), 0);
+	assert_int_equal(tiny_last_pooling, MODEL_POOLING_LAST);
+	assert_int_equal(tiny_load(&mean, &err), 0);
+	assert_int_equal(tiny_last_pooling, MODEL_POOLING_MEAN);
+	assert_int_equal(tiny_load(&bad, &err), HEARTH_EFORMAT);
+	assert_non_null(strstr(err.msg, "llama.pooling_type 9"));
+}
+
+/* Pooling by hand: 3 positions of width 2. */
+static void test_pool_mean_cls_last_and_normalisation(void **state)
+{
+	const float h[6] = { 3, 0,  0, 4,  6, 8 };
+	struct hearth_error err = { 0 };
+	float v[2];
+	(void)state;
+	assert_int_equal(embed_pool(h, 3, 2, MODEL_POOLING_MEAN, false, v, &err), 0);
+	assert_float_equal(v[0], 3.0f, 1e-6);
+	assert_float_equal(v[1], 4.0f, 1e-6);
+	assert_int_equal(embed_pool(h, 3, 2, MODEL_POOLING_MEAN, true, v, &err), 0);
+	assert_float_equal(v[0], 0.6f, 1e-6);
+	assert_float_equal(v[1], 0.8f, 1e-6);
+	assert_int_equal(embed_pool(h, 3, 2, MODEL_POOLING_CLS, true, v, &err), 0);
+	assert_float_equal(v[0], 1.0f, 1e-6);
+	assert_float_equal(v[1], 0.0f, 1e-6);
+	assert_int_equal(embed_pool(h, 3, 2, MODEL_POOLING_LAST, false, v, &err), 0);
+	assert_float_equal(v[0], 6.0f, 1e-6);
+	assert_float_equal(v[1], 8.0f, 1e-6);
+	assert_int_equal(embed_pool(h, 0, 2, MODEL_POOLING_MEAN, true, v, &err), HEARTH_EINVAL);
+	assert_non_null(strstr(err.msg, "empty input"));
+	assert_int_equal(embed_pool(h, 3, 2, MODEL_POOLING_NONE, true, v, &err), HEARTH_EINVAL);
+	assert_non_null(strstr(err.msg, "no single vector"));
 }
 
 static void test_model_rejects_missing_key_by_name(void **state)
@@ -741,6 +794,8 @@ int main(void)
 		cmocka_unit_test(test_model_rejects_missing_tensor_by_name),
 		cmocka_unit_test(test_model_rejects_wrong_tensor_shape_by_name),
 		cmocka_unit_test(test_model_rejects_unsupported_architecture),
+		cmocka_unit_test(test_model_reads_pooling_type),
+		cmocka_unit_test(test_pool_mean_cls_last_and_normalisation),
 		cmocka_unit_test(test_model_rejects_missing_key_by_name),
 		cmocka_unit_test(test_model_rejects_mixture_of_experts),
 		cmocka_unit_test(test_model_requires_qwen2_biases),

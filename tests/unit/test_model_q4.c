@@ -109,7 +109,7 @@ static float *q4_logits_stepwise(struct model_q4 *m, const int32_t *prompt, uint
 	assert_int_equal(cached, 0);
 	float *out = malloc((size_t)n * eng.n_vocab * sizeof(float));
 	for (uint32_t i = 0; i < n; i++) {
-		struct engine_span sp = { s, &prompt[i], 1, out + (size_t)i * eng.n_vocab, 0 };
+		struct engine_span sp = { s, &prompt[i], 1, out + (size_t)i * eng.n_vocab, 0, NULL };
 		assert_int_equal(eng.forward(eng.impl, &sp, 1, &e), 0);
 	}
 	eng.seq_close(eng.impl, s);
@@ -474,7 +474,7 @@ static void check_prefill_batch_equals_one_token_at_a_time(uint32_t head_bits)
 	assert_int_equal(eng.seq_open(eng.impl, prompt, N_POS, N_POS, 0, &s, &cached, &e), 0);
 	/* The stepwise run published its full blocks: this one starts after them. */
 	assert_int_equal(cached, 16);
-	struct engine_span sp = { s, prompt + cached, N_POS - cached, last, 0 };
+	struct engine_span sp = { s, prompt + cached, N_POS - cached, last, 0, NULL };
 	assert_int_equal(eng.forward(eng.impl, &sp, 1, &e), 0);
 	/* W4A8: integer dot products, fixed order: the same bits however rows are batched. */
 	assert_memory_equal(last, step + (size_t)(N_POS - 1) * eng.n_vocab, eng.n_vocab * sizeof(float));
@@ -509,7 +509,7 @@ static void check_sequences_in_one_step_equal_each_alone(uint32_t head_bits)
 	for (int i = 0; i < 3; i++) {
 		uint32_t cached;
 		assert_int_equal(eng.seq_open(eng.impl, p[i], len[i], len[i], 0, &s[i], &cached, &e), 0);
-		sp[i] = (struct engine_span){ s[i], p[i], len[i], together[i], 0 };
+		sp[i] = (struct engine_span){ s[i], p[i], len[i], together[i], 0, NULL };
 	}
 	assert_int_equal(eng.forward(eng.impl, sp, 3, &e), 0);
 	for (int i = 0; i < 3; i++) {
@@ -552,14 +552,14 @@ static void check_decode_rows_equal_each_alone(const char *file, uint32_t head_b
 	for (int i = 0; i < N; i++) {
 		uint32_t cached;
 		assert_int_equal(eng.seq_open(eng.impl, p[i], len[i], len[i], 0, &s[i], &cached, &e), 0);
-		sp[i] = (struct engine_span){ s[i], p[i], len[i] - 3, NULL, 0 };
+		sp[i] = (struct engine_span){ s[i], p[i], len[i] - 3, NULL, 0, NULL };
 	}
 	assert_int_equal(eng.forward(eng.impl, sp, N, &e), 0);
 	static const int rows[3] = { 5, 3, 1 };
 	for (int k = 0; k < 3; k++) {
 		for (int i = 0; i < rows[k]; i++)
 			sp[i] = (struct engine_span){ s[i], p[i] + len[i] - 3 + k, 1,
-						      got + (size_t)i * eng.n_vocab, 0 };
+						      got + (size_t)i * eng.n_vocab, 0, NULL };
 		assert_int_equal(eng.forward(eng.impl, sp, (size_t)rows[k], &e), 0);
 		for (int i = 0; i < rows[k]; i++)
 			assert_memory_equal(got + (size_t)i * eng.n_vocab,
@@ -647,12 +647,12 @@ static void test_q4_shared_prefix_gives_the_same_logits(void **state)
 	uint32_t c1, c2;
 	assert_int_equal(eng.seq_open(eng.impl, prompt, 40, 41, 0, &s1, &c1, &e), 0);
 	assert_int_equal(c1, 0);
-	struct engine_span sp = { s1, prompt, 40, a, 0 };
+	struct engine_span sp = { s1, prompt, 40, a, 0, NULL };
 	assert_int_equal(eng.forward(eng.impl, &sp, 1, &e), 0);
 	/* The second sequence with the same prompt finds its two full blocks cached. */
 	assert_int_equal(eng.seq_open(eng.impl, prompt, 40, 41, 0, &s2, &c2, &e), 0);
 	assert_int_equal(c2, 32);
-	sp = (struct engine_span){ s2, prompt + c2, 40 - c2, b, 0 };
+	sp = (struct engine_span){ s2, prompt + c2, 40 - c2, b, 0, NULL };
 	assert_int_equal(eng.forward(eng.impl, &sp, 1, &e), 0);
 	assert_memory_equal(a, b, eng.n_vocab * sizeof(float));
 	eng.seq_close(eng.impl, s1);

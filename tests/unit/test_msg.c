@@ -531,10 +531,29 @@ static size_t full_messages(enum msg_type type, struct msg *v)
 	case MSG_DETOKENIZE:
 		m->u.detokenize = (struct msg_detokenize){ full_toks, 3 };
 		break;
+	case MSG_EMBED: {
+		static struct msg_bytes inputs[2];
+		static uint32_t t0[] = { 5, 6, 7 }, t1[] = { 0 };
+		static struct msg_u32s toks[2] = { { t0, 3 }, { t1, 1 } };
+		inputs[0] = B("hello");
+		inputs[1] = B("caf\xc3\xa9");
+		m->u.embed = (struct msg_embed){ .input = inputs, .n_input = 2, .has_pooling = true, .pooling = B("cls") };
+		m = &v[n++];
+		msg_init(m, type, 8);
+		m->u.embed = (struct msg_embed){ .tokens = toks, .n_tokens = 2 };
+		break;
+	}
+	case MSG_EMBEDDINGS: {
+		static const float vec[2][3] = { { 1.0f, 0.0f, 0.0f }, { 0.6f, -0.8f, 0.0f } };
+		static uint32_t ntok[2] = { 4, 9 };
+		m->u.embeddings = (struct msg_embeddings){ 3, { (const char *)vec, sizeof vec }, ntok, 2, B("last"), 2,
+							   0.25, 1.5 };
+		break;
+	}
 	case MSG_WELCOME:
 		m->u.welcome = (struct msg_welcome){ MSG_PROTO_MAJOR, 2, B("0.1"),
 			{ B("llama"), B("tiny"), B("q4_g128"), 123456789012ull, 4096, 8192, 32000,
-			  22, 2048, B("model") }, 1u << 20, true, 1u << 22, 1u << 21 };
+			  22, 2048, B("model"), B("last") }, 1u << 20, true, 1u << 22, 1u << 21 };
 		break;
 	case MSG_LOADING:
 		m->u.loading = (struct msg_loading){ B("map"), 5, 10 };
@@ -581,6 +600,7 @@ static bool wire_type_fits(const struct field *f, const msgpack_object *o)
 	case FK_BOOL: return o->type == MSGPACK_OBJECT_BOOLEAN;
 	case FK_STR: case FK_ERRCODE: case FK_FINISH: return o->type == MSGPACK_OBJECT_STR;
 	case FK_MAP: return o->type == MSGPACK_OBJECT_MAP;
+	case FK_BIN: return o->type == MSGPACK_OBJECT_BIN;
 	default: return o->type == MSGPACK_OBJECT_ARRAY;
 	}
 }
@@ -726,6 +746,77 @@ static void test_msg_encode_appends_frames_back_to_back(void **state)
 	}
 	frame_reader_free(&r);
 	msg_buf_free(&b);
+}
+
+/* embed: one source, a known pooling, no empty input or empty token array, at most
+ * MSG_EMBED_INPUTS_MAX inputs; embeddings: data must be n_inputs x n_embd floats. */
+static void test_msg_embed_refuses_what_it_cannot_pool(void **state)
+{
+	(void)state;
+	struct raw r;
+	struct msg m;
+	raw_request(&r, "embed", 4, 0);
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 4); /* no input */
+	raw_request(&r, "embed", 4, 2);
+	raw_str(&r, "input");
+	msgpack_pack_array(&r.pk, 1);
+	raw_str(&r, "a");
+	raw_str(&r, "tokens");
+	msgpack_pack_array(&r.pk, 1);
+	msgpack_pack_array(&r.pk, 1);
+	msgpack_pack_uint32(&r.pk, 3);
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 4); /* both */
+	raw_request(&r, "embed", 4, 1);
+	raw_str(&r, "input");
+	msgpack_pack_array(&r.pk, 2);
+	raw_str(&r, "a");
+	raw_str(&r, "");
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 4); /* an empty input */
+	raw_request(&r, "embed", 4, 1);
+	raw_str(&r, "tokens");
+	msgpack_pack_array(&r.pk, 1);
+	msgpack_pack_array(&r.pk, 0);
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 4); /* an empty token array */
+	raw_request(&r, "embed", 4, 1);
+	raw_str(&r, "tokens");
+	msgpack_pack_array(&r.pk, 1);
+	msgpack_pack_array(&r.pk, 1);
+	msgpack_pack_uint64(&r.pk, (uint64_t)MSG_TOKEN_MAX + 1);
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 4); /* an id beyond the wire's */
+	raw_request(&r, "embed", 4, 2);
+	raw_str(&r, "input");
+	msgpack_pack_array(&r.pk, 1);
+	raw_str(&r, "a");
+	raw_kv_str(&r, "pooling", "none");
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_BAD_FIELD, 4); /* no single vector */
+	raw_request(&r, "embed", 4, 1);
+	raw_str(&r, "input");
+	msgpack_pack_array(&r.pk, MSG_EMBED_INPUTS_MAX + 1);
+	for (int i = 0; i <= MSG_EMBED_INPUTS_MAX; i++)
+		raw_str(&r, "a");
+	raw_expect(&r, MSG_FROM_CLIENT, MSG_ERR_TOO_LARGE, 4);
+	raw_request(&r, "embed", 4, 1);
+	raw_str(&r, "input");
+	msgpack_pack_array(&r.pk, MSG_EMBED_INPUTS_MAX);
+	for (int i = 0; i < MSG_EMBED_INPUTS_MAX; i++)
+		raw_str(&r, "a");
+	raw_accept(&r, MSG_FROM_CLIENT, &m);
+	assert_int_equal(m.u.embed.n_input, MSG_EMBED_INPUTS_MAX);
+	msg_free(&m);
+
+	/* A reply whose data does not match its counts. */
+	raw_init(&r);
+	msgpack_pack_map(&r.pk, 5);
+	raw_kv_str(&r, "t", "embeddings");
+	raw_kv_uint(&r, "id", 4);
+	raw_kv_uint(&r, "n_embd", 3);
+	raw_str(&r, "data");
+	msgpack_pack_bin(&r.pk, 8);
+	msgpack_pack_bin_body(&r.pk, "12345678", 8);
+	raw_str(&r, "n_tokens");
+	msgpack_pack_array(&r.pk, 1);
+	msgpack_pack_uint32(&r.pk, 2);
+	raw_expect(&r, MSG_FROM_DAEMON, MSG_ERR_BAD_FIELD, 4);
 }
 
 static void test_msg_rejects_speculate_beyond_its_bound(void **state)
@@ -1312,6 +1403,7 @@ int main(void)
 		cmocka_unit_test(test_msg_encoder_leaves_out_defaults_marked_omittable),
 		cmocka_unit_test(test_msg_encode_appends_frames_back_to_back),
 		cmocka_unit_test(test_msg_decode_fills_generate_defaults),
+		cmocka_unit_test(test_msg_embed_refuses_what_it_cannot_pool),
 		cmocka_unit_test(test_msg_rejects_speculate_beyond_its_bound),
 		cmocka_unit_test(test_msg_accepts_integer_for_float_and_nil_as_absent),
 		cmocka_unit_test(test_msg_rejects_truncated_payload),

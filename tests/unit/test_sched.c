@@ -24,6 +24,7 @@
 #include "tests/support/prompt.h"
 #include "tests/support/ref_fixture.h"
 #include "tests/support/sched_doorbell.h"
+#include "daemon/engine/embed.h"
 #include "daemon/engine/ref/engine_ref.h"
 #include "daemon/engine/gguf.h"
 #include "daemon/engine/model.h"
@@ -363,6 +364,190 @@ static void test_sched_client_gone_returns_its_kv_at_once(void **state)
 	harness_stop(&h);
 }
 
+/* An embed request of inputs back to back (the session's layout). */
+static struct sched_msg *embed_msg(struct sched_client *c, uint64_t id, int32_t *const inputs[], const uint32_t *lens,
+				   uint32_t n_in, enum model_pooling pooling, uint32_t n_embd)
+{
+	struct sched_msg *m = calloc(1, sizeof *m);
+	uint32_t total = 0;
+	for (uint32_t i = 0; i < n_in; i++)
+		total += lens[i];
+	m->type = SCHED_MSG_SUBMIT;
+	m->client = c;
+	m->req.id = id;
+	m->req.embed = true;
+	m->req.pooling = pooling;
+	m->req.n_inputs = n_in;
+	m->req.prompt = malloc(total * sizeof(int32_t));
+	m->req.input_end = malloc(n_in * sizeof(uint32_t));
+	m->req.embd_out = malloc((size_t)n_in * n_embd * sizeof(float));
+	for (uint32_t i = 0, at = 0; i < n_in; at += lens[i++]) {
+		memcpy(m->req.prompt + at, inputs[i], lens[i] * sizeof(int32_t));
+		m->req.input_end[i] = at + lens[i];
+	}
+	m->req.n_prompt = total;
+	return m;
+}
+
+/* The truth for one input: the model alone over it, every final hidden state, pooled. */
+static void solo_embed(const struct model *m, const int32_t *toks, uint32_t n, enum model_pooling pooling, float *out)
+{
+	struct model_ctx *c;
+	struct hearth_error e;
+	float *rows = malloc((size_t)n * m->hp.n_embd * sizeof(float));
+	assert_int_equal(model_ctx_new(&c, m, n, &e), 0);
+	assert_int_equal(model_forward(m, c, toks, n, MODEL_EMBD_ALL, rows, &e), 0);
+	assert_int_equal(embed_pool(rows, n, m->hp.n_embd, pooling, true, out, &e), 0);
+	model_ctx_free(c);
+	free(rows);
+}
+
+/* Embed requests are prefill-only sequences in the same steps as a generate: with small
+ * steps their inputs are split into chunks beside the generate's decode tokens, and every
+ * vector equals its input pooled alone, the generate equals its solo greedy run, and no KV
+ * is left behind. */
+static void test_sched_embeds_beside_a_generate_equal_each_alone(void **state)
+{
+	struct fixture *fx = *state;
+	struct harness h;
+	struct sched_params p;
+	sched_params_default(&p);
+	p.step_tokens = 24;
+	p.prefill_chunk = 7;
+	harness_start(&h, fx, 4096, &p);
+	struct sink sink = { 0 };
+	struct sched_client c = { .sink = &sink, .emit = sink_emit };
+	uint32_t E = fx->m->hp.n_embd;
+	int32_t gen[17], in0[40], in1[1], in2[23];
+	int32_t *inputs[3] = { in0, in1, in2 };
+	uint32_t lens[3] = { 40, 1, 23 };
+	test_prompt(1, gen, 17, fx->n_vocab);
+	for (uint32_t i = 0; i < 3; i++)
+		test_prompt(10 + i, inputs[i], lens[i], fx->n_vocab);
+	submit(&h, &c, 1, gen, 17, 12, 0.0f, 1);
+	const enum model_pooling kinds[3] = { MODEL_POOLING_MEAN, MODEL_POOLING_CLS, MODEL_POOLING_LAST };
+	for (uint32_t k = 0; k < 3; k++)
+		assert_true(sched_post(h.s, embed_msg(&c, 2 + k, inputs, lens, 3, kinds[k], E)));
+	float *want = malloc(E * sizeof(float));
+	for (int r = 0; r < 4; r++) {
+		struct sched_msg *m = take(&h);
+		if (m->req.embed) {
+			assert_int_equal(m->result.finish, SCHED_FINISH_STOP);
+			assert_int_equal(m->result.n_prompt, 64);
+			assert_int_equal(m->result.n_generated, 0);
+			for (uint32_t i = 0; i < 3; i++) {
+				solo_embed(fx->m, inputs[i], lens[i], (enum model_pooling)m->req.pooling, want);
+				for (uint32_t e = 0; e < E; e++)
+					assert_float_equal(m->req.embd_out[(size_t)i * E + e], want[e], 1e-6);
+			}
+			free(m->req.input_end);
+			free(m->req.embd_out);
+		} else {
+			assert_int_equal(m->result.finish, SCHED_FINISH_LENGTH);
+		}
+		free(m->req.prompt);
+		free(m);
+	}
+	int32_t greedy[MAX_GEN];
+	uint32_t n = ref_solo_greedy(fx->m, gen, 17, 12, greedy);
+	assert_int_equal(sink.n[1], n);
+	assert_memory_equal(sink.tokens[1], greedy, n * sizeof(int32_t));
+	uint64_t used, total;
+	h.eng.kv_usage(h.eng.impl, &used, &total);
+	assert_int_equal(used, 0);
+	free(want);
+	harness_stop(&h);
+}
+
+/* A cancel ends an embed between its chunks (its KV given back at once), and an embed of a
+ * client that goes away comes back canceled before the gone message. */
+static void test_sched_cancel_and_client_gone_end_an_embed(void **state)
+{
+	struct fixture *fx = *state;
+	struct harness h;
+	struct sched_params p;
+	sched_params_default(&p);
+	p.max_seqs = 2;
+	p.step_tokens = 8;              /* many steps per input: the cancel lands mid-way */
+	p.prefill_chunk = 4;
+	harness_start(&h, fx, 4096, &p);
+	struct sched_client c = { .sink = NULL, .emit = sink_emit };
+	uint32_t E = fx->m->hp.n_embd;
+	enum { N_IN = 8, LEN = 200 };
+	static int32_t toks[N_IN][LEN];
+	int32_t *inputs[N_IN];
+	uint32_t lens[N_IN];
+	for (int i = 0; i < N_IN; i++) {
+		test_prompt(20 + (uint32_t)i, toks[i], LEN, fx->n_vocab);
+		inputs[i] = toks[i];
+		lens[i] = LEN;
+	}
+	assert_true(sched_post(h.s, embed_msg(&c, 1, inputs, lens, N_IN, MODEL_POOLING_MEAN, E)));
+	uint64_t used = 0, total;
+	for (int i = 0; i < 500 && used == 0; i++) {
+		usleep(2000);
+		h.eng.kv_usage(h.eng.impl, &used, &total);
+	}
+	assert_true(used > 0);
+	struct sched_msg *cm = calloc(1, sizeof *cm);
+	cm->type = SCHED_MSG_CANCEL;
+	cm->client = &c;
+	cm->req_id = 1;
+	assert_true(sched_post(h.s, cm));
+	assert_true(sched_post(h.s, embed_msg(&c, 2, inputs, lens, N_IN, MODEL_POOLING_CLS, E)));
+	struct sched_msg *g = calloc(1, sizeof *g);
+	g->type = SCHED_MSG_CLIENT_GONE;
+	g->client = &c;
+	assert_true(sched_post(h.s, g));
+	int canceled = 0;
+	for (;;) {
+		struct sched_msg *m = take(&h);
+		if (m->type == SCHED_MSG_CLIENT_GONE) {
+			free(m);
+			break;
+		}
+		if (m->type == SCHED_MSG_SUBMIT) {
+			assert_int_equal(m->result.finish, SCHED_FINISH_CANCELED);
+			canceled++;
+			free(m->req.prompt);
+			free(m->req.input_end);
+			free(m->req.embd_out);
+		}
+		free(m);
+	}
+	assert_int_equal(canceled, 2);
+	h.eng.kv_usage(h.eng.impl, &used, &total);
+	assert_int_equal(used, 0);
+	harness_stop(&h);
+}
+
+/* What the scheduler refuses of an embed request itself (the session words it for clients
+ * first): an input beyond max_context, a pooling with no single vector. */
+static void test_sched_refuses_an_embed_it_cannot_run(void **state)
+{
+	struct fixture *fx = *state;
+	struct harness h;
+	harness_start(&h, fx, 4096, NULL);
+	struct sched_client c = { .sink = NULL, .emit = sink_emit };
+	uint32_t E = fx->m->hp.n_embd;
+	int32_t big[300], one[1] = { 5 };
+	test_prompt(3, big, 300, fx->n_vocab);
+	int32_t *inputs[2] = { one, big };
+	uint32_t lens[2] = { 1, 300 };
+	assert_true(sched_post(h.s, embed_msg(&c, 1, inputs, lens, 2, MODEL_POOLING_MEAN, E)));
+	assert_true(sched_post(h.s, embed_msg(&c, 2, inputs, lens, 1, MODEL_POOLING_NONE, E)));
+	for (int r = 0; r < 2; r++) {
+		struct sched_msg *m = take(&h);
+		assert_int_equal(m->result.finish, SCHED_FINISH_ERROR);
+		assert_non_null(strstr(m->result.err.msg, m->req.id == 1 ? "input 1 has 300 tokens" : "pooling"));
+		free(m->req.prompt);
+		free(m->req.input_end);
+		free(m->req.embd_out);
+		free(m);
+	}
+	harness_stop(&h);
+}
+
 static void test_sched_stop_string_ends_and_is_withheld(void **state)
 {
 	struct fixture *fx = *state;
@@ -592,6 +777,9 @@ int main(void)
 		cmocka_unit_test(test_sched_full_ring_stalls_only_its_own_sequence),
 		cmocka_unit_test(test_sched_client_gone_returns_its_kv_at_once),
 		cmocka_unit_test(test_sched_stop_string_ends_and_is_withheld),
+		cmocka_unit_test(test_sched_embeds_beside_a_generate_equal_each_alone),
+		cmocka_unit_test(test_sched_refuses_an_embed_it_cannot_run),
+		cmocka_unit_test(test_sched_cancel_and_client_gone_end_an_embed),
 		cmocka_unit_test(test_sched_admits_clients_round_robin),
 		cmocka_unit_test(test_sched_admits_users_round_robin),
 		cmocka_unit_test(test_sched_running_sequences_give_way_to_another_users_share),

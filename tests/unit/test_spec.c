@@ -674,7 +674,7 @@ static float *stepwise(struct engine *eng, const int32_t *t, uint32_t n, uint64_
 	assert_int_equal(cached, 0);
 	float *out = malloc((size_t)n * eng->n_vocab * sizeof(float));
 	for (uint32_t i = 0; i < n; i++) {
-		struct engine_span sp = { s, &t[i], 1, out + (size_t)i * eng->n_vocab, 0 };
+		struct engine_span sp = { s, &t[i], 1, out + (size_t)i * eng->n_vocab, 0, NULL };
 		assert_int_equal(eng->forward(eng->impl, &sp, 1, &e), 0);
 	}
 	eng->seq_close(eng->impl, s);
@@ -711,11 +711,11 @@ static void test_spec_q4_rejected_draft_is_rolled_back_and_never_shared(void **s
 	float *rows = malloc(16 * V * sizeof(float));
 	assert_int_equal(eng.max_logit_rows, 8);
 	assert_int_equal(eng.seq_open(eng.impl, prompt, 16, 64, 0, &a, &cached, &e), 0);
-	struct engine_span sp = { a, prompt, 16, rows, 0 };
+	struct engine_span sp = { a, prompt, 16, rows, 0, NULL };
 	assert_int_equal(eng.forward(eng.impl, &sp, 1, &e), 0);
 	/* Every row of the verifying span is the logits after its token, as decoded alone
 	 * (W4A8: the same bits however rows are batched). */
-	sp = (struct engine_span){ a, draft, 16, rows, 9 };
+	sp = (struct engine_span){ a, draft, 16, rows, 9, NULL };
 	assert_int_equal(eng.forward(eng.impl, &sp, 1, &e), HEARTH_ERANGE); /* > max_logit_rows */
 	sp.n_logits = 8;
 	assert_int_equal(eng.forward(eng.impl, &sp, 1, &e), 0);
@@ -728,7 +728,7 @@ static void test_spec_q4_rejected_draft_is_rolled_back_and_never_shared(void **s
 	assert_int_equal(cached, 16);
 	eng.seq_close(eng.impl, b);
 	/* The rest of block 1, over the rejected positions: logits as if never drafted. */
-	sp = (struct engine_span){ a, real + 10, 6, rows, 0 };
+	sp = (struct engine_span){ a, real + 10, 6, rows, 0, NULL };
 	assert_int_equal(eng.forward(eng.impl, &sp, 1, &e), 0);
 	assert_memory_equal(rows, want_real + 31 * V, V * sizeof(float));
 	/* Now block 1 holds accepted tokens only and is shared. */

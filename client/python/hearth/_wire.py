@@ -11,7 +11,7 @@ import struct
 import msgpack
 
 PROTO_MAJOR = 1
-PROTO_MINOR = 3
+PROTO_MINOR = 4
 FRAME_MAX = 1 << 20
 FRAME_SKIP_LIMIT = 64 << 20
 
@@ -24,7 +24,9 @@ REC_PAD, REC_TOKEN, REC_LOGITS = 0, 1, 2
 TOKEN_TEXT_MAX = 1024
 TOP_MAX = 64
 
-FINAL_TYPES = {"welcome", "done", "tokens", "text", "stats_reply", "ledger_reply", "pong", "error"}
+FINAL_TYPES = {"welcome", "done", "tokens", "text", "stats_reply", "ledger_reply", "pong", "error", "embeddings"}
+EMBED_INPUTS_MAX = 256
+EMBED_REPLY_OVERHEAD = 256
 
 
 class HearthError(Exception):
@@ -282,6 +284,37 @@ class Core:
                 ev = self.pending.get(rid)
                 if ev is not None:
                     ev.append(("logits", p[16:]))
+
+
+def embed_batches(inputs, n_embd):
+    """embed()'s inputs (a string, strings, token ids, or lists of them) as the requests
+    that carry them: (field, inputs) with at most as many as one request and its reply hold,
+    texts and token arrays apart."""
+    if isinstance(inputs, str) or (isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], int)):
+        inputs = [inputs]
+    items = [("input", x) if isinstance(x, str) else ("tokens", [int(t) for t in x]) for x in inputs]
+    if not items:
+        raise ValueError("embed: no input")
+    per = max(1, min(EMBED_INPUTS_MAX, (FRAME_MAX - EMBED_REPLY_OVERHEAD) // (4 * max(1, n_embd) + 5)))
+    at = 0
+    while at < len(items):
+        kind = items[at][0]
+        end = at
+        while end < len(items) and end - at < per and items[end][0] == kind:
+            end += 1
+        yield kind, [x for _, x in items[at:end]]
+        at = end
+
+
+def embeddings_of(f):
+    """An embeddings frame as (vectors, n_tokens, pooling): its float32 rows, host order."""
+    n_embd = int(f.get("n_embd", 0))
+    data = bytes(f.get("data") or b"")
+    counts = list(f.get("n_tokens", []))
+    if n_embd <= 0 or len(data) != 4 * n_embd * len(counts):
+        raise HearthError("internal", "an embeddings frame whose data does not match its counts")
+    flat = struct.unpack("=%df" % (len(data) // 4), data)
+    return [list(flat[i * n_embd:(i + 1) * n_embd]) for i in range(len(counts))], counts, text_of(f.get("pooling", ""))
 
 
 def raise_if_error(f):

@@ -4,8 +4,9 @@ stream concurrently in one task each."""
 
 import asyncio
 
-from ._wire import PROTO_MAJOR, PROTO_MINOR, Core, HearthError, raise_if_error, raw_bytes, text_of
-from .client import _Stream, chat_fields, gen_fields, socket_path_default, stats_of
+from ._wire import (PROTO_MAJOR, PROTO_MINOR, Core, HearthError, embed_batches, embeddings_of, raise_if_error, raw_bytes,
+                    text_of)
+from .client import Embeddings, _Stream, chat_fields, gen_fields, socket_path_default, stats_of
 
 
 class AsyncGeneration(_Stream):
@@ -143,6 +144,16 @@ class AsyncClient:
 
     async def detokenize(self, tokens):
         return raw_bytes((await self._request("detokenize", tokens=list(tokens))).get("text"))
+
+    async def embed(self, inputs, pooling=None):
+        """As Client.embed."""
+        out = Embeddings()
+        for kind, batch in embed_batches(inputs, int(self.model.get("n_embd") or 0)):
+            fields = {kind: batch}
+            if pooling is not None:
+                fields["pooling"] = pooling
+            out.add(*embeddings_of(await self._request("embed", **fields)))
+        return out
 
     async def stats(self):
         return stats_of(await self._request("stats"))

@@ -6,7 +6,8 @@ import json
 import os
 import select
 
-from ._wire import PROTO_MAJOR, PROTO_MINOR, Core, HearthError, raise_if_error, raw_bytes, text_of
+from ._wire import (PROTO_MAJOR, PROTO_MINOR, Core, HearthError, embed_batches, embeddings_of, raise_if_error, raw_bytes,
+                    text_of)
 
 SOCKET_ENV = "HEARTH_SOCKET"
 SOCKET_DEFAULT = "/run/hearth/hearth.sock"
@@ -175,6 +176,22 @@ class Generation(_Stream):
         self._c.cancel(self.id)
 
 
+class Embeddings:
+    """What embed() returns: vectors (lists of floats), n_tokens per input, the pooling used."""
+
+    def __init__(self):
+        self.vectors, self.n_tokens, self.pooling = [], [], ""
+
+    def add(self, vectors, n_tokens, pooling):
+        self.vectors += vectors
+        self.n_tokens += n_tokens
+        self.pooling = pooling
+
+    @property
+    def total_tokens(self):
+        return sum(self.n_tokens)
+
+
 class Client:
     """hearth.Client(path=None, name="python", ring=True, on_loading=None, timeout=None)"""
 
@@ -277,6 +294,20 @@ class Client:
 
     def detokenize(self, tokens):
         return raw_bytes(self._request("detokenize", tokens=list(tokens)).get("text"))
+
+    def embed(self, inputs, pooling=None):
+        """Embeddings (protocol 1.4) of a string, strings, token ids or lists of token ids:
+        Embeddings with .vectors (one unit-length list of floats per input, in order),
+        .n_tokens and .pooling. pooling: "mean", "cls" or "last"; None: the model's."""
+        if self.proto_minor < 4:
+            raise HearthError("unknown_type", f"hearthd speaks protocol 1.{self.proto_minor}; embed needs 1.4")
+        out = Embeddings()
+        for kind, batch in embed_batches(inputs, int(self.model.get("n_embd") or 0)):
+            fields = {kind: batch}
+            if pooling is not None:
+                fields["pooling"] = pooling
+            out.add(*embeddings_of(self._request("embed", **fields)))
+        return out
 
     def stats(self):
         return stats_of(self._request("stats"))

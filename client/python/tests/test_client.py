@@ -382,3 +382,106 @@ def test_prefix_share_all_shares_across_uids():
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+# -- embeddings (protocol 1.4) --
+
+SRC = os.environ.get("HEARTH_SRCDIR", os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+EMBED_FX = os.path.join(SRC, "tests", "fixtures", "embed")
+
+
+def _embed_refs(pooling):
+    """llama.cpp's vectors of tests/fixtures/embed/inputs.txt: (texts, [(n_tokens, vector)])."""
+    with open(os.path.join(EMBED_FX, "inputs.txt"), encoding="utf-8") as f:
+        texts = f.read().split("\n")[:-1]
+    with open(os.path.join(EMBED_FX, f"ref-q4_0-{pooling}.txt")) as f:
+        lines = f.read().split("\n")
+    n, _ = map(int, lines[0].split())
+    refs = []
+    for line in lines[1:1 + n]:
+        v = line.split()
+        nt = int(v[0])
+        refs.append((nt, [float(x) for x in v[1 + nt:]]))
+    return texts, refs
+
+
+def _cosine(a, b):
+    ab = sum(x * y for x, y in zip(a, b))
+    return ab / (sum(x * x for x in a) * sum(y * y for y in b)) ** 0.5
+
+
+@pytest.fixture(scope="module")
+def embed_daemon():
+    d = scratch_dir()
+    model = os.path.join(d, "embed.gguf")
+    subprocess.run([os.path.join(BUILD, "tests", "mkmodel"), "-o", model, "--arch", "qwen3", "--pooling", "last",
+                    "--seed", "7", "--type", "q4_0"], check=True, stdout=subprocess.DEVNULL)
+    sock = os.path.join(d, "h.sock")
+    proc = subprocess.Popen(
+        [os.path.join(BUILD, "hearthd"), f"--model={model}", f"--socket={sock}", "--max-context=512",
+         "--kv-budget=8MiB", "--threads=2", "--log-level=warning", "--socket-mode=0600"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while not os.path.exists(sock) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for _ in range(100):
+        try:
+            hearth.Client(sock, name="probe").close()
+            break
+        except hearth.HearthError:
+            time.sleep(0.05)
+    yield sock
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls", "last"])
+def test_embed_matches_llama_cpp(embed_daemon, pooling):
+    texts, refs = _embed_refs(pooling)
+    with hearth.Client(embed_daemon) as c:
+        assert c.model["pooling"] == "last"
+        e = c.embed(texts, pooling=pooling)
+    assert e.pooling == pooling
+    assert e.n_tokens == [nt for nt, _ in refs]
+    worst = min(_cosine(v, ref) for v, (_, ref) in zip(e.vectors, refs))
+    print(f"lowest cosine against llama.cpp ({pooling}): {worst:.7f}")
+    assert worst >= 0.9995
+
+
+def test_embed_tokens_batches_and_asyncio_agree_with_text(embed_daemon):
+    texts, _ = _embed_refs("last")
+    with hearth.Client(embed_daemon) as c:
+        by_text = c.embed(texts)
+        ids = [c.tokenize(t, add_bos=False) for t in texts]
+        by_ids = c.embed(ids)
+        one = c.embed(ids[1])
+        many = c.embed([f"input {i}" for i in range(300)], pooling="mean")
+        alone = c.embed("input 299", pooling="mean")
+
+    async def run():
+        async with await hearth.AsyncClient.connect(embed_daemon) as a:
+            return await a.embed(texts)
+    by_async = asyncio.run(run())
+    assert by_text.pooling == "last"
+    assert by_ids.vectors == by_text.vectors == by_async.vectors
+    assert one.vectors == [by_text.vectors[1]]
+    assert len(many.vectors) == 300 and many.vectors[299] == alone.vectors[0]
+    assert by_text.total_tokens == sum(by_text.n_tokens)
+
+
+def test_embed_refusals_name_the_problem_and_the_daemon_serves_on(embed_daemon, daemon):
+    with hearth.Client(embed_daemon) as c:
+        cases = [(dict(inputs=[""]), "bad_field"), (dict(inputs=[[1, 10 ** 6]]), "bad_token"),
+                 (dict(inputs="a b " * 400), "context"), (dict(inputs="x", pooling="none"), "bad_field")]
+        for kw, code in cases:
+            with pytest.raises(hearth.HearthError) as ei:
+                c.embed(**kw)
+            assert ei.value.code == code, (kw, ei.value)
+        assert len(c.embed("still serving").vectors) == 1
+    # A generative model (no pooling_type) embeds only with a pooling named.
+    with hearth.Client(daemon) as g:
+        with pytest.raises(hearth.HearthError) as ei:
+            g.embed("hello")
+        assert ei.value.code == "bad_field" and "pooling_type is unspecified" in str(ei.value)
+        v = g.embed("hello", pooling="mean").vectors[0]
+        assert abs(sum(x * x for x in v) - 1) < 1e-5

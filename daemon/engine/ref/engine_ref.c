@@ -74,6 +74,16 @@ static int ref_forward(void *impl, const struct engine_span *spans, size_t n_spa
 	struct engine_ref *e = impl;
 	for (size_t i = 0; i < n_spans; i++) {
 		const struct engine_span *sp = &spans[i];
+		if (sp->embd) {
+			if (sp->logits)
+				return hearth_error_set(err, HEARTH_EINVAL,
+							"engine: a span wants both logits and embeddings");
+			int rc = model_forward(e->m, sp->seq->ctx, sp->tokens, sp->n, MODEL_EMBD_ALL,
+					       sp->embd, err);
+			if (rc < 0)
+				return rc;
+			continue;
+		}
 		float *out = sp->logits ? sp->logits : e->scratch_logits;
 		uint32_t rows = sp->logits && sp->n_logits > 1 ? sp->n_logits : 1;
 		if (rows > sp->n)
@@ -135,6 +145,8 @@ int engine_ref_new(struct engine_ref **out, const struct model *m, uint32_t max_
 	*eng = (struct engine){
 		.impl = e,
 		.n_vocab = m->hp.n_vocab,
+		.n_embd = m->hp.n_embd,
+		.pooling = m->hp.pooling,
 		.max_context = max_context,
 		.kv_tokens = e->kv_tokens,
 		.seq_open = ref_seq_open,

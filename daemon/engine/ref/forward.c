@@ -385,6 +385,12 @@ static void forward_chunk(const struct model *m, struct model_ctx *c, const int3
 
 	if (!logits)
 		return;
+	if (which == MODEL_EMBD_ALL) {
+		for (size_t t = 0; t < n_tok; t++)
+			ops_ref_rmsnorm(logits + t * n_embd, c->x + t * n_embd, m->output_norm->data,
+					n_embd, hp->norm_eps);
+		return;
+	}
 	/* Head: only the rows whose logits are wanted. */
 	size_t first = which == MODEL_LOGITS_ALL ? 0 : n_tok - 1;
 	for (size_t t = first; t < n_tok; t++)
@@ -415,6 +421,8 @@ int model_forward(const struct model *m, struct model_ctx *c, const int32_t *tok
 
 		if (which == MODEL_LOGITS_ALL)
 			logits = logits_out + start * m->hp.n_vocab;
+		else if (which == MODEL_EMBD_ALL)
+			logits = logits_out + start * m->hp.n_embd;
 		else if (last)
 			logits = logits_out;
 		forward_chunk(m, c, tokens + start, n_tok, which, logits);

@@ -12,6 +12,8 @@ struct model_ctx;
 enum model_logits {
 	MODEL_LOGITS_LAST,      /* logits_out holds n_vocab floats: the last token's */
 	MODEL_LOGITS_ALL,       /* logits_out holds n x n_vocab floats: every token's */
+	MODEL_EMBD_ALL,         /* logits_out holds n x n_embd floats: every token's final hidden
+				 * state after the output norm (what embeddings pool), no head */
 };
 
 /* A fresh sequence able to hold max_ctx positions (<= opts.max_ctx). */
