@@ -28,7 +28,7 @@ struct mk_shape {
 	bool tied;
 };
 
-/* gemma3's attention settings: the sliding window (0: no sliding layers), the period of
+/* gemma3's attention settings: the sliding window (0: the key is not written), the period of
  * global layers (0: the key is not written and llama.cpp assumes 6, as for every converted
  * Gemma 3), linear RoPE scaling of the global layers (0: none), the final logit softcap
  * (0: none). */
@@ -990,7 +990,8 @@ static void usage(FILE *fp)
 		"a llama (SPM) tokenizer. --weights writes trained weights (train.py's .hkw) instead\n"
 		"of seeded ones; every planned tensor must be there with the planned shape.\n"
 		"Default preset: tiny (llama arch, 64 wide, 2 layers). gemma3 only: --sliding-window\n"
-		"(0: no sliding layers), --swa-pattern (every Nth layer global; unwritten: 6),\n"
+		"(0: the key is left out, which llama.cpp reads as all layers global and hearth\n"
+		"refuses), --swa-pattern (every Nth layer global; unwritten: 6),\n"
 		"--rope-scale (linear factor of the global layers), --softcap (final logits).\n");
 }
 

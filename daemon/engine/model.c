@@ -256,9 +256,10 @@ static bool ld_swa_layer(const struct ld_swa *swa, uint32_t l)
 }
 
 /* Refuses what llama.cpp would read differently or not at all rather than run a model it
- * does not describe: a window of 0 or beyond any context, a period given per layer (llama.cpp
- * reads one number and silently falls back to 6 otherwise), a period of 0, or a per-kind head
- * size (gemma3's q/k norms are one size for every layer). */
+ * does not describe: no window (every converted Gemma 3 has one; llama.cpp would silently
+ * make every layer global, which is a different model past the window), a window of 0 or
+ * beyond any context, a period given per layer, a period of 0, or a per-kind head size
+ * (gemma3's q/k norms are one size for every layer). */
 static int ld_gemma3_swa(const struct loader *ld, struct ld_swa *swa)
 {
 	char key[128];
@@ -268,13 +269,15 @@ static int ld_gemma3_swa(const struct loader *ld, struct ld_swa *swa)
 	*swa = (struct ld_swa){ 0, LD_SWA_DEFAULT_PERIOD, LD_SWA_DEFAULT_BASE };
 	ld_key(ld, key, sizeof(key), "attention.sliding_window");
 	if (!gguf_kv_find(ld->f, key))
-		return 0;
+		return hearth_error_set(ld->err, HEARTH_EFORMAT,
+					"%s: %s is missing: gemma3 alternates sliding-window and global "
+					"layers, and without the window they cannot be told apart",
+					ld->f->path, key);
 	if ((rc = gguf_get_u32(ld->f, key, &swa->window, ld->err)) < 0)
 		return rc;
 	if (swa->window == 0 || swa->window > MODEL_MAX_CTX_LIMIT)
 		return hearth_error_set(ld->err, HEARTH_EFORMAT,
-					"%s: %s is %u: a sliding window must be 1..%u positions (a "
-					"model without sliding layers omits the key)",
+					"%s: %s is %u: a sliding window must be 1..%u positions",
 					ld->f->path, key, swa->window, MODEL_MAX_CTX_LIMIT);
 	ld_key(ld, key, sizeof(key), "attention.sliding_window_pattern");
 	kv = gguf_kv_find(ld->f, key);

@@ -56,7 +56,7 @@ static inline int fixture_gen(const char *dir, const char *name, char *out, size
 	snprintf(file, sizeof file, "%s.sha256", name);
 	fixture_gen_src(sum_path, sizeof sum_path, dir, file);
 	if (!(fp = fopen(args_path, "r")) || !fgets(args, sizeof args, fp)) {
-		snprintf(why, cap_why, "cannot read %s", args_path);
+		snprintf(why, cap_why, "cannot read %.400s", args_path);
 		if (fp)
 			fclose(fp);
 		return -1;
