@@ -419,9 +419,10 @@ static int load_plan_layers(struct load_ctx *c, uint32_t want, struct load_sizes
 				return rc;
 			*(ds[i]->group == 128 ? &sz->w_g128 : &sz->w_g32) += align64(q4_matrix_bytes(ds[i]));
 		}
-		const struct gguf_tensor *vs[8] = { R->attn_norm, R->ffn_norm, R->q_norm, R->k_norm,
-						    R->bq, R->bk, R->bv, R->bo };
-		for (int i = 0; i < 8; i++)
+		const struct gguf_tensor *vs[10] = { R->attn_norm, R->ffn_norm, R->q_norm, R->k_norm,
+						     R->bq, R->bk, R->bv, R->bo, R->attn_post_norm,
+						     R->ffn_post_norm };
+		for (int i = 0; i < 10; i++)
 			sz->norms += vec_bytes(vs[i]);
 		if (R->bo)
 			return hearth_error_set(err, HEARTH_EUNSUPPORTED, "layer %u: an output bias is not supported", l);
@@ -733,7 +734,9 @@ static int load_fill(struct load_ctx *c, const struct kv_config *kvc, struct hea
 		    (rc = load_vec(c, R->k_norm, &L->k_norm, err)) < 0 ||
 		    (rc = load_vec(c, R->bq, &L->bq, err)) < 0 ||
 		    (rc = load_vec(c, R->bk, &L->bk, err)) < 0 ||
-		    (rc = load_vec(c, R->bv, &L->bv, err)) < 0)
+		    (rc = load_vec(c, R->bv, &L->bv, err)) < 0 ||
+		    (rc = load_vec(c, R->attn_post_norm, &L->attn_post_norm, err)) < 0 ||
+		    (rc = load_vec(c, R->ffn_post_norm, &L->ffn_post_norm, err)) < 0)
 			return rc;
 	}
 	if ((rc = load_vec(c, ref->output_norm, &m->output_norm, err)) < 0)

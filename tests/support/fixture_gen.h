@@ -83,7 +83,7 @@ static inline int fixture_gen(const char *dir, const char *name, char *out, size
 		pclose(fp);
 	}
 	if (strlen(want) < 64 || strncmp(want, got, 64) != 0) {
-		snprintf(why, cap_why, "%s has sha256 %.64s, the references were made from %.64s: "
+		snprintf(why, cap_why, "%.200s has sha256 %.64s, the references were made from %.64s: "
 			 "mkmodel changed; regenerate them (tests/fixtures/%s/make_refs.sh)", out, got,
 			 want, dir);
 		return -1;

@@ -1167,6 +1167,36 @@ static void test_vec_rope_table_matches_ops_ref_rope(void **state)
 	free(ff);
 }
 
+/* GELU-tanh times up, against 0.5 x (1 + tanh(u)) in double: the exp form every variant
+ * uses is the same function, including where exp overflows (x = -100: -0). */
+static void test_vec_gelu_mul_every_isa_matches_double(void **state)
+{
+	uint64_t s = 47;
+	const size_t n = 203;
+	float *g = random_floats(&s, n, 12.0f), *u = random_floats(&s, n, 2.0f);
+
+	(void)state;
+	g[0] = -100.0f;
+	g[1] = 100.0f;
+	g[2] = 0.0f;
+	for (size_t v = 0; v <= n_variants; v++) {
+		const struct kern_table *k = v < n_variants ? variants[v] : kern_table_for(KERN_REF);
+		float *y = xalloc(n * sizeof(float));
+
+		memcpy(y, g, n * sizeof(float));
+		k->gelu_mul(y, u, n);
+		for (size_t i = 0; i < n; i++) {
+			double x = g[i];
+			double t = 0.5 * x * (1.0 + tanh(sqrt(2.0 / 3.14159265358979323846) * (x + 0.044715 * x * x * x))) * u[i];
+
+			assert_true(fabs(y[i] - t) <= 2e-6 * fabs(t) + 1e-7);
+		}
+		free(y);
+	}
+	free(g);
+	free(u);
+}
+
 static void test_vec_silu_mul_every_isa_matches_double(void **state)
 {
 	uint64_t s = 43;
@@ -1596,6 +1626,7 @@ int main(void)
 		cmocka_unit_test(test_vec_rope_every_isa_matches_double),
 		cmocka_unit_test(test_vec_rope_table_matches_ops_ref_rope),
 		cmocka_unit_test(test_vec_silu_mul_every_isa_matches_double),
+		cmocka_unit_test(test_vec_gelu_mul_every_isa_matches_double),
 		cmocka_unit_test(test_vec_to_kv_every_isa_matches_scalar),
 		cmocka_unit_test(test_vec_argmax_every_isa_matches_scalar),
 		cmocka_unit_test(test_vec_sum_u64_every_isa_matches_scalar),
