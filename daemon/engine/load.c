@@ -491,7 +491,7 @@ static int load_plan_kv(const struct load_ctx *c, struct kv_config *kvc, struct 
 		return hearth_error_set(err, HEARTH_ENOMEM, "loader: out of memory");
 	for (uint32_t l = 0; l < m->n_layer; l++)
 		shapes[l] = (struct kv_layer_shape){ m->layers[l].n_head_kv, m->layers[l].head_dim,
-						     m->layers[l].head_dim_v };
+						     m->layers[l].head_dim_v, m->layers[l].window };
 	*kvc = (struct kv_config){
 		.budget_bytes = c->o->kv_budget,
 		.block_tokens = 16,
@@ -500,6 +500,7 @@ static int load_plan_kv(const struct load_ctx *c, struct kv_config *kvc, struct 
 		.layer_shapes = shapes,
 		.max_seqs = c->o->max_seqs,
 		.max_context = c->o->max_context,
+		.step_tokens = c->o->step_tokens,
 	};
 	return kv_plan(kvc, geo, err);
 }
@@ -581,6 +582,8 @@ static int load_plan(struct load_ctx *c, struct arena_plan *plan, struct kv_conf
 	    (rc = arena_plan_add(plan, ARENA_REGION_NORMS, sz.norms, 64, err)) < 0 ||
 	    (rc = arena_plan_add(plan, ARENA_REGION_ROPE, sz.rope, 64, err)) < 0 ||
 	    (rc = arena_plan_add(plan, ARENA_REGION_KV, geo.pool_bytes, 4096, err)) < 0 ||
+	    (geo.ring_bytes &&
+	     (rc = arena_plan_add(plan, ARENA_REGION_KV_SLIDING, geo.ring_bytes, 4096, err)) < 0) ||
 	    (rc = arena_plan_add(plan, ARENA_REGION_SCRATCH, sz.scratch, 64, err)) < 0)
 		return rc;
 	return 0;

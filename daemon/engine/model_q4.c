@@ -557,8 +557,9 @@ static void mq4_kv_usage(void *impl, uint64_t *used, uint64_t *total)
 	struct model_q4 *m = impl;
 	struct kv_stats st;
 	kv_stats(&m->kv, &st);
-	*used = (uint64_t)st.blocks_used * st.block_bytes;
-	*total = (uint64_t)st.blocks_total * st.block_bytes;
+	/* a live sequence's ring is in use, however little it holds */
+	*used = (uint64_t)st.blocks_used * st.block_bytes + (uint64_t)st.seqs_live * st.ring_bytes_per_seq;
+	*total = (uint64_t)st.blocks_total * st.block_bytes + st.ring_bytes;
 }
 
 static void mq4_thread_init(void *impl)

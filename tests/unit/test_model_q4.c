@@ -17,6 +17,7 @@
 #include "tests/support/prompt.h"
 #include "tests/support/ref_txt.h"
 #include "daemon/engine/gguf.h"
+#include "daemon/engine/ledger.h"
 #include "daemon/engine/load.h"
 #include "daemon/engine/model.h"
 #include "daemon/engine/ref/forward.h"
@@ -680,7 +681,7 @@ struct ref_agreement {
 
 /* Both reference sequences through the engine: the sequence one token per step (logits at
  * every position compared), then its greedy continuation from a second sequence that
- * prefills the whole of it in one span, as the scheduler does. */
+ * prefills it in spans of step_tokens, as the scheduler does. */
 static struct ref_agreement q4_against_ref(struct model_q4 *m, const struct ref *r)
 {
 	struct engine eng;
@@ -707,8 +708,12 @@ static struct ref_agreement q4_against_ref(struct model_q4 *m, const struct ref 
 		uint32_t cached, g = 0;
 		assert_int_equal(eng.seq_open(eng.impl, rs->ids, (uint32_t)rs->n, (uint32_t)rs->n + REF_GREEDY,
 					      0, &s, &cached, &e), 0);
-		struct engine_span sp = { s, rs->ids + cached, (uint32_t)rs->n - cached, logits, 0 };
-		assert_int_equal(eng.forward(eng.impl, &sp, 1, &e), 0);
+		struct engine_span sp;
+		for (uint32_t p = cached; p < rs->n; p += m->step_tokens) {
+			uint32_t n = (uint32_t)rs->n - p < m->step_tokens ? (uint32_t)rs->n - p : m->step_tokens;
+			sp = (struct engine_span){ s, rs->ids + p, n, logits, 0 };
+			assert_int_equal(eng.forward(eng.impl, &sp, 1, &e), 0);
+		}
 		for (; g < REF_GREEDY; g++) {
 			int32_t tok = (int32_t)vec_argmax_ref(logits, eng.n_vocab);
 			if (tok != rs->greedy[g])
@@ -730,8 +735,8 @@ static void gemma3_fixture(const char *name, char *model, size_t cap)
 		fail_msg("%s", why);
 }
 
-static struct ref_agreement gemma3_q4_agreement(const char *name, const char *ref_file,
-						enum q4_act_kind act)
+static struct ref_agreement gemma3_q4_agreement_step(const char *name, const char *ref_file,
+						     enum q4_act_kind act, uint32_t step_tokens)
 {
 	char model[2048], ref_path[2048];
 	struct ref *r = malloc(sizeof *r);
@@ -739,7 +744,7 @@ static struct ref_agreement gemma3_q4_agreement(const char *name, const char *re
 	gemma3_fixture(name, model, sizeof model);
 	assert_int_equal(fixture_gen_src(ref_path, sizeof ref_path, "gemma3", ref_file), 0);
 	ref_parse(ref_path, r);
-	struct model_q4 *m = load_head(model, act, 4, 64, 0, 0);
+	struct model_q4 *m = load_head(model, act, 4, step_tokens, 0, 0);
 	/* Q4_0 codes carried over as they are: the engine's weights are the file's */
 	assert_string_equal(m->quant_name, "q4_g32");
 	struct ref_agreement ag = q4_against_ref(m, r);
@@ -749,6 +754,12 @@ static struct ref_agreement gemma3_q4_agreement(const char *name, const char *re
 	model_q4_free(m);
 	free(r);
 	return ag;
+}
+
+static struct ref_agreement gemma3_q4_agreement(const char *name, const char *ref_file,
+						enum q4_act_kind act)
+{
+	return gemma3_q4_agreement_step(name, ref_file, act, 64);
 }
 
 /* How far llama.cpp's own int8-activation run (.ref.txt) is from its exact one
@@ -807,6 +818,65 @@ static void test_q4_gemma3_matches_llama_cpp(void **state)
 	struct ref_agreement a8l = gemma3_q4_agreement("fx-gemma3-q4_0", "fx-gemma3-q4_0.ref.txt", Q4_ACT_A8);
 	assert_true(a8l.max_err <= 1.5 * band);
 	assert_int_equal(a8l.greedy_min, REF_GREEDY);
+}
+
+/* The sliding layers keep only their ring: with steps of 8 tokens a ring of fx-gemma3-q4_0
+ * (window 8) is two pages of 16 positions, which the 72 positions of a sequence and its
+ * greedy run wrap twice, while the global layers keep every position in their blocks. The
+ * logits are the same as with the large ring of the test above: still llama.cpp's. */
+static void test_q4_gemma3_ring_wraps_and_still_matches_llama_cpp(void **state)
+{
+	(void)state;
+	char model[2048];
+	gemma3_fixture("fx-gemma3-q4_0", model, sizeof model);
+	struct model_q4 *m = load_head(model, Q4_ACT_A16, 4, 8, 0, 0);
+	struct kv_stats st;
+	kv_stats(&m->kv, &st);
+	assert_int_equal(st.layers_sliding, 2);
+	assert_int_equal(st.layers_global, 2);
+	assert_int_equal(st.ring_tokens, 32);
+	/* two global layers of 1 KV head of 64, f16, K and V: 512 bytes a position */
+	assert_int_equal(st.block_bytes, 16 * 512);
+	assert_int_equal(st.ring_bytes, 4 * 2 * 16 * 512);
+	model_q4_free(m);
+	struct ref_agreement small =
+		gemma3_q4_agreement_step("fx-gemma3-q4_0", "fx-gemma3-q4_0.deq.ref.txt", Q4_ACT_A16, 8);
+	struct ref_agreement big =
+		gemma3_q4_agreement_step("fx-gemma3-q4_0", "fx-gemma3-q4_0.deq.ref.txt", Q4_ACT_A16, 64);
+	assert_true(small.max_err <= 0.03);
+	assert_int_equal(small.greedy_min, REF_GREEDY);
+	assert_true(fabs(small.max_err - big.max_err) < 1e-6);
+	assert_int_equal(small.top1, big.top1);
+}
+
+/* The ledger shows KV by kind: the global layers' blocks ("kv_pool") and the sliding
+ * layers' rings ("kv_pool.sliding"), both in the KV group, each the size kv_plan gave. */
+static void test_q4_gemma3_ledger_shows_kv_by_kind(void **state)
+{
+	(void)state;
+	char model[2048];
+	gemma3_fixture("fx-gemma3-q4_0", model, sizeof model);
+	struct model_q4 *m = load_head(model, Q4_ACT_A16, 4, 8, 0, 0);
+	struct ledger *l = calloc(1, sizeof *l);
+	struct hearth_error e;
+	assert_non_null(l);
+	assert_int_equal(ledger_collect(l, &m->arena, NULL, 0, NULL, &e), 0);
+	const struct ledger_entry *blocks = NULL, *rings = NULL;
+	for (size_t i = 0; i < l->n_entries; i++) {
+		if (!strcmp(l->entries[i].name, "kv_pool"))
+			blocks = &l->entries[i];
+		if (!strcmp(l->entries[i].name, "kv_pool.sliding"))
+			rings = &l->entries[i];
+	}
+	assert_non_null(blocks);
+	assert_non_null(rings);
+	assert_int_equal(blocks->group, LEDGER_KV);
+	assert_int_equal(rings->group, LEDGER_KV);
+	assert_int_equal(blocks->bytes, m->kv.geo.pool_bytes);
+	assert_int_equal(rings->bytes, m->kv.geo.ring_bytes);
+	assert_int_equal(rings->resident, rings->bytes); /* prefaulted like the pool */
+	free(l);
+	model_q4_free(m);
 }
 
 /* fx-gemma3 is F32: requantized to int4 it is another model, so the engine is held to the
@@ -884,6 +954,8 @@ int main(void)
 		cmocka_unit_test(test_q4_int8_head_batches_equal_one_at_a_time),
 		cmocka_unit_test(test_q4_loader_refuses_context_beyond_training),
 		cmocka_unit_test(test_q4_gemma3_matches_llama_cpp),
+		cmocka_unit_test(test_q4_gemma3_ring_wraps_and_still_matches_llama_cpp),
+		cmocka_unit_test(test_q4_gemma3_ledger_shows_kv_by_kind),
 		cmocka_unit_test(test_q4_gemma3_forward_equals_the_reference_on_its_own_weights),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
