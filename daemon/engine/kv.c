@@ -168,11 +168,11 @@ int kv_plan(const struct kv_config *cfg, struct kv_geometry *geo, struct hearth_
 					"kv_budget of %zu bytes holds no block after the sliding layers' "
 					"rings: %u sequences x %u positions (window %u + a step of %llu) of "
 					"%u layers take %zu bytes, one block of %u tokens of the %u global "
-					"layers %zu more; raise kv_budget or lower max_seqs or step_tokens",
+					"layers %zu more: kv_budget must be at least %zu bytes",
 					budget, cfg->max_seqs, geo->ring_pages * bt, window,
 					(unsigned long long)(cfg->step_tokens ? cfg->step_tokens : cfg->max_context),
 					geo->n_sliding, geo->ring_bytes, bt, cfg->n_layer - geo->n_sliding,
-					geo->block_bytes);
+					geo->block_bytes, geo->ring_bytes + geo->block_bytes);
 	if (n_blocks == 0)
 		return hearth_error_set(err, HEARTH_EINVAL,
 					"kv_budget of %zu bytes holds no block: one block of %u tokens is "

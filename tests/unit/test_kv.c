@@ -764,7 +764,8 @@ static void test_kv_sliding_layers_refuse_prefix_sharing(void **state)
 	arena_destroy(&f.arena);
 }
 
-/* A budget that cannot hold every slot's ring and one block says what the rings take. */
+/* A budget that cannot hold every slot's ring and one block says what the rings take and
+ * the budget that would do. */
 static void test_kv_plan_budget_pays_the_rings_first(void **state)
 {
 	(void)state;
@@ -775,6 +776,7 @@ static void test_kv_plan_budget_pays_the_rings_first(void **state)
 	assert_int_equal(kv_plan(&cfg, &g, &err), HEARTH_EINVAL);
 	assert_non_null(strstr(err.msg, "rings"));
 	assert_non_null(strstr(err.msg, "3072 bytes"));
+	assert_non_null(strstr(err.msg, "kv_budget must be at least 3328 bytes"));
 	cfg.budget_bytes += 1;
 	assert_int_equal(kv_plan(&cfg, &g, &err), 0);
 	assert_int_equal(g.n_blocks, 1);
