@@ -10,14 +10,23 @@ if (!dir) {
 	process.exit(2);
 }
 const read = (f) => existsSync(join(dir, f)) ? readFileSync(join(dir, f), "utf8").trim() : null;
-const ours = ["hearth_bf16.json", "hearth_bf16_g32.json", "hearth_bf16_g32_q8.json", "hearth_q4_0.json"].map(read).filter(Boolean).map(JSON.parse);
+const ours = ["hearth_bf16.json", "hearth_bf16_g32.json", "hearth_bf16_g32_q8.json", "hearth_q4_0.json",
+	"hearth_gemma3_q4_0.json"].map(read).filter(Boolean).map(JSON.parse);
 const llama = (read("llama.json") ?? "").split("\n").filter(Boolean).map(JSON.parse);
 if (!ours.length || !llama.length) {
 	console.error(`bench_report: ${dir} lacks hearth_bf16.json or llama.json`);
 	process.exit(1);
 }
 const probe = ours.find((o) => o.probe_gbs)?.probe_gbs;
-const kvPerPos = ours[0].kv_bytes_per_pos;
+// The model a file is of (qwen3-1.7b-q4_0.gguf -> qwen3-1.7b), and the KV bytes tg tokens after
+// pp positions read by hearth's figures for that model (sliding layers: the last window only).
+const family = (m) => basename(m).replace(/-[A-Za-z0-9_]+\.gguf$/, "");
+const kvRead = (o, pp, tg) => {
+	let s = 0;
+	for (let i = 0; i < tg; i++)
+		s += (pp + i + 1) * o.kv_bytes_per_pos + Math.min(pp + i + 1, o.window ?? 0) * (o.kv_sliding_bytes_per_pos ?? 0);
+	return s;
+};
 
 const f1 = (s) => `${s.median.toFixed(1)} (${s.min.toFixed(1)}-${s.max.toFixed(1)})`;
 const f2 = (s) => `${s.median.toFixed(2)} (${s.min.toFixed(2)}-${s.max.toFixed(2)})`;
@@ -34,7 +43,7 @@ for (const o of ours) {
 }
 // llama.cpp's decode reads (about) the whole model per token; tied head = token_embd.
 for (const l of llama.filter((r) => !r.error)) {
-	const kv = kvPerPos * (l.tg * l.pp + l.tg * (l.tg + 1) / 2);
+	const kv = kvRead(ours.find((o) => family(o.model) === family(l.model)) ?? ours[0], l.pp, l.tg);
 	const gbs = (l.tg * l.size_bytes + kv) / (l.tg / l.tg_tps.median) * 1e-9;
 	rows.push({ name: l.engine ?? "llama.cpp", file: basename(l.model), layout: "-", bpw: l.bpw, pp: l.pp_tps,
 		tg: l.tg_tps, gbs });
@@ -71,10 +80,12 @@ const line = (what, a, b, target) => {
 const engines = [...new Set(llama.filter((r) => !r.error).map((r) => r.engine ?? "llama.cpp"))];
 const strongest = engines.includes("ik_llama.cpp") ? "ik_llama.cpp" : null;
 for (const eng of engines) {
-	const of = (re) => llama.find((r) => (r.engine ?? "llama.cpp") === eng && re.test(r.model) && !r.error);
-	const q40 = of(/q4_0/i), q4km = of(/q4_k_m/i);
 	const goal = (g) => eng === strongest ? g : null;
 	for (const o of ours) {
+		// each hearth file against the anchors' files of the same model
+		const of = (re) => llama.find((r) => (r.engine ?? "llama.cpp") === eng && re.test(r.model) && !r.error &&
+			family(r.model) === family(o.model));
+		const q40 = of(/q4_0/i), q4km = of(/q4_k_m/i);
 		const tag = o === main ? "" : ` [${basename(o.model)} ${o.layout}]`;
 		if (q40) {
 			line(`decode W4A16${tag} / ${eng} Q4_0`, run(o, "a16")?.tg_tps.median, q40.tg_tps.median, goal(1.3));

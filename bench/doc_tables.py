@@ -90,7 +90,20 @@ def file_tag(model):
 # ---- speed: hearthd-tool bench against llama.cpp (bench/run.sh)
 
 SPEED_OURS = ["hearth_bf16.json", "hearth_bf16_g32.json", "hearth_bf16_g32_q8.json",
-              "hearth_q4_0.json"]
+              "hearth_q4_0.json", "hearth_gemma3_q4_0.json"]
+
+
+def family(model):
+    """qwen3-1.7b-q4_k_m.gguf -> qwen3-1.7b: the model a file is of."""
+    base = os.path.basename(model)
+    return base[:-len(file_tag(model)) - 6] if base.endswith(f"-{file_tag(model)}.gguf") else base
+
+
+def kv_read(o, pp, tg):
+    """KV bytes tg decode tokens after pp positions read, by hearth's figures for the model:
+    every position on global layers, the last `window` on sliding ones."""
+    glob, slid, w = o["kv_bytes_per_pos"], o.get("kv_sliding_bytes_per_pos", 0), o.get("window", 0)
+    return sum((pp + i + 1) * glob + min(pp + i + 1, w) * slid for i in range(tg))
 
 
 def speed(res):
@@ -100,7 +113,9 @@ def speed(res):
     if not ours or not llama:
         die(f"{res}: needs hearth_bf16.json and llama.json")
     probe = next((o["probe_gbs"] for o in ours if o.get("probe_gbs")), None)
-    kv_per_pos = ours[0]["kv_bytes_per_pos"]
+    main = family(ours[0]["model"])
+    # another model's rows say which model they are of
+    label = lambda model, tag: tag if family(model) == main else f"{family(model)} {tag}"
     pp, tg = ours[0]["pp"], ours[0]["tg"]
     pct = lambda g: f"{100 * g / probe['median']:.0f} %" if probe else "-"
     rows = []
@@ -108,15 +123,16 @@ def speed(res):
         for r in o["runs"]:
             paired = r.get("tg_pct_paired")
             rows.append([f"hearth {'W4A8' if r['act'] == 'a8' else 'W4A16'}",
-                         f"{file_tag(o['model'])} / {o['layout']}", num(o["bpw"], 2),
+                         label(o["model"], f"{file_tag(o['model'])} / {o['layout']}"), num(o["bpw"], 2),
                          stat(r["pp_tps"], 1), stat(r["tg_tps"], 2), num(r["tg_gbs"]["median"], 1),
                          pct(r["tg_gbs"]["median"]),
                          pct_stat(paired)])
     for l in llama:
         # llama.cpp's decode reads about its whole model per token (the tied head is token_embd).
-        kv = kv_per_pos * (l["tg"] * l["pp"] + l["tg"] * (l["tg"] + 1) / 2)
+        same_model = next((o for o in ours if family(o["model"]) == family(l["model"])), ours[0])
+        kv = kv_read(same_model, l["pp"], l["tg"])
         gbs = (l["tg"] * l["size_bytes"] + kv) / (l["tg"] / l["tg_tps"]["median"]) * 1e-9
-        rows.append([l.get("engine", "llama.cpp"), file_tag(l["model"]).upper(), num(l["bpw"], 2),
+        rows.append([l.get("engine", "llama.cpp"), label(l["model"], file_tag(l["model"]).upper()), num(l["bpw"], 2),
                      stat(l["pp_tps"], 1), stat(l["tg_tps"], 2), num(gbs, 1), pct(gbs), "-"])
     text = table(["engine", "file / layout", "bpw", f"pp{pp} tok/s", f"tg{tg} tok/s",
                   "decode GB/s", "% probe", "% paired"], rows)
@@ -127,9 +143,10 @@ def speed(res):
     run = lambda o, act: next((r for r in o["runs"] if r["act"] == act), None)
     # Each anchor's Q4_0 against hearth on the same Q4_0 file when that was measured in the
     # same rounds, and against hearth's default (the BF16 file at group 128).
-    same = next((o for o in ours if file_tag(o["model"]).lower() == "q4_0"), None)
     for q40 in (l for l in llama if re.search(r"q4_0", l["model"], re.I)):
-        for o in (same, ours[0]):
+        same = next((o for o in ours if os.path.basename(o["model"]) == os.path.basename(q40["model"])),
+                    None)
+        for o in (same, ours[0] if family(q40["model"]) == main else None):
             if o is None:
                 continue
             parts = []
@@ -138,8 +155,8 @@ def speed(res):
                 r = run(o, act)
                 if r:
                     parts.append(f"{what} {r[key]['median'] / q40[key]['median']:.2f}x")
-            notes.append(f"Ratios to {q40.get('engine', 'llama.cpp')} Q4_0 "
-                         f"(hearth {file_tag(o['model'])} / {o['layout']}, medians): "
+            notes.append(f"Ratios to {q40.get('engine', 'llama.cpp')} {label(q40['model'], 'Q4_0')} "
+                         f"(hearth {label(o['model'], file_tag(o['model']))} / {o['layout']}, medians): "
                          + ", ".join(parts) + ".")
     return {"speed": text + "\n\n" + " ".join(notes)}
 

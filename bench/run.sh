@@ -1,6 +1,7 @@
 #!/bin/sh
 # `make bench-speed` (part of `make bench`, never of make check): hearth against llama.cpp on a
-# Qwen3-1.7B-shaped model. Writes the BF16 model with tests/mkmodel, makes Q4_0 and Q4_K_M from it
+# Qwen3-1.7B-shaped model, and on a Gemma-3-1B-shaped one (sliding-window layers) as a second
+# row. Writes the BF16 models with tests/mkmodel, makes Q4_0 (and Q4_K_M of Qwen3) from them
 # with llama.cpp's own quantizer, runs hearthd-tool bench and bench/llama_bench.mjs in one go and
 # prints both with the ratios (bench/bench_report.mjs). Run from the build directory.
 # Environment: HEARTH_BENCH_DIR (models + results; default $TMPDIR/hearth-bench-speed),
@@ -63,17 +64,26 @@ if [ ! -f "$bf16" ]; then
 		--n-vocab 151936 -o "$bf16.tmp" >/dev/null
 	mv "$bf16.tmp" "$bf16"
 fi
-for t in q4_0 q4_k_m; do
-	out=$dir/qwen3-1.7b-$t.gguf
+gbf16=$dir/gemma-3-1b-bf16.gguf
+gq40=$dir/gemma-3-1b-q4_0.gguf
+if [ ! -f "$gbf16" ]; then
+	say "writing $gbf16 (mkmodel gemma-3-1b bf16 seed 1, its own vocabulary of 262144)"
+	"$builddir/tests/mkmodel" --preset gemma-3-1b --type bf16 --seed 1 -o "$gbf16.tmp" >/dev/null
+	mv "$gbf16.tmp" "$gbf16"
+fi
+for pair in "$bf16:q4_0" "$bf16:q4_k_m" "$gbf16:q4_0"; do
+	src=${pair%:*} t=${pair##*:}
+	out=${src%-bf16.gguf}-$t.gguf
 	[ -f "$out" ] && continue
+	log=$dir/quantize-$(basename "$out" .gguf).log
 	if [ -n "$quantizer" ]; then
-		say "quantizing $bf16 -> $out with $quantizer"
-		"$quantizer" "$bf16" "$out.tmp" "$(echo "$t" | tr a-z A-Z)" "$threads" \
-			>"$dir/quantize-$t.log" 2>&1 || { say "quantize failed, see $dir/quantize-$t.log"; exit 1; }
+		say "quantizing $src -> $out with $quantizer"
+		"$quantizer" "$src" "$out.tmp" "$(echo "$t" | tr a-z A-Z)" "$threads" \
+			>"$log" 2>&1 || { say "quantize failed, see $log"; exit 1; }
 	else
-		say "quantizing $bf16 -> $out with llama_model_quantize"
-		"$builddir/bench/llama_quantize" "$libllama" "$bf16" "$out.tmp" "$t" "$threads" \
-			>"$dir/quantize-$t.log" 2>&1 || { say "quantize failed, see $dir/quantize-$t.log"; exit 1; }
+		say "quantizing $src -> $out with llama_model_quantize"
+		"$builddir/bench/llama_quantize" "$libllama" "$src" "$out.tmp" "$t" "$threads" \
+			>"$log" 2>&1 || { say "quantize failed, see $log"; exit 1; }
 	fi
 	mv "$out.tmp" "$out"
 done
@@ -97,15 +107,17 @@ say "hearthd-tool bench on the BF16 file with weights_group 32 and head int8 (th
 if [ -n "$anchors" ]; then
 	# One repetition of each engine per round, engines alternating, so a slow spell of the
 	# machine lands on all of them alike; medians over the rounds.
-	rm -rf "$res/rounds" "$res/hearth_q4_0.json"
+	rm -rf "$res/rounds" "$res/hearth_q4_0.json" "$res/hearth_gemma3_q4_0.json"
 	mkdir -p "$res/rounds"
 	i=1
 	while [ "$i" -le "$reps" ]; do
-		say "round $i of $reps: hearth on the Q4_0 file, then$anchors on Q4_0 and Q4_K_M"
+		say "round $i of $reps: hearth on the Q4_0 files, then$anchors on Q4_0 and Q4_K_M"
 		"$builddir/hearthd-tool" bench --json -m "$q40" -t "$threads" -r 1 \
 			--pp "$pp" --tg "$tg" >"$res/rounds/hearth_q4_0.$i.json"
+		"$builddir/hearthd-tool" bench --json -m "$gq40" -t "$threads" -r 1 \
+			--pp "$pp" --tg "$tg" >"$res/rounds/hearth_gemma3_q4_0.$i.json"
 		for a in $anchors; do
-			for f in "$q40" "$q4km"; do
+			for f in "$q40" "$q4km" "$gq40"; do
 				python3 "$srcdir/bench/anchor_bench.py" round "${a%%:*}" "${a#*:}" "$f" \
 					"$threads" "$pp" "$tg" >>"$res/rounds/anchors.jsonl"
 			done
@@ -114,12 +126,17 @@ if [ -n "$anchors" ]; then
 	done
 	python3 "$srcdir/bench/anchor_bench.py" merge-hearth "$res/hearth_q4_0.json" \
 		"$res"/rounds/hearth_q4_0.*.json
+	python3 "$srcdir/bench/anchor_bench.py" merge-hearth "$res/hearth_gemma3_q4_0.json" \
+		"$res"/rounds/hearth_gemma3_q4_0.*.json
 	python3 "$srcdir/bench/anchor_bench.py" merge-anchors "$res/rounds/anchors.jsonl" >"$res/llama.json"
 else
 	say "llama.cpp on Q4_0 and Q4_K_M"
 	node "$srcdir/bench/llama_bench.mjs" --json --threads "$threads" --reps "$reps" \
-		--pp "$pp" --tg "$tg" "$q40" "$q4km" \
+		--pp "$pp" --tg "$tg" "$q40" "$q4km" "$gq40" \
 		>"$res/llama.json"
+	say "hearthd-tool bench on the Gemma-3-1B-shaped Q4_0 file"
+	"$builddir/hearthd-tool" bench --json -m "$gq40" -t "$threads" -r "$reps" \
+		--pp "$pp" --tg "$tg" >"$res/hearth_gemma3_q4_0.json"
 	if [ "${HEARTH_BENCH_OURS_Q4_0:-1}" != 0 ]; then
 		say "hearthd-tool bench on the Q4_0 file (codes carried over: group 32)"
 		"$builddir/hearthd-tool" bench --json -m "$q40" -t "$threads" -r "$reps" \

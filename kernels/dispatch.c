@@ -12,6 +12,7 @@ static const struct kern_table table_ref = {
 	.acts_prepare = q4_acts_prepare_ref, .matmul = q4_matmul_ref,
 	.q8_matmul = q8_matmul_ref,
 	.rmsnorm = vec_rmsnorm_ref, .rope = vec_rope_ref, .silu_mul = vec_silu_mul_ref,
+	.gelu_mul = vec_gelu_mul_ref,
 	.attn = vec_attn_ref, .to_kv = vec_to_kv_ref, .argmax = vec_argmax_ref,
 	.sum_u64 = vec_sum_u64_ref,
 };
@@ -21,6 +22,7 @@ static const struct kern_table table_avx2 = {
 	.acts_prepare = q4_acts_prepare_avx2, .matmul = q4_matmul_avx2,
 	.q8_matmul = q8_matmul_avx2,
 	.rmsnorm = vec_rmsnorm_avx2, .rope = vec_rope_avx2, .silu_mul = vec_silu_mul_avx2,
+	.gelu_mul = vec_gelu_mul_avx2,
 	.attn = vec_attn_avx2, .to_kv = vec_to_kv_avx2, .argmax = vec_argmax_avx2,
 	.sum_u64 = vec_sum_u64_avx2,
 };
@@ -30,6 +32,7 @@ static const struct kern_table table_avx512 = {
 	.acts_prepare = q4_acts_prepare_avx512, .matmul = q4_matmul_avx512,
 	.q8_matmul = q8_matmul_avx512,
 	.rmsnorm = vec_rmsnorm_avx512, .rope = vec_rope_avx512, .silu_mul = vec_silu_mul_avx512,
+	.gelu_mul = vec_gelu_mul_avx512,
 	.attn = vec_attn_avx512, .to_kv = vec_to_kv_avx512, .argmax = vec_argmax_avx512,
 	.sum_u64 = vec_sum_u64_avx512,
 };

@@ -20,6 +20,7 @@ struct kern_table {
 	vec_rmsnorm_fn rmsnorm;
 	vec_rope_fn rope;
 	vec_silu_mul_fn silu_mul;
+	vec_gelu_mul_fn gelu_mul;
 	vec_attn_fn attn;
 	vec_to_kv_fn to_kv;
 	vec_argmax_fn argmax;

@@ -46,6 +46,14 @@ void ops_ref_softmax(float *x, size_t n);
 /* gate[i] = silu(gate[i]) * up[i]: SwiGLU's elementwise half. */
 void ops_ref_silu_mul(float *gate, const float *up, size_t n);
 
+/* gate[i] = gelu(gate[i]) * up[i]: GeGLU's elementwise half, GELU by its tanh
+ * approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as ggml_gelu_f32 writes it
+ * (ggml's CPU backend then looks it up in an f16 table: within 1e-3 relative of this). */
+void ops_ref_gelu_mul(float *gate, const float *up, size_t n);
+
+/* x[i] = cap * tanh(x[i] / cap): Gemma's final logit softcapping. */
+void ops_ref_softcap(float *x, size_t n, float cap);
+
 /* y[i] += x[i]. */
 void ops_ref_add(float *y, const float *x, size_t n);
 

@@ -125,6 +125,23 @@ void ops_ref_silu_mul(float *gate, const float *up, size_t n)
 	}
 }
 
+void ops_ref_gelu_mul(float *gate, const float *up, size_t n)
+{
+	const float sqrt_2_over_pi = 0.79788456080286535587989211986876f;
+	const float coef_a = 0.044715f;
+
+	for (size_t i = 0; i < n; i++) {
+		float x = gate[i];
+		gate[i] = 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * x * (1.0f + coef_a * x * x))) * up[i];
+	}
+}
+
+void ops_ref_softcap(float *x, size_t n, float cap)
+{
+	for (size_t i = 0; i < n; i++)
+		x[i] = cap * tanhf(x[i] / cap);
+}
+
 void ops_ref_add(float *y, const float *x, size_t n)
 {
 	for (size_t i = 0; i < n; i++)

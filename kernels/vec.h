@@ -52,6 +52,13 @@ typedef void (*vec_rope_fn)(float *x, size_t n_heads, size_t head_dim, size_t n_
 /* gate[i] = silu(gate[i]) * up[i]. */
 typedef void (*vec_silu_mul_fn)(float *gate, const float *up, size_t n);
 
+/* gate[i] = gelu(gate[i]) * up[i], GELU by its tanh approximation (Gemma's GeGLU),
+ * computed as x / (1 + exp(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3): the same function as
+ * 0.5 x (1 + tanh(u)), with the exp the SIMD variants already have. */
+typedef void (*vec_gelu_mul_fn)(float *gate, const float *up, size_t n);
+#define VEC_GELU_SQRT_2_PI 0.79788456080286535588f
+#define VEC_GELU_COEF 0.044715f
+
 /* A K or V row of n values into the cache (vec_kv_row_bytes(type, n) bytes at dst).
  * f16/bf16: each value rounded to nearest even, as quant_f32_to_fp16 / quant_f32_to_bf16,
  * bit for bit, NaN included. Q8: amax = max |x|, scale = amax / 127, codes
@@ -105,6 +112,7 @@ void vec_rmsnorm_ref(float *out, const float *x, const float *w, size_t n, float
 void vec_rope_ref(float *x, size_t n_heads, size_t head_dim, size_t n_rot, enum vec_rope_style style,
 		  const float *cos_row, const float *sin_row);
 void vec_silu_mul_ref(float *gate, const float *up, size_t n);
+void vec_gelu_mul_ref(float *gate, const float *up, size_t n);
 void vec_to_kv_ref(void *dst, const float *src, size_t n, enum vec_kv_type type);
 size_t vec_argmax_ref(const float *x, size_t n);
 uint64_t vec_sum_u64_ref(const void *p, size_t n);
@@ -115,6 +123,7 @@ void vec_rmsnorm_avx2(float *out, const float *x, const float *w, size_t n, floa
 void vec_rope_avx2(float *x, size_t n_heads, size_t head_dim, size_t n_rot, enum vec_rope_style style,
 		   const float *cos_row, const float *sin_row);
 void vec_silu_mul_avx2(float *gate, const float *up, size_t n);
+void vec_gelu_mul_avx2(float *gate, const float *up, size_t n);
 void vec_to_kv_avx2(void *dst, const float *src, size_t n, enum vec_kv_type type);
 size_t vec_argmax_avx2(const float *x, size_t n);
 uint64_t vec_sum_u64_avx2(const void *p, size_t n);
@@ -125,6 +134,7 @@ void vec_rmsnorm_avx512(float *out, const float *x, const float *w, size_t n, fl
 void vec_rope_avx512(float *x, size_t n_heads, size_t head_dim, size_t n_rot, enum vec_rope_style style,
 		     const float *cos_row, const float *sin_row);
 void vec_silu_mul_avx512(float *gate, const float *up, size_t n);
+void vec_gelu_mul_avx512(float *gate, const float *up, size_t n);
 void vec_to_kv_avx512(void *dst, const float *src, size_t n, enum vec_kv_type type);
 size_t vec_argmax_avx512(const float *x, size_t n);
 uint64_t vec_sum_u64_avx512(const void *p, size_t n);

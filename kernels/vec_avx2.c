@@ -123,6 +123,22 @@ void vec_silu_mul_avx2(float *gate, const float *up, size_t n)
 		gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
+void vec_gelu_mul_avx2(float *gate, const float *up, size_t n)
+{
+	const __m256 one = _mm256_set1_ps(1.0f), m2c = _mm256_set1_ps(-2.0f * VEC_GELU_SQRT_2_PI);
+	const __m256 a = _mm256_set1_ps(VEC_GELU_COEF);
+	size_t i = 0;
+
+	for (; i + 8 <= n; i += 8) {
+		__m256 x = _mm256_loadu_ps(gate + i), u = _mm256_loadu_ps(up + i);
+		__m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+		__m256 e = exp256(_mm256_mul_ps(m2c, _mm256_fmadd_ps(a, x3, x)));
+
+		_mm256_storeu_ps(gate + i, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)), u));
+	}
+	vec_gelu_mul_ref(gate + i, up + i, n - i);
+}
+
 static inline __m256 kv_load(enum vec_kv_type type, const uint8_t *row, size_t i)
 {
 	if (type == VEC_KV_Q8)  /* codes only: the row's scale is applied outside */

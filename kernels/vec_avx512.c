@@ -110,6 +110,21 @@ void vec_silu_mul_avx512(float *gate, const float *up, size_t n)
 	}
 }
 
+void vec_gelu_mul_avx512(float *gate, const float *up, size_t n)
+{
+	const __m512 one = _mm512_set1_ps(1.0f), m2c = _mm512_set1_ps(-2.0f * VEC_GELU_SQRT_2_PI);
+	const __m512 a = _mm512_set1_ps(VEC_GELU_COEF);
+
+	for (size_t i = 0; i < n; i += 16) {
+		__mmask16 k = tail_mask(n - i);
+		__m512 x = _mm512_maskz_loadu_ps(k, gate + i), u = _mm512_maskz_loadu_ps(k, up + i);
+		__m512 x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
+		__m512 e = exp512(_mm512_mul_ps(m2c, _mm512_fmadd_ps(a, x3, x)));
+
+		_mm512_mask_storeu_ps(gate + i, k, _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(one, e)), u));
+	}
+}
+
 static inline __m512 kv_load(enum vec_kv_type type, const uint8_t *row, size_t i)
 {
 	if (type == VEC_KV_Q8)  /* vpmovsxbd + vcvtdq2ps: the row's scale is applied outside */

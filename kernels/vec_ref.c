@@ -85,6 +85,15 @@ void vec_silu_mul_ref(float *gate, const float *up, size_t n)
 		gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
+void vec_gelu_mul_ref(float *gate, const float *up, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		float x = gate[i];
+		float u = VEC_GELU_SQRT_2_PI * (x + VEC_GELU_COEF * x * x * x);
+		gate[i] = x / (1.0f + expf(-2.0f * u)) * up[i];
+	}
+}
+
 static float kv_at(enum vec_kv_type type, const void *row, size_t i)
 {
 	uint16_t h;

@@ -1,6 +1,6 @@
-/* mkmodel: writes GGUF models that llama.cpp also loads (llama, qwen2, qwen3 at any shape,
- * weights F32/F16/BF16/Q8_0/Q4_0): seeded synthetic ones for tests and benchmarks, written one
- * row block at a time, or trained ones (--weights, --spm-vocab from bench/train/train.py). */
+/* mkmodel: writes GGUF models that llama.cpp also loads (llama, qwen2, qwen3, gemma3 at any
+ * shape, weights F32/F16/BF16/Q8_0/Q4_0): seeded synthetic ones for tests and benchmarks, written
+ * one row block at a time, or trained ones (--weights, --spm-vocab from bench/train/train.py). */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -17,14 +17,33 @@
 #include "protocol/error.h"
 #include "tests/support/gguf_build.h"
 
-enum mk_arch { MK_LLAMA, MK_QWEN2, MK_QWEN3 };
-static const char *const mk_arch_names[] = { "llama", "qwen2", "qwen3" };
+enum mk_arch { MK_LLAMA, MK_QWEN2, MK_QWEN3, MK_GEMMA3 };
+static const char *const mk_arch_names[] = { "llama", "qwen2", "qwen3", "gemma3" };
+#define MK_N_ARCH (sizeof mk_arch_names / sizeof mk_arch_names[0])
 
 struct mk_shape {
 	uint32_t n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_ctx;
 	uint64_t n_vocab;    /* 0: the vocabulary's own size */
 	float rope_theta, rms_eps;
 	bool tied;
+};
+
+/* gemma3's attention settings: the sliding window (0: the key is not written), the period of
+ * global layers (0: the key is not written and llama.cpp assumes 6, as for every converted
+ * Gemma 3), linear RoPE scaling of the global layers (0: none), the final logit softcap
+ * (0: none). */
+struct mk_swa {
+	uint32_t n_swa, swa_period;
+	float rope_scale, softcap;
+};
+
+/* The presets' windows (config.json's sliding_window), by preset name. */
+static const struct {
+	const char *preset;
+	uint32_t n_swa;
+} mk_preset_windows[] = {
+	{ "gemma-3-270m", 512 },
+	{ "gemma-3-1b", 512 },
 };
 
 struct mk_preset {
@@ -40,6 +59,9 @@ static const struct mk_preset mk_presets[] = {
 	{ "qwen3-0.6b", MK_QWEN3, { 1024, 28, 16, 8, 128, 3072, 40960, 151936, 1e6f, 1e-6f, true } },
 	{ "qwen3-1.7b", MK_QWEN3, { 2048, 28, 16, 8, 128, 6144, 40960, 151936, 1e6f, 1e-6f, true } },
 	{ "llama-3.2-1b", MK_LLAMA, { 2048, 16, 32, 8, 64, 8192, 131072, 128256, 500000.0f, 1e-5f, true } },
+	/* Gemma 3: one KV head of 256, a 512-position window on five of every six layers. */
+	{ "gemma-3-270m", MK_GEMMA3, { 640, 18, 4, 1, 256, 2048, 32768, 262144, 1e6f, 1e-6f, true } },
+	{ "gemma-3-1b", MK_GEMMA3, { 1152, 26, 4, 1, 256, 6912, 32768, 262144, 1e6f, 1e-6f, true } },
 };
 
 /* Llama 3's RoPE frequency correction (config.json's rope_scaling with rope_type "llama3"),
@@ -68,6 +90,7 @@ struct mk_opts {
 	int tied;            /* -1: the preset's */
 	int pooling;         /* <arch>.pooling_type (llama.cpp's numbering); -1: none written */
 	bool add_eos;        /* tokenizer.ggml.add_eos_token: true (Qwen3-Embedding's files) */
+	struct mk_swa swa;
 };
 
 /* ---- deterministic numbers: splitmix64 seeds a xorshift64* stream per tensor */
@@ -854,15 +877,19 @@ static int plan_model(struct gguf_build *b, struct mk_plan *p, enum mk_arch arch
 			ADD("attn_k.bias", kv_dim, 0, INIT_BIAS);
 			ADD("attn_v.bias", kv_dim, 0, INIT_BIAS);
 		}
-		if (arch == MK_QWEN3) {
+		if (arch == MK_QWEN3 || arch == MK_GEMMA3) {
 			ADD("attn_q_norm.weight", s->head_dim, 0, INIT_NORM);
 			ADD("attn_k_norm.weight", s->head_dim, 0, INIT_NORM);
 		}
 		ADD("attn_output.weight", q_dim, s->n_embd, INIT_WEIGHT);
+		if (arch == MK_GEMMA3) /* norms are stored as 1 + w, as llama.cpp's converter does */
+			ADD("post_attention_norm.weight", s->n_embd, 0, INIT_NORM);
 		ADD("ffn_norm.weight", s->n_embd, 0, INIT_NORM);
 		ADD("ffn_gate.weight", s->n_embd, s->n_ff, INIT_WEIGHT);
 		ADD("ffn_up.weight", s->n_embd, s->n_ff, INIT_WEIGHT);
 		ADD("ffn_down.weight", s->n_ff, s->n_embd, INIT_WEIGHT);
+		if (arch == MK_GEMMA3)
+			ADD("post_ffw_norm.weight", s->n_embd, 0, INIT_NORM);
 #undef ADD
 	}
 	if ((rc = plan_add(b, p, "output_norm.weight", type, s->n_embd, 0, INIT_NORM)))
@@ -1069,14 +1096,16 @@ static int plan_rope_freqs(struct gguf_build *b, struct mk_plan *p, const struct
 static void usage(FILE *fp)
 {
 	fprintf(fp,
-		"usage: mkmodel -o OUT.gguf [--preset tiny|qwen3-0.6b|qwen3-1.7b|llama-3.2-1b]\n"
-		"               [--arch llama|qwen2|qwen3] [--type f32|f16|bf16|q8_0|q4_0] [--seed N]\n"
+		"usage: mkmodel -o OUT.gguf [--preset tiny|qwen3-0.6b|qwen3-1.7b|llama-3.2-1b|\n"
+		"               gemma-3-270m|gemma-3-1b]\n"
+		"               [--arch llama|qwen2|qwen3|gemma3] [--type f32|f16|bf16|q8_0|q4_0] [--seed N]\n"
 		"               [--vocab VOCAB.gguf] [--n-vocab N] [--name NAME]\n"
 		"               [--n-embd N] [--n-layer N] [--n-head N] [--n-head-kv N] [--head-dim N]\n"
 		"               [--n-ff N] [--ctx N] [--rope-theta F] [--rms-eps F] [--tied|--untied]\n"
 		"               [--chat-template FILE.jinja] [--spm-vocab FILE.tsv] [--weights FILE.hkw]\n"
 		"               [--rope-freqs none|llama3[:FACTOR,LOW,HIGH,ORIG_CTX]]\n"
 		"               [--pooling mean|cls|last] [--add-eos]\n"
+		"               [--sliding-window N] [--swa-pattern N] [--rope-scale F] [--softcap F]\n"
 		"Writes a synthetic model with seeded weights that llama.cpp loads. Without --vocab the\n"
 		"vocabulary is a small byte-level BPE of its own, padded with [PADn] to --n-vocab;\n"
 		"with --vocab every tokenizer.* key of that file is copied (and padded likewise);\n"
@@ -1088,7 +1117,10 @@ static void usage(FILE *fp)
 		"--pooling writes <arch>.pooling_type: an embedding model's pooling, as llama.cpp reads it;\n"
 		"--add-eos tokenizer.ggml.add_eos_token = true, as embedding models that pool the last\n"
 		"token set it (with the built-in vocabulary only).\n"
-		"Default preset: tiny (llama arch, 64 wide, 2 layers).\n");
+		"Default preset: tiny (llama arch, 64 wide, 2 layers). gemma3 only: --sliding-window\n"
+		"(0: the key is left out, which llama.cpp reads as all layers global and hearth\n"
+		"refuses), --swa-pattern (every Nth layer global; unwritten: 6),\n"
+		"--rope-scale (linear factor of the global layers), --softcap (final logits).\n");
 }
 
 static bool parse_u64(const char *s, uint64_t *out)
@@ -1126,7 +1158,8 @@ enum {
 	OPT_PRESET = 256, OPT_ARCH, OPT_TYPE, OPT_SEED, OPT_VOCAB, OPT_N_VOCAB, OPT_NAME,
 	OPT_N_EMBD, OPT_N_LAYER, OPT_N_HEAD, OPT_N_HEAD_KV, OPT_HEAD_DIM, OPT_N_FF, OPT_CTX,
 	OPT_ROPE_THETA, OPT_RMS_EPS, OPT_TIED, OPT_UNTIED, OPT_CHAT_TEMPLATE, OPT_SPM_VOCAB,
-	OPT_WEIGHTS, OPT_ROPE_FREQS, OPT_POOLING, OPT_ADD_EOS,
+	OPT_WEIGHTS, OPT_ROPE_FREQS, OPT_POOLING, OPT_ADD_EOS, OPT_SWA, OPT_SWA_PATTERN,
+	OPT_ROPE_SCALE, OPT_SOFTCAP,
 };
 
 /* 0: options in o; 1: --help was printed; -1: bad usage (already reported). */
@@ -1158,10 +1191,16 @@ static int parse_args(int argc, char **argv, struct mk_opts *o)
 		{ "rope-freqs", required_argument, NULL, OPT_ROPE_FREQS },
 		{ "pooling", required_argument, NULL, OPT_POOLING },
 		{ "add-eos", no_argument, NULL, OPT_ADD_EOS },
+		{ "sliding-window", required_argument, NULL, OPT_SWA },
+		{ "swa-pattern", required_argument, NULL, OPT_SWA_PATTERN },
+		{ "rope-scale", required_argument, NULL, OPT_ROPE_SCALE },
+		{ "softcap", required_argument, NULL, OPT_SOFTCAP },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	int c;
+	uint64_t v64 = 0;
+	bool swa_given = false;
 
 	memset(o, 0, sizeof *o);
 	o->preset = &mk_presets[0];
@@ -1183,7 +1222,7 @@ static int parse_args(int argc, char **argv, struct mk_opts *o)
 			ok = o->preset != NULL;
 			break;
 		case OPT_ARCH:
-			for (int i = 0; i < 3; i++)
+			for (int i = 0; i < (int)MK_N_ARCH; i++)
 				if (!strcmp(optarg, mk_arch_names[i]))
 					o->arch = i;
 			ok = o->arch >= 0;
@@ -1222,6 +1261,11 @@ static int parse_args(int argc, char **argv, struct mk_opts *o)
 			else ok = false;
 			break;
 		case OPT_ADD_EOS: o->add_eos = true; break;
+		case OPT_SWA: ok = parse_u64(optarg, &v64) && v64 <= UINT32_MAX; swa_given = true;
+			o->swa.n_swa = (uint32_t)v64; break;
+		case OPT_SWA_PATTERN: ok = parse_u32(optarg, &o->swa.swa_period); break;
+		case OPT_ROPE_SCALE: ok = parse_float(optarg, &o->swa.rope_scale); break;
+		case OPT_SOFTCAP: ok = parse_float(optarg, &o->swa.softcap); break;
 		default: usage(stderr); return -1;
 		}
 		if (!ok) {
@@ -1252,6 +1296,19 @@ static int parse_args(int argc, char **argv, struct mk_opts *o)
 	OVERRIDE(head_dim); OVERRIDE(n_ff); OVERRIDE(n_ctx); OVERRIDE(n_vocab);
 	OVERRIDE(rope_theta); OVERRIDE(rms_eps);
 #undef OVERRIDE
+	for (size_t i = 0; !swa_given && i < sizeof mk_preset_windows / sizeof mk_preset_windows[0]; i++)
+		if (!strcmp(o->preset->name, mk_preset_windows[i].preset))
+			o->swa.n_swa = mk_preset_windows[i].n_swa; /* --sliding-window 0 turns it off */
+	const struct mk_swa *w = &o->swa;
+	if (o->arch != MK_GEMMA3 && (w->n_swa || w->swa_period || w->rope_scale || w->softcap)) {
+		fprintf(stderr, "mkmodel: --sliding-window, --swa-pattern, --rope-scale and --softcap "
+			"are for --arch gemma3\n");
+		return -1;
+	}
+	if (w->swa_period && !w->n_swa) {
+		fprintf(stderr, "mkmodel: --swa-pattern needs a --sliding-window\n");
+		return -1;
+	}
 	if (o->vocab_path && !o->set.n_vocab)
 		s->n_vocab = 0; /* the copied vocabulary's own size */
 	if (o->tied >= 0)
@@ -1323,12 +1380,25 @@ static int write_metadata(struct gguf_build *b, const struct mk_opts *o, uint64_
 		rc |= KV_U32("pooling_type", (uint32_t)o->pooling);
 	if (o->add_eos)
 		rc |= gguf_build_kv_bool(b, "tokenizer.ggml.add_eos_token", true);
-	/* llama.cpp derives the head size from n_embd / n_head unless told; Qwen3 files
-	 * always say it */
-	if (s->head_dim * s->n_head != s->n_embd || o->arch == MK_QWEN3) {
+	/* llama.cpp derives the head size from n_embd / n_head unless told; Qwen3 and Gemma 3
+	 * files always say it */
+	if (s->head_dim * s->n_head != s->n_embd || o->arch == MK_QWEN3 || o->arch == MK_GEMMA3) {
 		rc |= KV_U32("attention.key_length", s->head_dim);
 		rc |= KV_U32("attention.value_length", s->head_dim);
 	}
+	/* What llama.cpp's converter writes for Gemma 3 (rope.freq_base_swa never: 10000) */
+	const struct mk_swa *w = &o->swa;
+	if (w->n_swa)
+		rc |= KV_U32("attention.sliding_window", w->n_swa);
+	if (w->swa_period)
+		rc |= KV_U32("attention.sliding_window_pattern", w->swa_period);
+	if (w->rope_scale) {
+		snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+		rc |= gguf_build_kv_str(b, key, "linear");
+		rc |= KV_F32("rope.scaling.factor", w->rope_scale);
+	}
+	if (w->softcap)
+		rc |= KV_F32("final_logit_softcapping", w->softcap);
 #undef KV_U32
 #undef KV_F32
 	return rc ? HEARTH_ENOMEM : 0;

@@ -20,13 +20,15 @@
 /* Region names the loader, kv and ledger agree on. The ledger groups regions by these:
  * "weights" or "weights.<type>" (one region per packed type, e.g. "weights.q4g128"),
  * "embed_head" (token embedding and output head; the tied tensor lives here once), "norms",
- * "rope", "kv_pool", "scratch" or "scratch.<what>", "rings" or "rings.<what>". Any other
+ * "rope", "kv_pool" (and "kv_pool.sliding": the sliding-window layers' rings), "scratch" or
+ * "scratch.<what>", "rings" or "rings.<what>". Any other
  * name is counted as "arena other". */
 #define ARENA_REGION_WEIGHTS "weights"
 #define ARENA_REGION_EMBED_HEAD "embed_head"
 #define ARENA_REGION_NORMS "norms"
 #define ARENA_REGION_ROPE "rope"
 #define ARENA_REGION_KV "kv_pool"
+#define ARENA_REGION_KV_SLIDING "kv_pool.sliding"
 #define ARENA_REGION_SCRATCH "scratch"
 #define ARENA_REGION_RINGS "rings"
 

@@ -80,7 +80,32 @@ static struct kv_layer_shape layer_shape(const struct kv_config *cfg, uint32_t l
 {
 	if (cfg->layer_shapes)
 		return cfg->layer_shapes[l];
-	return (struct kv_layer_shape){ cfg->n_head_kv, cfg->head_dim, cfg->head_dim };
+	return (struct kv_layer_shape){ cfg->n_head_kv, cfg->head_dim, cfg->head_dim, 0 };
+}
+
+/* Lays out the chunks of one kind of layer (sliding or not) in a page: their offsets
+ * (k_off/v_off may be NULL) and the page's size. false on overflow. */
+static bool page_layout(const struct kv_config *cfg, uint32_t bt, size_t elem, size_t extra,
+			bool sliding, size_t *k_off, size_t *v_off, size_t *bytes)
+{
+	size_t off = 0;
+	for (uint32_t l = 0; l < cfg->n_layer; l++) {
+		struct kv_layer_shape s = layer_shape(cfg, l);
+		if ((s.window != 0) != sliding)
+			continue;
+		size_t k, v;
+		if (!chunk_bytes(bt, s.n_head_kv, s.head_dim_k, elem, extra, &k) ||
+		    !chunk_bytes(bt, s.n_head_kv, s.head_dim_v, elem, extra, &v))
+			return false;
+		if (k_off) {
+			k_off[l] = off;
+			v_off[l] = off + k;
+		}
+		if (__builtin_add_overflow(off, k, &off) || __builtin_add_overflow(off, v, &off))
+			return false;
+	}
+	*bytes = off;
+	return true;
 }
 
 int kv_plan(const struct kv_config *cfg, struct kv_geometry *geo, struct hearth_error *err)
@@ -104,31 +129,59 @@ int kv_plan(const struct kv_config *cfg, struct kv_geometry *geo, struct hearth_
 	if (cfg->max_context == 0 || cfg->max_context > KV_MAX_CONTEXT)
 		return hearth_error_set(err, HEARTH_EINVAL, "kv max_context %u: expected 1..%u",
 					cfg->max_context, KV_MAX_CONTEXT);
-	size_t block = 0;
+	uint32_t window = 0;
 	for (uint32_t l = 0; l < cfg->n_layer; l++) {
 		struct kv_layer_shape s = layer_shape(cfg, l);
 		if (s.n_head_kv == 0 || s.head_dim_k == 0 || s.head_dim_v == 0)
 			return hearth_error_set(err, HEARTH_EINVAL,
 						"kv layer %u: n_head_kv %u, head_dim k %u v %u must be > 0",
 						l, s.n_head_kv, s.head_dim_k, s.head_dim_v);
-		size_t k, v;
-		if (!chunk_bytes(bt, s.n_head_kv, s.head_dim_k, geo->elem_bytes, geo->row_extra_bytes, &k) ||
-		    !chunk_bytes(bt, s.n_head_kv, s.head_dim_v, geo->elem_bytes, geo->row_extra_bytes, &v) ||
-		    __builtin_add_overflow(block, k, &block) || __builtin_add_overflow(block, v, &block))
-			return hearth_error_set(err, HEARTH_ERANGE, "kv block size overflows at layer %u", l);
+		if (s.window && window && s.window != window)
+			return hearth_error_set(err, HEARTH_EINVAL,
+						"kv layer %u: window %u, another layer's is %u: the rings "
+						"are sized for one window", l, s.window, window);
+		if (s.window) {
+			window = s.window;
+			geo->n_sliding++;
+		}
 	}
-	geo->block_bytes = block;
-	size_t n_blocks = budget / block;
+	size_t block, page;
+	if (!page_layout(cfg, bt, geo->elem_bytes, geo->row_extra_bytes, false, NULL, NULL, &block) ||
+	    !page_layout(cfg, bt, geo->elem_bytes, geo->row_extra_bytes, true, NULL, NULL, &page))
+		return hearth_error_set(err, HEARTH_ERANGE, "kv block size overflows");
+	/* A model whose every layer slides still counts its positions in (empty) blocks: one
+	 * cache line each keeps the reservation arithmetic one code path. */
+	geo->block_bytes = block ? block : KV_CHUNK_ALIGN;
+	geo->max_blocks_per_seq = (uint32_t)((cfg->max_context + (uint64_t)bt - 1) / bt);
+	if (window) {
+		uint64_t step = cfg->step_tokens ? cfg->step_tokens : cfg->max_context;
+		uint64_t pages = (window + step - 1 + bt - 1) / bt + 1;
+		geo->ring_page_bytes = page;
+		geo->ring_pages = pages < geo->max_blocks_per_seq ? (uint32_t)pages : geo->max_blocks_per_seq;
+		if (__builtin_mul_overflow((size_t)cfg->max_seqs * geo->ring_pages, page, &geo->ring_bytes))
+			return hearth_error_set(err, HEARTH_ERANGE, "kv rings overflow");
+	}
+	/* The rings come out of the budget first: every slot owns its window whatever it holds. */
+	size_t n_blocks = budget > geo->ring_bytes ? (budget - geo->ring_bytes) / geo->block_bytes : 0;
+	if (n_blocks == 0 && geo->ring_bytes)
+		return hearth_error_set(err, HEARTH_EINVAL,
+					"kv_budget of %zu bytes holds no block after the sliding layers' "
+					"rings: %u sequences x %u positions (window %u + a step of %llu) of "
+					"%u layers take %zu bytes, one block of %u tokens of the %u global "
+					"layers %zu more: kv_budget must be at least %zu bytes",
+					budget, cfg->max_seqs, geo->ring_pages * bt, window,
+					(unsigned long long)(cfg->step_tokens ? cfg->step_tokens : cfg->max_context),
+					geo->n_sliding, geo->ring_bytes, bt, cfg->n_layer - geo->n_sliding,
+					geo->block_bytes, geo->ring_bytes + geo->block_bytes);
 	if (n_blocks == 0)
 		return hearth_error_set(err, HEARTH_EINVAL,
 					"kv_budget of %zu bytes holds no block: one block of %u tokens is "
 					"%zu bytes (%u layers, K+V, %s elements)",
-					budget, bt, block, cfg->n_layer, qtype_name(cfg->elem_type));
+					budget, bt, geo->block_bytes, cfg->n_layer, qtype_name(cfg->elem_type));
 	if (n_blocks > UINT32_MAX - 1)
 		n_blocks = UINT32_MAX - 1;
 	geo->n_blocks = (uint32_t)n_blocks;
-	geo->pool_bytes = n_blocks * block;
-	geo->max_blocks_per_seq = (uint32_t)((cfg->max_context + (uint64_t)bt - 1) / bt);
+	geo->pool_bytes = n_blocks * geo->block_bytes;
 	return 0;
 }
 
@@ -290,6 +343,15 @@ int kv_create(struct kv_cache *kv, const struct kv_config *cfg, struct arena *ar
 		return rc;
 	}
 	kv->pool = pool;
+	if (kv->geo.ring_bytes) {
+		if ((rc = arena_alloc(arena, ARENA_REGION_KV_SLIDING, kv->geo.ring_bytes, 4096, &pool, err)))
+			return rc;
+		if ((rc = arena_prefault(arena, pool, kv->geo.ring_bytes, err))) {
+			hearth_error_prefix(err, "kv rings");
+			return rc;
+		}
+		kv->ring_pool = pool;
+	}
 
 	uint32_t nb = kv->geo.n_blocks;
 	uint32_t mb = kv->geo.max_blocks_per_seq;
@@ -314,6 +376,8 @@ int kv_create(struct kv_cache *kv, const struct kv_config *cfg, struct arena *ar
 	kv->seq_free = alloc_array(cfg->max_seqs, sizeof *kv->seq_free, &ok);
 	kv->seq_block_store = alloc_array(seq_slots, sizeof *kv->seq_block_store, &ok);
 	kv->seq_hash_store = alloc_array(seq_slots, sizeof *kv->seq_hash_store, &ok);
+	if (kv->geo.ring_bytes)
+		kv->ring_table = alloc_array(seq_slots, sizeof *kv->ring_table, &ok);
 	if (!ok) {
 		kv_destroy(kv);
 		return hearth_error_set(err, HEARTH_ENOMEM,
@@ -321,19 +385,17 @@ int kv_create(struct kv_cache *kv, const struct kv_config *cfg, struct arena *ar
 					nb, cfg->max_seqs);
 	}
 
-	size_t off = 0;
-	for (uint32_t l = 0; l < cfg->n_layer; l++) {
-		struct kv_layer_shape s = layer_shape(cfg, l);
-		size_t k = 0, v = 0;
-		chunk_bytes(kv->block_tokens, s.n_head_kv, s.head_dim_k, kv->geo.elem_bytes,
-			    kv->geo.row_extra_bytes, &k);
-		chunk_bytes(kv->block_tokens, s.n_head_kv, s.head_dim_v, kv->geo.elem_bytes,
-			    kv->geo.row_extra_bytes, &v);
-		kv->shapes[l] = s;
-		kv->layer_k_off[l] = off;
-		kv->layer_v_off[l] = off + k;
-		off += k + v;
-	}
+	size_t bytes;
+	for (uint32_t l = 0; l < cfg->n_layer; l++)
+		kv->shapes[l] = layer_shape(cfg, l);
+	/* kv_plan checked both layouts for overflow */
+	page_layout(cfg, kv->block_tokens, kv->geo.elem_bytes, kv->geo.row_extra_bytes, false,
+		    kv->layer_k_off, kv->layer_v_off, &bytes);
+	page_layout(cfg, kv->block_tokens, kv->geo.elem_bytes, kv->geo.row_extra_bytes, true,
+		    kv->layer_k_off, kv->layer_v_off, &bytes);
+	for (size_t s = 0; kv->ring_table && s < cfg->max_seqs; s++)
+		for (uint32_t i = 0; i < mb; i++)
+			kv->ring_table[s * mb + i] = (uint32_t)(s * kv->geo.ring_pages + i % kv->geo.ring_pages);
 	/* Blocks are handed out lowest id first: the stack holds them in reverse. */
 	for (uint32_t b = 0; b < nb; b++) {
 		kv->free_stack[b] = nb - 1 - b;
@@ -377,6 +439,7 @@ void kv_destroy(struct kv_cache *kv)
 	free(kv->seq_free);
 	free(kv->seq_block_store);
 	free(kv->seq_hash_store);
+	free(kv->ring_table);
 	memset(kv, 0, sizeof *kv);
 }
 
@@ -432,7 +495,7 @@ int kv_seq_match_prefix(struct kv_cache *kv, struct kv_seq *seq, const int32_t *
 					seq->id, seq->n_blocks);
 	kv->prefix_queries++;
 	kv->prefix_query_tokens += n;
-	if (n == 0)
+	if (n == 0 || kv->geo.n_sliding)
 		return 0;
 	uint32_t bt = kv->block_tokens;
 	uint32_t max_full = (n - 1) / bt;
@@ -499,7 +562,7 @@ int kv_seq_commit_filled(struct kv_cache *kv, struct kv_seq *seq, const int32_t 
 		return hearth_error_set(err, HEARTH_EINVAL,
 					"kv: %u positions of sequence %u filled; %u are reserved",
 					n_filled, seq->id, seq->n_tokens);
-	while ((uint64_t)(seq->n_committed + 1) * bt <= n_filled) {
+	while (!kv->geo.n_sliding &&(uint64_t)(seq->n_committed + 1) * bt <= n_filled) {
 		uint32_t i = seq->n_committed;
 		int rc = kv_seq_commit_block(kv, seq, i, tokens + (size_t)i * bt, err);
 		if (rc < 0)
@@ -550,4 +613,9 @@ void kv_stats(const struct kv_cache *kv, struct kv_stats *st)
 	st->prefix_queries = kv->prefix_queries;
 	st->prefix_query_tokens = kv->prefix_query_tokens;
 	st->prefix_hit_tokens = kv->prefix_hit_tokens;
+	st->layers_sliding = kv->geo.n_sliding;
+	st->layers_global = kv->n_layer - kv->geo.n_sliding;
+	st->ring_bytes = kv->geo.ring_bytes;
+	st->ring_bytes_per_seq = (size_t)kv->geo.ring_pages * kv->geo.ring_page_bytes;
+	st->ring_tokens = kv->geo.ring_pages * kv->block_tokens;
 }

@@ -2,7 +2,9 @@
  * "kv_pool" region under one byte budget and made resident at start. Sequences own lists of
  * blocks; full blocks are published by a content hash chain so prompts that start alike
  * (the same system prompt from many apps) share them, refcounted and never written again.
- * Owned by the compute thread: no locks; nothing allocates after kv_create. */
+ * Sliding-window layers (Gemma 3) are the second kind: they keep only their window, in a
+ * ring of pages per sequence slot ("kv_pool.sliding"), so only global layers cost KV per
+ * position. Owned by the compute thread: no locks; nothing allocates after kv_create. */
 #ifndef HEARTH_DAEMON_KV_H
 #define HEARTH_DAEMON_KV_H
 
@@ -21,11 +23,13 @@
 #define KV_NO_BLOCK UINT32_MAX
 #define KV_Q8_SCALE_BYTES 4     /* a QTYPE_KV_Q8 row: head_dim int8 codes, then an f32 scale */
 
-/* One layer's cached shape; layers may differ (per-layer KV heads, a V head size unlike K). */
+/* One layer's cached shape; layers may differ (per-layer KV heads, a V head size unlike K,
+ * a sliding window). */
 struct kv_layer_shape {
 	uint32_t n_head_kv;
 	uint32_t head_dim_k;
 	uint32_t head_dim_v;
+	uint32_t window;              /* 0: global, in the blocks; > 0: sliding, in the rings */
 };
 
 struct kv_config {
@@ -40,6 +44,10 @@ struct kv_config {
 	const struct kv_layer_shape *layer_shapes;
 	uint32_t max_seqs;            /* sequence slots, preallocated */
 	uint32_t max_context;         /* positions one sequence may hold */
+	/* Most positions one sequence adds in one step (0: max_context). A sliding layer's
+	 * ring holds window + step_tokens - 1 positions: a chunk's first query still sees its
+	 * whole window while the chunk's own keys go in. */
+	uint32_t step_tokens;
 };
 
 /* Sizes that follow from a config; what the loader puts in the arena plan as "kv_pool".
@@ -53,10 +61,17 @@ struct kv_config {
 struct kv_geometry {
 	size_t elem_bytes;            /* 1 for QTYPE_KV_Q8 (the codes) */
 	size_t row_extra_bytes;       /* bytes after a row's elements: KV_Q8_SCALE_BYTES or 0 */
-	size_t block_bytes;
-	uint32_t n_blocks;            /* floor(budget / block_bytes) */
+	size_t block_bytes;           /* the global layers' chunks (one cache line if none) */
+	uint32_t n_blocks;            /* floor((budget - ring_bytes) / block_bytes) */
 	size_t pool_bytes;            /* n_blocks * block_bytes: the arena region's size */
 	uint32_t max_blocks_per_seq;  /* ceil(max_context / block_tokens) */
+	/* Sliding layers, laid out like a block over their own chunks: a ring page of
+	 * block_tokens positions; ring_pages per sequence slot, position p in page
+	 * (p / block_tokens) % ring_pages of its slot. 0 when no layer slides. */
+	uint32_t n_sliding;           /* layers with a window */
+	size_t ring_page_bytes;
+	uint32_t ring_pages;          /* min(max_blocks_per_seq, ceil((window + step - 1) / bt) + 1) */
+	size_t ring_bytes;            /* max_seqs * ring_pages * ring_page_bytes: "kv_pool.sliding" */
 };
 
 /* Validates cfg and computes the geometry. HEARTH_EINVAL names the bad field; a budget
@@ -83,9 +98,13 @@ struct kv_cache {
 	enum qtype elem_type;
 	size_t budget_bytes;
 	uint8_t *pool;                /* in the arena's kv_pool region */
-	size_t *layer_k_off;          /* n_layer byte offsets within a block */
-	size_t *layer_v_off;
+	uint8_t *ring_pool;           /* in "kv_pool.sliding"; NULL when no layer slides */
+	size_t *layer_k_off;          /* n_layer byte offsets within a block (global layers) or */
+	size_t *layer_v_off;          /* a ring page (sliding layers) */
 	struct kv_layer_shape *shapes;/* n_layer */
+	/* Per slot, max_blocks_per_seq ring page ids (slot * ring_pages + i % ring_pages): the
+	 * page table a sliding layer's span reads, fixed at kv_create. */
+	uint32_t *ring_table;
 
 	/* Block state, all preallocated. A block is in use (ref > 0), cached (ref == 0 but
 	 * still findable by hash, on the LRU list, reused last) or free (on the free stack). */
@@ -113,6 +132,7 @@ struct kv_cache {
 	uint64_t prefix_queries, prefix_query_tokens, prefix_hit_tokens;
 };
 
+
 /* Builds the cache over the arena's "kv_pool" region (ARENA_REGION_KV, planned with
  * kv_plan's pool_bytes): carves the pool from it and prefaults it, so the whole budget is
  * resident before the first request. Bookkeeping (block tables for max_seqs sequences,
@@ -135,7 +155,9 @@ int kv_seq_reserve(struct kv_cache *kv, struct kv_seq *seq, uint32_t n_tokens,
  * already in the cache (refcount + 1) and returns how many tokens they cover, a multiple
  * of block_tokens and at most n - 1, so at least one token is left to compute (its logits
  * are needed, and the block it lands in is private). Returns a negative code for a
- * sequence that already holds blocks. */
+ * sequence that already holds blocks. With sliding layers it always returns 0: their K/V
+ * of the window before the match lives in another sequence's ring, gone or being
+ * overwritten (llama.cpp likewise reprocesses such prompts unless --swa-full). */
 int kv_seq_match_prefix(struct kv_cache *kv, struct kv_seq *seq, const int32_t *tokens,
 			uint32_t n, struct hearth_error *err);
 
@@ -160,7 +182,8 @@ void kv_seq_set_share(struct kv_seq *seq, uint64_t share);
 
 /* Publishes every full block of tokens[0..n_filled) not yet committed, in order: the
  * positions [0, n_filled) hold K/V and tokens are their ids. Same contract per block as
- * kv_seq_commit_block; n_filled must lie within the reservation. */
+ * kv_seq_commit_block; n_filled must lie within the reservation. With sliding layers
+ * nothing is published (no match could use it: kv_seq_match_prefix). */
 int kv_seq_commit_filled(struct kv_cache *kv, struct kv_seq *seq, const int32_t *tokens,
 			 uint32_t n_filled, struct hearth_error *err);
 
@@ -193,12 +216,18 @@ struct kv_stats {
 	uint64_t prefix_queries;
 	uint64_t prefix_query_tokens;
 	uint64_t prefix_hit_tokens;
+	/* The two kinds: global layers pay per position (block_bytes / block_tokens each),
+	 * sliding ones a fixed ring per sequence slot. */
+	uint32_t layers_global, layers_sliding;
+	size_t ring_bytes;            /* all slots' rings */
+	size_t ring_bytes_per_seq;
+	uint32_t ring_tokens;         /* positions one ring holds */
 };
 
 void kv_stats(const struct kv_cache *kv, struct kv_stats *st);
 
-/* Where the engine reads and writes: the K (or V) chunk of layer l in block b, laid out
- * [head][slot][dim]. Position p of a sequence is slot p % block_tokens of block
+/* Where the engine reads and writes: the K (or V) chunk of global layer l in block b, laid
+ * out [head][slot][dim]. Position p of a sequence is slot p % block_tokens of block
  * seq->blocks[p / block_tokens]. Head-major, so one head's rows of a block are one
  * contiguous run: decode splits a sequence's heads across threads, and each then
  * streams whole runs instead of a 256-byte slice of every 2 KiB row. */
@@ -212,6 +241,32 @@ static inline void *kv_block_v(const struct kv_cache *kv, uint32_t block, uint32
 	return kv->pool + (size_t)block * kv->geo.block_bytes + kv->layer_v_off[layer];
 }
 
+/* A layer's pages for one sequence, by kind: the sequence's blocks (global layers) or its
+ * slot's ring (sliding layers); each page holds block_tokens positions at page_bytes apart
+ * from base. */
+static inline bool kv_layer_slides(const struct kv_cache *kv, uint32_t layer)
+{
+	return kv->shapes[layer].window != 0;
+}
+
+static inline const uint32_t *kv_seq_pages(const struct kv_cache *kv, const struct kv_seq *seq,
+					   uint32_t layer)
+{
+	return kv_layer_slides(kv, layer)
+		       ? kv->ring_table + (size_t)seq->id * kv->geo.max_blocks_per_seq
+		       : seq->blocks;
+}
+
+static inline uint8_t *kv_layer_base(const struct kv_cache *kv, uint32_t layer)
+{
+	return kv_layer_slides(kv, layer) ? kv->ring_pool : kv->pool;
+}
+
+static inline size_t kv_layer_page_bytes(const struct kv_cache *kv, uint32_t layer)
+{
+	return kv_layer_slides(kv, layer) ? kv->geo.ring_page_bytes : kv->geo.block_bytes;
+}
+
 /* Bytes of one stored row of dim values (kv_plan checked every layer's for overflow). */
 static inline size_t kv_row_bytes(const struct kv_cache *kv, uint32_t dim)
 {
@@ -223,19 +278,19 @@ static inline size_t kv_row_bytes(const struct kv_cache *kv, uint32_t dim)
 static inline void *kv_seq_k(const struct kv_cache *kv, const struct kv_seq *seq, uint32_t layer,
 			     uint32_t pos, uint32_t head)
 {
-	uint32_t b = seq->blocks[pos / kv->block_tokens];
+	uint32_t b = kv_seq_pages(kv, seq, layer)[pos / kv->block_tokens];
 	size_t row = kv_row_bytes(kv, kv->shapes[layer].head_dim_k);
-	return (uint8_t *)kv_block_k(kv, b, layer) +
-	       ((size_t)head * kv->block_tokens + pos % kv->block_tokens) * row;
+	return kv_layer_base(kv, layer) + (size_t)b * kv_layer_page_bytes(kv, layer) +
+	       kv->layer_k_off[layer] + ((size_t)head * kv->block_tokens + pos % kv->block_tokens) * row;
 }
 
 static inline void *kv_seq_v(const struct kv_cache *kv, const struct kv_seq *seq, uint32_t layer,
 			     uint32_t pos, uint32_t head)
 {
-	uint32_t b = seq->blocks[pos / kv->block_tokens];
+	uint32_t b = kv_seq_pages(kv, seq, layer)[pos / kv->block_tokens];
 	size_t row = kv_row_bytes(kv, kv->shapes[layer].head_dim_v);
-	return (uint8_t *)kv_block_v(kv, b, layer) +
-	       ((size_t)head * kv->block_tokens + pos % kv->block_tokens) * row;
+	return kv_layer_base(kv, layer) + (size_t)b * kv_layer_page_bytes(kv, layer) +
+	       kv->layer_v_off[layer] + ((size_t)head * kv->block_tokens + pos % kv->block_tokens) * row;
 }
 
 /* One sequence's rows [first, first + n) of KV heads [h0, h1) of a layer, described the way
@@ -248,9 +303,9 @@ static inline struct vec_kv_span kv_seq_span(const struct kv_cache *kv, const st
 	size_t v_row = kv_row_bytes(kv, kv->shapes[layer].head_dim_v);
 	size_t bt = kv->block_tokens;
 	return (struct vec_kv_span){
-		.base = kv->pool,
-		.pages = seq->blocks,
-		.page_bytes = kv->geo.block_bytes,
+		.base = kv_layer_base(kv, layer),
+		.pages = kv_seq_pages(kv, seq, layer),
+		.page_bytes = kv_layer_page_bytes(kv, layer),
 		.page_rows = bt,
 		.k_off = kv->layer_k_off[layer] + h0 * bt * k_row,
 		.v_off = kv->layer_v_off[layer] + h0 * bt * v_row,

@@ -419,9 +419,10 @@ static int load_plan_layers(struct load_ctx *c, uint32_t want, struct load_sizes
 				return rc;
 			*(ds[i]->group == 128 ? &sz->w_g128 : &sz->w_g32) += align64(q4_matrix_bytes(ds[i]));
 		}
-		const struct gguf_tensor *vs[8] = { R->attn_norm, R->ffn_norm, R->q_norm, R->k_norm,
-						    R->bq, R->bk, R->bv, R->bo };
-		for (int i = 0; i < 8; i++)
+		const struct gguf_tensor *vs[10] = { R->attn_norm, R->ffn_norm, R->q_norm, R->k_norm,
+						     R->bq, R->bk, R->bv, R->bo, R->attn_post_norm,
+						     R->ffn_post_norm };
+		for (int i = 0; i < 10; i++)
 			sz->norms += vec_bytes(vs[i]);
 		if (R->bo)
 			return hearth_error_set(err, HEARTH_EUNSUPPORTED, "layer %u: an output bias is not supported", l);
@@ -490,7 +491,7 @@ static int load_plan_kv(const struct load_ctx *c, struct kv_config *kvc, struct 
 		return hearth_error_set(err, HEARTH_ENOMEM, "loader: out of memory");
 	for (uint32_t l = 0; l < m->n_layer; l++)
 		shapes[l] = (struct kv_layer_shape){ m->layers[l].n_head_kv, m->layers[l].head_dim,
-						     m->layers[l].head_dim_v };
+						     m->layers[l].head_dim_v, m->layers[l].window };
 	*kvc = (struct kv_config){
 		.budget_bytes = c->o->kv_budget,
 		.block_tokens = 16,
@@ -499,6 +500,7 @@ static int load_plan_kv(const struct load_ctx *c, struct kv_config *kvc, struct 
 		.layer_shapes = shapes,
 		.max_seqs = c->o->max_seqs,
 		.max_context = c->o->max_context,
+		.step_tokens = c->o->step_tokens,
 	};
 	return kv_plan(kvc, geo, err);
 }
@@ -580,6 +582,8 @@ static int load_plan(struct load_ctx *c, struct arena_plan *plan, struct kv_conf
 	    (rc = arena_plan_add(plan, ARENA_REGION_NORMS, sz.norms, 64, err)) < 0 ||
 	    (rc = arena_plan_add(plan, ARENA_REGION_ROPE, sz.rope, 64, err)) < 0 ||
 	    (rc = arena_plan_add(plan, ARENA_REGION_KV, geo.pool_bytes, 4096, err)) < 0 ||
+	    (geo.ring_bytes &&
+	     (rc = arena_plan_add(plan, ARENA_REGION_KV_SLIDING, geo.ring_bytes, 4096, err)) < 0) ||
 	    (rc = arena_plan_add(plan, ARENA_REGION_SCRATCH, sz.scratch, 64, err)) < 0)
 		return rc;
 	return 0;
@@ -733,7 +737,9 @@ static int load_fill(struct load_ctx *c, const struct kv_config *kvc, struct hea
 		    (rc = load_vec(c, R->k_norm, &L->k_norm, err)) < 0 ||
 		    (rc = load_vec(c, R->bq, &L->bq, err)) < 0 ||
 		    (rc = load_vec(c, R->bk, &L->bk, err)) < 0 ||
-		    (rc = load_vec(c, R->bv, &L->bv, err)) < 0)
+		    (rc = load_vec(c, R->bv, &L->bv, err)) < 0 ||
+		    (rc = load_vec(c, R->attn_post_norm, &L->attn_post_norm, err)) < 0 ||
+		    (rc = load_vec(c, R->ffn_post_norm, &L->ffn_post_norm, err)) < 0)
 			return rc;
 	}
 	if ((rc = load_vec(c, ref->output_norm, &m->output_norm, err)) < 0)

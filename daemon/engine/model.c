@@ -27,6 +27,7 @@ static const struct arch_info arch_table[] = {
 	{ "llama", MODEL_ARCH_LLAMA, OPS_ROPE_NORM },
 	{ "qwen2", MODEL_ARCH_QWEN2, OPS_ROPE_NEOX },
 	{ "qwen3", MODEL_ARCH_QWEN3, OPS_ROPE_NEOX },
+	{ "gemma3", MODEL_ARCH_GEMMA3, OPS_ROPE_NEOX },
 };
 
 const char *model_arch_name(enum model_arch arch)
@@ -195,7 +196,7 @@ static int ld_arch(struct loader *ld, struct model *m)
 		}
 	}
 	return hearth_error_set(ld->err, HEARTH_EUNSUPPORTED,
-				"%s: unsupported architecture '%.*s' (supported: llama, qwen2, qwen3)",
+				"%s: unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, gemma3)",
 				ld->f->path, (int)(s.len > 64 ? 64 : s.len), s.ptr);
 }
 
@@ -235,6 +236,81 @@ static int ld_rope_scale(const struct loader *ld, float *scale)
 	return 0;
 }
 
+/* Which layers slide and how, as llama.cpp's gemma3 decides: with a nonzero
+ * ARCH.attention.sliding_window, layer l is a sliding layer unless l % period == period - 1
+ * (period: ARCH.attention.sliding_window_pattern, 6 when absent: five local layers, then a
+ * global one). Sliding layers turn RoPE at ARCH.rope.freq_base_swa (10000 when absent) with
+ * no position scaling; global layers keep the file's base and linear scaling. */
+struct ld_swa {
+	uint32_t window;        /* 0: no sliding layers */
+	uint32_t period;
+	float rope_base;
+};
+
+#define LD_SWA_DEFAULT_PERIOD 6
+#define LD_SWA_DEFAULT_BASE 10000.0f
+
+static bool ld_swa_layer(const struct ld_swa *swa, uint32_t l)
+{
+	return swa->window && l % swa->period < swa->period - 1;
+}
+
+/* Refuses what llama.cpp would read differently or not at all rather than run a model it
+ * does not describe: no window (every converted Gemma 3 has one; llama.cpp would silently
+ * make every layer global, which is a different model past the window), a window of 0 or
+ * beyond any context, a period given per layer, a period of 0, or a per-kind head size
+ * (gemma3's q/k norms are one size for every layer). */
+static int ld_gemma3_swa(const struct loader *ld, struct ld_swa *swa)
+{
+	char key[128];
+	const struct gguf_kv *kv;
+	int rc;
+
+	*swa = (struct ld_swa){ 0, LD_SWA_DEFAULT_PERIOD, LD_SWA_DEFAULT_BASE };
+	ld_key(ld, key, sizeof(key), "attention.sliding_window");
+	if (!gguf_kv_find(ld->f, key))
+		return hearth_error_set(ld->err, HEARTH_EFORMAT,
+					"%s: %s is missing: gemma3 alternates sliding-window and global "
+					"layers, and without the window they cannot be told apart",
+					ld->f->path, key);
+	if ((rc = gguf_get_u32(ld->f, key, &swa->window, ld->err)) < 0)
+		return rc;
+	if (swa->window == 0 || swa->window > MODEL_MAX_CTX_LIMIT)
+		return hearth_error_set(ld->err, HEARTH_EFORMAT,
+					"%s: %s is %u: a sliding window must be 1..%u positions",
+					ld->f->path, key, swa->window, MODEL_MAX_CTX_LIMIT);
+	ld_key(ld, key, sizeof(key), "attention.sliding_window_pattern");
+	kv = gguf_kv_find(ld->f, key);
+	if (kv && kv->type == GGUF_VT_ARRAY)
+		return hearth_error_set(ld->err, HEARTH_EFORMAT,
+					"%s: %s is an array of %llu; gemma3 takes one period (every "
+					"period-th layer global)", ld->f->path, key,
+					(unsigned long long)kv->arr_n);
+	if ((rc = ld_u32_opt(ld, "attention.sliding_window_pattern", LD_SWA_DEFAULT_PERIOD,
+			     &swa->period)) < 0)
+		return rc;
+	if (swa->period == 0)
+		return hearth_error_set(ld->err, HEARTH_EFORMAT,
+					"%s: %s is 0: the period of global layers must be at least 1",
+					ld->f->path, key);
+	if ((rc = ld_f32_opt(ld, "rope.freq_base_swa", LD_SWA_DEFAULT_BASE, &swa->rope_base)) < 0)
+		return rc;
+	if (!(swa->rope_base > 0.0f) || !isfinite(swa->rope_base))
+		return hearth_error_set(ld->err, HEARTH_EFORMAT, "%s: %s.rope.freq_base_swa %g is "
+					"not positive", ld->f->path, ld->arch, (double)swa->rope_base);
+	static const char *const per_kind[] = { "attention.key_length_swa",
+						"attention.value_length_swa",
+						"rope.dimension_count_swa" };
+	for (size_t i = 0; i < sizeof(per_kind) / sizeof(per_kind[0]); i++) {
+		ld_key(ld, key, sizeof(key), per_kind[i]);
+		if (gguf_kv_find(ld->f, key))
+			return hearth_error_set(ld->err, HEARTH_EUNSUPPORTED,
+						"%s: %s: sliding layers with their own head size are "
+						"not supported", ld->f->path, key);
+	}
+	return 0;
+}
+
 static int ld_layers(const struct loader *ld, struct model *m)
 {
 	const uint32_t n_layer = m->hp.n_layer;
@@ -242,6 +318,8 @@ static int ld_layers(const struct loader *ld, struct model *m)
 	uint32_t *n_head, *n_head_kv, *n_ff;
 	uint32_t key_len, val_len, n_rot;
 	float rope_base, rope_scale;
+	struct ld_swa swa = { 0, LD_SWA_DEFAULT_PERIOD, LD_SWA_DEFAULT_BASE };
+	const bool gemma = m->hp.arch == MODEL_ARCH_GEMMA3;
 	int rc = HEARTH_ENOMEM;
 
 	n_head = calloc(n_layer, sizeof(*n_head));
@@ -277,6 +355,9 @@ static int ld_layers(const struct loader *ld, struct model *m)
 	    (rc = ld_f32_opt(ld, "rope.freq_base", 10000.0f, &rope_base)) < 0 ||
 	    (rc = ld_rope_scale(ld, &rope_scale)) < 0)
 		goto out;
+	if (gemma && (rc = ld_gemma3_swa(ld, &swa)) < 0)
+		goto out;
+	m->hp.n_swa = swa.window;
 
 	rc = HEARTH_EFORMAT;
 	if (key_len == 0 || val_len == 0 || key_len > 65536 || val_len > 65536) {
@@ -317,6 +398,15 @@ static int ld_layers(const struct loader *ld, struct model *m)
 		L->rope_scale = rope_scale;
 		L->window = 0;
 		L->attn_scale = 1.0f / sqrtf((float)key_len);
+		if (ld_swa_layer(&swa, l)) {
+			L->window = swa.window;
+			L->rope_base = swa.rope_base;
+			L->rope_scale = 1.0f;
+		}
+		/* Gemma 3 scales q by query_pre_attn_scalar^-1/2, which llama.cpp takes to be the
+		 * head size except for the 27B (62 layers), where it is n_embd / n_head. */
+		if (gemma && n_layer == 62)
+			L->attn_scale = 1.0f / sqrtf((float)(n_embd / n_head[l]));
 
 		/* Products of values below 2^16 and 2^12: no overflow in 64 bits. */
 		n_q = (uint64_t)L->n_head * L->head_dim;
@@ -350,9 +440,17 @@ static int ld_layers(const struct loader *ld, struct model *m)
 		if ((rc = ld_tensor_opt(ld, "blk.%u.attn_output.bias", l, n_embd, 0, &L->bo)) < 0)
 			goto out;
 
-		if (m->hp.arch == MODEL_ARCH_QWEN3 &&
+		if ((m->hp.arch == MODEL_ARCH_QWEN3 || gemma) &&
 		    ((rc = ld_tensor(ld, "blk.%u.attn_q_norm.weight", l, L->head_dim, 0, &L->q_norm)) < 0 ||
 		     (rc = ld_tensor(ld, "blk.%u.attn_k_norm.weight", l, L->head_dim, 0, &L->k_norm)) < 0))
+			goto out;
+		/* Gemma's RMSNorm multiplies by (1 + w); llama.cpp's converter stores 1 + w, so
+		 * every norm here is a plain RMSNorm by the stored vector. */
+		if (gemma &&
+		    ((rc = ld_tensor(ld, "blk.%u.post_attention_norm.weight", l, n_embd, 0,
+				     &L->attn_post_norm)) < 0 ||
+		     (rc = ld_tensor(ld, "blk.%u.post_ffw_norm.weight", l, n_embd, 0,
+				     &L->ffn_post_norm)) < 0))
 			goto out;
 	}
 	rc = 0;
@@ -390,6 +488,8 @@ int model_load(struct model **out, const struct gguf_file *f, const struct model
 		goto fail;
 	}
 
+	m->hp.ffn_act = MODEL_FFN_SILU;
+	m->hp.embd_scale = 1.0f;
 	if ((rc = ld_arch(&ld, m)) < 0 ||
 	    (rc = ld_u32(&ld, "embedding_length", &m->hp.n_embd)) < 0 ||
 	    (rc = ld_u32(&ld, "block_count", &m->hp.n_layer)) < 0 ||
@@ -429,6 +529,22 @@ int model_load(struct model **out, const struct gguf_file *f, const struct model
 		}
 		m->hp.pooling = pooling == UINT32_MAX ? MODEL_POOLING_UNSPECIFIED
 						      : (enum model_pooling)pooling;
+	}
+
+	/* Gemma 3: GeGLU, embeddings scaled by sqrt(n_embd) (in f32, as llama.cpp does, not
+	 * the bf16-rounded normalizer of the reference PyTorch code) and an optional final
+	 * softcap (the released models have none; llama.cpp applies it when the key is there). */
+	if (m->hp.arch == MODEL_ARCH_GEMMA3) {
+		m->hp.ffn_act = MODEL_FFN_GELU;
+		m->hp.embd_scale = sqrtf((float)m->hp.n_embd);
+		if ((rc = ld_f32_opt(&ld, "final_logit_softcapping", 0.0f, &m->hp.logit_softcap)) < 0)
+			goto fail;
+		if (!(m->hp.logit_softcap >= 0.0f) || !isfinite(m->hp.logit_softcap)) {
+			rc = hearth_error_set(err, HEARTH_EFORMAT, "%s: %s.final_logit_softcapping %g "
+					      "is not a non-negative number", f->path, ld.arch,
+					      (double)m->hp.logit_softcap);
+			goto fail;
+		}
 	}
 
 	/* Mixtral-style files say "llama" too; their expert tensors are not handled here. */

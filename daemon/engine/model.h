@@ -16,6 +16,13 @@ enum model_arch {
 	MODEL_ARCH_LLAMA,  /* llama, Llama 3.x, SmolLM, TinyStories */
 	MODEL_ARCH_QWEN2,  /* q/k/v biases */
 	MODEL_ARCH_QWEN3,  /* per-head RMSNorm of q and k before RoPE */
+	MODEL_ARCH_GEMMA3, /* sliding-window and global layers, four norms per layer, GeGLU */
+};
+
+/* The gate's activation in the gated feed-forward block: down(act(gate) * up). */
+enum model_ffn_act {
+	MODEL_FFN_SILU,    /* SwiGLU (llama, qwen) */
+	MODEL_FFN_GELU,    /* GeGLU with the tanh approximation of GELU (gemma) */
 };
 
 /* Upper bound on a configured context; beyond it the KV arithmetic is not worth trusting. */
@@ -43,6 +50,10 @@ struct model_hparams {
 	bool tied_output;       /* the head is token_embd (stored once) */
 	enum ops_rope_style rope_style;
 	enum model_pooling pooling;   /* <arch>.pooling_type, or UNSPECIFIED */
+	enum model_ffn_act ffn_act;
+	float embd_scale;       /* embedding rows are multiplied by it: sqrt(n_embd) for gemma, else 1 */
+	float logit_softcap;    /* > 0: logits become cap * tanh(logits / cap); 0: left alone */
+	uint32_t n_swa;         /* the sliding layers' window (positions); 0: every layer is global */
 };
 
 /* Everything one layer needs, so layers may differ (sliding-window layers with their own
@@ -57,7 +68,8 @@ struct model_layer {
 	uint32_t n_rot;         /* rotated dimensions per head (<= head_dim) */
 	float rope_base;
 	float rope_scale;       /* linear position scaling: angles are multiplied by this */
-	uint32_t window;        /* sliding attention window in positions; 0 = full causal */
+	uint32_t window;        /* sliding attention window in positions; 0 = full causal. A
+				 * query at p sees keys p - window + 1 .. p, as llama.cpp masks */
 	float attn_scale;       /* multiplies q.k */
 
 	const struct gguf_tensor *attn_norm;
@@ -66,6 +78,8 @@ struct model_layer {
 	const struct gguf_tensor *q_norm, *k_norm;
 	const struct gguf_tensor *ffn_norm;
 	const struct gguf_tensor *ffn_gate, *ffn_up, *ffn_down;
+	/* Gemma's norms of each block's output before it joins the residual stream. */
+	const struct gguf_tensor *attn_post_norm, *ffn_post_norm;
 };
 
 /* How attention treats its numbers. */

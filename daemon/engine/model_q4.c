@@ -261,16 +261,20 @@ static void step_attention(struct step *st, const struct mq4_layer *L, uint32_t 
 }
 
 /* Rows of this thread's share (split by rows, as acts_fill splits them, so the ops below
- * need no barrier between them): add the last sublayer's output into the residual stream
- * when asked, then normalize into xb. */
-static void step_rows_norm(struct step *st, const float *w, bool residual, size_t t, size_t nt)
+ * need no barrier between them): add the last sublayer's output (in xb; first normalized
+ * by post when a model has such a norm, as Gemma does) into the residual stream when
+ * asked, then normalize into xb. */
+static void step_rows_norm(struct step *st, const float *w, bool residual, const float *post,
+			   size_t t, size_t nt)
 {
 	struct model_q4 *m = st->m;
 	size_t E = m->hp.n_embd, b, e;
 	split(st->T, t, nt, &b, &e);
 	for (size_t i = b; i < e; i++) {
 		float *x = m->x + i * E;
-		const float *d = m->xb + i * E;
+		float *d = m->xb + i * E;
+		if (residual && post)
+			m->kern->rmsnorm(d, d, post, E, m->hp.norm_eps);
 		if (residual)
 			for (size_t j = 0; j < E; j++)
 				x[j] += d[j];
@@ -295,17 +299,22 @@ static void step_run(void *arg, size_t t, size_t nt)
 	bool int8 = m->head_bits == 8;
 	split(T, t, nt, &b, &e);
 	for (size_t i = b; i < e; i++) {
+		float *x = m->x + i * E;
 		if (int8)
-			q8_unpack_rows(&m->embd8, (size_t)m->step_tokens_buf[i], 1, m->x + i * E, E);
+			q8_unpack_rows(&m->embd8, (size_t)m->step_tokens_buf[i], 1, x, E);
 		else
-			q4_unpack_rows(&m->embd, (size_t)m->step_tokens_buf[i], 1, m->x + i * E, E);
+			q4_unpack_rows(&m->embd, (size_t)m->step_tokens_buf[i], 1, x, E);
+		if (m->hp.embd_scale != 1.0f)
+			for (size_t j = 0; j < E; j++)
+				x[j] *= m->hp.embd_scale;
 	}
 
 	for (uint32_t l = 0; l < m->n_layer; l++) {
 		const struct mq4_layer *L = &m->layers[l];
+		const float *prev_post = l > 0 ? m->layers[l - 1].ffn_post_norm : NULL;
 		size_t na = (size_t)L->n_head * L->head_dim_v;
 
-		step_rows_norm(st, L->attn_norm, l > 0, t, nt);
+		step_rows_norm(st, L->attn_norm, l > 0, prev_post, t, nt);
 		const struct q4_matrix *qkv[3] = { &L->wq, &L->wk, &L->wv };
 		acts_setup(st, &a, T, E, any_group(qkv, 3, 32), any_group(qkv, 3, 128));
 		acts_fill(st, &a, m->xb, E, T, t, nt);
@@ -328,7 +337,7 @@ static void step_run(void *arg, size_t t, size_t nt)
 		}
 		matmul_phase(st, &phase, o, &m->xb, 1, &a, t, nt);
 		pool_barrier(p);
-		step_rows_norm(st, L->ffn_norm, true, t, nt);
+		step_rows_norm(st, L->ffn_norm, true, L->attn_post_norm, t, nt);
 		const struct q4_matrix *gu[2] = { &L->gate, &L->up };
 		acts_setup(st, &a, T, E, any_group(gu, 2, 32), any_group(gu, 2, 128));
 		acts_fill(st, &a, m->xb, E, T, t, nt);
@@ -336,8 +345,9 @@ static void step_run(void *arg, size_t t, size_t nt)
 		matmul_phase(st, &phase, gu, (float *const[]){ m->hb, m->hb2 }, 2, &a, t, nt);
 		pool_barrier(p);
 		split(T, t, nt, &b, &e);
+		vec_silu_mul_fn act = m->hp.ffn_act == MODEL_FFN_GELU ? m->kern->gelu_mul : m->kern->silu_mul;
 		for (size_t i = b; i < e; i++)
-			m->kern->silu_mul(m->hb + i * L->n_ff, m->hb2 + i * L->n_ff, L->n_ff);
+			act(m->hb + i * L->n_ff, m->hb2 + i * L->n_ff, L->n_ff);
 		const struct q4_matrix *d[1] = { &L->down };
 		acts_setup(st, &a, T, L->n_ff, any_group(d, 1, 32), any_group(d, 1, 128));
 		acts_fill(st, &a, m->hb, L->n_ff, T, t, nt);
@@ -351,7 +361,7 @@ static void step_run(void *arg, size_t t, size_t nt)
 	 * rows need the last residual too; model_q4_forward norms them after the step. */
 	if (st->L == 0 && !st->want_embd)
 		return;
-	step_rows_norm(st, NULL, true, t, nt);
+	step_rows_norm(st, NULL, true, m->layers[m->n_layer - 1].ffn_post_norm, t, nt);
 	if (st->L == 0)
 		return;
 	pool_barrier(p);
@@ -370,6 +380,15 @@ static void step_run(void *arg, size_t t, size_t nt)
 		matmul8(st, head8, &a, m->logits, t, nt);
 	else
 		matmul_phase(st, &phase, &head, &m->logits, 1, &a, t, nt);
+	if (m->hp.logit_softcap > 0.0f) {
+		/* cap * tanh(logit / cap), Gemma's final softcap: rows split anew after the
+		 * head's barrier-free tail, hence one more barrier */
+		float cap = m->hp.logit_softcap;
+		pool_barrier(p);
+		split((size_t)st->L * m->hp.n_vocab, t, nt, &b, &e);
+		for (size_t j = b; j < e; j++)
+			m->logits[j] = cap * tanhf(m->logits[j] / cap);
+	}
 }
 
 int model_q4_forward(struct model_q4 *m, const struct engine_span *spans, size_t n_spans,
@@ -553,8 +572,9 @@ static void mq4_kv_usage(void *impl, uint64_t *used, uint64_t *total)
 	struct model_q4 *m = impl;
 	struct kv_stats st;
 	kv_stats(&m->kv, &st);
-	*used = (uint64_t)st.blocks_used * st.block_bytes;
-	*total = (uint64_t)st.blocks_total * st.block_bytes;
+	/* a live sequence's ring is in use, however little it holds */
+	*used = (uint64_t)st.blocks_used * st.block_bytes + (uint64_t)st.seqs_live * st.ring_bytes_per_seq;
+	*total = (uint64_t)st.blocks_total * st.block_bytes + st.ring_bytes;
 }
 
 static void mq4_thread_init(void *impl)

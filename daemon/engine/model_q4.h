@@ -43,6 +43,8 @@ struct mq4_layer {
 	const struct mq4_rope *rope;
 	struct q4_matrix wq, wk, wv, wo, gate, up, down;
 	const float *attn_norm, *ffn_norm, *q_norm, *k_norm;   /* NULL when absent */
+	/* Gemma's norms of each block's output before the residual add; NULL when absent */
+	const float *attn_post_norm, *ffn_post_norm;
 	const float *bq, *bk, *bv;
 };
 

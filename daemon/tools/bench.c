@@ -71,6 +71,8 @@ struct bench_model {
 	char arch[16], name[64], quant[32], backing[16];
 	const char *isa;
 	uint64_t n_params, matrix_params, matrix_bytes, decode_weight_bytes, kv_bytes_per_pos;
+	uint64_t kv_sliding_bytes_per_pos; /* sliding layers: read for the last `window` only */
+	uint32_t window;
 	uint32_t n_vocab, n_layer;
 	size_t n_threads;
 	int cpus[MQ4_THREADS_MAX];
@@ -222,8 +224,14 @@ static void bench_describe(const struct model_q4 *m, struct bench_model *d)
 			d->matrix_params += (uint64_t)ws[i]->rows * ws[i]->cols;
 		}
 		/* The cache's own row sizes (q8: codes + scale), so the figure is what attention reads. */
-		d->kv_bytes_per_pos += (uint64_t)L->n_head_kv *
-				       (kv_row_bytes(&m->kv, L->head_dim) + kv_row_bytes(&m->kv, L->head_dim_v));
+		uint64_t row = (uint64_t)L->n_head_kv *
+			       (kv_row_bytes(&m->kv, L->head_dim) + kv_row_bytes(&m->kv, L->head_dim_v));
+		if (L->window) {
+			d->kv_sliding_bytes_per_pos += row;
+			d->window = L->window;
+		} else {
+			d->kv_bytes_per_pos += row;
+		}
 	}
 	/* The embedding and an untied head, int4 or int8 (head_bits). */
 	uint64_t embd_bytes, head_bytes;
@@ -365,10 +373,14 @@ static int bench_act(const struct bench_opts *o, enum q4_act_kind act, struct be
 	if ((rc = bench_once(&eng, BENCH_WARM_TOKENS, 8, seed++, ids, logits, m->pool, NULL, &pp_s, &tg_s, NULL,
 			     err)) < 0)
 		goto done;
-	/* KV bytes the tg tokens read: the token at position p attends to p + 1 positions. */
+	/* KV bytes the tg tokens read: the token at position p attends to p + 1 positions, on a
+	 * sliding layer to at most its window. */
 	uint64_t kv_read = 0;
-	for (uint32_t i = 0; i < o->tg; i++)
-		kv_read += (uint64_t)(o->pp + i + 1) * desc->kv_bytes_per_pos;
+	for (uint32_t i = 0; i < o->tg; i++) {
+		uint64_t seen = (uint64_t)o->pp + i + 1;
+		kv_read += seen * desc->kv_bytes_per_pos +
+			   (seen < desc->window ? seen : desc->window) * desc->kv_sliding_bytes_per_pos;
+	}
 	run->tg_bytes = (uint64_t)o->tg * desc->decode_weight_bytes + kv_read;
 	for (int r = 0; r < o->reps; r++) {
 		if ((rc = bench_once(&eng, o->pp, o->tg, seed++, ids, logits, m->pool, *pb, &pp_s, &tg_s,
@@ -420,6 +432,9 @@ static void bench_print_table(const struct bench_opts *o, const struct bench_mod
 	       8.0 * (double)d->matrix_bytes / (double)d->matrix_params,
 	       (double)d->matrix_params * 1e-9, (double)d->decode_weight_bytes * 1e-6,
 	       (double)d->kv_bytes_per_pos * 1e-3);
+	if (d->window)
+		printf("sliding layers: %.1f KB KV per position, of the last %u positions only\n",
+		       (double)d->kv_sliding_bytes_per_pos * 1e-3, d->window);
 	if (o->probe_mib)
 		printf("stream probe (%zu MiB, %zu threads): median %.1f GB/s (min %.1f, max %.1f), "
 		       "%d runs\n", o->probe_mib, d->n_threads, probe->med, probe->min, probe->max,
@@ -487,11 +502,13 @@ static void bench_print_json(const struct bench_opts *o, const struct bench_mode
 	for (size_t i = 0; i < d->n_threads; i++)
 		printf("%s%d", i ? "," : "", d->cpus[i]);
 	printf("],\"n_params\":%llu,\"matrix_params\":%llu,\"matrix_bytes\":%llu,\"bpw\":%.4f,"
-	       "\"decode_weight_bytes\":%llu,\"kv_bytes_per_pos\":%llu,\"reps\":%d,\"pp\":%u,\"tg\":%u,",
+	       "\"decode_weight_bytes\":%llu,\"kv_bytes_per_pos\":%llu,\"kv_sliding_bytes_per_pos\":%llu,"
+	       "\"window\":%u,\"reps\":%d,\"pp\":%u,\"tg\":%u,",
 	       (unsigned long long)d->n_params, (unsigned long long)d->matrix_params,
 	       (unsigned long long)d->matrix_bytes,
 	       8.0 * (double)d->matrix_bytes / (double)d->matrix_params,
 	       (unsigned long long)d->decode_weight_bytes, (unsigned long long)d->kv_bytes_per_pos,
+	       (unsigned long long)d->kv_sliding_bytes_per_pos, d->window,
 	       o->reps, o->pp, o->tg);
 	if (o->probe_mib) {
 		printf("\"probe_mib\":%zu,", o->probe_mib);

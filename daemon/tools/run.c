@@ -37,7 +37,7 @@ static void usage(FILE *to)
 {
 	fprintf(to,
 		"usage: hearthd-tool run --model FILE.gguf --prompt TEXT [options]\n"
-		"  -m, --model FILE         GGUF model (llama, qwen2, qwen3)\n"
+		"  -m, --model FILE         GGUF model (llama, qwen2, qwen3, gemma3)\n"
 		"  -p, --prompt TEXT        text to continue; the continuation goes to stdout\n"
 		"  -n, --n-predict N        tokens to generate (default %d; stops early at end of text)\n"
 		"      --max-context N      positions the KV cache holds (default %d, or the\n"

@@ -83,7 +83,10 @@ check_kind speed "$fx/speed" "speed" \
 	'| llama.cpp | Q4_0 | 4.87 | 88.9 (86.1-90.7) | 17.95 (17.38-18.24) | 20.0 | 59 % | - |' \
 	'| ik_llama.cpp | Q4_0 | 4.87 | 125.0 (121.0-127.5) | 25.40 (25.10-25.90) | 28.3 | 83 % | - |' \
 	'median 34.1 GB/s (min 33.2, max 34.7)' 'decode W4A8 1.53x' 'pp W4A8 2.21x' \
-	'Ratios to ik_llama.cpp Q4_0 (hearth q4_0 / q4_g32+head_g128, medians): decode W4A8 1.21x'
+	'Ratios to ik_llama.cpp Q4_0 (hearth q4_0 / q4_g32+head_g128, medians): decode W4A8 1.21x' \
+	'| hearth W4A8 | gemma-3-1b q4_0 / q4_g32 | 4.50 | 95.3 (94.3-96.3) | 9.87 (9.77-9.97) |' \
+	'| ik_llama.cpp | gemma-3-1b Q4_0 | 4.50 | 60.2 (58.0-61.0) | 7.50 (7.20-7.90) | 4.3 | 13 % | - |' \
+	'Ratios to ik_llama.cpp gemma-3-1b Q4_0 (hearth gemma-3-1b q4_0 / q4_g32, medians): decode W4A8 1.32x'
 check_kind grammar "$fx/grammar" "grammar grammar-jump grammar-masks" \
 	'| hearth | 24.24 (10.55-26.31) | 23.39 (11.43-25.59) | 0.968x (0.848-1.464x) |' \
 	'| with jump-forward | 128 | 31 | 25.55 (8.13-30.94) |' \

@@ -56,7 +56,7 @@ static inline int fixture_gen(const char *dir, const char *name, char *out, size
 	snprintf(file, sizeof file, "%s.sha256", name);
 	fixture_gen_src(sum_path, sizeof sum_path, dir, file);
 	if (!(fp = fopen(args_path, "r")) || !fgets(args, sizeof args, fp)) {
-		snprintf(why, cap_why, "cannot read %s", args_path);
+		snprintf(why, cap_why, "cannot read %.400s", args_path);
 		if (fp)
 			fclose(fp);
 		return -1;
@@ -83,7 +83,7 @@ static inline int fixture_gen(const char *dir, const char *name, char *out, size
 		pclose(fp);
 	}
 	if (strlen(want) < 64 || strncmp(want, got, 64) != 0) {
-		snprintf(why, cap_why, "%s has sha256 %.64s, the references were made from %.64s: "
+		snprintf(why, cap_why, "%.200s has sha256 %.64s, the references were made from %.64s: "
 			 "mkmodel changed; regenerate them (tests/fixtures/%s/make_refs.sh)", out, got,
 			 want, dir);
 		return -1;

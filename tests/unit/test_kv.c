@@ -50,7 +50,8 @@ static int fixture_make(struct fixture *f, const struct kv_config *cfg)
 		return -1;
 	struct arena_plan plan;
 	arena_plan_init(&plan);
-	if (arena_plan_add(&plan, ARENA_REGION_KV, geo.pool_bytes, 4096, &err))
+	if (arena_plan_add(&plan, ARENA_REGION_KV, geo.pool_bytes, 4096, &err) ||
+	    (geo.ring_bytes && arena_plan_add(&plan, ARENA_REGION_KV_SLIDING, geo.ring_bytes, 4096, &err)))
 		return -1;
 	struct arena_config ac = ARENA_CONFIG_DEFAULT;
 	ac.pages = ARENA_PAGES_NONE;
@@ -100,7 +101,7 @@ static void test_kv_plan_computes_block_geometry(void **state)
 
 	/* per-layer shapes, f32, 3 tokens: layer 0 K 3*1*5*4 = 60 -> 64, V 3*1*7*4 = 84 -> 128;
 	 * layer 1 K 3*2*5*4 = 120 -> 128, V 3*2*5*4 -> 128: block 448 bytes */
-	struct kv_layer_shape shapes[2] = { { 1, 5, 7 }, { 2, 5, 5 } };
+	struct kv_layer_shape shapes[2] = { { 1, 5, 7, 0 }, { 2, 5, 5, 0 } };
 	c.elem_type = QTYPE_F32;
 	c.block_tokens = 3;
 	c.layer_shapes = shapes;
@@ -138,7 +139,7 @@ static void test_kv_q8_rows_are_codes_plus_scale(void **state)
 
 	/* per-layer shapes, 3 tokens: layer 0 K 3*1*(16+4) = 60 -> 64, V 3*1*(32+4) = 108 -> 128;
 	 * layer 1 K and V 3*2*(16+4) = 120 -> 128: block 448; f16 would take 128+256+256+256 */
-	struct kv_layer_shape shapes[2] = { { 1, 16, 32 }, { 2, 16, 16 } };
+	struct kv_layer_shape shapes[2] = { { 1, 16, 32, 0 }, { 2, 16, 16, 0 } };
 	c.block_tokens = 3;
 	c.layer_shapes = shapes;
 	c.budget_bytes = 448 * 10 + 447;
@@ -655,6 +656,168 @@ static void test_kv_cached_blocks_are_reused_last(void **state)
 /* Random prompts over a 2-token alphabet (so prefixes collide a lot), random frees: every
  * attached block must hold exactly the prefix asked for, refcounts must equal the number of
  * live sequences holding a block, and used + free must equal the total. */
+/* ---- sliding-window layers: a ring per sequence slot ---- */
+
+/* The small shape with a third layer; layers 0 and 1 slide over 6 positions, layer 2 is
+ * global. Steps of at most 3 positions: a ring is ceil((6 + 3 - 1) / 4) + 1 = 3 pages of
+ * 4 positions. A global block is one layer's K+V (256 bytes), a ring page two (512). */
+static const struct kv_layer_shape sliding_shapes[3] = { { 2, 8, 8, 6 }, { 2, 8, 8, 6 }, { 2, 8, 8, 0 } };
+
+static struct kv_config sliding_config(void)
+{
+	struct kv_config c = small_config();
+	c.n_layer = 3;
+	c.layer_shapes = sliding_shapes;
+	c.max_seqs = 2;
+	c.step_tokens = 3;
+	c.budget_bytes = 2 * 3 * 512 + 20 * 256;
+	return c;
+}
+
+static void test_kv_sliding_layers_keep_a_ring_per_slot(void **state)
+{
+	(void)state;
+	struct kv_config cfg = sliding_config();
+	struct kv_geometry g;
+	struct hearth_error err;
+	assert_int_equal(kv_plan(&cfg, &g, &err), 0);
+	assert_int_equal(g.n_sliding, 2);
+	assert_int_equal(g.block_bytes, 256);
+	assert_int_equal(g.ring_page_bytes, 512);
+	assert_int_equal(g.ring_pages, 3);
+	assert_int_equal(g.ring_bytes, 2 * 3 * 512);
+	assert_int_equal(g.n_blocks, 20); /* the rings came out of the budget first */
+
+	struct fixture f;
+	assert_int_equal(fixture_make(&f, &cfg), 0);
+	struct kv_cache *kv = &f.kv;
+	struct kv_seq *a, *b;
+	int32_t ta[40], tb[40];
+	for (int i = 0; i < 40; i++) {
+		ta[i] = i + 1;
+		tb[i] = 100 + i;
+	}
+	assert_int_equal(kv_seq_new(kv, &a, &err), 0);
+	assert_int_equal(kv_seq_new(kv, &b, &err), 0);
+	assert_int_equal(kv_seq_reserve(kv, a, 40, &err), 0);
+	assert_int_equal(kv_seq_reserve(kv, b, 40, &err), 0);
+	struct kv_stats st;
+	kv_stats(kv, &st);
+	assert_int_equal(st.blocks_used, 20); /* 40 positions of the global layer each */
+	assert_int_equal(st.ring_tokens, 12);
+	assert_int_equal(st.layers_sliding, 2);
+	assert_int_equal(st.layers_global, 1);
+	const uint8_t *ring0 = kv->ring_pool, *ring_end = ring0 + g.ring_bytes;
+	for (uint32_t p = 0; p + 12 < 40; p++) {
+		/* a sliding layer's position p and p + 12 share a row; the global one's never */
+		assert_ptr_equal(kv_seq_k(kv, a, 0, p, 1), kv_seq_k(kv, a, 0, p + 12, 1));
+		assert_ptr_equal(kv_seq_v(kv, a, 1, p, 0), kv_seq_v(kv, a, 1, p + 12, 0));
+		assert_ptr_not_equal(kv_seq_k(kv, a, 2, p, 1), kv_seq_k(kv, a, 2, p + 12, 1));
+		const uint8_t *ka = kv_seq_k(kv, a, 0, p, 0), *kb = kv_seq_k(kv, b, 0, p, 0);
+		assert_true(ka >= ring0 && ka < ring_end && kb >= ring0 && kb < ring_end);
+		assert_ptr_not_equal(ka, kb);
+	}
+	/* Steps of 3 positions: after each, every position of the window of every query of
+	 * the step still holds its own K/V, in both sequences, whatever the other wrote. */
+	for (uint32_t p = 0; p < 40; p += 3) {
+		uint32_t end = p + 3 < 40 ? p + 3 : 40, from = p + 1 > 6 ? p + 1 - 6 : 0;
+		write_positions(kv, a, ta, p, end);
+		write_positions(kv, b, tb, p, end);
+		assert_true(positions_hold(kv, a, ta, from, end));
+		assert_true(positions_hold(kv, b, tb, from, end));
+	}
+	/* the global layer keeps every position (positions_hold above reads all layers only
+	 * within the window; here layer 2 alone, from 0) */
+	for (uint32_t p = 0; p < 40; p++) {
+		const uint8_t *row = kv_seq_k(kv, a, 2, p, 0);
+		uint64_t h = prefix_print(ta, p, 2, 0);
+		assert_memory_equal(row, &h, 8);
+	}
+	kv_seq_free(kv, a);
+	kv_seq_free(kv, b);
+	kv_destroy(kv);
+	arena_destroy(&f.arena);
+}
+
+/* A prefix computed by one sequence cannot be taken over by another: the sliding layers'
+ * K/V of the window before the match is in the first one's ring. Nothing is published,
+ * and a match finds nothing (as llama.cpp reprocesses such prompts without --swa-full). */
+static void test_kv_sliding_layers_refuse_prefix_sharing(void **state)
+{
+	(void)state;
+	struct kv_config cfg = sliding_config();
+	struct fixture f;
+	struct hearth_error err;
+	assert_int_equal(fixture_make(&f, &cfg), 0);
+	struct kv_cache *kv = &f.kv;
+	int32_t t[12] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12 };
+	struct kv_seq *a, *b;
+	assert_int_equal(kv_seq_new(kv, &a, &err), 0);
+	assert_int_equal(kv_seq_reserve(kv, a, 12, &err), 0);
+	assert_int_equal(kv_seq_commit_filled(kv, a, t, 12, &err), 0);
+	assert_int_equal(kv_seq_committed(a), 0);
+	assert_int_equal(kv_seq_new(kv, &b, &err), 0);
+	assert_int_equal(kv_seq_match_prefix(kv, b, t, 12, &err), 0);
+	kv_seq_free(kv, a);
+	kv_seq_free(kv, b);
+	kv_destroy(kv);
+	arena_destroy(&f.arena);
+}
+
+/* A budget that cannot hold every slot's ring and one block says what the rings take and
+ * the budget that would do. */
+static void test_kv_plan_budget_pays_the_rings_first(void **state)
+{
+	(void)state;
+	struct kv_config cfg = sliding_config();
+	struct kv_geometry g;
+	struct hearth_error err;
+	cfg.budget_bytes = 2 * 3 * 512 + 255;
+	assert_int_equal(kv_plan(&cfg, &g, &err), HEARTH_EINVAL);
+	assert_non_null(strstr(err.msg, "rings"));
+	assert_non_null(strstr(err.msg, "3072 bytes"));
+	assert_non_null(strstr(err.msg, "kv_budget must be at least 3328 bytes"));
+	cfg.budget_bytes += 1;
+	assert_int_equal(kv_plan(&cfg, &g, &err), 0);
+	assert_int_equal(g.n_blocks, 1);
+	/* two windows differing cannot share one ring size */
+	struct kv_layer_shape two[3] = { { 2, 8, 8, 6 }, { 2, 8, 8, 5 }, { 2, 8, 8, 0 } };
+	cfg.layer_shapes = two;
+	assert_int_equal(kv_plan(&cfg, &g, &err), HEARTH_EINVAL);
+	assert_non_null(strstr(err.msg, "window"));
+}
+
+/* KV bytes per position of the Gemma-3-1B shape (26 layers, 22 sliding over 512 positions,
+ * 4 global; one KV head of 256; f16) for one sequence of 8192 positions in steps of 512,
+ * against what llama.cpp allocates for the same (llama_kv_cache_iswa: the global layers
+ * n_ctx cells, the sliding ones GGML_PAD(min(n_ctx, n_swa + n_ubatch), 256) cells, or n_ctx
+ * with --swa-full; its log on this shape: 32 + 22 MiB, and 32 + 176 MiB). */
+static void test_kv_gemma3_1b_bytes_per_token_against_llama_cpp(void **state)
+{
+	(void)state;
+	struct kv_layer_shape shapes[26];
+	for (int l = 0; l < 26; l++)
+		shapes[l] = (struct kv_layer_shape){ 1, 256, 256, l % 6 < 5 ? 512 : 0 };
+	struct kv_config cfg = { .budget_bytes = (size_t)64 << 20, .block_tokens = 16,
+				 .elem_type = QTYPE_F16, .n_layer = 26, .layer_shapes = shapes,
+				 .max_seqs = 1, .max_context = 8192, .step_tokens = 512 };
+	struct kv_geometry g;
+	struct hearth_error err;
+	assert_int_equal(kv_plan(&cfg, &g, &err), 0);
+	const double ctx = 8192, row = 256 * 2 * 2; /* K and V of one head, f16 */
+	double hearth = (ctx / 16 * g.block_bytes + g.ring_bytes) / ctx;
+	double swa_cells = 512 + 512 < ctx ? 512 + 512 : ctx;
+	swa_cells = (double)(((uint64_t)swa_cells + 255) / 256 * 256);
+	double llama_off = (4 * ctx * row + 22 * swa_cells * row) / ctx;
+	double llama_full = 26 * ctx * row / ctx;
+	print_message("# Gemma-3-1B shape, 8192 positions, f16: hearth %.0f bytes/token "
+		      "(ring %u positions), llama.cpp %.0f (--swa-full off), %.0f (on)\n", hearth,
+		      g.ring_pages * 16, llama_off, llama_full);
+	assert_int_equal(g.n_sliding, 22);
+	assert_true(hearth <= 1.02 * llama_off);
+	assert_true(hearth < 0.3 * llama_full);
+}
+
 static void test_kv_random_sharing_never_serves_another_prefix(void **state)
 {
 	(void)state;
@@ -733,6 +896,10 @@ int main(void)
 		cmocka_unit_test(test_kv_q8_rows_are_codes_plus_scale),
 		cmocka_unit_test(test_kv_plan_rejects_bad_config),
 		cmocka_unit_test(test_kv_create_needs_the_pool_region),
+		cmocka_unit_test(test_kv_sliding_layers_keep_a_ring_per_slot),
+		cmocka_unit_test(test_kv_sliding_layers_refuse_prefix_sharing),
+		cmocka_unit_test(test_kv_plan_budget_pays_the_rings_first),
+		cmocka_unit_test(test_kv_gemma3_1b_bytes_per_token_against_llama_cpp),
 		cmocka_unit_test_setup_teardown(test_kv_pool_is_fully_resident_after_create, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_kv_block_addresses_are_disjoint_and_inside_the_pool,
 						setup, teardown),

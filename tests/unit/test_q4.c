@@ -1167,30 +1167,53 @@ static void test_vec_rope_table_matches_ops_ref_rope(void **state)
 	free(ff);
 }
 
-static void test_vec_silu_mul_every_isa_matches_double(void **state)
-{
-	uint64_t s = 43;
-	const size_t n = 203;
-	float *g = random_floats(&s, n, 20.0f), *u = random_floats(&s, n, 2.0f);
+/* The gated activations act(gate) * up of every ISA against the formula in double, on
+ * random gates of |x| < range plus -100 (exp overflow territory: -0), 100 and 0. */
+enum gated_act { GATED_SILU, GATED_GELU };
 
-	(void)state;
-	g[0] = -100.0f; /* exp overflow territory: silu -> -0 */
+static double gated_act_double(enum gated_act act, double x)
+{
+	if (act == GATED_SILU)
+		return x / (1.0 + exp(-x));
+	return 0.5 * x * (1.0 + tanh(sqrt(2.0 / 3.14159265358979323846) * (x + 0.044715 * x * x * x)));
+}
+
+static void check_gated_act_every_isa(enum gated_act act, uint64_t s, float range, double rel, double abs_tol)
+{
+	const size_t n = 203;
+	float *g = random_floats(&s, n, range), *u = random_floats(&s, n, 2.0f);
+
+	g[0] = -100.0f;
 	g[1] = 100.0f;
+	g[2] = 0.0f;
 	for (size_t v = 0; v <= n_variants; v++) {
 		const struct kern_table *k = v < n_variants ? variants[v] : kern_table_for(KERN_REF);
 		float *y = xalloc(n * sizeof(float));
 
 		memcpy(y, g, n * sizeof(float));
-		k->silu_mul(y, u, n);
+		(act == GATED_SILU ? k->silu_mul : k->gelu_mul)(y, u, n);
 		for (size_t i = 0; i < n; i++) {
-			double t = (double)g[i] / (1.0 + exp(-(double)g[i])) * u[i];
+			double t = gated_act_double(act, g[i]) * u[i];
 
-			assert_true(fabs(y[i] - t) <= 1e-6 * fabs(t) + 1e-30);
+			assert_true(fabs(y[i] - t) <= rel * fabs(t) + abs_tol);
 		}
 		free(y);
 	}
 	free(g);
 	free(u);
+}
+
+static void test_vec_silu_mul_every_isa_matches_double(void **state)
+{
+	(void)state;
+	check_gated_act_every_isa(GATED_SILU, 43, 20.0f, 1e-6, 1e-30);
+}
+
+/* GELU-tanh: the exp form x / (1 + exp(-2u)) every variant uses is 0.5 x (1 + tanh(u)). */
+static void test_vec_gelu_mul_every_isa_matches_double(void **state)
+{
+	(void)state;
+	check_gated_act_every_isa(GATED_GELU, 47, 12.0f, 2e-6, 1e-7);
 }
 
 /* K/V rows into the cache: every variant equals the scalar conversions bit for bit, over
@@ -1596,6 +1619,7 @@ int main(void)
 		cmocka_unit_test(test_vec_rope_every_isa_matches_double),
 		cmocka_unit_test(test_vec_rope_table_matches_ops_ref_rope),
 		cmocka_unit_test(test_vec_silu_mul_every_isa_matches_double),
+		cmocka_unit_test(test_vec_gelu_mul_every_isa_matches_double),
 		cmocka_unit_test(test_vec_to_kv_every_isa_matches_scalar),
 		cmocka_unit_test(test_vec_argmax_every_isa_matches_scalar),
 		cmocka_unit_test(test_vec_sum_u64_every_isa_matches_scalar),

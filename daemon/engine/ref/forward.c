@@ -231,6 +231,16 @@ static void add_bias(const struct gguf_tensor *b, float *y, size_t n_tok, size_t
 		ops_ref_add(y + t * width, b->data, width);
 }
 
+/* Gemma's norm of a block's output (n_tok rows of width) before the residual add; a
+ * model without one (w NULL) adds the output as it is. */
+static void post_norm(const struct gguf_tensor *w, float *y, size_t n_tok, size_t width, float eps)
+{
+	if (!w)
+		return;
+	for (size_t t = 0; t < n_tok; t++)
+		ops_ref_rmsnorm(y + t * width, y + t * width, w->data, width, eps);
+}
+
 /* One query head over cache positions first..first+n_seen-1 of KV head kvh, exactly:
  * out = softmax(scale * q.K) V. */
 static void attend_f32(struct model_ctx *c, uint32_t layer, const float *q, size_t kvh,
@@ -325,10 +335,15 @@ static void forward_chunk(const struct model *m, struct model_ctx *c, const int3
 	const size_t n_embd = hp->n_embd;
 	const uint32_t pos0 = c->n_past;
 
-	/* Embeddings: the file's rows, dequantized. */
-	for (size_t t = 0; t < n_tok; t++)
+	/* Embeddings: the file's rows, dequantized (and scaled, for gemma). */
+	for (size_t t = 0; t < n_tok; t++) {
+		float *x = c->x + t * n_embd;
 		ops_ref_get_row(m->tok_embd->type, m->tok_embd->data, row_bytes_of(m->tok_embd),
-				n_embd, (size_t)tokens[t], c->x + t * n_embd);
+				n_embd, (size_t)tokens[t], x);
+		if (hp->embd_scale != 1.0f)
+			for (size_t i = 0; i < n_embd; i++)
+				x[i] *= hp->embd_scale;
+	}
 
 	for (uint32_t l = 0; l < hp->n_layer; l++) {
 		const struct model_layer *L = &m->layers[l];
@@ -369,16 +384,22 @@ static void forward_chunk(const struct model *m, struct model_ctx *c, const int3
 		attention(c, l, pos0, n_tok);
 		matmul(c, L->wo, c->att, n_tok, c->xb2);
 		add_bias(L->bo, c->xb2, n_tok, n_embd);
+		post_norm(L->attn_post_norm, c->xb2, n_tok, n_embd, hp->norm_eps);
 		ops_ref_add(c->x, c->xb2, n_tok * n_embd);
 
-		/* Feed-forward block: x += down(silu(gate(h)) * up(h)), h = rmsnorm(x). */
+		/* Feed-forward block: x += down(act(gate(h)) * up(h)), h = rmsnorm(x), act silu
+		 * (SwiGLU) or tanh-GELU (GeGLU). */
 		for (size_t t = 0; t < n_tok; t++)
 			ops_ref_rmsnorm(c->xb + t * n_embd, c->x + t * n_embd, L->ffn_norm->data,
 					n_embd, hp->norm_eps);
 		matmul(c, L->ffn_gate, c->xb, n_tok, c->hb);
 		matmul(c, L->ffn_up, c->xb, n_tok, c->hb2);
-		ops_ref_silu_mul(c->hb, c->hb2, n_tok * L->n_ff);
+		if (hp->ffn_act == MODEL_FFN_GELU)
+			ops_ref_gelu_mul(c->hb, c->hb2, n_tok * L->n_ff);
+		else
+			ops_ref_silu_mul(c->hb, c->hb2, n_tok * L->n_ff);
 		matmul(c, L->ffn_down, c->hb, n_tok, c->xb2);
+		post_norm(L->ffn_post_norm, c->xb2, n_tok, n_embd, hp->norm_eps);
 		ops_ref_add(c->x, c->xb2, n_tok * n_embd);
 	}
 	c->n_past += (uint32_t)n_tok;
@@ -397,6 +418,8 @@ static void forward_chunk(const struct model *m, struct model_ctx *c, const int3
 		ops_ref_rmsnorm(c->xb + t * n_embd, c->x + t * n_embd, m->output_norm->data, n_embd,
 				hp->norm_eps);
 	matmul(c, m->output, c->xb + first * n_embd, n_tok - first, logits);
+	if (hp->logit_softcap > 0.0f)
+		ops_ref_softcap(logits, (n_tok - first) * hp->n_vocab, hp->logit_softcap);
 }
 
 int model_forward(const struct model *m, struct model_ctx *c, const int32_t *tokens, size_t n,
