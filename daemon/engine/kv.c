@@ -161,9 +161,11 @@ int kv_plan(const struct kv_config *cfg, struct kv_geometry *geo, struct hearth_
 		if (__builtin_mul_overflow((size_t)cfg->max_seqs * geo->ring_pages, page, &geo->ring_bytes))
 			return hearth_error_set(err, HEARTH_ERANGE, "kv rings overflow");
 	}
-	/* The rings come out of the budget first: every slot owns its window whatever it holds. */
-	size_t n_blocks = budget > geo->ring_bytes ? (budget - geo->ring_bytes) / geo->block_bytes : 0;
-	if (n_blocks == 0 && geo->ring_bytes)
+	/* The rings come out of the budget first (every slot owns its window whatever it
+	 * holds), unless the caller put them beside it. */
+	size_t rings_paid = cfg->rings_outside_budget ? 0 : geo->ring_bytes;
+	size_t n_blocks = budget > rings_paid ? (budget - rings_paid) / geo->block_bytes : 0;
+	if (n_blocks == 0 && rings_paid)
 		return hearth_error_set(err, HEARTH_EINVAL,
 					"kv_budget of %zu bytes holds no block after the sliding layers' "
 					"rings: %u sequences x %u positions (window %u + a step of %llu) of "

@@ -48,6 +48,9 @@ struct kv_config {
 	 * ring holds window + step_tokens - 1 positions: a chunk's first query still sees its
 	 * whole window while the chunk's own keys go in. */
 	uint32_t step_tokens;
+	/* The rings are allocated beside budget_bytes, not out of it (the blocks get all of
+	 * it): for a budget chosen without the model in mind. */
+	bool rings_outside_budget;
 };
 
 /* Sizes that follow from a config; what the loader puts in the arena plan as "kv_pool".

@@ -501,6 +501,7 @@ static int load_plan_kv(const struct load_ctx *c, struct kv_config *kvc, struct 
 		.max_seqs = c->o->max_seqs,
 		.max_context = c->o->max_context,
 		.step_tokens = c->o->step_tokens,
+		.rings_outside_budget = c->o->kv_rings_extra,
 	};
 	return kv_plan(kvc, geo, err);
 }

@@ -28,6 +28,9 @@ struct ledger_load;
 struct load_opts {
 	uint32_t max_context;          /* sizes RoPE and per-sequence KV; <= the trained length */
 	uint64_t kv_budget;            /* bytes for the whole KV pool */
+	/* The sliding-window layers' rings come on top of kv_budget instead of out of it: a
+	 * default budget that knows nothing of the model still leaves room for its blocks. */
+	bool kv_rings_extra;
 	enum qtype kv_type;            /* QTYPE_F16, QTYPE_BF16 or QTYPE_KV_Q8 (int8 rows) */
 	uint32_t max_seqs;             /* sequences running at once */
 	uint32_t step_tokens;          /* tokens in one batched step */

@@ -43,6 +43,7 @@ struct key {
 	int64_t auto_value;
 	bool group;                     /* id lists: names are groups, not users */
 	size_t count_offset;            /* id lists: the size_t holding the entry count */
+	size_t set_offset;              /* a bool made true when the key is set; 0: none */
 	/* Checks what the kind cannot (a socket path must be absolute); may be NULL. */
 	int (*check)(const struct key *k, const char *v, struct hearth_error *err);
 	enum config_reload reload;
@@ -77,7 +78,8 @@ static const struct key keys[] = {
 	{ "max_context", &kind_uint, F(max_context), STR(LOAD_DEFAULT_MAX_CONTEXT), 1,
 	  MODEL_MAX_CTX_LIMIT, .reload = CONFIG_RELOAD_MODEL },
 	{ "kv_budget", &kind_size, F(kv_budget), STR(LOAD_DEFAULT_KV_BUDGET_MIB) "MiB", 1ull << 20,
-	  1ull << 40, .reload = CONFIG_RELOAD_MODEL },
+	  1ull << 40, .reload = CONFIG_RELOAD_MODEL,
+	  .set_offset = offsetof(struct hearth_config, kv_budget_set) },
 	{ "kv_type", &kind_enum, F(kv_type), "f16", .words = kv_type_words,
 	  .reload = CONFIG_RELOAD_MODEL },
 	{ "weights", &kind_enum, F(weights), "w4a8", .words = weights_words,
@@ -658,7 +660,10 @@ static int set_value(struct hearth_config *cfg, const struct key *k, const char 
 {
 	if (!*v && !k->kind->empty_ok)
 		return hearth_error_set(err, HEARTH_EINVAL, "%s: empty value", k->name);
-	return k->kind->parse(k, v, cfg, err);
+	int rc = k->kind->parse(k, v, cfg, err);
+	if (!rc && k->set_offset)
+		*(bool *)((char *)cfg + k->set_offset) = true;
+	return rc;
 }
 
 int config_set(struct hearth_config *cfg, const char *key, const char *value,

@@ -74,6 +74,9 @@ struct hearth_config {
 	char chat_template[PATH_MAX];  /* a Jinja file for chat instead of the model's own; "" none */
 	uint32_t max_context;          /* tokens per sequence; sizes RoPE and per-seq KV */
 	uint64_t kv_budget;            /* bytes for the whole KV cache */
+	/* kv_budget was set (file or flag): then it is the whole KV cache. Unset, a model with
+	 * sliding-window layers gets their rings on top of the default, so it loads as is. */
+	bool kv_budget_set;
 	uint32_t threads;              /* compute threads; 0 = one per core of the NUMA node */
 	int numa_node;                 /* -1 = the node of the CPUs we run on (auto) */
 	enum config_hugepages hugepages;

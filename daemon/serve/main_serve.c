@@ -98,6 +98,7 @@ static void *loader_main(void *arg)
 	load_opts_default(&o);
 	o.max_context = cfg->max_context;
 	o.kv_budget = cfg->kv_budget;
+	o.kv_rings_extra = !cfg->kv_budget_set;
 	o.kv_type = cfg->kv_type == CONFIG_KV_BF16 ? QTYPE_BF16
 		    : cfg->kv_type == CONFIG_KV_Q8 ? QTYPE_KV_Q8
 		    : cfg->kv_type == CONFIG_KV_F32 ? QTYPE_F32 /* the loader refuses it, by name */

@@ -136,6 +136,7 @@ static void test_config_defaults_match_documentation(void **state)
 	assert_string_equal(c.model, "");
 	assert_int_equal(c.max_context, 4096);
 	assert_int_equal(c.kv_budget, 256ull * 1024 * 1024);
+	assert_false(c.kv_budget_set); /* so a sliding-window model's rings come on top */
 	assert_int_equal(c.kv_type, CONFIG_KV_F16);
 	assert_int_equal(c.weights, CONFIG_WEIGHTS_W4A8);
 	assert_int_equal(c.weights_group, CONFIG_GROUP_128);
@@ -222,8 +223,13 @@ static void test_config_flags_override_file(void **state)
 	const char *path = write_conf("model = /m.gguf\nkv_budget = 192MiB\nthreads = 2\n");
 	struct hearth_config c;
 	struct hearth_error err;
+	struct hearth_config flag_only;
+	config_defaults(&flag_only);
+	assert_int_equal(config_set_pair(&flag_only, "kv-budget=1GiB", &err), 0);
+	assert_true(flag_only.kv_budget_set);
 	config_defaults(&c);
 	assert_int_equal(config_load_file(&c, path, &err), 0);
+	assert_true(c.kv_budget_set);
 	assert_int_equal(config_set_pair(&c, "kv-budget=1GiB", &err), 0);
 	assert_int_equal(config_set(&c, "threads", "auto", &err), 0);
 	assert_int_equal(config_set_pair(&c, "kv-type=q8", &err), 0);

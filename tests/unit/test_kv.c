@@ -780,6 +780,15 @@ static void test_kv_plan_budget_pays_the_rings_first(void **state)
 	cfg.budget_bytes += 1;
 	assert_int_equal(kv_plan(&cfg, &g, &err), 0);
 	assert_int_equal(g.n_blocks, 1);
+	/* rings beside the budget (the daemon's default kv_budget): the blocks get all of it */
+	cfg.rings_outside_budget = true;
+	assert_int_equal(kv_plan(&cfg, &g, &err), 0);
+	assert_int_equal(g.ring_bytes, 3072);
+	assert_int_equal(g.n_blocks, (2 * 3 * 512 + 256) / g.block_bytes);
+	cfg.budget_bytes = 255;
+	assert_int_equal(kv_plan(&cfg, &g, &err), HEARTH_EINVAL);
+	assert_null(strstr(err.msg, "rings"));
+	cfg.rings_outside_budget = false;
 	/* two windows differing cannot share one ring size */
 	struct kv_layer_shape two[3] = { { 2, 8, 8, 6 }, { 2, 8, 8, 5 }, { 2, 8, 8, 0 } };
 	cfg.layer_shapes = two;
