@@ -19,6 +19,7 @@ struct engine_seq {
 	uint32_t n_tentative;      /* of them, the last step's draft positions, unpublished */
 	int32_t *tokens;           /* ids of those positions (max_context) */
 	bool used;
+	bool private_;             /* ENGINE_SHARE_PRIVATE: nothing matched or published */
 };
 
 /* Activations of one input, prepared once per distinct weight group among the matrices
@@ -436,6 +437,8 @@ int model_q4_forward(struct model_q4 *m, const struct engine_span *spans, size_t
 			memcpy(sp->logits, m->logits + (size_t)lrow * m->hp.n_vocab,
 			       (size_t)rows * m->hp.n_vocab * sizeof(float));
 		lrow += rows;
+		if (s->private_)
+			continue;
 		int rc = kv_seq_commit_filled(&m->kv, s->kv, s->tokens, s->n_past - s->n_tentative, err);
 		if (rc < 0)
 			return rc;
@@ -480,7 +483,8 @@ static int mq4_seq_open(void *impl, const int32_t *prompt, uint32_t n_prompt, ui
 	if (rc < 0)
 		return rc;
 	kv_seq_set_share(ks, share);
-	int matched = kv_seq_match_prefix(&m->kv, ks, prompt, n_prompt, err);
+	bool priv = share == ENGINE_SHARE_PRIVATE;
+	int matched = priv ? 0 : kv_seq_match_prefix(&m->kv, ks, prompt, n_prompt, err);
 	if (matched < 0) {
 		kv_seq_free(&m->kv, ks);
 		return matched;
@@ -493,6 +497,7 @@ static int mq4_seq_open(void *impl, const int32_t *prompt, uint32_t n_prompt, ui
 	struct engine_seq *s = &m->seqs[kv_seq_slot(ks)];
 	s->kv = ks;
 	s->used = true;
+	s->private_ = priv;
 	s->n_past = (uint32_t)matched;
 	s->n_tentative = 0;
 	memcpy(s->tokens, prompt, (size_t)matched * sizeof(int32_t));
@@ -524,6 +529,11 @@ static int mq4_forward(void *impl, const struct engine_span *spans, size_t n_spa
 static int mq4_seq_truncate(void *impl, struct engine_seq *s, uint32_t n_past, struct hearth_error *err)
 {
 	(void)impl;
+	if (s->private_ && n_past <= s->n_past) {
+		s->n_past = n_past;
+		s->n_tentative = 0;
+		return 0;
+	}
 	if (n_past > s->n_past || n_past + s->n_tentative < s->n_past)
 		return hearth_error_set(err, HEARTH_EINVAL,
 					"truncate to %u of %u positions: only the %u tentative ones may go",
