@@ -11,7 +11,7 @@
 #include "protocol/error.h"
 
 #define MSG_PROTO_MAJOR 1
-#define MSG_PROTO_MINOR 3
+#define MSG_PROTO_MINOR 4
 
 /* Bounds checked before msgpack builds any object; see doc/protocol.md "Limits". */
 #define MSG_DEPTH_MAX 8            /* nesting of maps/arrays, the top map being depth 1 */
@@ -35,6 +35,7 @@
 #define MSG_TOOL_NAME_MAX 256      /* bytes of a tool (function) name or call id */
 #define MSG_GRAMMAR_MAX (256u << 10) /* bytes of a grammar or JSON schema */
 #define MSG_SPECULATE_MAX 16       /* draft tokens verified per step (speculative decoding) */
+#define MSG_DRAFT_SOURCE_MAX 16    /* bytes of generate.draft ("auto", "lookup", "model") */
 
 /* Sampling defaults applied by the decoder when a generate omits a field (llama.cpp's). */
 #define MSG_DEFAULT_MAX_TOKENS 256
@@ -201,6 +202,9 @@ struct msg_generate {
 	 * absent = the daemon's default. */
 	bool has_speculate;
 	uint32_t speculate;
+	/* (1.4) where drafts come from: "auto" (absent), "lookup" or "model" */
+	bool has_draft;
+	struct msg_bytes draft;
 };
 
 /* A tool call as the wire carries it: arguments is JSON text of an object. */
@@ -327,6 +331,8 @@ struct msg_stats_reply {
 	struct msg_bytes phase;        /* "ready", "failed", or the loader's phase ("map", ...) */
 	uint64_t draft_tokens;     /* speculative decoding since start: draft tokens verified */
 	uint64_t draft_accepted;   /* of them, accepted (1.3) */
+	uint64_t draft_model_tokens;   /* of draft_tokens, the draft model's (1.4) */
+	uint64_t draft_model_accepted; /* of draft_accepted, the draft model's */
 };
 
 struct msg_ledger_entry {

@@ -12,6 +12,7 @@
 
 #include "daemon/serve/chat.h"
 #include "daemon/serve/config.h"
+#include "daemon/serve/draft.h"
 #include "daemon/engine/grammar.h"
 #include "daemon/engine/ledger.h"
 #include "daemon/engine/load.h"
@@ -40,6 +41,11 @@ struct loader {
 	struct serve_chat_model chat;
 	struct grammar_vocab *gvocab;   /* the vocabulary's token trie, for grammar masks */
 	struct grammar_cache *grammars;
+	/* The draft model (config draft_model), loaded after the model and released with it,
+	 * so a swap replaces both together. NULL: none. */
+	struct model_q4 *draft;
+	struct tok *draft_tok;
+	struct engine draft_eng;
 };
 
 static void loader_progress(void *ctx, const char *phase, const char *what, uint64_t done,
@@ -60,6 +66,8 @@ static void loader_release(void *owner)
 	serve_chat_model_free(&ld->chat);
 	grammar_cache_free(ld->grammars);
 	grammar_vocab_free(ld->gvocab);
+	model_q4_free(ld->draft);
+	tok_free(ld->draft_tok);
 	model_q4_free(ld->model);
 	tok_free(ld->tok);
 	free(ld);
@@ -87,6 +95,41 @@ static void loader_chat(struct loader *ld)
 	}
 	log_notice(ld->log, "chat template: %s%s", ld->chat.origin,
 		   !strcmp(ld->chat.origin, "chatml") ? " (built in: the model has none)" : "");
+}
+
+/* The draft model: loaded as the model is (the same weight layout, threads, NUMA node and
+ * page kind; its own KV budget), refused unless its vocabulary is the model's token for
+ * token, and stepped once. The scheduler drafts from it (sched_params.draft). */
+static int loader_draft(struct loader *ld, const struct load_opts *model_opts, struct hearth_error *err)
+{
+	const struct hearth_config *cfg = &ld->cfg;
+	struct load_opts o = *model_opts;
+	o.kv_budget = cfg->draft_kv_budget;
+	o.load_record = NULL;
+	o.placement = NULL;
+	log_info(ld->log, "loading the draft model %s (kv_budget %llu bytes)", cfg->draft_model,
+		 (unsigned long long)cfg->draft_kv_budget);
+	int rc = load_q4(&ld->draft, &ld->draft_tok, cfg->draft_model, &o, err);
+	if (rc < 0) {
+		hearth_error_prefix(err, "draft_model");
+		return rc;
+	}
+	if ((rc = draft_vocab_check(ld->tok, ld->draft_tok, err)) < 0) {
+		hearth_error_prefix(err, "draft_model %s cannot draft for %s", cfg->draft_model, cfg->model);
+		return rc;
+	}
+	model_q4_engine(ld->draft, &ld->draft_eng);
+	int32_t tok0 = tok_bos(ld->tok) >= 0 ? tok_bos(ld->tok) : 0;
+	struct hearth_error we;
+	if ((rc = engine_warm_up(&ld->draft_eng, tok0, &we)) < 0)
+		return hearth_error_set(err, we.code, "draft_model %s: the warm-up step failed: %s", cfg->draft_model,
+					we.msg);
+	struct model_q4_facts f;
+	model_q4_facts(ld->draft, &f);
+	log_notice(ld->log, "draft model: %s, %llu parameters, %s; arena %zu bytes, %s pages", f.name,
+		   (unsigned long long)f.n_params, f.quant, f.arena_bytes, f.arena_backing);
+	ld->sched.draft = &ld->draft_eng;
+	return 0;
 }
 
 static void *loader_main(void *arg)
@@ -144,6 +187,11 @@ static void *loader_main(void *arg)
 	struct hearth_error we;
 	if (engine_warm_up(&ld->sm.eng, tok0, &we) < 0) {
 		hearth_error_set(&e, we.code, "%s: the warm-up step failed: %s", cfg->model, we.msg);
+		server_model_failed(ld->srv, &e);
+		loader_release(ld);
+		return NULL;
+	}
+	if (cfg->draft_model[0] && loader_draft(ld, &o, &e) < 0) {
 		server_model_failed(ld->srv, &e);
 		loader_release(ld);
 		return NULL;

@@ -673,6 +673,12 @@ static void session_gen_submit(struct session *ss, uint64_t id, const struct msg
 		session_send_error(ss, id, MSG_ERR_BAD_FIELD, false, "%s", e.msg);
 		goto refuse;
 	}
+	enum spec_source draft = SPEC_SOURCE_AUTO;
+	if (g->has_draft && spec_source_parse(g->draft.ptr, g->draft.len, &draft) < 0) {
+		session_send_error(ss, id, MSG_ERR_BAD_FIELD, false,
+				   "draft \"%.*s\": auto, lookup or model", (int)g->draft.len, (const char *)g->draft.ptr);
+		goto refuse;
+	}
 	if (ss->queued_tokens + cost > srv->cfg.max_queued_tokens_per_client) {
 		session_send_error(ss, id, MSG_ERR_BUSY, false,
 				   "this connection would have %llu tokens queued; the limit is %llu (max_queued_tokens_per_client)",
@@ -720,6 +726,7 @@ static void session_gen_submit(struct session *ss, uint64_t id, const struct msg
 	q->full_logits = g->logits;
 	q->ignore_eos = g->ignore_eos;
 	q->speculate = g->has_speculate ? g->speculate : SPEC_K_DEFAULT;
+	q->draft_source = draft;
 	q->to_socket = g->stream_socket;
 	/* Prefix-sharing domains never meet: uids and gids in separate halves, 0 for all. */
 	switch (srv->cfg.prefix_share) {
@@ -952,6 +959,8 @@ static void session_on_stats(struct session *ss, const struct msg *m)
 		st->kv_total = atomic_load(&ss_->kv_total);
 		st->draft_tokens = atomic_load(&ss_->spec_drafted);
 		st->draft_accepted = atomic_load(&ss_->spec_accepted);
+		st->draft_model_tokens = atomic_load(&ss_->spec_model_drafted);
+		st->draft_model_accepted = atomic_load(&ss_->spec_model_accepted);
 		st->prefix_lookup_tokens = atomic_load(&ss_->prefix_lookup_tokens);
 		st->prefix_hit_tokens = atomic_load(&ss_->prefix_hit_tokens);
 	}

@@ -9,6 +9,17 @@
  * enough that a wrong guess costs few rows; it then adapts (spec_seq_update). */
 #define SPEC_K_START 4
 
+int spec_source_parse(const char *text, size_t n, enum spec_source *out)
+{
+	static const char *const names[] = { "auto", "lookup", "model" };
+	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+		if (strlen(names[i]) == n && !memcmp(text, names[i], n)) {
+			*out = (enum spec_source)i;
+			return 0;
+		}
+	return -1;
+}
+
 void spec_seq_init(struct spec_seq *s, uint32_t k_max)
 {
 	if (k_max > SPEC_K_MAX)

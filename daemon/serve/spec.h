@@ -4,6 +4,7 @@
 #ifndef HEARTH_DAEMON_SPEC_H
 #define HEARTH_DAEMON_SPEC_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "protocol/msg.h"
@@ -28,6 +29,9 @@ enum spec_source {
 	SPEC_SOURCE_LOOKUP,     /* prompt lookup only */
 	SPEC_SOURCE_MODEL,      /* the draft model only (lookup when none is loaded) */
 };
+
+/* "auto", "lookup" or "model" (n bytes) into *out: 0, or -1 for any other text. */
+int spec_source_parse(const char *text, size_t n, enum spec_source *out);
 
 /* One sequence's drafting state. */
 struct spec_seq {

@@ -11,7 +11,7 @@ import struct
 import msgpack
 
 PROTO_MAJOR = 1
-PROTO_MINOR = 3
+PROTO_MINOR = 4
 FRAME_MAX = 1 << 20
 FRAME_SKIP_LIMIT = 64 << 20
 
