@@ -482,7 +482,51 @@ def spec(res):
                  for name, r in k["runs"].items()]
         text += "\n\n" + table(["ik_llama.cpp, Qwen3-1.7B shape Q4_0", "llama-simple tok/s",
                                  "llama-lookup tok/s", "lookup / simple", "drafts accepted"], krows)
+    text += spec_draft(res)
     return {"spec": text}
+
+
+SPEC_DRAFT_PAIRS = (("draft-kjv-self", "demo model, itself as draft"),
+                    ("draft-target", "larger trained target, demo model as draft"),
+                    ("draft-qwen3-1.7b", "Qwen3-1.7B shape Q4_0, tiny random draft"))
+
+
+def accepted_of(runs, d, a):
+    drafted = sum(r[d] for r in runs)
+    return f"{100.0 * sum(r[a] for r in runs) / drafted:.0f} % of {drafted}" if drafted else "no draft"
+
+
+def spec_draft(res):
+    """The draft-model table (modes off, lookup, model, auto), and ik_llama.cpp's
+    llama-speculative on the demo pair."""
+    rows = []
+    for tag, label in SPEC_DRAFT_PAIRS:
+        path = os.path.join(res, f"hearth-{tag}.json")
+        if not os.path.exists(path):
+            continue
+        h = read_json(path)
+        for name, runs in h["runs"].items():
+            tps = {m: [r["decode_tps"] for r in runs[m]] for m in runs}
+            rows.append([label, name, spread(tps["off"], 0), spread(tps["lookup"], 0), spread(tps["model"], 0),
+                         spread(tps["auto"], 0), spread([b / a for a, b in zip(tps["off"], tps["model"])], 2, "x"),
+                         accepted_of(runs["model"], "model_drafted", "model_accepted"),
+                         accepted_of(runs["lookup"], "drafted", "accepted"),
+                         "yes" if h["same_output"][name] else "**no**"])
+    if not rows:
+        return ""
+    text = "\n\n" + table(["target, draft", "workload", "off tok/s", "lookup tok/s", "model tok/s", "auto tok/s",
+                            "model / off", "model drafts accepted", "lookup drafts accepted",
+                            "same tokens (all modes)"], rows)
+    ik = os.path.join(res, "ik-draft.json")
+    if os.path.exists(ik):
+        k = read_json(ik)
+        krows = [[name, spread(r["plain"], 1), spread(r["speculative"], 1),
+                  spread([b / a for a, b in zip(r["plain"], r["speculative"])], 2, "x"),
+                  spread(r["accept"], 0, " %") if r["accept"] else "-"]
+                 for name, r in k["runs"].items()]
+        text += "\n\n" + table(["ik_llama.cpp, demo F32 + Q8_0 draft", "llama-simple tok/s",
+                                 "llama-speculative tok/s", "speculative / simple", "drafts accepted"], krows)
+    return text
 
 
 KINDS = {"speed": speed, "serving": serving, "memory": memory, "fidelity": fidelity,

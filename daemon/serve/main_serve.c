@@ -129,6 +129,7 @@ static int loader_draft(struct loader *ld, const struct load_opts *model_opts, s
 	log_notice(ld->log, "draft model: %s, %llu parameters, %s; arena %zu bytes, %s pages", f.name,
 		   (unsigned long long)f.n_params, f.quant, f.arena_bytes, f.arena_backing);
 	ld->sched.draft = &ld->draft_eng;
+	ld->sm.draft_arena = f.arena;
 	return 0;
 }
 

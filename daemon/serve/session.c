@@ -999,6 +999,24 @@ static void ledger_ring_of(struct session *o, void *ctx)
 	rr->n++;
 }
 
+/* The draft model's arena as two ranges (ledger_collect counts one arena by region): its
+ * weights, norms and RoPE below the KV region, and the KV and scratch from there (the KV
+ * region is page-aligned, so the two never share a page). Returns how many were written. */
+static size_t ledger_draft_ranges(const struct arena *a, struct ledger_range *ranges)
+{
+	if (!a || !a->base)
+		return 0;
+	const uint8_t *kv = a->base + a->size;
+	for (size_t i = 0; i < a->n_regions; i++)
+		if (!strcmp(a->regions[i].name, ARENA_REGION_KV))
+			kv = a->regions[i].base;
+	ranges[0] = (struct ledger_range){ "draft: weights, norms, rope", LEDGER_WEIGHTS, a->base,
+					   (size_t)(kv - a->base) };
+	ranges[1] = (struct ledger_range){ "draft: kv cache and scratch", LEDGER_KV, kv,
+					   (size_t)(a->base + a->size - kv) };
+	return ranges[1].len ? 2 : 1;
+}
+
 /* Counts every byte the daemon holds (ledger_collect: the arena region by region, client
  * rings, code, the rest of the heap) and answers with it. It reads /proc and calls
  * mincore: milliseconds on the loop thread, so a collection is reused for a second while
@@ -1030,11 +1048,12 @@ static void session_on_ledger(struct session *ss, const struct msg *m)
 	struct ledger_range ranges[LEDGER_MAX_RANGES];
 	char names[LEDGER_MAX_RANGES][LEDGER_NAME_MAX];
 	size_t n = 0;
-	struct ring_ranges rr = { ranges, names, 0 };
+	const struct server_model *model = server_model_view(srv);
+	n = model ? ledger_draft_ranges(model->draft_arena, ranges) : 0;
+	struct ring_ranges rr = { ranges, names, n };
 	server_sessions_walk(srv, ledger_ring_of, &rr);
 	n = rr.n;
 	struct hearth_error e;
-	const struct server_model *model = server_model_view(srv);
 	if (ledger_collect(l, model ? model->arena : NULL, ranges, n, model ? model->load : NULL, &e) < 0) {
 		session_send_error(ss, m->id, MSG_ERR_INTERNAL, false, "ledger: %s", e.msg);
 	} else {
