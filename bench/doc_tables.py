@@ -473,15 +473,7 @@ def spec(res):
                   "drafts accepted", "same tokens"], rows)
     text += (f"\n\n{meta['rounds']} alternating rounds of {meta['tokens']} tokens each; decode tok/s as "
              "the daemon reports it (done.decode_tps); median (min-max) over the rounds.")
-    ik = os.path.join(res, "ik.json")
-    if os.path.exists(ik):
-        k = read_json(ik)
-        krows = [[name, spread(r["plain"], 1), spread(r["lookup"], 1),
-                  spread([b / a for a, b in zip(r["plain"], r["lookup"])], 2, "x"),
-                  spread(r["accept"], 0, " %") if r["accept"] else "-"]
-                 for name, r in k["runs"].items()]
-        text += "\n\n" + table(["ik_llama.cpp, Qwen3-1.7B shape Q4_0", "llama-simple tok/s",
-                                 "llama-lookup tok/s", "lookup / simple", "drafts accepted"], krows)
+    text += ik_spec_table(os.path.join(res, "ik.json"), "Qwen3-1.7B shape Q4_0", "lookup")
     text += spec_draft(res)
     return {"spec": text}
 
@@ -489,6 +481,20 @@ def spec(res):
 SPEC_DRAFT_PAIRS = (("draft-kjv-self", "demo model, itself as draft"),
                     ("draft-target", "larger trained target, demo model as draft"),
                     ("draft-qwen3-1.7b", "Qwen3-1.7B shape Q4_0, tiny random draft"))
+
+
+def ik_spec_table(path, label, tool):
+    """ik_llama.cpp's llama-simple against its llama-TOOL (runs[name]["plain"], [tool],
+    ["accept"]), or "" without results."""
+    if not os.path.exists(path):
+        return ""
+    k = read_json(path)
+    rows = [[name, spread(r["plain"], 1), spread(r[tool], 1),
+             spread([b / a for a, b in zip(r["plain"], r[tool])], 2, "x"),
+             spread(r["accept"], 0, " %") if r["accept"] else "-"]
+            for name, r in k["runs"].items()]
+    return "\n\n" + table([f"ik_llama.cpp, {label}", "llama-simple tok/s", f"llama-{tool} tok/s",
+                            f"{tool} / simple", "drafts accepted"], rows)
 
 
 def accepted_of(runs, d, a):
@@ -517,16 +523,7 @@ def spec_draft(res):
     text = "\n\n" + table(["target, draft", "workload", "off tok/s", "lookup tok/s", "model tok/s", "auto tok/s",
                             "model / off", "model drafts accepted", "lookup drafts accepted",
                             "same tokens (all modes)"], rows)
-    ik = os.path.join(res, "ik-draft.json")
-    if os.path.exists(ik):
-        k = read_json(ik)
-        krows = [[name, spread(r["plain"], 1), spread(r["speculative"], 1),
-                  spread([b / a for a, b in zip(r["plain"], r["speculative"])], 2, "x"),
-                  spread(r["accept"], 0, " %") if r["accept"] else "-"]
-                 for name, r in k["runs"].items()]
-        text += "\n\n" + table(["ik_llama.cpp, demo F32 + Q8_0 draft", "llama-simple tok/s",
-                                 "llama-speculative tok/s", "speculative / simple", "drafts accepted"], krows)
-    return text
+    return text + ik_spec_table(os.path.join(res, "ik-draft.json"), "demo F32 + Q8_0 draft", "speculative")
 
 
 KINDS = {"speed": speed, "serving": serving, "memory": memory, "fidelity": fidelity,

@@ -69,13 +69,20 @@ void drafter_seq_close(struct drafter *d, struct draft_seq *ds)
 static int64_t draft_sync(struct drafter *d, struct draft_job *j, struct hearth_error *err)
 {
 	struct draft_seq *ds = j->ds;
+	if (j->n_tokens >= d->eng.max_context) {
+		drafter_seq_close(d, ds); /* past the draft's context: the lookup alone drafts */
+		return 0;
+	}
 	if (!ds->eseq) {
-		uint32_t cached;
-		int rc = d->eng.seq_open(d->eng.impl, j->tokens, j->n_tokens, j->n_reserve, ENGINE_SHARE_PRIVATE,
-					 &ds->eseq, &cached, err);
-		if (rc < 0) {
+		/* A sequence the draft cannot hold (its KV budget is full now, or the sequence is
+		 * longer than its max_context) is drafted for by the lookup alone. */
+		uint32_t cached, n_reserve = j->n_reserve < d->eng.max_context ? j->n_reserve : d->eng.max_context;
+		struct hearth_error oe;
+		if (j->n_tokens >= n_reserve ||
+		    d->eng.seq_open(d->eng.impl, j->tokens, j->n_tokens, n_reserve, ENGINE_SHARE_PRIVATE, &ds->eseq,
+				    &cached, &oe) < 0) {
 			ds->eseq = NULL;
-			return rc == HEARTH_EKVFULL ? 0 : rc;
+			return 0;
 		}
 		ds->n_fed = 0;
 		ds->base = j->n_tokens;
@@ -172,7 +179,8 @@ int drafter_propose(struct drafter *d, struct draft_job *jobs, uint32_t n_jobs, 
 			if (j->grammar)
 				d->n_accepted[j - jobs]++;
 			ds->out[ds->n_out++] = t;
-			if (ds->n_out >= j->k || ds->n_out >= SPEC_K_MAX || ds->n_fed >= j->n_reserve) {
+			if (ds->n_out >= j->k || ds->n_out >= SPEC_K_MAX || ds->n_fed >= j->n_reserve ||
+			    ds->n_fed >= d->eng.max_context) {
 				d->span_job[i] = NULL;
 				continue;
 			}

@@ -17,47 +17,12 @@ SOCK=$TMP/h.sock
 KJV=$HEARTH_SRCDIR/models/hearth-kjv-q8_0.gguf
 FX=$HEARTH_SHARED/fixtures
 
-# start LOG HEARTHD-OPTION...: a hearthd on $SOCK, waited for until it answers.
-start() {
-	log=$1
-	shift
-	"$B/hearthd" --socket="$SOCK" --threads=2 --log-level=warning "$@" >"$TMP/$log" 2>&1 &
-	HPID=$!
-	for _ in $(seq 100); do
-		"$B/hearth" --socket "$SOCK" ping -c 1 >/dev/null 2>&1 && break
-		sleep 0.1
-	done
-}
-stop() {
-	kill $HPID
-	wait $HPID 2>/dev/null
-	HPID=
-	rm -f "$SOCK"
-}
+GEN_TOKENS=48
+. "$HEARTH_SRCDIR/tests/integration/spec_lib.sh"
 
 echo "1..6"
-n=0
-fails=0
-ok() { n=$((n + 1)); echo "ok $n - $1"; }
-not_ok() { n=$((n + 1)); fails=$((fails + 1)); echo "not ok $n - $1"; }
-check() { # condition-status description
+check() { # status description
 	if [ "$1" = 0 ]; then ok "$2"; else not_ok "$2"; fi
-}
-
-# The daemon's counters: all drafts, and the draft model's.
-drafts() {
-	stats=$("$B/hearth" --socket "$SOCK" stats --json)
-	drafted=$(echo "$stats" | sed -n 's/.*"draft_tokens":\([0-9]*\).*/\1/p')
-	model_drafted=$(echo "$stats" | sed -n 's/.*"draft_model_tokens":\([0-9]*\).*/\1/p')
-	model_accepted=$(echo "$stats" | sed -n 's/.*"draft_model_accepted":\([0-9]*\).*/\1/p')
-}
-
-# The token ids a generation printed, one a line.
-gen() { # out prompt args...
-	out=$1 prompt=$2
-	shift 2
-	"$B/hearth" --socket "$SOCK" generate --json -n 48 "$@" "$prompt" >"$out.json" 2>"$out.err" &&
-		sed -n 's/.*"token":\([0-9]*\).*/\1/p' "$out.json" >"$out"
 }
 
 start kjv.log --model="$KJV" --draft-model="$KJV" --max-context=256

@@ -320,6 +320,31 @@ static void sampled_params(struct sampler_params *sp)
 	sp->repeat_last_n = 16;
 }
 
+/* Runs jobs with their drafts (g_draft as set), then with speculate 0 and no draft model,
+ * and holds every request's n_gen tokens to be the same; the counters (the draft* out
+ * parameters, g_model_*) are the first run's. */
+static void check_drafts_change_no_token(const struct engine *eng, const struct tok *tok, struct job *jobs,
+					 size_t n, uint32_t n_gen, uint64_t *drafted, uint64_t *accepted)
+{
+	static struct sink with, without;
+	uint64_t d0, a0;
+	run_jobs(eng, tok, jobs, n, &with, drafted, accepted);
+	uint64_t md = g_model_drafted, ma = g_model_accepted;
+	const struct engine *draft = g_draft;
+	g_draft = NULL;
+	for (size_t i = 0; i < n; i++)
+		jobs[i].speculate = 0;
+	run_jobs(eng, tok, jobs, n, &without, &d0, &a0);
+	g_draft = draft;
+	g_model_drafted = md;
+	g_model_accepted = ma;
+	assert_int_equal(d0, 0);
+	for (size_t i = 0; i < n; i++) {
+		assert_int_equal(with.n[i], n_gen);
+		assert_memory_equal(with.tokens[i], without.tokens[i], n_gen * sizeof(int32_t));
+	}
+}
+
 static void test_spec_seeded_sampling_equals_plain_decoding_for_every_seed(void **state)
 {
 	struct fixture *fx = *state;
@@ -333,17 +358,8 @@ static void test_spec_seeded_sampling_equals_plain_decoding_for_every_seed(void 
 		jobs[i] = (struct job){ prompts[i], 24, GEN, 8, .seed = 9000u + (uint64_t)i };
 		sampled_params(&jobs[i].sampling);
 	}
-	static struct sink with, without;
-	uint64_t drafted, accepted, d0, a0;
-	run_jobs(&eng, fx->tok, jobs, N, &with, &drafted, &accepted);
-	for (int i = 0; i < N; i++)
-		jobs[i].speculate = 0;
-	run_jobs(&eng, fx->tok, jobs, N, &without, &d0, &a0);
-	assert_int_equal(d0, 0);
-	for (int i = 0; i < N; i++) {
-		assert_int_equal(with.n[i], GEN);
-		assert_memory_equal(with.tokens[i], without.tokens[i], GEN * sizeof(int32_t));
-	}
+	uint64_t drafted, accepted;
+	check_drafts_change_no_token(&eng, fx->tok, jobs, N, GEN, &drafted, &accepted);
 	fprintf(stderr, "sampled: %llu drafted, %llu accepted\n", (unsigned long long)drafted,
 		(unsigned long long)accepted);
 	assert_true(accepted > 0 && accepted < drafted);
@@ -601,28 +617,32 @@ static void test_spec_grammar_cuts_drafts_it_would_refuse(void **state)
 	engine_ref_free(er);
 }
 
-/* Under a grammar, sampled output with drafts equals output without, seed for seed. */
-static void test_spec_grammar_output_equals_plain_decoding(void **state)
+/* Under a grammar, sampled output with drafts equals output without, seed for seed; with
+ * model, the drafts come from a draft model (the model itself) only. */
+static void check_grammar_output_equals_plain_decoding(struct fixture *fx, bool model)
 {
-	struct fixture *fx = *state;
-	struct engine eng;
-	struct engine_ref *er = ref_engine(fx, &eng);
+	struct engine eng, deng;
+	struct engine_ref *er = ref_engine(fx, &eng), *der = ref_engine(fx, &deng);
 	struct hearth_error e;
 	int32_t prompt[32];
 	size_t n;
 	assert_int_equal(tok_encode(fx->tok, "12 12 12 12 12 12", 17, false, false, prompt, 32, &n, &e), 0);
 	assert_true(n > 4);
 	static struct sink with, without;
-	uint64_t drafted = 0, accepted = 0;
+	uint64_t drafted = 0, accepted = 0, model_drafted = 0;
 	for (uint64_t seed = 0; seed < 6; seed++) {
-		struct job j = { prompt, (uint32_t)n, 24, 8, .seed = seed };
+		struct job j = { prompt, (uint32_t)n, 24, 8, .seed = seed,
+				 .draft_source = model ? SPEC_SOURCE_MODEL : SPEC_SOURCE_AUTO };
 		sampled_params(&j.sampling);
 		j.sampling.temperature = seed < 2 ? 0.0f : 0.7f;
 		uint64_t d, a;
 		j.grammar = matcher_for(fx, "root ::= (\" \" [0-9] [0-9]?)+");
+		g_draft = model ? &deng : NULL;
 		run_jobs(&eng, fx->tok, &j, 1, &with, &d, &a);
+		g_draft = NULL;
 		drafted += d;
 		accepted += a;
+		model_drafted += g_model_drafted;
 		grammar_matcher_free(j.grammar);
 		j.grammar = matcher_for(fx, "root ::= (\" \" [0-9] [0-9]?)+");
 		j.speculate = 0;
@@ -631,10 +651,17 @@ static void test_spec_grammar_output_equals_plain_decoding(void **state)
 		assert_int_equal(with.n[0], without.n[0]);
 		assert_memory_equal(with.tokens[0], without.tokens[0], with.n[0] * sizeof(int32_t));
 	}
-	fprintf(stderr, "grammar: %llu drafted, %llu accepted\n", (unsigned long long)drafted,
-		(unsigned long long)accepted);
+	fprintf(stderr, "grammar, %s drafts: %llu drafted, %llu accepted\n", model ? "model" : "lookup",
+		(unsigned long long)drafted, (unsigned long long)accepted);
 	assert_true(drafted > 0);
+	assert_int_equal(model_drafted, model ? drafted : 0);
+	engine_ref_free(der);
 	engine_ref_free(er);
+}
+
+static void test_spec_grammar_output_equals_plain_decoding(void **state)
+{
+	check_grammar_output_equals_plain_decoding(*state, false);
 }
 
 /* Jump-forward and drafts in one sequence: the grammar forces the keys and punctuation
@@ -780,34 +807,39 @@ static void test_spec_q4_rejected_draft_is_rolled_back_and_never_shared(void **s
 }
 
 /* Through the scheduler on the int4 engine (quantized files, several sequences drafting
- * in the same steps): greedy output with drafts equals output without, token for token. */
-static void check_q4_greedy_with_drafts_equals_without(const char *file)
+ * in the same steps): greedy output with drafts equals output without, token for token.
+ * With draft_file, the drafts come from that file as draft model (int4 too) and at least
+ * min_rate of them are accepted. */
+static void check_q4_greedy_with_drafts_equals_without(const char *file, const char *draft_file, double min_rate)
 {
-	struct tok *tok;
-	struct model_q4 *m = load_q4_fixture(file, &tok);
-	struct engine eng;
+	struct tok *tok, *dtok = NULL;
+	struct model_q4 *m = load_q4_fixture(file, &tok), *dm = NULL;
+	struct engine eng, deng;
 	model_q4_engine(m, &eng);
+	if (draft_file) {
+		dm = load_q4_fixture(draft_file, &dtok);
+		model_q4_engine(dm, &deng);
+	}
 	enum { N = 4, GEN = 40 };
 	int32_t prompts[N][30];
 	struct job jobs[N];
 	for (int i = 0; i < N; i++) {
 		repeating_prompt(90u + (uint32_t)i, prompts[i], 30, 5u + (uint32_t)i, eng.n_vocab);
-		jobs[i] = (struct job){ prompts[i], 30, GEN, 8, .seed = 1, .step_tokens = 64 };
+		jobs[i] = (struct job){ prompts[i], 30, GEN, 8, .seed = 1, .step_tokens = 64,
+					.draft_source = dm ? SPEC_SOURCE_MODEL : SPEC_SOURCE_AUTO };
 		greedy_params(&jobs[i].sampling);
 	}
-	static struct sink with, without;
-	uint64_t drafted, accepted, d0, a0;
-	run_jobs(&eng, tok, jobs, N, &with, &drafted, &accepted);
-	for (int i = 0; i < N; i++)
-		jobs[i].speculate = 0;
-	run_jobs(&eng, tok, jobs, N, &without, &d0, &a0);
-	for (int i = 0; i < N; i++) {
-		assert_int_equal(with.n[i], GEN);
-		assert_memory_equal(with.tokens[i], without.tokens[i], GEN * sizeof(int32_t));
-	}
-	fprintf(stderr, "%s greedy: %llu drafted, %llu accepted\n", file, (unsigned long long)drafted,
-		(unsigned long long)accepted);
+	uint64_t drafted, accepted;
+	g_draft = dm ? &deng : NULL;
+	check_drafts_change_no_token(&eng, tok, jobs, N, GEN, &drafted, &accepted);
+	g_draft = NULL;
+	fprintf(stderr, "%s greedy, drafts from %s: %llu drafted, %llu accepted\n", file,
+		draft_file ? draft_file : "the lookup", (unsigned long long)drafted, (unsigned long long)accepted);
 	assert_true(accepted > 0);
+	assert_true((double)accepted >= min_rate * (double)drafted);
+	assert_int_equal(g_model_drafted, dm ? drafted : 0);
+	tok_free(dtok);
+	model_q4_free(dm);
 	tok_free(tok);
 	model_q4_free(m);
 }
@@ -815,9 +847,9 @@ static void check_q4_greedy_with_drafts_equals_without(const char *file)
 static void test_spec_q4_greedy_with_drafts_equals_without(void **state)
 {
 	(void)state;
-	check_q4_greedy_with_drafts_equals_without("fx-quant-q4_0.gguf");
-	check_q4_greedy_with_drafts_equals_without("fx-quant-q4_k_m.gguf");
-	check_q4_greedy_with_drafts_equals_without("fx-quant-f16.gguf");
+	check_q4_greedy_with_drafts_equals_without("fx-quant-q4_0.gguf", NULL, 0.0);
+	check_q4_greedy_with_drafts_equals_without("fx-quant-q4_k_m.gguf", NULL, 0.0);
+	check_q4_greedy_with_drafts_equals_without("fx-quant-f16.gguf", NULL, 0.0);
 }
 
 /* A client that stops reading after park_at tokens: its ring is full from then on, so the
@@ -1009,20 +1041,11 @@ static void test_draft_model_seeded_sampling_equals_plain_decoding(void **state)
 					.draft_source = i % 2 ? SPEC_SOURCE_MODEL : SPEC_SOURCE_AUTO };
 		sampled_params(&jobs[i].sampling);
 	}
-	static struct sink with, without;
-	uint64_t drafted, accepted, d0, a0;
+	uint64_t drafted, accepted;
 	g_draft = &deng;
-	run_jobs(&eng, fx->tok, jobs, N, &with, &drafted, &accepted);
-	uint64_t md = g_model_drafted, ma = g_model_accepted;
-	for (int i = 0; i < N; i++)
-		jobs[i].speculate = 0;
-	run_jobs(&eng, fx->tok, jobs, N, &without, &d0, &a0);
+	check_drafts_change_no_token(&eng, fx->tok, jobs, N, GEN, &drafted, &accepted);
 	g_draft = NULL;
-	assert_int_equal(d0, 0);
-	for (int i = 0; i < N; i++) {
-		assert_int_equal(with.n[i], GEN);
-		assert_memory_equal(with.tokens[i], without.tokens[i], GEN * sizeof(int32_t));
-	}
+	uint64_t md = g_model_drafted, ma = g_model_accepted;
 	fprintf(stderr, "draft model sampled: %llu drafted (%llu by the model), %llu accepted (%llu)\n",
 		(unsigned long long)drafted, (unsigned long long)md, (unsigned long long)accepted,
 		(unsigned long long)ma);
@@ -1101,92 +1124,20 @@ static void test_draft_model_proposals_follow_the_grammar_and_the_sequence(void 
 	engine_ref_free(der);
 }
 
-/* Under a grammar, through the scheduler, with model drafts: seed for seed the output of
- * plain decoding. */
 static void test_draft_model_grammar_output_equals_plain_decoding(void **state)
 {
-	struct fixture *fx = *state;
-	struct engine eng, deng;
-	struct engine_ref *er = ref_engine(fx, &eng), *der = ref_engine(fx, &deng);
-	struct hearth_error e;
-	int32_t prompt[32];
-	size_t n;
-	assert_int_equal(tok_encode(fx->tok, "numbers: 12 7 31", 16, false, false, prompt, 32, &n, &e), 0);
-	static struct sink with, without;
-	uint64_t model_drafted = 0;
-	for (uint64_t seed = 0; seed < 6; seed++) {
-		struct job j = { prompt, (uint32_t)n, 24, 8, .seed = seed, .draft_source = SPEC_SOURCE_MODEL };
-		sampled_params(&j.sampling);
-		j.sampling.temperature = seed < 2 ? 0.0f : 0.7f;
-		uint64_t d, a;
-		j.grammar = matcher_for(fx, "root ::= (\" \" [0-9] [0-9]?)+");
-		g_draft = &deng;
-		run_jobs(&eng, fx->tok, &j, 1, &with, &d, &a);
-		g_draft = NULL;
-		model_drafted += g_model_drafted;
-		grammar_matcher_free(j.grammar);
-		j.grammar = matcher_for(fx, "root ::= (\" \" [0-9] [0-9]?)+");
-		j.speculate = 0;
-		run_jobs(&eng, fx->tok, &j, 1, &without, &d, &a);
-		grammar_matcher_free(j.grammar);
-		assert_int_equal(with.n[0], without.n[0]);
-		assert_memory_equal(with.tokens[0], without.tokens[0], with.n[0] * sizeof(int32_t));
-	}
-	fprintf(stderr, "draft model under a grammar: %llu drafted\n", (unsigned long long)model_drafted);
-	assert_true(model_drafted > 0);
-	engine_ref_free(der);
-	engine_ref_free(er);
+	check_grammar_output_equals_plain_decoding(*state, true);
 }
 
-/* The int4 engine with an int4 draft: greedy output with model drafts equals output
- * without. The same file as its own draft (a second resident copy) is accepted nearly
- * always; the same weights from another file (F16 and Q4_0 of one model) agree less, as
- * random weights give flat distributions whose top token rounding flips. */
-static void check_q4_draft_greedy(const char *file, const char *draft_file, double min_rate)
-{
-	struct tok *tok, *dtok;
-	struct model_q4 *m = load_q4_fixture(file, &tok);
-	struct model_q4 *dm = load_q4_fixture(draft_file, &dtok);
-	struct engine eng, deng;
-	model_q4_engine(m, &eng);
-	model_q4_engine(dm, &deng);
-	enum { N = 4, GEN = 40 };
-	int32_t prompts[N][30];
-	struct job jobs[N];
-	for (int i = 0; i < N; i++) {
-		test_prompt(90u + (uint32_t)i, prompts[i], 30, eng.n_vocab);
-		jobs[i] = (struct job){ prompts[i], 30, GEN, 8, .seed = 1, .step_tokens = 64,
-					.draft_source = SPEC_SOURCE_MODEL };
-		greedy_params(&jobs[i].sampling);
-	}
-	static struct sink with, without;
-	uint64_t drafted, accepted, d0, a0;
-	g_draft = &deng;
-	run_jobs(&eng, tok, jobs, N, &with, &drafted, &accepted);
-	g_draft = NULL;
-	assert_int_equal(g_model_drafted, drafted);
-	for (int i = 0; i < N; i++)
-		jobs[i].speculate = 0;
-	run_jobs(&eng, tok, jobs, N, &without, &d0, &a0);
-	for (int i = 0; i < N; i++) {
-		assert_int_equal(with.n[i], GEN);
-		assert_memory_equal(with.tokens[i], without.tokens[i], GEN * sizeof(int32_t));
-	}
-	fprintf(stderr, "q4 %s drafting for %s, greedy: %llu drafted, %llu accepted\n", draft_file, file,
-		(unsigned long long)drafted, (unsigned long long)accepted);
-	assert_true(drafted > 0);
-	assert_true((double)accepted >= min_rate * (double)drafted);
-	tok_free(dtok);
-	model_q4_free(dm);
-	tok_free(tok);
-	model_q4_free(m);
-}
-
+/* The int4 engine with an int4 draft: the same file as its own draft (a second resident
+ * copy) is accepted nearly always; the same weights from another file (F16 and Q4_0 of one
+ * model) agree less, as random weights give flat distributions whose top token rounding
+ * flips. */
 static void test_draft_model_q4_greedy_with_drafts_equals_without(void **state)
 {
 	(void)state;
-	check_q4_draft_greedy("fx-quant-f16.gguf", "fx-quant-f16.gguf", 0.9);
-	check_q4_draft_greedy("fx-quant-f16.gguf", "fx-quant-q4_0.gguf", 0.0);
+	check_q4_greedy_with_drafts_equals_without("fx-quant-f16.gguf", "fx-quant-f16.gguf", 0.9);
+	check_q4_greedy_with_drafts_equals_without("fx-quant-f16.gguf", "fx-quant-q4_0.gguf", 0.0);
 }
 
 static void test_draft_model_cancel_mid_draft_leaves_the_batch_exact(void **state)
