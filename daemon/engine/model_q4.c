@@ -596,11 +596,23 @@ void model_q4_engine(struct model_q4 *m, struct engine *out)
 	};
 }
 
+bool model_q4_share_pool(struct model_q4 *m, struct model_q4 *owner)
+{
+	if (m->pool_borrowed || m->n_threads != owner->n_threads ||
+	    memcmp(m->cpus, owner->cpus, m->n_threads * sizeof *m->cpus) != 0)
+		return false;
+	pool_destroy(m->pool);
+	m->pool = owner->pool;
+	m->pool_borrowed = true;
+	return true;
+}
+
 void model_q4_free(struct model_q4 *m)
 {
 	if (!m)
 		return;
-	pool_destroy(m->pool);
+	if (!m->pool_borrowed)
+		pool_destroy(m->pool);
 	kv_destroy(&m->kv);
 	arena_destroy(&m->arena);
 	if (m->seqs)

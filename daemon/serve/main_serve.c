@@ -118,6 +118,8 @@ static int loader_draft(struct loader *ld, const struct load_opts *model_opts, s
 		hearth_error_prefix(err, "draft_model %s cannot draft for %s", cfg->draft_model, cfg->model);
 		return rc;
 	}
+	/* One compute thread steps both models: one pool of workers serves both. */
+	bool shared = model_q4_share_pool(ld->draft, ld->model);
 	model_q4_engine(ld->draft, &ld->draft_eng);
 	int32_t tok0 = tok_bos(ld->tok) >= 0 ? tok_bos(ld->tok) : 0;
 	struct hearth_error we;
@@ -126,8 +128,9 @@ static int loader_draft(struct loader *ld, const struct load_opts *model_opts, s
 					we.msg);
 	struct model_q4_facts f;
 	model_q4_facts(ld->draft, &f);
-	log_notice(ld->log, "draft model: %s, %llu parameters, %s; arena %zu bytes, %s pages", f.name,
-		   (unsigned long long)f.n_params, f.quant, f.arena_bytes, f.arena_backing);
+	log_notice(ld->log, "draft model: %s, %llu parameters, %s; arena %zu bytes, %s pages; %s", f.name,
+		   (unsigned long long)f.n_params, f.quant, f.arena_bytes, f.arena_backing,
+		   shared ? "the model's compute threads" : "compute threads of its own");
 	ld->sched.draft = &ld->draft_eng;
 	ld->sm.draft_arena = f.arena;
 	return 0;

@@ -1117,6 +1117,14 @@ static void test_draft_model_proposals_follow_the_grammar_and_the_sequence(void 
 	memcpy(same, ds.out, sizeof same);
 	assert_int_equal(drafter_propose(d, &j, 1, &e), 0);
 	assert_memory_equal(ds.out, same, sizeof same);
+	/* A sequence past the draft's context gets no proposal, and no error: the lookup
+	 * drafts for it alone. */
+	static int32_t longer[REF_FIXTURE_CTX + 1];
+	test_prompt(5, longer, REF_FIXTURE_CTX + 1, fx->n_vocab);
+	struct draft_job lj = { &ds, longer, REF_FIXTURE_CTX, 6, REF_FIXTURE_CTX + 8, NULL };
+	assert_int_equal(drafter_propose(d, &lj, 1, &e), 0);
+	assert_int_equal(ds.n_out, 0);
+	assert_null(ds.eseq);
 	drafter_seq_close(d, &ds);
 	drafter_seq_close(fresh, &fs);
 	drafter_free(d);
