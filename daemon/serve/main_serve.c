@@ -97,6 +97,27 @@ static void loader_chat(struct loader *ld)
 		   !strcmp(ld->chat.origin, "chatml") ? " (built in: the model has none)" : "");
 }
 
+/* The context the draft is loaded for: max_context, or the draft's trained context when
+ * that is shorter (the loader refuses a longer one). Sequences longer than it are drafted
+ * for by the lookup alone (draft.c). */
+static uint32_t loader_draft_context(const char *path, uint32_t max_context)
+{
+	struct gguf_file *f = NULL;
+	struct hearth_error e;
+	struct gguf_str arch;
+	uint32_t n = 0;
+	char key[96];
+	if (gguf_open(&f, path, &e) < 0)
+		return max_context; /* load_q4 names the problem */
+	if (gguf_get_str(f, "general.architecture", &arch, &e) == 0) {
+		snprintf(key, sizeof key, "%.*s.context_length", (int)arch.len, arch.ptr);
+		if (gguf_get_u32(f, key, &n, &e) < 0)
+			n = 0;
+	}
+	gguf_close(f);
+	return n && n < max_context ? n : max_context;
+}
+
 /* The draft model: loaded as the model is (the same weight layout, threads, NUMA node and
  * page kind; its own KV budget), refused unless its vocabulary is the model's token for
  * token, and stepped once. The scheduler drafts from it (sched_params.draft). */
@@ -105,6 +126,7 @@ static int loader_draft(struct loader *ld, const struct load_opts *model_opts, s
 	const struct hearth_config *cfg = &ld->cfg;
 	struct load_opts o = *model_opts;
 	o.kv_budget = cfg->draft_kv_budget;
+	o.max_context = loader_draft_context(cfg->draft_model, model_opts->max_context);
 	o.load_record = NULL;
 	o.placement = NULL;
 	log_info(ld->log, "loading the draft model %s (kv_budget %llu bytes)", cfg->draft_model,
