@@ -513,8 +513,9 @@ def spec_draft(res):
         h = read_json(path)
         for name, runs in h["runs"].items():
             tps = {m: [r["decode_tps"] for r in runs[m]] for m in runs}
-            rows.append([label, name, spread(tps["off"], 0), spread(tps["lookup"], 0), spread(tps["model"], 0),
-                         spread(tps["auto"], 0), spread([b / a for a, b in zip(tps["off"], tps["model"])], 2, "x"),
+            digits = 0 if med(tps["off"]) >= 100 else 1
+            rows.append([label, name, *(spread(tps[m], digits) for m in ("off", "lookup", "model", "auto")),
+                         spread([b / a for a, b in zip(tps["off"], tps["model"])], 2, "x"),
                          accepted_of(runs["model"], "model_drafted", "model_accepted"),
                          accepted_of(runs["lookup"], "drafted", "accepted"),
                          "yes" if h["same_output"][name] else "**no**"])
