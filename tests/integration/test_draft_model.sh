@@ -20,7 +20,7 @@ FX=$HEARTH_SHARED/fixtures
 GEN_TOKENS=48
 . "$HEARTH_SRCDIR/tests/integration/spec_lib.sh"
 
-echo "1..6"
+echo "1..7"
 check() { # status description
 	if [ "$1" = 0 ]; then ok "$2"; else not_ok "$2"; fi
 }
@@ -71,6 +71,10 @@ echo "# draft model: $model_accepted of $model_drafted accepted; $drafted drafts
 [ "${model_drafted:-0}" -gt 0 ] && [ "${model_accepted:-0}" -gt $((model_drafted / 2)) ] &&
 	[ "${drafted:-0}" -gt "${model_drafted:-0}" ]
 check $? "stats: the draft model's drafts counted apart, mostly accepted (the model drafting for itself)"
+"$B/hearth" --socket "$SOCK" stats --prometheus >"$TMP/prom.txt"
+grep -q "^hearth_draft_model_accepted_tokens_total $model_accepted\$" "$TMP/prom.txt" &&
+	grep -q "^hearth_draft_model_tokens_total $model_drafted\$" "$TMP/prom.txt"
+check $? "stats --prometheus: the draft model's counters"
 
 "$B/hearth" --socket "$SOCK" generate -n 4 --draft bogus "x" >/dev/null 2>&1
 check $(($? != 2)) "--draft other than auto, lookup or model is a usage error"
