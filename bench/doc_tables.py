@@ -485,10 +485,12 @@ SPEC_DRAFT_PAIRS = (("draft-kjv-self", "demo model, itself as draft"),
 
 def ik_spec_table(path, label, tool):
     """ik_llama.cpp's llama-simple against its llama-TOOL (runs[name]["plain"], [tool],
-    ["accept"]), or "" without results."""
+    ["accept"]), or "" without results. A label with {model} and {draft} takes the files'
+    names the results give."""
     if not os.path.exists(path):
         return ""
     k = read_json(path)
+    label = label.format(model=k.get("model") or "?", draft=k.get("draft") or "?")
     rows = [[name, spread(r["plain"], 1), spread(r[tool], 1),
              spread([b / a for a, b in zip(r["plain"], r[tool])], 2, "x"),
              spread(r["accept"], 0, " %") if r["accept"] else "-"]
@@ -524,7 +526,8 @@ def spec_draft(res):
     text = "\n\n" + table(["target, draft", "workload", "off tok/s", "lookup tok/s", "model tok/s", "auto tok/s",
                             "model / off", "model drafts accepted", "lookup drafts accepted",
                             "same tokens (all modes)"], rows)
-    return text + ik_spec_table(os.path.join(res, "ik-draft.json"), "demo F32 + Q8_0 draft", "speculative")
+    return (text + ik_spec_table(os.path.join(res, "ik-draft.json"), "{model}, {draft} as draft", "speculative")
+            + ik_spec_table(os.path.join(res, "ik-draft-lookup.json"), "{model}", "lookup"))
 
 
 KINDS = {"speed": speed, "serving": serving, "memory": memory, "fidelity": fidelity,

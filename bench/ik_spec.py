@@ -12,6 +12,7 @@ decode tok/s of llama-simple ("plain") and of the tool (under the tool's name), 
 tool's acceptance (%).
 """
 import json
+import os
 import re
 import subprocess
 import sys
@@ -66,7 +67,9 @@ def main(argv):
                 if which == tool and a:
                     o["accept"].append(float(a.group(1)))
             print(f"ik round {r + 1}: {name} {o['plain'][-1]:.1f} -> {o[tool][-1]:.1f} t/s", file=sys.stderr)
-    print(json.dumps({"engine": "ik_llama.cpp", "rounds": int(rounds), "tokens": int(tokens), "runs": out}))
+    print(json.dumps({"engine": "ik_llama.cpp", "model": os.path.basename(model),
+                      "draft": os.path.basename(argv[8]) if tool == "speculative" else None,
+                      "rounds": int(rounds), "tokens": int(tokens), "runs": out}))
     return 0
 
 

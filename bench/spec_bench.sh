@@ -14,8 +14,9 @@
 # as its model), a larger target of the demo vocabulary drafted for by the demo model when
 # HEARTH_SPEC_TARGET names one, and the 1.7B file drafted for by a tiny random model of its
 # vocabulary (mkmodel: drafts that fail, what they cost). With HEARTH_IK_BIN, ik_llama.cpp's
-# llama-speculative runs the same greedy prompts on the demo pair (HEARTH_SPEC_F32, the F32
-# demo model, as its target; the Q8_0 as draft) against its llama-simple.
+# llama-speculative (the demo Q8_0 as draft) and llama-lookup run the same greedy prompts on
+# HEARTH_SPEC_TARGET, else on HEARTH_SPEC_F32 (the demo model's F32 file), against its
+# llama-simple.
 # Passage: bench/spec_passage.txt (public-domain KJV text). Run from the build directory.
 # Environment: HEARTH_BENCH_DIR (default $TMPDIR/hearth-bench-speed), HEARTH_SPEC_RESULTS
 # (default bench-results/spec), HEARTH_BENCH_THREADS (2), HEARTH_SPEC_ROUNDS (3),
@@ -92,11 +93,14 @@ if [ -f "$q40" ]; then
 fi
 unset HEARTH_SPEC_MODES
 
-f32=${HEARTH_SPEC_F32:-}
-if [ -n "${HEARTH_IK_BIN:-}" ] && [ -x "$HEARTH_IK_BIN/llama-speculative" ] && [ -n "$f32" ] && [ -f "$f32" ]; then
-	say "ik_llama.cpp: llama-simple and llama-speculative (draft $kjv) on $f32, $rounds rounds"
+# ik_llama.cpp's target: the larger model when there is one, else the demo model's F32 file.
+iktarget=${HEARTH_SPEC_TARGET:-${HEARTH_SPEC_F32:-}}
+if [ -n "${HEARTH_IK_BIN:-}" ] && [ -x "$HEARTH_IK_BIN/llama-speculative" ] && [ -n "$iktarget" ] && [ -f "$iktarget" ]; then
+	say "ik_llama.cpp: llama-simple, llama-speculative (draft $kjv) and llama-lookup on $iktarget, $rounds rounds"
 	"$py" "$srcdir/bench/spec_drive.py" prompts "$passage" 300 >"$tmp/prompts-kjv.json"
-	"$py" "$srcdir/bench/ik_spec.py" speculative "$HEARTH_IK_BIN" "$f32" "$tmp/prompts-kjv.json" "$rounds" \
+	"$py" "$srcdir/bench/ik_spec.py" speculative "$HEARTH_IK_BIN" "$iktarget" "$tmp/prompts-kjv.json" "$rounds" \
 		"$tokens" "$threads" "$kjv" >"$res/ik-draft.json"
+	"$py" "$srcdir/bench/ik_spec.py" lookup "$HEARTH_IK_BIN" "$iktarget" "$tmp/prompts-kjv.json" "$rounds" \
+		"$tokens" "$threads" >"$res/ik-draft-lookup.json"
 fi
 say "results in $res"
