@@ -21,7 +21,7 @@
 # Environment: HEARTH_BENCH_DIR (default $TMPDIR/hearth-bench-speed), HEARTH_SPEC_RESULTS
 # (default bench-results/spec), HEARTH_BENCH_THREADS (2), HEARTH_SPEC_ROUNDS (3),
 # HEARTH_SPEC_TOKENS (64), HEARTH_IK_BIN, HEARTH_SPEC_TARGET, HEARTH_SPEC_F32,
-# HEARTH_SPEC_ONLY=draft (the draft-model part alone).
+# HEARTH_SPEC_ONLY=draft (the draft-model part alone) or target (HEARTH_SPEC_TARGET's part).
 set -eu
 
 builddir=${HEARTH_BUILDDIR:-$(pwd)}
@@ -37,7 +37,12 @@ py=/usr/bin/python3
 say() { echo "bench-spec: $*" >&2; }
 
 mkdir -p "$res"
-[ "${HEARTH_SPEC_ONLY:-}" = draft ] && rm -f "$res"/*draft*.json || rm -f "$res"/*.json
+only=${HEARTH_SPEC_ONLY:-}
+case $only in
+draft) rm -f "$res"/*draft*.json ;;
+target) rm -f "$res"/hearth-draft-target.json "$res"/ik-draft*.json ;;
+*) rm -f "$res"/*.json ;;
+esac
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/bench-spec.XXXXXX")
 hpid=
 trap '[ -n "$hpid" ] && kill "$hpid" 2>/dev/null; rm -rf "$tmp"' EXIT INT TERM
@@ -62,8 +67,8 @@ drive() {
 
 # The demo model's context is 256 tokens: a shorter passage keeps prompt and output inside.
 q40=$dir/qwen3-1.7b-q4_0.gguf
-if [ "${HEARTH_SPEC_ONLY:-}" = draft ]; then
-	say "HEARTH_SPEC_ONLY=draft: the draft-model part only"
+if [ -n "$only" ]; then
+	say "HEARTH_SPEC_ONLY=$only: the lookup part is left out"
 else
 	drive kjv "$srcdir/models/hearth-kjv-q8_0.gguf" 256 300
 	if [ -f "$q40" ]; then
@@ -82,11 +87,11 @@ fi
 # ---- the draft model ----
 kjv=$srcdir/models/hearth-kjv-q8_0.gguf
 export HEARTH_SPEC_MODES=off,lookup,model,auto
-drive draft-kjv-self "$kjv" 256 300 --draft-model="$kjv"
+[ "$only" = target ] || drive draft-kjv-self "$kjv" 256 300 --draft-model="$kjv"
 if [ -n "${HEARTH_SPEC_TARGET:-}" ]; then
 	drive draft-target "$HEARTH_SPEC_TARGET" 256 300 --draft-model="$kjv"
 fi
-if [ -f "$q40" ]; then
+if [ -f "$q40" ] && [ "$only" != target ]; then
 	tiny=$dir/qwen3-vocab-tiny.gguf
 	[ -f "$tiny" ] || "$builddir/tests/mkmodel" --vocab "$q40" --preset tiny --arch qwen3 -o "$tiny" >&2
 	drive draft-qwen3-1.7b "$q40" 1024 600 --draft-model="$tiny"
