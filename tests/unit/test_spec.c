@@ -1,5 +1,6 @@
-/* Speculative decoding (prompt lookup, verified in the scheduler): the lookup's drafts, and
- * the promise that drafts change speed only. Generations with drafts must equal plain
+/* Speculative decoding (prompt lookup and a draft model, verified in the scheduler): the
+ * lookup's drafts, the draft model's proposals (grammar-masked, its KV in step with the
+ * sequence), and the promise that drafts change speed only. Generations with drafts must equal plain
  * decoding token for token (greedy against the model run alone; seeded sampling against
  * the scheduler without drafts), sampled outputs must follow the model's exact
  * distribution (chi-square), grammars must cut drafts, and the int4 engine must take a
@@ -1148,6 +1149,91 @@ static void test_draft_model_q4_greedy_with_drafts_equals_without(void **state)
 	check_q4_greedy_with_drafts_equals_without("fx-quant-f16.gguf", "fx-quant-q4_0.gguf", 0.0);
 }
 
+/* A client whose ring is full while its gate is shut (after shut_at tokens); it records
+ * the tokens it takes. */
+struct gate_sink {
+	_Atomic bool open;
+	_Atomic uint32_t n;
+	uint32_t shut_at;
+	int32_t tokens[MAX_GEN];
+};
+
+static bool gate_emit(void *p, const struct sched_token *t)
+{
+	struct gate_sink *g = p;
+	uint32_t n = atomic_load(&g->n);
+	if (n >= g->shut_at && !atomic_load(&g->open))
+		return false;
+	if (n < MAX_GEN)
+		g->tokens[n] = t->token;
+	atomic_store(&g->n, n + 1);
+	return true;
+}
+
+/* One place (max_seqs 1), both requests drafting from the draft model: A parks on its full
+ * ring, gives its place and KV (the model's and the draft's) to B, and resumes once its
+ * reader takes tokens again. Both outputs are the model's alone. */
+static void test_draft_model_preempted_sequence_resumes_exactly(void **state)
+{
+	struct fixture *fx = *state;
+	struct engine eng, deng;
+	struct engine_ref *er = ref_engine(fx, &eng), *der = ref_engine(fx, &deng);
+	enum { GEN = 40 };
+	int32_t pa[24], pb[20], want_a[GEN], want_b[GEN];
+	test_prompt(810, pa, 24, fx->n_vocab);
+	test_prompt(811, pb, 20, fx->n_vocab);
+	ref_solo_greedy(fx->m, pa, 24, GEN, want_a);
+	ref_solo_greedy(fx->m, pb, 20, GEN, want_b);
+	struct hearth_error e;
+	struct sched_params p;
+	sched_params_default(&p);
+	p.max_seqs = 1;
+	p.preempt_ns = 20ull * 1000000ull;
+	p.draft = &deng;
+	struct sched *s;
+	assert_int_equal(sched_start(&s, &p, &eng, fx->tok, sched_doorbell_ring, &g_efd, &e), 0);
+	static struct gate_sink ga;
+	memset(&ga, 0, sizeof ga);
+	ga.shut_at = 6;
+	static struct sink sb;
+	memset(&sb, 0, sizeof sb);
+	struct sched_client ca = { .sink = &ga, .emit = gate_emit }, cb = { .sink = &sb, .emit = sink_emit };
+	struct job ja = { pa, 24, GEN, 8, .seed = 1, .draft_source = SPEC_SOURCE_MODEL };
+	struct job jb = { pb, 20, GEN, 8, .seed = 1, .draft_source = SPEC_SOURCE_MODEL };
+	greedy_params(&ja.sampling);
+	greedy_params(&jb.sampling);
+	post_job(s, &ca, 0, &ja);
+	for (int i = 0; i < 6000 && atomic_load(&ga.n) < ga.shut_at; i++)
+		usleep(1000);
+	assert_int_equal(atomic_load(&ga.n), ga.shut_at);
+	post_job(s, &cb, 1, &jb);
+	struct sched_msg *m = take(s);
+	assert_ptr_equal(m->client, &cb);
+	assert_int_equal(m->result.finish, SCHED_FINISH_LENGTH);
+	free(m->req.prompt);
+	free(m);
+	assert_true(atomic_load(&sched_stats(s)->preempted) >= 1);
+	atomic_store(&ga.open, true);
+	m = take(s);
+	assert_ptr_equal(m->client, &ca);
+	assert_int_equal(m->result.finish, SCHED_FINISH_LENGTH);
+	free(m->req.prompt);
+	free(m);
+	uint64_t md = atomic_load(&sched_stats(s)->spec_model_drafted);
+	uint64_t ma = atomic_load(&sched_stats(s)->spec_model_accepted);
+	fprintf(stderr, "preempted with model drafts: %llu drafted, %llu accepted\n", (unsigned long long)md,
+		(unsigned long long)ma);
+	assert_true(ma > 0);
+	sched_stop(s);
+	sched_destroy(s);
+	assert_int_equal(atomic_load(&ga.n), GEN);
+	assert_memory_equal(ga.tokens, want_a, GEN * sizeof(int32_t));
+	assert_int_equal(sb.n[1], GEN);
+	assert_memory_equal(sb.tokens[1], want_b, GEN * sizeof(int32_t));
+	engine_ref_free(der);
+	engine_ref_free(er);
+}
+
 static void test_draft_model_cancel_mid_draft_leaves_the_batch_exact(void **state)
 {
 	(void)state;
@@ -1178,6 +1264,7 @@ int main(void)
 		cmocka_unit_test(test_draft_model_grammar_output_equals_plain_decoding),
 		cmocka_unit_test(test_draft_model_q4_greedy_with_drafts_equals_without),
 		cmocka_unit_test(test_draft_model_cancel_mid_draft_leaves_the_batch_exact),
+		cmocka_unit_test(test_draft_model_preempted_sequence_resumes_exactly),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
