@@ -1,10 +1,10 @@
 /* Speculative decoding (prompt lookup and a draft model, verified in the scheduler): the
  * lookup's drafts, the draft model's proposals (grammar-masked, its KV in step with the
- * sequence), and the promise that drafts change speed only. Generations with drafts must equal plain
- * decoding token for token (greedy against the model run alone; seeded sampling against
- * the scheduler without drafts), sampled outputs must follow the model's exact
- * distribution (chi-square), grammars must cut drafts, and the int4 engine must take a
- * rejected draft's K/V back without ever publishing it to the prefix cache. Logprobs and
+ * sequence), and the promise that drafts change speed only. Generations with drafts must
+ * equal plain decoding token for token (greedy against the model run alone; seeded
+ * sampling against the scheduler without drafts), sampled outputs must follow the model's
+ * exact distribution (chi-square), grammars must cut drafts, and the int4 engine must take
+ * a rejected draft's K/V back without ever publishing it to the prefix cache. Logprobs and
  * top_logprobs of a token accepted from a draft must be those plain decoding reports. */
 #include <setjmp.h>
 #include <stdarg.h>
