@@ -807,6 +807,51 @@ static void test_spec_q4_rejected_draft_is_rolled_back_and_never_shared(void **s
 	model_q4_free(m);
 }
 
+/* A private sequence (a draft model's, ENGINE_SHARE_PRIVATE): any of its positions, of
+ * plain spans too, can be taken back and computed again with the logits of a sequence that
+ * never had them, and nothing it computed stays in the prefix cache once it is closed. */
+static void test_spec_q4_private_sequence_truncates_anywhere_and_publishes_nothing(void **state)
+{
+	(void)state;
+	struct tok *tok;
+	struct model_q4 *m = load_q4_fixture("fx-quant-q4_0.gguf", &tok);
+	struct engine eng;
+	model_q4_engine(m, &eng);
+	size_t V = eng.n_vocab;
+	int32_t t[40];
+	test_prompt(61, t, 40, (uint32_t)V);
+	float *want = stepwise(&eng, t, 40, 9);
+	struct kv_stats st;
+	kv_stats(&m->kv, &st);
+	uint32_t cached_before = st.blocks_cached;
+	struct engine_seq *a;
+	uint32_t cached;
+	struct hearth_error e;
+	float *row = malloc(V * sizeof(float));
+	assert_int_equal(eng.seq_open(eng.impl, t, 40, 48, ENGINE_SHARE_PRIVATE, &a, &cached, &e), 0);
+	assert_int_equal(cached, 0);
+	struct engine_span sp = { a, t, 32, NULL, 0 };
+	assert_int_equal(eng.forward(eng.impl, &sp, 1, &e), 0);
+	for (uint32_t i = 32; i < 40; i++) {
+		sp = (struct engine_span){ a, &t[i], 1, row, 0 };
+		assert_int_equal(eng.forward(eng.impl, &sp, 1, &e), 0);
+	}
+	assert_memory_equal(row, want + 39 * V, V * sizeof(float));
+	/* Back to 20: two full blocks and part of a third, none of them a draft's. */
+	assert_int_equal(eng.seq_truncate(eng.impl, a, 20, &e), 0);
+	sp = (struct engine_span){ a, &t[20], 20, row, 0 };
+	assert_int_equal(eng.forward(eng.impl, &sp, 1, &e), 0);
+	assert_memory_equal(row, want + 39 * V, V * sizeof(float));
+	eng.seq_close(eng.impl, a);
+	kv_stats(&m->kv, &st);
+	assert_int_equal(st.blocks_cached, cached_before);
+	assert_int_equal(st.blocks_used, 0);
+	free(row);
+	free(want);
+	tok_free(tok);
+	model_q4_free(m);
+}
+
 /* Through the scheduler on the int4 engine (quantized files, several sequences drafting
  * in the same steps): greedy output with drafts equals output without, token for token.
  * With draft_file, the drafts come from that file as draft model (int4 too) and at least
@@ -1255,6 +1300,7 @@ int main(void)
 		cmocka_unit_test(test_spec_grammar_output_equals_plain_decoding),
 		cmocka_unit_test(test_spec_with_jump_forward_equals_plain_decoding),
 		cmocka_unit_test(test_spec_q4_rejected_draft_is_rolled_back_and_never_shared),
+		cmocka_unit_test(test_spec_q4_private_sequence_truncates_anywhere_and_publishes_nothing),
 		cmocka_unit_test(test_spec_q4_greedy_with_drafts_equals_without),
 		cmocka_unit_test(test_spec_cancel_mid_draft_leaves_the_batch_exact),
 		cmocka_unit_test(test_draft_vocab_check_refuses_another_vocabulary),
