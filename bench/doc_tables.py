@@ -490,16 +490,61 @@ def spec(res):
                   "drafts accepted", "same tokens"], rows)
     text += (f"\n\n{meta['rounds']} alternating rounds of {meta['tokens']} tokens each; decode tok/s as "
              "the daemon reports it (done.decode_tps); median (min-max) over the rounds.")
-    ik = os.path.join(res, "ik.json")
-    if os.path.exists(ik):
-        k = read_json(ik)
-        krows = [[name, spread(r["plain"], 1), spread(r["lookup"], 1),
-                  spread([b / a for a, b in zip(r["plain"], r["lookup"])], 2, "x"),
-                  spread(r["accept"], 0, " %") if r["accept"] else "-"]
-                 for name, r in k["runs"].items()]
-        text += "\n\n" + table(["ik_llama.cpp, Qwen3-1.7B shape Q4_0", "llama-simple tok/s",
-                                 "llama-lookup tok/s", "lookup / simple", "drafts accepted"], krows)
+    text += ik_spec_table(os.path.join(res, "ik.json"), "Qwen3-1.7B shape Q4_0", "lookup")
+    text += spec_draft(res)
     return {"spec": text}
+
+
+SPEC_DRAFT_PAIRS = (("draft-kjv-self", "demo model, itself as draft"),
+                    ("draft-target", "larger trained target, demo model as draft"),
+                    ("draft-qwen3-1.7b", "Qwen3-1.7B shape Q4_0, tiny random draft"))
+
+
+def ik_spec_table(path, label, tool):
+    """ik_llama.cpp's llama-simple against its llama-TOOL (runs[name]["plain"], [tool],
+    ["accept"]), or "" without results. A label with {model} and {draft} takes the files'
+    names the results give."""
+    if not os.path.exists(path):
+        return ""
+    k = read_json(path)
+    label = label.format(model=k.get("model") or "?", draft=k.get("draft") or "?")
+    rows = [[name, spread(r["plain"], 1), spread(r[tool], 1),
+             spread([b / a for a, b in zip(r["plain"], r[tool])], 2, "x"),
+             spread(r["accept"], 0, " %") if r["accept"] else "-"]
+            for name, r in k["runs"].items()]
+    return "\n\n" + table([f"ik_llama.cpp, {label}", "llama-simple tok/s", f"llama-{tool} tok/s",
+                            f"{tool} / simple", "drafts accepted"], rows)
+
+
+def accepted_of(runs, d, a):
+    drafted = sum(r[d] for r in runs)
+    return f"{100.0 * sum(r[a] for r in runs) / drafted:.0f} % of {drafted}" if drafted else "no draft"
+
+
+def spec_draft(res):
+    """The draft-model table (modes off, lookup, model, auto), and ik_llama.cpp's
+    llama-speculative on the demo pair."""
+    rows = []
+    for tag, label in SPEC_DRAFT_PAIRS:
+        path = os.path.join(res, f"hearth-{tag}.json")
+        if not os.path.exists(path):
+            continue
+        h = read_json(path)
+        for name, runs in h["runs"].items():
+            tps = {m: [r["decode_tps"] for r in runs[m]] for m in runs}
+            digits = 0 if med(tps["off"]) >= 100 else 1
+            rows.append([label, name, *(spread(tps[m], digits) for m in ("off", "lookup", "model", "auto")),
+                         spread([b / a for a, b in zip(tps["off"], tps["model"])], 2, "x"),
+                         accepted_of(runs["model"], "model_drafted", "model_accepted"),
+                         accepted_of(runs["lookup"], "drafted", "accepted"),
+                         "yes" if h["same_output"][name] else "**no**"])
+    if not rows:
+        return ""
+    text = "\n\n" + table(["target, draft", "workload", "off tok/s", "lookup tok/s", "model tok/s", "auto tok/s",
+                            "model / off", "model drafts accepted", "lookup drafts accepted",
+                            "same tokens (all modes)"], rows)
+    return (text + ik_spec_table(os.path.join(res, "ik-draft.json"), "{model}, {draft} as draft", "speculative")
+            + ik_spec_table(os.path.join(res, "ik-draft-lookup.json"), "{model}", "lookup"))
 
 
 KINDS = {"speed": speed, "serving": serving, "memory": memory, "fidelity": fidelity,

@@ -8,10 +8,20 @@
 # output falls into loops that the lookup then drafts). With HEARTH_IK_BIN naming a native
 # ik_llama.cpp build, its llama-simple (no drafts) and llama-lookup (its prompt-lookup
 # speculative decoding) run the same greedy prompts on the 1.7B file, alternating too.
+# Then the draft model (hearthd.conf draft_model), every workload with drafts off, from the
+# lookup only, from the draft model only and from both (protocol `draft`): the demo model
+# drafting for itself (acceptance as high as a draft can get, at the cost of a draft as big
+# as its model), a larger target of the demo vocabulary drafted for by the demo model when
+# HEARTH_SPEC_TARGET names one, and the 1.7B file drafted for by a tiny random model of its
+# vocabulary (mkmodel: drafts that fail, what they cost). With HEARTH_IK_BIN, ik_llama.cpp's
+# llama-speculative (the demo Q8_0 as draft) and llama-lookup run the same greedy prompts on
+# HEARTH_SPEC_TARGET, else on HEARTH_SPEC_F32 (the demo model's F32 file), against its
+# llama-simple.
 # Passage: bench/spec_passage.txt (public-domain KJV text). Run from the build directory.
 # Environment: HEARTH_BENCH_DIR (default $TMPDIR/hearth-bench-speed), HEARTH_SPEC_RESULTS
 # (default bench-results/spec), HEARTH_BENCH_THREADS (2), HEARTH_SPEC_ROUNDS (3),
-# HEARTH_SPEC_TOKENS (64), HEARTH_IK_BIN.
+# HEARTH_SPEC_TOKENS (64), HEARTH_IK_BIN, HEARTH_SPEC_TARGET, HEARTH_SPEC_F32,
+# HEARTH_SPEC_ONLY=draft (the draft-model part alone) or target (HEARTH_SPEC_TARGET's part).
 set -eu
 
 builddir=${HEARTH_BUILDDIR:-$(pwd)}
@@ -27,20 +37,28 @@ py=/usr/bin/python3
 say() { echo "bench-spec: $*" >&2; }
 
 mkdir -p "$res"
-rm -f "$res"/*.json
+only=${HEARTH_SPEC_ONLY:-}
+case $only in
+draft) rm -f "$res"/*draft*.json ;;
+target) rm -f "$res"/hearth-draft-target.json "$res"/ik-draft*.json ;;
+*) rm -f "$res"/*.json ;;
+esac
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/bench-spec.XXXXXX")
 hpid=
 trap '[ -n "$hpid" ] && kill "$hpid" 2>/dev/null; rm -rf "$tmp"' EXIT INT TERM
 say "machine: $(nproc) cpus, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 
-# drive TAG MODEL MAX_CONTEXT PASSAGE_BYTES: one hearthd on MODEL, spec_drive.py against it.
+# drive TAG MODEL MAX_CONTEXT PASSAGE_BYTES [HEARTHD-OPTION...]: one hearthd on MODEL,
+# spec_drive.py against it (in the modes HEARTH_SPEC_MODES names, if set).
 drive() {
-	say "$1: hearthd on $2"
-	"$builddir/hearthd" --model="$2" --socket="$tmp/h.sock" --threads="$threads" \
-		--max-context="$3" --log-level=warning >"$tmp/hearthd-$1.log" 2>&1 &
+	tag=$1 model=$2 ctx=$3 bytes=$4
+	shift 4
+	say "$tag: hearthd on $model $*"
+	"$builddir/hearthd" --model="$model" --socket="$tmp/h.sock" --threads="$threads" \
+		--max-context="$ctx" --log-level=warning "$@" >"$tmp/hearthd-$tag.log" 2>&1 &
 	hpid=$!
-	"$py" "$srcdir/bench/spec_drive.py" "$tmp/h.sock" "$rounds" "$tokens" "$passage" "$4" \
-		>"$res/hearth-$1.json" || { say "spec_drive failed; hearthd said:"; cat "$tmp/hearthd-$1.log" >&2; exit 1; }
+	"$py" "$srcdir/bench/spec_drive.py" "$tmp/h.sock" "$rounds" "$tokens" "$passage" "$bytes" \
+		>"$res/hearth-$tag.json" || { say "spec_drive failed; hearthd said:"; cat "$tmp/hearthd-$tag.log" >&2; exit 1; }
 	kill "$hpid"
 	wait "$hpid" 2>/dev/null || true
 	hpid=
@@ -48,57 +66,46 @@ drive() {
 }
 
 # The demo model's context is 256 tokens: a shorter passage keeps prompt and output inside.
-drive kjv "$srcdir/models/hearth-kjv-q8_0.gguf" 256 300
 q40=$dir/qwen3-1.7b-q4_0.gguf
-if [ -f "$q40" ]; then
-	drive qwen3-1.7b "$q40" 1024 600
+if [ -n "$only" ]; then
+	say "HEARTH_SPEC_ONLY=$only: the lookup part is left out"
 else
-	say "no $q40 (make bench-speed writes it): the demo model only"
+	drive kjv "$srcdir/models/hearth-kjv-q8_0.gguf" 256 300
+	if [ -f "$q40" ]; then
+		drive qwen3-1.7b "$q40" 1024 600
+	else
+		say "no $q40 (make bench-speed writes it): the demo model only"
+	fi
+
+	if [ -n "${HEARTH_IK_BIN:-}" ] && [ -x "$HEARTH_IK_BIN/llama-lookup" ] && [ -f "$q40" ]; then
+		say "ik_llama.cpp: llama-simple and llama-lookup on the same prompts, $rounds rounds"
+		"$py" "$srcdir/bench/spec_drive.py" prompts "$passage" 600 >"$tmp/prompts.json"
+		"$py" "$srcdir/bench/ik_spec.py" lookup "$HEARTH_IK_BIN" "$q40" "$tmp/prompts.json" "$rounds" "$tokens" \
+			"$threads" >"$res/ik.json"
+	fi
 fi
+# ---- the draft model ----
+kjv=$srcdir/models/hearth-kjv-q8_0.gguf
+export HEARTH_SPEC_MODES=off,lookup,model,auto
+[ "$only" = target ] || drive draft-kjv-self "$kjv" 256 300 --draft-model="$kjv"
+if [ -n "${HEARTH_SPEC_TARGET:-}" ]; then
+	drive draft-target "$HEARTH_SPEC_TARGET" 256 300 --draft-model="$kjv"
+fi
+if [ -f "$q40" ] && [ "$only" != target ]; then
+	tiny=$dir/qwen3-vocab-tiny.gguf
+	[ -f "$tiny" ] || "$builddir/tests/mkmodel" --vocab "$q40" --preset tiny --arch qwen3 -o "$tiny" >&2
+	drive draft-qwen3-1.7b "$q40" 1024 600 --draft-model="$tiny"
+fi
+unset HEARTH_SPEC_MODES
 
-if [ -n "${HEARTH_IK_BIN:-}" ] && [ -x "$HEARTH_IK_BIN/llama-lookup" ] && [ -f "$q40" ]; then
-	say "ik_llama.cpp: llama-simple and llama-lookup on the same prompts, $rounds rounds"
-	"$py" "$srcdir/bench/spec_drive.py" prompts "$passage" 600 >"$tmp/prompts.json"
-	"$py" - "$HEARTH_IK_BIN" "$q40" "$tmp/prompts.json" "$rounds" "$tokens" "$threads" \
-		>"$res/ik.json" <<'EOF'
-import json, re, subprocess, sys
-ik, model, prompts, rounds, tokens, threads = sys.argv[1:7]
-prompts = json.load(open(prompts))
-common = ["-m", model, "-t", threads, "-rtr"]
-
-
-def run(cmd):
-    return subprocess.run(cmd, capture_output=True, text=True, errors="replace").stderr
-
-
-# llama-simple's -n counts the prompt too: a first lookup run (untimed, a warm-up as well)
-# says how many tokens each prompt is.
-n_prompt = {}
-for name, p in prompts.items():
-    t = run([ik + "/llama-lookup", *common, "-n", tokens, "-p", p, "--temp", "0", "-c", "1024"])
-    m = re.search(r"prompt eval time =\s+[\d.]+ ms /\s+(\d+) tokens", t)
-    if not m:
-        sys.exit("llama-lookup: no prompt eval line")
-    n_prompt[name] = int(m.group(1))
-out = {}
-for r in range(int(rounds)):
-    for name, p in prompts.items():
-        o = out.setdefault(name, {"plain": [], "lookup": [], "accept": []})
-        for tool in (("simple", "lookup") if r % 2 == 0 else ("lookup", "simple")):
-            if tool == "simple":
-                cmd = [ik + "/llama-simple", *common, "-n", str(n_prompt[name] + int(tokens)), "-p", p]
-            else:
-                cmd = [ik + "/llama-lookup", *common, "-n", tokens, "-p", p, "--temp", "0", "-c", "1024"]
-            t = run(cmd)
-            m = re.search(r"decoded\s+\d+ tokens in\s+[\d.]+ s(?:econds)?, speed:\s+([\d.]+) t/s", t)
-            if not m:
-                sys.exit(f"{cmd[0]}: no speed line")
-            o["plain" if tool == "simple" else "lookup"].append(float(m.group(1)))
-            a = re.search(r"accept\s+=\s+([\d.]+)%", t)
-            if tool == "lookup" and a:
-                o["accept"].append(float(a.group(1)))
-        print(f"ik round {r + 1}: {name} {o['plain'][-1]:.1f} -> {o['lookup'][-1]:.1f} t/s", file=sys.stderr)
-print(json.dumps({"engine": "ik_llama.cpp", "rounds": int(rounds), "tokens": int(tokens), "runs": out}))
-EOF
+# ik_llama.cpp's target: the larger model when there is one, else the demo model's F32 file.
+iktarget=${HEARTH_SPEC_TARGET:-${HEARTH_SPEC_F32:-}}
+if [ -n "${HEARTH_IK_BIN:-}" ] && [ -x "$HEARTH_IK_BIN/llama-speculative" ] && [ -n "$iktarget" ] && [ -f "$iktarget" ]; then
+	say "ik_llama.cpp: llama-simple, llama-speculative (draft $kjv) and llama-lookup on $iktarget, $rounds rounds"
+	"$py" "$srcdir/bench/spec_drive.py" prompts "$passage" 300 >"$tmp/prompts-kjv.json"
+	"$py" "$srcdir/bench/ik_spec.py" speculative "$HEARTH_IK_BIN" "$iktarget" "$tmp/prompts-kjv.json" "$rounds" \
+		"$tokens" "$threads" "$kjv" >"$res/ik-draft.json"
+	"$py" "$srcdir/bench/ik_spec.py" lookup "$HEARTH_IK_BIN" "$iktarget" "$tmp/prompts-kjv.json" "$rounds" \
+		"$tokens" "$threads" >"$res/ik-draft-lookup.json"
 fi
 say "results in $res"

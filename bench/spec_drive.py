@@ -15,10 +15,14 @@ PASSAGE_FILE, cut at a word; small enough that prompt and output fit the model's
   json     the passage and a JSON Schema asking for {"quote": string, "words": integer}
   free     a short prompt and greedy continuation (nothing to look up but the output itself)
   sampled  the same at temperature 0.8, fixed seed
-Each round runs every workload off and on (the order flips every round). Prints one JSON
-object: per workload and mode the daemon's decode tokens/s (done.decode_tps), tokens, and
-for "on" the draft tokens verified and accepted (stats before and after the request).
+Each round runs every workload in every mode (the order flips every round). Modes: off and on
+(the daemon's default), or what HEARTH_SPEC_MODES lists (comma-separated) of off, on, lookup,
+model and auto (protocol `draft`: prompt lookup only, the daemon's draft model only, or lookup
+where it matches and the model elsewhere). Prints one JSON object: per workload and mode the
+daemon's decode tokens/s (done.decode_tps), tokens, and the draft tokens verified and accepted,
+in all and of the draft model (stats before and after the request).
 """
+import os
 import json
 import sys
 
@@ -62,36 +66,44 @@ def main(argv):
     if c is None:
         return 1
 
+    modes = os.environ.get("HEARTH_SPEC_MODES", "off,on").split(",")
+    extras = {"off": {"speculate": 0}, "on": {}, "lookup": {"draft": "lookup"},
+              "model": {"draft": "model"}, "auto": {"draft": "auto"}}
+    if modes[0] != "off" or any(m not in extras for m in modes):
+        print(f"spec_drive: HEARTH_SPEC_MODES {modes}: off first, then of {list(extras)}", file=sys.stderr)
+        return 2
+
     def run(name, mode):
         prompt, params = work[name]
-        extra = {"speculate": 0} if mode == "off" else {}
         before = c.stats()
-        g = c.generate(prompt, max_tokens=tokens, ignore_eos=True, **params, **extra).wait()
+        g = c.generate(prompt, max_tokens=tokens, ignore_eos=True, **params, **extras[mode]).wait()
         after = c.stats()
         d = g.done
         return {"decode_tps": d["decode_tps"], "n_gen": d["n_gen"],
                 "drafted": after["draft_tokens"] - before["draft_tokens"],
                 "accepted": after["draft_accepted"] - before["draft_accepted"],
+                "model_drafted": after["draft_model_tokens"] - before["draft_model_tokens"],
+                "model_accepted": after["draft_model_accepted"] - before["draft_model_accepted"],
                 "tokens": [t.id for t in g.tokens]}
 
     for name in work:            # warm-up: faults the weights in, compiles the schema
         run(name, "off")
-    res = {n: {"off": [], "on": []} for n in work}
+    res = {n: {m: [] for m in modes} for n in work}
     same = {n: True for n in work}
     for r in range(rounds):
         for name in work:
-            for mode in (("off", "on") if r % 2 == 0 else ("on", "off")):
+            for mode in (modes if r % 2 == 0 else modes[::-1]):
                 res[name][mode].append(run(name, mode))
-            same[name] &= res[name]["off"][-1]["tokens"] == res[name]["on"][-1]["tokens"]
+            same[name] &= all(res[name]["off"][-1]["tokens"] == res[name][m][-1]["tokens"] for m in modes)
         print(f"spec_drive: round {r + 1}/{rounds}: " + ", ".join(
-            f"{n} {res[n]['off'][-1]['decode_tps']:.1f}->{res[n]['on'][-1]['decode_tps']:.1f}"
-            for n in work) + " tok/s", file=sys.stderr)
+            f"{n} " + "/".join(f"{res[n][m][-1]['decode_tps']:.1f}" for m in modes)
+            for n in work) + f" tok/s ({'/'.join(modes)})", file=sys.stderr)
     for n in work:
         for mode in res[n]:
             for x in res[n][mode]:
                 del x["tokens"]
-    print(json.dumps({"engine": "hearth", "rounds": rounds, "tokens": tokens, "runs": res,
-                      "same_output": same}))
+    print(json.dumps({"engine": "hearth", "rounds": rounds, "tokens": tokens, "modes": modes,
+                      "runs": res, "same_output": same}))
     return 0
 
 

@@ -41,7 +41,7 @@ static void usage(FILE *f)
 		"  generate [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
 		"           [--repeat-penalty R] [--repeat-last-n N] [--seed S] [--stop STR]...\n"
 		"           [--grammar FILE|--json-schema FILE|--json-object] [--no-jump-forward]\n"
-		"           [--speculate K]\n"
+		"           [--speculate K] [--draft auto|lookup|model]\n"
 		"           [--json] PROMPT|-      stream the continuation of PROMPT (- reads stdin)\n"
 		"  chat [--system S] [--messages FILE] [--tools FILE] [--tool-choice C] [--var KEY=JSON]...\n"
 		"       [--no-think]\n"
@@ -456,6 +456,11 @@ int gen_option(struct cli *c, struct gen_args *a, int opt, const char *arg)
 					   HEARTH_SPECULATE_MAX, arg);
 		p->speculate = u ? (int32_t)u : -1;
 		return 0;
+	case OPT_DRAFT:
+		if (strcmp(arg, "auto") && strcmp(arg, "lookup") && strcmp(arg, "model"))
+			return usage_error("--draft wants auto, lookup or model, not \"%s\"", arg);
+		p->draft = arg;
+		return 0;
 	default:
 		return usage_error("unknown option for generate");
 	}
@@ -839,10 +844,11 @@ static int cmd_stats(struct cli *c, int argc, char **argv)
 		       "\"prompt_tokens\":%" PRIu64 ",\"gen_tokens\":%" PRIu64 ",\"kv_used\":%" PRIu64
 		       ",\"kv_total\":%" PRIu64 ",\"rss\":%" PRIu64 ",\"prefix_lookup_tokens\":%" PRIu64
 		       ",\"prefix_hit_tokens\":%" PRIu64 ",\"draft_tokens\":%" PRIu64
-		       ",\"draft_accepted\":%" PRIu64 ",\"phase\":",
+		       ",\"draft_accepted\":%" PRIu64 ",\"draft_model_tokens\":%" PRIu64
+		       ",\"draft_model_accepted\":%" PRIu64 ",\"phase\":",
 		       s.uptime_ms, s.clients, s.running, s.queued, s.prompt_tokens, s.gen_tokens,
 		       s.kv_used, s.kv_total, s.rss, s.prefix_lookup_tokens, s.prefix_hit_tokens,
-		       s.draft_tokens, s.draft_accepted);
+		       s.draft_tokens, s.draft_accepted, s.draft_model_tokens, s.draft_model_accepted);
 		cli_json_string(stdout, s.phase, strlen(s.phase));
 		fputs(",\"model\":{\"name\":", stdout);
 		cli_json_string(stdout, m.name, strlen(m.name));
@@ -881,6 +887,10 @@ static int cmd_stats(struct cli *c, int argc, char **argv)
 	if (s.draft_tokens)
 		printf("%-16s %" PRIu64 " of %" PRIu64 " accepted (%.1f%%)\n", "draft tokens",
 		       s.draft_accepted, s.draft_tokens, 100.0 * (double)s.draft_accepted / (double)s.draft_tokens);
+	if (s.draft_model_tokens)
+		printf("%-16s %" PRIu64 " of %" PRIu64 " accepted (%.1f%%)\n", "  draft model",
+		       s.draft_model_accepted, s.draft_model_tokens,
+		       100.0 * (double)s.draft_model_accepted / (double)s.draft_model_tokens);
 	printf("%-16s %s / %s (%.1f%%)\n", "kv cache", kvu, kvt,
 	       s.kv_total ? 100.0 * (double)s.kv_used / (double)s.kv_total : 0.0);
 	printf("%-16s %s\n", "rss", rss);

@@ -30,7 +30,7 @@ enum {
 	OPT_REPEAT_PENALTY, OPT_REPEAT_LAST_N, OPT_SEED,
 	OPT_SPIN_US, OPT_STOP, OPT_NO_BOS, OPT_SPECIAL,
 	OPT_CLIENTS, OPT_PROMPT_TOKENS, OPT_TOKENS, OPT_PROMETHEUS,
-	OPT_GRAMMAR, OPT_JSON_SCHEMA, OPT_JSON_OBJECT, OPT_NO_JUMP_FORWARD, OPT_SPECULATE,
+	OPT_GRAMMAR, OPT_JSON_SCHEMA, OPT_JSON_OBJECT, OPT_NO_JUMP_FORWARD, OPT_SPECULATE, OPT_DRAFT,
 };
 
 #define COMMON_OPTIONS \
@@ -67,6 +67,7 @@ struct gen_args {
 	{ "json-schema", required_argument, NULL, OPT_JSON_SCHEMA }, \
 	{ "json-object", no_argument, NULL, OPT_JSON_OBJECT }, \
 	{ "speculate", required_argument, NULL, OPT_SPECULATE }, \
+	{ "draft", required_argument, NULL, OPT_DRAFT }, \
 	{ "no-jump-forward", no_argument, NULL, OPT_NO_JUMP_FORWARD }, \
 	{ "json", no_argument, NULL, OPT_JSON }
 

@@ -59,6 +59,8 @@ int gen_fill(struct msg_generate *g, const struct hearth_gen_params *p, struct m
 				    (int)p->speculate, MSG_SPECULATE_MAX);
 	g->has_speculate = p->speculate != 0;
 	g->speculate = p->speculate > 0 ? (uint32_t)p->speculate : 0;
+	g->has_draft = p->draft != NULL;
+	g->draft = (struct msg_bytes){ p->draft, p->draft ? strlen(p->draft) : 0 };
 	if (p->n_stop > MSG_STOP_MAX)
 		return conn_err_set(err, HEARTH_EINVAL, "%zu stop strings; at most %d", p->n_stop,
 				    MSG_STOP_MAX);

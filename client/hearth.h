@@ -170,10 +170,14 @@ struct hearth_gen_params {
 	/* Jump-forward (protocol 1.2): text the grammar forces is fed to the model without
 	 * sampling it token by token. Default true; it never applies with logprobs or logits. */
 	bool jump_forward;
-	/* Speculative decoding (protocol 1.3): draft tokens from prompt lookup verified per
-	 * step, 1..16 at most; -1 = off; 0 = the daemon's default (the field is not sent, so a
-	 * 1.2 daemon is served too). Outputs are the same either way; only speed differs. */
+	/* Speculative decoding (protocol 1.3): draft tokens (prompt lookup, or the daemon's
+	 * draft model: see draft) verified per step, 1..16 at most; -1 = off; 0 = the daemon's
+	 * default (the field is not sent, so a 1.2 daemon is served too). Outputs are the same
+	 * either way; only speed differs. */
 	int32_t speculate;
+	/* (protocol 1.4) where drafts come from: "auto" (NULL: not sent; prompt lookup where it
+	 * finds a match, else the daemon's draft model), "lookup" or "model". */
+	const char *draft;
 };
 
 /* llama.cpp's sampling defaults, as the daemon applies them. */
@@ -413,6 +417,8 @@ struct hearth_stats {
 				   * or "" from a daemon that does not say */
 	uint64_t draft_tokens;    /* speculative decoding: draft tokens verified since start */
 	uint64_t draft_accepted;  /* of them, accepted */
+	uint64_t draft_model_tokens;   /* of draft_tokens, the draft model's (0 without one) */
+	uint64_t draft_model_accepted; /* of draft_accepted, the draft model's */
 };
 
 int hearth_stats(struct hearth *h, struct hearth_stats *out, struct hearth_err *err);

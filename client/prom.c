@@ -37,6 +37,16 @@ void prom_write_daemon(FILE *out, const struct hearth_stats *st, const struct he
 	metric(out, "hearth_prefix_cache_hit_tokens_total", "counter",
 	       "Prompt tokens found in the prefix cache and not computed again (hit ratio: over lookup_tokens_total).",
 	       (double)st->prefix_hit_tokens);
+	metric(out, "hearth_draft_tokens_total", "counter",
+	       "Speculative decoding: draft tokens verified since start (prompt lookup and draft model).",
+	       (double)st->draft_tokens);
+	metric(out, "hearth_draft_accepted_tokens_total", "counter", "Of the draft tokens, those accepted.",
+	       (double)st->draft_accepted);
+	metric(out, "hearth_draft_model_tokens_total", "counter", "Of the draft tokens, the draft model's.",
+	       (double)st->draft_model_tokens);
+	metric(out, "hearth_draft_model_accepted_tokens_total", "counter",
+	       "Of the draft model's tokens, those accepted (its acceptance: over draft_model_tokens_total).",
+	       (double)st->draft_model_accepted);
 	if (st->phase[0]) {
 		/* One series, the current phase: a label value the loader names, kept printable. */
 		char phase[sizeof st->phase];

@@ -37,6 +37,7 @@
 #define MSG_SPECULATE_MAX 16       /* draft tokens verified per step (speculative decoding) */
 #define MSG_EMBED_INPUTS_MAX 256   /* inputs of one embed request (1.4) */
 #define MSG_POOLING_MAX 16         /* bytes of embed.pooling */
+#define MSG_DRAFT_SOURCE_MAX 16    /* bytes of generate.draft ("auto", "lookup", "model") */
 
 /* Sampling defaults applied by the decoder when a generate omits a field (llama.cpp's). */
 #define MSG_DEFAULT_MAX_TOKENS 256
@@ -207,6 +208,9 @@ struct msg_generate {
 	 * absent = the daemon's default. */
 	bool has_speculate;
 	uint32_t speculate;
+	/* (1.4) where drafts come from: "auto" (absent), "lookup" or "model" */
+	bool has_draft;
+	struct msg_bytes draft;
 };
 
 /* A tool call as the wire carries it: arguments is JSON text of an object. */
@@ -363,6 +367,8 @@ struct msg_stats_reply {
 	struct msg_bytes phase;        /* "ready", "failed", or the loader's phase ("map", ...) */
 	uint64_t draft_tokens;     /* speculative decoding since start: draft tokens verified */
 	uint64_t draft_accepted;   /* of them, accepted (1.3) */
+	uint64_t draft_model_tokens;   /* of draft_tokens, the draft model's (1.4) */
+	uint64_t draft_model_accepted; /* of draft_accepted, the draft model's */
 };
 
 struct msg_ledger_entry {

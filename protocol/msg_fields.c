@@ -55,7 +55,8 @@ static const struct field hello_fields[] = {
 	FH("json_schema", FK_STR, FF_UTF8 | FF_NONEMPTY, st, g json_schema, g has_json_schema, 0, MSG_GRAMMAR_MAX), \
 	F("json_object", FK_BOOL, FF_OMIT_ZERO, st, g json_object, 0, 0), \
 	FH("jump_forward", FK_BOOL, 0, st, g jump_forward, g has_jump_forward, 0, 0), \
-	FH("speculate", FK_U32, 0, st, g speculate, g has_speculate, 0, MSG_SPECULATE_MAX)
+	FH("speculate", FK_U32, 0, st, g speculate, g has_speculate, 0, MSG_SPECULATE_MAX), \
+	FH("draft", FK_STR, FF_UTF8 | FF_NONEMPTY, st, g draft, g has_draft, 0, MSG_DRAFT_SOURCE_MAX)
 
 static const struct field generate_fields[] = {
 	FH("prompt", FK_STR, FF_UTF8, struct msg_generate, prompt, has_prompt, 0, MSG_STR_MAX),
@@ -231,6 +232,8 @@ static const struct field stats_fields[] = {
 	F("phase", FK_STR, 0, struct msg_stats_reply, phase, 0, MSG_NAME_MAX),
 	F("draft_tokens", FK_U64, FF_OMIT_ZERO, struct msg_stats_reply, draft_tokens, 0, U64MAX),
 	F("draft_accepted", FK_U64, FF_OMIT_ZERO, struct msg_stats_reply, draft_accepted, 0, U64MAX),
+	F("draft_model_tokens", FK_U64, FF_OMIT_ZERO, struct msg_stats_reply, draft_model_tokens, 0, U64MAX),
+	F("draft_model_accepted", FK_U64, FF_OMIT_ZERO, struct msg_stats_reply, draft_model_accepted, 0, U64MAX),
 };
 
 static const struct field ledger_entry_fields[] = {

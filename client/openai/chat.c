@@ -221,7 +221,7 @@ static const char *const chat_fields[] = {
 	"model", "messages", "tools", "tool_choice", "response_format", "stream", "stream_options", "stop",
 	"max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "logprobs", "top_logprobs", "n",
 	"user", "parallel_tool_calls", "frequency_penalty", "presence_penalty", "top_k", "min_p",
-	"repeat_penalty", "chat_template_kwargs", "ignore_eos", "speculate", NULL,
+	"repeat_penalty", "chat_template_kwargs", "ignore_eos", "speculate", "draft", NULL,
 };
 
 /* ---- the whole reply ---- */

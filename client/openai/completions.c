@@ -12,7 +12,7 @@
 static const char *const completion_fields[] = {
 	"model", "prompt", "max_tokens", "temperature", "top_p", "stream", "stream_options", "stop", "seed",
 	"logprobs", "n", "user", "echo", "frequency_penalty", "presence_penalty", "top_k", "min_p",
-	"repeat_penalty", "response_format", "ignore_eos", "speculate", NULL,
+	"repeat_penalty", "response_format", "ignore_eos", "speculate", "draft", NULL,
 };
 
 /* prompt: a string, an array of one string, or an array of token ids. */

@@ -96,6 +96,17 @@ bool gw_params_parse(json_t *body, bool chat, struct gw_params *p, struct gw_rep
 		return false;
 	if (set)
 		p->gen.speculate = u ? (int32_t)u : -1;
+	/* hearth's own: where drafts come from (protocol `draft`), borrowed from the body. */
+	json_t *draft = json_object_get(body, "draft");
+	if (draft) {
+		const char *ds = json_string_value(draft);
+		if (!ds || (strcmp(ds, "auto") && strcmp(ds, "lookup") && strcmp(ds, "model"))) {
+			gw_reply_error(r, 400, "invalid_request_error", "draft", "invalid_value",
+				       "'draft' must be \"auto\", \"lookup\" or \"model\"");
+			return false;
+		}
+		p->gen.draft = ds;
+	}
 	for (const char *const *k = (const char *const[]){ "frequency_penalty", "presence_penalty", NULL }; *k; k++) {
 		d = 0;
 		if (!get_number(body, *k, -2, 2, &d, r))

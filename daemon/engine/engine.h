@@ -12,6 +12,9 @@
 
 struct engine_seq; /* per-sequence state of the implementation (its KV blocks) */
 
+/* seq_open's share for a sequence outside every prefix-sharing domain. */
+#define ENGINE_SHARE_PRIVATE UINT64_MAX
+
 struct engine_span {
 	struct engine_seq *seq;
 	const int32_t *tokens;  /* appended at the sequence's current length */
@@ -41,14 +44,17 @@ struct engine {
 	 * HEARTH_EKVFULL when the budget cannot hold it now. share is the prefix-sharing
 	 * domain (kv_seq_set_share): a prefix is found only in the same domain. prompt NULL
 	 * (n_prompt 0) matches nothing: every position is computed (an embedding that pools
-	 * hidden states a cached prefix does not have). */
+	 * hidden states a cached prefix does not have). Share ENGINE_SHARE_PRIVATE opens a
+	 * sequence that neither finds nor publishes a prefix, so seq_truncate may take back
+	 * any of its positions (a draft model's sequence, whose guesses are fed one token a
+	 * step and rolled back after verification). */
 	int (*seq_open)(void *impl, const int32_t *prompt, uint32_t n_prompt, uint32_t n_reserve,
 			uint64_t share, struct engine_seq **out, uint32_t *n_cached, struct hearth_error *err);
 	void (*seq_close)(void *impl, struct engine_seq *seq);
 	int (*forward)(void *impl, const struct engine_span *spans, size_t n_spans,
 		       struct hearth_error *err);
 	/* Takes back the positions of seq from n_past on: only tentative ones (of its last
-	 * span, n_logits > 1) may be taken back. NULL: the engine cannot verify drafts. */
+	 * span, n_logits > 1), or any of a private sequence's, may be taken back. NULL: the engine cannot verify drafts. */
 	int (*seq_truncate)(void *impl, struct engine_seq *seq, uint32_t n_past,
 			    struct hearth_error *err);
 	/* Rows of logits one forward step can return in all spans together (0 = one per

@@ -19,6 +19,7 @@ struct engine_seq {
 	uint32_t n_tentative;      /* of them, the last step's draft positions, unpublished */
 	int32_t *tokens;           /* ids of those positions (max_context) */
 	bool used;
+	bool private_;             /* ENGINE_SHARE_PRIVATE: nothing matched or published */
 };
 
 /* Activations of one input, prepared once per distinct weight group among the matrices
@@ -470,6 +471,8 @@ int model_q4_forward(struct model_q4 *m, const struct engine_span *spans, size_t
 			memcpy(sp->logits, m->logits + (size_t)lrow * m->hp.n_vocab,
 			       (size_t)rows * m->hp.n_vocab * sizeof(float));
 		lrow += rows;
+		if (s->private_)
+			continue;
 		int rc = kv_seq_commit_filled(&m->kv, s->kv, s->tokens, s->n_past - s->n_tentative, err);
 		if (rc < 0)
 			return rc;
@@ -514,7 +517,8 @@ static int mq4_seq_open(void *impl, const int32_t *prompt, uint32_t n_prompt, ui
 	if (rc < 0)
 		return rc;
 	kv_seq_set_share(ks, share);
-	int matched = kv_seq_match_prefix(&m->kv, ks, prompt, n_prompt, err);
+	bool priv = share == ENGINE_SHARE_PRIVATE;
+	int matched = priv ? 0 : kv_seq_match_prefix(&m->kv, ks, prompt, n_prompt, err);
 	if (matched < 0) {
 		kv_seq_free(&m->kv, ks);
 		return matched;
@@ -527,6 +531,7 @@ static int mq4_seq_open(void *impl, const int32_t *prompt, uint32_t n_prompt, ui
 	struct engine_seq *s = &m->seqs[kv_seq_slot(ks)];
 	s->kv = ks;
 	s->used = true;
+	s->private_ = priv;
 	s->n_past = (uint32_t)matched;
 	s->n_tentative = 0;
 	memcpy(s->tokens, prompt, (size_t)matched * sizeof(int32_t));
@@ -558,6 +563,11 @@ static int mq4_forward(void *impl, const struct engine_span *spans, size_t n_spa
 static int mq4_seq_truncate(void *impl, struct engine_seq *s, uint32_t n_past, struct hearth_error *err)
 {
 	(void)impl;
+	if (s->private_ && n_past <= s->n_past) {
+		s->n_past = n_past;
+		s->n_tentative = 0;
+		return 0;
+	}
 	if (n_past > s->n_past || n_past + s->n_tentative < s->n_past)
 		return hearth_error_set(err, HEARTH_EINVAL,
 					"truncate to %u of %u positions: only the %u tentative ones may go",
@@ -623,11 +633,23 @@ void model_q4_engine(struct model_q4 *m, struct engine *out)
 	};
 }
 
+bool model_q4_share_pool(struct model_q4 *m, struct model_q4 *owner)
+{
+	if (m->pool_borrowed || m->n_threads != owner->n_threads ||
+	    memcmp(m->cpus, owner->cpus, m->n_threads * sizeof *m->cpus) != 0)
+		return false;
+	pool_destroy(m->pool);
+	m->pool = owner->pool;
+	m->pool_borrowed = true;
+	return true;
+}
+
 void model_q4_free(struct model_q4 *m)
 {
 	if (!m)
 		return;
-	pool_destroy(m->pool);
+	if (!m->pool_borrowed)
+		pool_destroy(m->pool);
 	kv_destroy(&m->kv);
 	arena_destroy(&m->arena);
 	if (m->seqs)

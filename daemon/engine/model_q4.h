@@ -81,6 +81,7 @@ struct model_q4 {
 	enum q4_act_kind act;
 	const struct kern_table *kern;
 	struct pool *pool;
+	bool pool_borrowed;        /* another model's pool (model_q4_share_pool): not freed here */
 	size_t n_threads;
 	int cpus[MQ4_THREADS_MAX]; /* the pool's CPUs; cpus[0] is the stepping thread's */
 
@@ -130,7 +131,13 @@ void model_q4_facts(const struct model_q4 *m, struct model_q4_facts *out);
 int model_q4_forward(struct model_q4 *m, const struct engine_span *spans, size_t n_spans,
 		     struct hearth_error *err);
 
-/* Frees everything: KV bookkeeping, the pool, the arena. NULL is fine. */
+/* Lets m step on owner's thread pool instead of its own (which is stopped), when both run
+ * the same threads on the same CPUs: a draft model stepped by the same compute thread as
+ * its model, whose idle workers would otherwise spin on those CPUs while the other model
+ * steps. owner must outlive m. Returns whether the pool is shared. */
+bool model_q4_share_pool(struct model_q4 *m, struct model_q4 *owner);
+
+/* Frees everything: KV bookkeeping, the pool (unless borrowed), the arena. NULL is fine. */
 void model_q4_free(struct model_q4 *m);
 
 #endif

@@ -75,6 +75,9 @@ static const char *const kv_type_words[] = { "f16", "bf16", "f32", "q8", NULL };
 static const struct key keys[] = {
 	{ "model", &kind_path, F(model), .reload = CONFIG_RELOAD_MODEL },
 	{ "chat_template", &kind_path, F(chat_template), .reload = CONFIG_RELOAD_MODEL },
+	{ "draft_model", &kind_path, F(draft_model), .reload = CONFIG_RELOAD_MODEL },
+	{ "draft_kv_budget", &kind_size, F(draft_kv_budget), "64MiB", 1ull << 20, 1ull << 40,
+	  .reload = CONFIG_RELOAD_MODEL },
 	{ "max_context", &kind_uint, F(max_context), STR(LOAD_DEFAULT_MAX_CONTEXT), 1,
 	  MODEL_MAX_CTX_LIMIT, .reload = CONFIG_RELOAD_MODEL },
 	{ "kv_budget", &kind_size, F(kv_budget), STR(LOAD_DEFAULT_KV_BUDGET_MIB) "MiB", 1ull << 20,

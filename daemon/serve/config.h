@@ -72,6 +72,8 @@ enum config_kv_type {
 struct hearth_config {
 	char model[PATH_MAX];          /* GGUF file; required ("" until set) */
 	char chat_template[PATH_MAX];  /* a Jinja file for chat instead of the model's own; "" none */
+	char draft_model[PATH_MAX];    /* speculative decoding's draft model (same vocabulary); "" none */
+	uint64_t draft_kv_budget;      /* bytes for the draft model's KV cache */
 	uint32_t max_context;          /* tokens per sequence; sizes RoPE and per-seq KV */
 	uint64_t kv_budget;            /* bytes for the whole KV cache */
 	/* kv_budget was set (file or flag): then it is the whole KV cache. Unset, a model with

@@ -13,6 +13,7 @@
 #include "daemon/serve/chat.h"
 #include "daemon/serve/config.h"
 #include "daemon/engine/embed.h"
+#include "daemon/serve/draft.h"
 #include "daemon/engine/grammar.h"
 #include "daemon/engine/ledger.h"
 #include "daemon/engine/load.h"
@@ -41,6 +42,11 @@ struct loader {
 	struct serve_chat_model chat;
 	struct grammar_vocab *gvocab;   /* the vocabulary's token trie, for grammar masks */
 	struct grammar_cache *grammars;
+	/* The draft model (config draft_model), loaded after the model and released with it,
+	 * so a swap replaces both together. NULL: none. */
+	struct model_q4 *draft;
+	struct tok *draft_tok;
+	struct engine draft_eng;
 };
 
 static void loader_progress(void *ctx, const char *phase, const char *what, uint64_t done,
@@ -61,6 +67,8 @@ static void loader_release(void *owner)
 	serve_chat_model_free(&ld->chat);
 	grammar_cache_free(ld->grammars);
 	grammar_vocab_free(ld->gvocab);
+	model_q4_free(ld->draft);
+	tok_free(ld->draft_tok);
 	model_q4_free(ld->model);
 	tok_free(ld->tok);
 	free(ld);
@@ -88,6 +96,67 @@ static void loader_chat(struct loader *ld)
 	}
 	log_notice(ld->log, "chat template: %s%s", ld->chat.origin,
 		   !strcmp(ld->chat.origin, "chatml") ? " (built in: the model has none)" : "");
+}
+
+/* The context the draft is loaded for: max_context, or the draft's trained context when
+ * that is shorter (the loader refuses a longer one). Sequences longer than it are drafted
+ * for by the lookup alone (draft.c). */
+static uint32_t loader_draft_context(const char *path, uint32_t max_context)
+{
+	struct gguf_file *f = NULL;
+	struct hearth_error e;
+	struct gguf_str arch;
+	uint32_t n = 0;
+	char key[96];
+	if (gguf_open(&f, path, &e) < 0)
+		return max_context; /* load_q4 names the problem */
+	if (gguf_get_str(f, "general.architecture", &arch, &e) == 0) {
+		snprintf(key, sizeof key, "%.*s.context_length", (int)arch.len, arch.ptr);
+		if (gguf_get_u32(f, key, &n, &e) < 0)
+			n = 0;
+	}
+	gguf_close(f);
+	return n && n < max_context ? n : max_context;
+}
+
+/* The draft model: loaded as the model is (the same weight layout, threads, NUMA node and
+ * page kind; its own KV budget), refused unless its vocabulary is the model's token for
+ * token, and stepped once. The scheduler drafts from it (sched_params.draft). */
+static int loader_draft(struct loader *ld, const struct load_opts *model_opts, struct hearth_error *err)
+{
+	const struct hearth_config *cfg = &ld->cfg;
+	struct load_opts o = *model_opts;
+	o.kv_budget = cfg->draft_kv_budget;
+	o.max_context = loader_draft_context(cfg->draft_model, model_opts->max_context);
+	o.load_record = NULL;
+	o.placement = NULL;
+	log_info(ld->log, "loading the draft model %s (kv_budget %llu bytes)", cfg->draft_model,
+		 (unsigned long long)cfg->draft_kv_budget);
+	int rc = load_q4(&ld->draft, &ld->draft_tok, cfg->draft_model, &o, err);
+	if (rc < 0) {
+		hearth_error_prefix(err, "draft_model");
+		return rc;
+	}
+	if ((rc = draft_vocab_check(ld->tok, ld->draft_tok, err)) < 0) {
+		hearth_error_prefix(err, "draft_model %s cannot draft for %s", cfg->draft_model, cfg->model);
+		return rc;
+	}
+	/* One compute thread steps both models: one pool of workers serves both. */
+	bool shared = model_q4_share_pool(ld->draft, ld->model);
+	model_q4_engine(ld->draft, &ld->draft_eng);
+	int32_t tok0 = tok_bos(ld->tok) >= 0 ? tok_bos(ld->tok) : 0;
+	struct hearth_error we;
+	if ((rc = engine_warm_up(&ld->draft_eng, tok0, &we)) < 0)
+		return hearth_error_set(err, we.code, "draft_model %s: the warm-up step failed: %s", cfg->draft_model,
+					we.msg);
+	struct model_q4_facts f;
+	model_q4_facts(ld->draft, &f);
+	log_notice(ld->log, "draft model: %s, %llu parameters, %s; arena %zu bytes, %s pages; %s", f.name,
+		   (unsigned long long)f.n_params, f.quant, f.arena_bytes, f.arena_backing,
+		   shared ? "the model's compute threads" : "compute threads of its own");
+	ld->sched.draft = &ld->draft_eng;
+	ld->sm.draft_arena = f.arena;
+	return 0;
 }
 
 static void *loader_main(void *arg)
@@ -146,6 +215,11 @@ static void *loader_main(void *arg)
 	struct hearth_error we;
 	if (engine_warm_up(&ld->sm.eng, tok0, &we) < 0) {
 		hearth_error_set(&e, we.code, "%s: the warm-up step failed: %s", cfg->model, we.msg);
+		server_model_failed(ld->srv, &e);
+		loader_release(ld);
+		return NULL;
+	}
+	if (cfg->draft_model[0] && loader_draft(ld, &o, &e) < 0) {
 		server_model_failed(ld->srv, &e);
 		loader_release(ld);
 		return NULL;

@@ -19,6 +19,7 @@
 #include "daemon/engine/embed.h"
 #include "daemon/engine/load.h"
 #include "daemon/engine/tokenizer.h"
+#include "daemon/serve/draft.h"
 #include "daemon/serve/spec.h"
 #include "protocol/assert.h"
 #include "protocol/clock.h"
@@ -64,6 +65,8 @@ struct sched_seq {
 	uint32_t n_tail;
 	struct spec_seq spec;           /* speculative decoding: drafting state */
 	int32_t draft[SPEC_K_MAX];      /* the draft the step verifies (also at tokens[n_tokens..]) */
+	bool draft_from_model;          /* that draft is the draft model's proposal */
+	struct draft_seq dseq;          /* the sequence in the draft model */
 	uint32_t n_forced_pending;      /* the last tokens of tokens[]: forced by the grammar
 					 * (jump-forward), their events not yet built */
 	uint32_t prefill_end;           /* tokens[0..prefill_end) are fed as prefill: the prompt,
@@ -97,6 +100,8 @@ struct sched {
 	float *embd_rows;               /* step_tokens x n_embd: hidden states of embed spans,
 					 * made with the first embed request */
 	uint32_t n_spec_rows;
+	struct drafter *drafter;        /* the draft model's side, or NULL */
+	struct draft_job *draft_jobs;   /* max_seqs */
 	struct sched_client *rr;        /* next client whose waiting request is admitted */
 	uint32_t last_uid;              /* the user admitted last */
 	uint32_t prefill_cursor;
@@ -119,6 +124,7 @@ void sched_params_default(struct sched_params *p)
 	p->stall_ns = 30ull * 1000000000ull;
 	p->preempt_ns = 250ull * 1000000ull;
 	p->queue_cap = 4096;
+	p->draft = NULL;
 }
 
 /* ---- messages back to the loop thread ---- */
@@ -236,6 +242,8 @@ static void seq_release(struct sched *s, struct sched_seq *q)
 	q->blocked_since = 0;
 	sampler_free(q->sampler);
 	q->sampler = NULL;
+	if (s->drafter)
+		drafter_seq_close(s->drafter, &q->dseq);
 }
 
 /* Ends a running sequence now and hands its message back. */
@@ -344,6 +352,8 @@ static void seq_preempt(struct sched *s, struct sched_seq *q)
 	s->eng.seq_close(s->eng.impl, q->eseq);
 	q->eseq = NULL;
 	q->n_fed = 0;
+	if (s->drafter)
+		drafter_seq_close(s->drafter, &q->dseq);
 	atomic_fetch_add_explicit(&s->stats.preempted, 1, memory_order_relaxed);
 }
 
@@ -477,6 +487,7 @@ static int seq_start(struct sched *s, struct sched_seq *q, struct sched_msg *m, 
 	q->grammar_on = r->grammar && !r->grammar_trigger[0];
 	q->n_tail = 0;
 	spec_seq_init(&q->spec, s->spec_rows ? r->speculate : 0);
+	q->spec.source = s->drafter ? r->draft_source : SPEC_SOURCE_LOOKUP;
 	q->n_forced_pending = 0;
 	q->prefill_end = r->n_prompt;
 	m->result.n_forced = 0;
@@ -1160,6 +1171,12 @@ static uint32_t seq_draft(struct sched *s, struct sched_seq *q, uint32_t max_row
 	if (q->n_tokens + limit > s->eng.max_context)
 		limit = s->eng.max_context - q->n_tokens;
 	uint32_t k = spec_draft(&q->spec, q->tokens, q->n_tokens, limit, q->draft);
+	q->draft_from_model = false;
+	if (k == 0 && q->dseq.n_out && q->dseq.base == q->n_tokens) {
+		k = q->dseq.n_out < limit ? q->dseq.n_out : limit;
+		memcpy(q->draft, q->dseq.out, (size_t)k * sizeof *q->draft);
+		q->draft_from_model = k > 0;
+	}
 	if (k && q->grammar_on) {
 		struct hearth_error ge;
 		uint32_t ok = 0;
@@ -1174,6 +1191,59 @@ static uint32_t seq_draft(struct sched *s, struct sched_seq *q, uint32_t max_row
 	}
 	memcpy(q->tokens + q->n_tokens, q->draft, (size_t)k * sizeof *q->draft);
 	return k;
+}
+
+/* Before a step: the draft model proposes for every decoding sequence that will want a
+ * model draft (draft_source model, or auto and the lookup finds nothing), all in the same
+ * batched draft steps; seq_draft then takes the proposal. Sequences with prompt chunks
+ * still to come or feeding forced tokens have no draft this step, as with the lookup. A draft model whose step
+ * fails is dropped: drafts change no output, so every sequence decodes on without it. */
+static void sched_model_drafts(struct sched *s)
+{
+	if (!s->drafter)
+		return;
+	uint32_t n = 0, running = 0;
+	for (uint32_t i = 0; i < s->n_slots; i++)
+		running += s->seqs[i].msg && s->seqs[i].eseq;
+	if (running >= s->n_spec_rows)
+		return; /* no spare rows: no draft of any kind this step */
+	for (uint32_t i = 0; i < s->n_slots && n < s->p.max_seqs; i++) {
+		struct sched_seq *q = &s->seqs[i];
+		/* Decoding (one unfed token), or the prompt's last chunk is next: the answer's
+		 * first tokens are drafted with it, as the lookup does. */
+		bool decoding = q->n_fed >= q->prefill_end && q->n_tokens - q->n_fed == 1;
+		bool last_chunk = q->n_fed < q->prefill_end && q->n_tokens == q->prefill_end &&
+				  q->prefill_end - q->n_fed <= s->p.prefill_chunk;
+		if (!q->msg || !q->eseq || q->has_event || q->finish || q->cancel || !(decoding || last_chunk) ||
+		    !q->spec.k_max || q->spec.source == SPEC_SOURCE_LOOKUP)
+			continue;
+		int32_t probe;
+		if (q->spec.source == SPEC_SOURCE_AUTO && spec_lookup(q->tokens, q->n_tokens, &probe, 1))
+			continue;
+		const struct sched_request *r = &q->msg->req;
+		uint32_t n_gen = q->n_tokens - r->n_prompt;
+		uint32_t k = r->max_tokens > n_gen + 1 ? r->max_tokens - n_gen - 1 : 0;
+		if (k > q->spec.k_model)
+			k = q->spec.k_model;
+		if (q->n_tokens + k > s->eng.max_context)
+			k = s->eng.max_context - q->n_tokens;
+		if (k == 0)
+			continue;
+		s->draft_jobs[n++] = (struct draft_job){ &q->dseq, q->tokens, q->n_tokens, k, seq_reserve(s, r),
+							 q->grammar_on ? r->grammar : NULL };
+	}
+	if (n == 0)
+		return;
+	struct hearth_error e;
+	if (drafter_propose(s->drafter, s->draft_jobs, n, &e) < 0) {
+		/* Drafts change no output: without them every sequence decodes as before. */
+		for (uint32_t i = 0; i < s->n_slots; i++)
+			drafter_seq_close(s->drafter, &s->seqs[i].dseq);
+		drafter_free(s->drafter);
+		s->drafter = NULL;
+		return;
+	}
+	atomic_fetch_add_explicit(&s->stats.draft_rounds, 1, memory_order_relaxed);
 }
 
 /* The step verified q's draft: sp->logits holds a row after the unfed token and after each
@@ -1209,7 +1279,13 @@ static void seq_verify(struct sched *s, struct sched_seq *q, const struct engine
 			break;
 		i++;
 	}
-	spec_seq_update(&q->spec, n_draft, i);
+	if (q->draft_from_model) {
+		spec_seq_update_model(&q->spec, n_draft, i);
+		atomic_fetch_add_explicit(&s->stats.spec_model_drafted, n_draft, memory_order_relaxed);
+		atomic_fetch_add_explicit(&s->stats.spec_model_accepted, i, memory_order_relaxed);
+	} else {
+		spec_seq_update(&q->spec, n_draft, i);
+	}
 	atomic_fetch_add_explicit(&s->stats.spec_drafted, n_draft, memory_order_relaxed);
 	atomic_fetch_add_explicit(&s->stats.spec_accepted, i, memory_order_relaxed);
 	/* The unfed token and the i accepted draft tokens stay. */
@@ -1482,6 +1558,7 @@ static void *sched_main(void *arg)
 		sched_drain_inbox(s, now);
 		sched_settle(s, now);
 		sched_admit(s, now);
+		sched_model_drafts(s);
 		size_t n = sched_build_batch(s);
 		if (n > 0)
 			sched_step(s, n);
@@ -1522,6 +1599,8 @@ static void sched_free(struct sched *s)
 	free(s->span_seq);
 	free(s->spec_rows);
 	free(s->embd_rows);
+	drafter_free(s->drafter);
+	free(s->draft_jobs);
 	queue_destroy(&s->in);
 	queue_destroy(&s->out);
 	if (s->doorbell >= 0)
@@ -1565,6 +1644,19 @@ int sched_start(struct sched **out, const struct sched_params *p, const struct e
 			s->n_spec_rows = eng->max_logit_rows;
 		s->spec_rows = malloc((size_t)s->n_spec_rows * eng->n_vocab * sizeof(float));
 		if (!s->spec_rows)
+			goto oom;
+	}
+	if (p->draft && s->spec_rows) {
+		if (p->draft->n_vocab != eng->n_vocab || !p->draft->seq_truncate) {
+			rc = hearth_error_set(err, HEARTH_EINVAL,
+					      "scheduler: the draft model's %u logits are not the model's %u, or it cannot take positions back",
+					      p->draft->n_vocab, eng->n_vocab);
+			goto fail;
+		}
+		if ((rc = drafter_new(&s->drafter, p->draft, p->max_seqs, p->step_tokens, err)) < 0)
+			goto fail;
+		s->draft_jobs = calloc(p->max_seqs, sizeof *s->draft_jobs);
+		if (!s->draft_jobs)
 			goto oom;
 	}
 	for (uint32_t i = 0; i < p->max_seqs; i++)

@@ -13,6 +13,7 @@
 #include "daemon/engine/engine.h"
 #include "daemon/engine/grammar.h"
 #include "daemon/serve/queue.h"
+#include "daemon/serve/spec.h"
 #include "daemon/engine/sampler.h"
 #include "protocol/error.h"
 #include "protocol/msg.h"
@@ -102,8 +103,9 @@ struct sched_request {
 	uint64_t prefix_share;          /* prefix-sharing domain (config prefix_share) */
 	bool special_text;              /* special tokens' text is part of the output (a chat's
 					 * reply parser reads the family's markers in it) */
-	uint32_t speculate;             /* draft tokens a step may verify (prompt lookup,
-					 * daemon/serve/spec.h); 0 = off */
+	uint32_t speculate;             /* draft tokens a step may verify (prompt lookup or
+					 * the draft model, daemon/serve/spec.h); 0 = off */
+	enum spec_source draft_source;  /* where the drafts may come from */
 	/* Embedding, a prefill-only request: prompt holds n_inputs inputs back to back, input
 	 * i ending at input_end[i]. They run one after another in one sequence (a batch takes
 	 * one place, as a generate does), each with its own KV, freed when it is pooled into
@@ -159,6 +161,9 @@ struct sched_params {
 	uint64_t preempt_ns;            /* how long a sequence may stay parked on a full ring
 					 * while other requests wait for its place or its KV */
 	uint32_t queue_cap;             /* messages in flight between the threads */
+	/* The draft model for speculative decoding (same vocabulary, daemon/serve/draft.h), or
+	 * NULL: prompt lookup only. Its model must outlive the scheduler. */
+	const struct engine *draft;
 };
 
 void sched_params_default(struct sched_params *p);
@@ -177,6 +182,10 @@ struct sched_stats {
 	_Atomic uint32_t decode_tps_x100; /* decode tokens/s over the last second, x100 */
 	_Atomic uint64_t spec_drafted;  /* draft tokens verified */
 	_Atomic uint64_t spec_accepted; /* of them, accepted (output without a step of its own) */
+	_Atomic uint64_t spec_model_drafted;  /* of spec_drafted, the draft model's */
+	_Atomic uint64_t spec_model_accepted; /* of spec_accepted, the draft model's */
+	_Atomic uint64_t draft_rounds;  /* steps the draft model proposed for (each one batched
+					 * draft step per proposed token) */
 	_Atomic uint64_t preempted;     /* sequences that gave their KV and place back */
 	/* Prefix cache: prompt tokens of every admitted sequence (looked up), and those found
 	 * cached and not computed again (hits: exactly the sum of the done frames' n_cached). */

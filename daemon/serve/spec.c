@@ -9,11 +9,23 @@
  * enough that a wrong guess costs few rows; it then adapts (spec_seq_update). */
 #define SPEC_K_START 4
 
+int spec_source_parse(const char *text, size_t n, enum spec_source *out)
+{
+	static const char *const names[] = { "auto", "lookup", "model" };
+	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+		if (strlen(names[i]) == n && !memcmp(text, names[i], n)) {
+			*out = (enum spec_source)i;
+			return 0;
+		}
+	return -1;
+}
+
 void spec_seq_init(struct spec_seq *s, uint32_t k_max)
 {
 	if (k_max > SPEC_K_MAX)
 		k_max = SPEC_K_MAX;
-	*s = (struct spec_seq){ .k_max = k_max, .k = k_max < SPEC_K_START ? k_max : SPEC_K_START };
+	uint32_t k = k_max < SPEC_K_START ? k_max : SPEC_K_START;
+	*s = (struct spec_seq){ .k_max = k_max, .k = k, .k_model = k };
 }
 
 uint32_t spec_lookup(const int32_t *tokens, uint32_t n, int32_t *draft, uint32_t k_max)
@@ -42,15 +54,30 @@ uint32_t spec_draft(struct spec_seq *s, const int32_t *tokens, uint32_t n, uint3
 		    int32_t *draft)
 {
 	uint32_t k = s->k < limit ? s->k : limit;
-	return s->k_max ? spec_lookup(tokens, n, draft, k) : 0;
+	return s->k_max && s->source != SPEC_SOURCE_MODEL ? spec_lookup(tokens, n, draft, k) : 0;
+}
+
+/* Grows after a fully accepted draft, else one more than was accepted. */
+static uint32_t spec_next_k(const struct spec_seq *s, uint32_t k, uint32_t n_draft, uint32_t n_accepted)
+{
+	k = n_accepted == n_draft ? k + 2 : n_accepted + 1;
+	return k > s->k_max ? s->k_max : k;
 }
 
 void spec_seq_update(struct spec_seq *s, uint32_t n_draft, uint32_t n_accepted)
 {
 	s->drafted += n_draft;
 	s->accepted += n_accepted;
-	if (n_draft == 0)
-		return;
-	uint32_t k = n_accepted == n_draft ? s->k + 2 : n_accepted + 1;
-	s->k = k > s->k_max ? s->k_max : k;
+	if (n_draft)
+		s->k = spec_next_k(s, s->k, n_draft, n_accepted);
+}
+
+void spec_seq_update_model(struct spec_seq *s, uint32_t n_draft, uint32_t n_accepted)
+{
+	s->drafted += n_draft;
+	s->accepted += n_accepted;
+	s->model_drafted += n_draft;
+	s->model_accepted += n_accepted;
+	if (n_draft)
+		s->k_model = spec_next_k(s, s->k_model, n_draft, n_accepted);
 }

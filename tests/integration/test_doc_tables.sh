@@ -119,7 +119,12 @@ check_kind spec "$fx/spec" "spec" \
 	'| Qwen3-1.7B shape, Q4_0 (random weights) | rewrite | 23.7 (23.0-24.2) | 77.1 (76.6-83.2) | 3.26x (3.17-3.62x) | 100 % of 150 | yes |' \
 	'| Qwen3-1.7B shape, Q4_0 (random weights) | sampled | 21.0 (13.4-24.0) | 21.2 (12.1-23.7) | 0.99x (0.91-1.01x) | no draft | yes |' \
 	'| quote | 13.6 (13.2-13.7) | 21.3 (19.7-23.3) | 1.62x (1.43-1.72x) | 43 % (43-43 %) |' \
-	'3 alternating rounds of 64 tokens each'
+	'3 alternating rounds of 64 tokens each' \
+	'| demo model, itself as draft | quote | 3592 (3515-4353) | 7105 (3998-8677) | 6263 (3258-7981) | 1715 (1683-1976) | 1.78x (0.75-2.22x) | 100 % of 168 | 34 % of 114 | yes |' \
+	'| Qwen3-1.7B shape Q4_0, tiny random draft | sampled | 7.2 (4.4-10.3) | 6.4 (6.4-6.7) | 6.3 (6.3-6.7) | 5.7 (5.3-6.3) | 0.93x (0.61-1.43x) | 0 % of 198 | no draft | yes |' \
+	'| larger trained target, demo model as draft | json | 1309 (1155-1819) | 1790 (1563-1814) | 1533 (1425-2896) | 1401 (1219-1639) | 1.23x (1.17-1.59x) | 60 % of 210 | 65 % of 102 | yes |' \
+	'| ik_llama.cpp, hearth-kjv-large-q8_0.gguf, hearth-kjv-q8_0.gguf as draft | llama-simple tok/s | llama-speculative tok/s | speculative / simple | drafts accepted |' \
+	'| free | 1295.7 (1295.7-1295.7) | 109.0 (109.0-109.0) | 0.08x (0.08-0.08x) | 0 % (0-0 %) |'
 
 # bench_kernels' small-batch lines (8 tokens from memory) are rows of their own.
 cat >"$tmp/kernels8.txt" <<'EOF2'

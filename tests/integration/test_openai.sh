@@ -68,6 +68,13 @@ code=$(curl -s -o "$TMP/bad.json" -w '%{http_code}' -H "Authorization: Bearer $K
 	-H 'Content-Type: application/json' -d '{"model":"x","messages":[' "$URL/v1/chat/completions")
 [ "$code" = 400 ] && grep -q 'invalid_json' "$TMP/bad.json"
 expect "a truncated JSON body is 400 invalid_json" $?
+code=$(curl -s -o "$TMP/draft.json" -w '%{http_code}' -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' \
+	-d '{"model":"hearth","prompt":"one two one two","max_tokens":4,"temperature":0,"draft":"model"}' \
+	"$URL/v1/completions")
+code2=$(curl -s -o "$TMP/draft2.json" -w '%{http_code}' -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' \
+	-d '{"model":"hearth","prompt":"x","max_tokens":4,"draft":"oracle"}' "$URL/v1/completions")
+[ "$code" = 200 ] && [ "$code2" = 400 ] && grep -q '"param":"draft"' "$TMP/draft2.json"
+expect "the draft extension passes auto/lookup/model through and is 400 otherwise" $?
 curl -s -N -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' \
 	-d '{"model":"hearth","messages":[{"role":"user","content":"Hi"}],"max_tokens":5,"temperature":0,"stream":true}' \
 	"$URL/v1/chat/completions" -D "$TMP/sse.hdr" -o "$TMP/sse.txt"

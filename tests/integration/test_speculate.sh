@@ -15,39 +15,10 @@ trap '[ -n "$HPID" ] && kill $HPID 2>/dev/null; wait 2>/dev/null; rm -rf "$TMP"'
 B=$HEARTH_BUILDDIR
 SOCK=$TMP/h.sock
 
-# start LOG HEARTHD-OPTION...: a hearthd on $SOCK, waited for until it answers.
-start() {
-	log=$1
-	shift
-	"$B/hearthd" --socket="$SOCK" --threads=2 --log-level=warning "$@" >"$TMP/$log" 2>&1 &
-	HPID=$!
-	for _ in $(seq 100); do
-		"$B/hearth" --socket "$SOCK" ping -c 1 >/dev/null 2>&1 && break
-		sleep 0.1
-	done
-}
+. "$HEARTH_SRCDIR/tests/integration/spec_lib.sh"
 start hearthd.log --model="$HEARTH_SHARED/fixtures/fx-quant-q4_0.gguf" --max-context=512 --kv-budget=16MiB
 
 echo "1..7"
-n=0
-fails=0
-ok() { n=$((n + 1)); echo "ok $n - $1"; }
-not_ok() { n=$((n + 1)); fails=$((fails + 1)); echo "not ok $n - $1"; }
-
-# The daemon's draft counters since it started, into drafted and accepted.
-drafts() {
-	stats=$("$B/hearth" --socket "$SOCK" stats --json)
-	drafted=$(echo "$stats" | sed -n 's/.*"draft_tokens":\([0-9]*\).*/\1/p')
-	accepted=$(echo "$stats" | sed -n 's/.*"draft_accepted":\([0-9]*\).*/\1/p')
-}
-
-# The token ids a generation printed, one a line.
-gen() { # out prompt args...
-	out=$1 prompt=$2
-	shift 2
-	"$B/hearth" --socket "$SOCK" generate --json -n 64 "$@" "$prompt" >"$out.json" 2>"$out.err" &&
-		sed -n 's/.*"token":\([0-9]*\).*/\1/p' "$out.json" >"$out"
-}
 
 PROMPTS="the cat sat on the mat and the cat sat on the
 one two three one two three one two
@@ -104,9 +75,7 @@ echo "# $accepted of $drafted draft tokens accepted"
 [ $? = 2 ] && ok "--speculate above 16 is a usage error" || not_ok "--speculate above 16 is a usage error"
 
 # The trained demo model: its text repeats itself the way real text does.
-kill $HPID
-wait $HPID 2>/dev/null
-rm -f "$SOCK"
+stop
 start hearthd-kjv.log --model="$HEARTH_SRCDIR/models/hearth-kjv-q8_0.gguf" --max-context=256
 P="And Abraham journeyed from thence toward the south country, and dwelled between Kadesh and Shur, and sojourned in Gerar. And Abraham said of Sarah his wife, She is my sister.
 

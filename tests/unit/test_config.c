@@ -425,7 +425,9 @@ static void test_config_missing_file_names_path(void **state)
 static void test_config_format_reads_back_every_key(void **state)
 {
 	static const char *const settings[][2] = {
-		{ "model", "/srv/m #1.gguf" }, { "chat_template", "/tmp/t.jinja" }, { "max_context", "777" }, { "kv_budget", "1536KiB" },
+		{ "model", "/srv/m #1.gguf" }, { "chat_template", "/tmp/t.jinja" },
+		{ "draft_model", "/srv/d.gguf" }, { "draft_kv_budget", "3MiB" },
+		{ "max_context", "777" }, { "kv_budget", "1536KiB" },
 		{ "kv_type", "q8" }, { "weights", "w4a16" }, { "weights_group", "32" },
 		{ "head", "int8" }, { "threads", "3" }, { "numa_node", "1" },
 		{ "hugepages", "none" }, { "lock_memory", "on" }, { "socket", "/tmp/x.sock" },
@@ -523,7 +525,7 @@ static void test_config_defaults_come_from_the_table(void **state)
 			fail_msg("%s prints as '%s' but its default is '%s'", key, text, def);
 		n_with_default++;
 	}
-	assert_int_equal(n_with_default, 25);
+	assert_int_equal(n_with_default, 26);
 	assert_null(config_key_default("model"));
 	assert_null(config_key_default("no_such_key"));
 	assert_string_equal(config_key_default("kv_budget"), "256MiB");
@@ -642,6 +644,8 @@ static void test_config_reload_difference_follows_the_column(void **state)
 	const struct { const char *key, *value; enum config_reload want; } cases[] = {
 		{ "model", "/m.gguf", CONFIG_RELOAD_MODEL },
 		{ "chat_template", "/tmp/t.jinja", CONFIG_RELOAD_MODEL },
+		{ "draft_model", "/d.gguf", CONFIG_RELOAD_MODEL },
+		{ "draft_kv_budget", "16MiB", CONFIG_RELOAD_MODEL },
 		{ "max_context", "8192", CONFIG_RELOAD_MODEL },
 		{ "kv_budget", "1GiB", CONFIG_RELOAD_MODEL },
 		{ "kv_type", "q8", CONFIG_RELOAD_MODEL },
@@ -753,7 +757,8 @@ static void test_config_example_shows_the_defaults(void **state)
 		if (config_set(&c, key, value, &err))
 			fail_msg("example line '#%s = %s': %s", key, value, err.msg);
 		checked++;
-		if (!strcmp(key, "model") || !strcmp(key, "chat_template") || !strcmp(key, "allow_users") ||
+		if (!strcmp(key, "model") || !strcmp(key, "chat_template") || !strcmp(key, "draft_model") ||
+		    !strcmp(key, "allow_users") ||
 		    !strcmp(key, "allow_groups"))
 			continue;
 		char a[512], b[512];
@@ -828,7 +833,8 @@ static void test_config_man_page_and_example_match_the_table(void **state)
 		if (line[0] != '#' || !eq || line[1] == ' ' || line[1] == '#')
 			continue;
 		*eq = '\0';
-		if (!config_key_default(line + 1) && strcmp(line + 1, "model") && strcmp(line + 1, "chat_template"))
+		if (!config_key_default(line + 1) && strcmp(line + 1, "model") && strcmp(line + 1, "chat_template") &&
+		    strcmp(line + 1, "draft_model"))
 			fail_msg("hearthd.conf.example shows '%s', which is not a key", line + 1);
 		n_example++;
 	}

@@ -197,6 +197,8 @@ static void test_msg_roundtrips_generate_with_every_field(void **state)
 	g->ignore_eos = true;
 	g->has_speculate = true;
 	g->speculate = MSG_SPECULATE_MAX;
+	g->has_draft = true;
+	g->draft = (struct msg_bytes){ "model", 5 };
 	roundtrip(&m, MSG_FROM_CLIENT, &d);
 	const struct msg_generate *dg = &d.u.generate;
 	assert_true(dg->has_prompt);
@@ -224,6 +226,9 @@ static void test_msg_roundtrips_generate_with_every_field(void **state)
 	assert_true(dg->ignore_eos);
 	assert_true(dg->has_speculate);
 	assert_int_equal(dg->speculate, MSG_SPECULATE_MAX);
+	assert_true(dg->has_draft);
+	assert_int_equal(dg->draft.len, 5);
+	assert_memory_equal(dg->draft.ptr, "model", 5);
 	msg_free(&d);
 
 	/* token-id prompt, streamed on the socket */
@@ -444,6 +449,8 @@ static size_t full_messages(enum msg_type type, struct msg *v)
 		g->ignore_eos = true;
 		g->has_speculate = true;
 		g->speculate = 4;
+		g->has_draft = true;
+		g->draft = B("model");
 		m = &v[n++];
 		msg_init(m, type, 8);
 		m->u.generate.tokens = full_toks;
@@ -497,6 +504,8 @@ static size_t full_messages(enum msg_type type, struct msg *v)
 		c->gen.has_jump_forward = true;
 		c->gen.jump_forward = false;
 		c->gen.has_speculate = true;
+		c->gen.has_draft = true;
+		c->gen.draft = B("lookup");
 		m = &v[n++];
 		msg_init(m, type, 8);
 		m->u.chat.messages = full_chat_messages;
@@ -578,6 +587,8 @@ static size_t full_messages(enum msg_type type, struct msg *v)
 		m->u.stats = (struct msg_stats_reply){ 1000, 2, 3, 4, 5, 6, 7, 8, 1ull << 33, 40, 30 };
 		m->u.stats.draft_tokens = 50;
 		m->u.stats.draft_accepted = 20;
+		m->u.stats.draft_model_tokens = 30;
+		m->u.stats.draft_model_accepted = 10;
 		break;
 	case MSG_LEDGER_REPLY:
 		m->u.ledger = (struct msg_ledger_reply){ full_ledger, 2, 9, 10 };

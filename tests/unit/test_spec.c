@@ -1,9 +1,10 @@
-/* Speculative decoding (prompt lookup, verified in the scheduler): the lookup's drafts, and
- * the promise that drafts change speed only. Generations with drafts must equal plain
- * decoding token for token (greedy against the model run alone; seeded sampling against
- * the scheduler without drafts), sampled outputs must follow the model's exact
- * distribution (chi-square), grammars must cut drafts, and the int4 engine must take a
- * rejected draft's K/V back without ever publishing it to the prefix cache. Logprobs and
+/* Speculative decoding (prompt lookup and a draft model, verified in the scheduler): the
+ * lookup's drafts, the draft model's proposals (grammar-masked, its KV in step with the
+ * sequence), and the promise that drafts change speed only. Generations with drafts must
+ * equal plain decoding token for token (greedy against the model run alone; seeded
+ * sampling against the scheduler without drafts), sampled outputs must follow the model's
+ * exact distribution (chi-square), grammars must cut drafts, and the int4 engine must take
+ * a rejected draft's K/V back without ever publishing it to the prefix cache. Logprobs and
  * top_logprobs of a token accepted from a draft must be those plain decoding reports. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -30,6 +31,7 @@
 #include "daemon/engine/ref/engine_ref.h"
 #include "daemon/engine/ref/forward.h"
 #include "daemon/engine/tokenizer.h"
+#include "daemon/serve/draft.h"
 #include "daemon/serve/sched.h"
 #include "daemon/serve/spec.h"
 
@@ -95,6 +97,10 @@ struct fixture {
 	struct gguf_file *f;
 	struct model *m;
 	struct tok *tok;
+	/* Another model with the same vocabulary (GPT-2 BPE): a draft that is not the model. */
+	struct gguf_file *f2;
+	struct model *m2;
+	struct tok *tok2;
 	struct grammar_vocab *gv;
 	uint32_t n_vocab;
 };
@@ -133,7 +139,8 @@ static bool sink_emit(void *p, const struct sched_token *t)
 static int setup(void **state)
 {
 	struct fixture *fx = calloc(1, sizeof *fx);
-	if (ref_fixture_open("fx-qwen3.gguf", &fx->f, &fx->m, &fx->tok) < 0)
+	if (ref_fixture_open("fx-qwen3.gguf", &fx->f, &fx->m, &fx->tok) < 0 ||
+	    ref_fixture_open("fx-qwen2.gguf", &fx->f2, &fx->m2, &fx->tok2) < 0)
 		return -1;
 	struct hearth_error e;
 	if (grammar_vocab_new(&fx->gv, fx->tok, &e) < 0) {
@@ -151,6 +158,7 @@ static int teardown(void **state)
 	struct fixture *fx = *state;
 	grammar_vocab_free(fx->gv);
 	ref_fixture_close(fx->f, fx->m, fx->tok);
+	ref_fixture_close(fx->f2, fx->m2, fx->tok2);
 	close(g_efd);
 	free(fx);
 	return 0;
@@ -168,10 +176,15 @@ struct job {
 	bool jump_forward;
 	bool logprobs;
 	uint32_t top_logprobs;
+	enum spec_source draft_source;
 };
 
 /* Tokens the last run_jobs fed by jump-forward. */
 static uint64_t g_forced;
+/* The draft model the next run_jobs gives its scheduler (NULL: lookup only), and what the
+ * last one counted of the draft model's drafts. */
+static const struct engine *g_draft;
+static uint64_t g_model_drafted, g_model_accepted;
 
 static struct sched_msg *take(struct sched *s)
 {
@@ -197,6 +210,7 @@ static void post_job(struct sched *s, struct sched_client *c, uint64_t id, const
 	m->req.jump_forward = j->jump_forward;
 	m->req.logprobs = j->logprobs;
 	m->req.top_logprobs = j->top_logprobs;
+	m->req.draft_source = j->draft_source;
 	assert_true(sched_post(s, m));
 }
 
@@ -208,6 +222,7 @@ static void run_jobs(const struct engine *eng, const struct tok *tok, const stru
 	sched_params_default(&p);
 	if (n && jobs[0].step_tokens)
 		p.step_tokens = jobs[0].step_tokens;
+	p.draft = g_draft;
 	struct sched *s;
 	assert_int_equal(sched_start(&s, &p, eng, tok, sched_doorbell_ring, &g_efd, &e), 0);
 	struct sched_client c = { .sink = sink, .emit = sink_emit };
@@ -229,16 +244,23 @@ static void run_jobs(const struct engine *eng, const struct tok *tok, const stru
 	*drafted = atomic_load(&sched_stats(s)->spec_drafted);
 	*accepted = atomic_load(&sched_stats(s)->spec_accepted);
 	g_forced = atomic_load(&sched_stats(s)->tokens_forced);
+	g_model_drafted = atomic_load(&sched_stats(s)->spec_model_drafted);
+	g_model_accepted = atomic_load(&sched_stats(s)->spec_model_accepted);
 	sched_stop(s);
 	sched_destroy(s);
 }
 
-static struct engine_ref *ref_engine(const struct fixture *fx, struct engine *eng)
+static struct engine_ref *ref_engine_of(const struct model *m, struct engine *eng)
 {
 	struct engine_ref *er;
 	struct hearth_error e;
-	assert_int_equal(engine_ref_new(&er, fx->m, 256, 1u << 26, eng, &e), 0);
+	assert_int_equal(engine_ref_new(&er, m, 256, 1u << 26, eng, &e), 0);
 	return er;
+}
+
+static struct engine_ref *ref_engine(const struct fixture *fx, struct engine *eng)
+{
+	return ref_engine_of(fx->m, eng);
 }
 
 /* A prompt that repeats a span, as text to summarise or extract from does: lookups find
@@ -299,6 +321,31 @@ static void sampled_params(struct sampler_params *sp)
 	sp->repeat_last_n = 16;
 }
 
+/* Runs jobs with their drafts (g_draft as set), then with speculate 0 and no draft model,
+ * and holds every request's n_gen tokens to be the same; the counters (the draft* out
+ * parameters, g_model_*) are the first run's. */
+static void check_drafts_change_no_token(const struct engine *eng, const struct tok *tok, struct job *jobs,
+					 size_t n, uint32_t n_gen, uint64_t *drafted, uint64_t *accepted)
+{
+	static struct sink with, without;
+	uint64_t d0, a0;
+	run_jobs(eng, tok, jobs, n, &with, drafted, accepted);
+	uint64_t md = g_model_drafted, ma = g_model_accepted;
+	const struct engine *draft = g_draft;
+	g_draft = NULL;
+	for (size_t i = 0; i < n; i++)
+		jobs[i].speculate = 0;
+	run_jobs(eng, tok, jobs, n, &without, &d0, &a0);
+	g_draft = draft;
+	g_model_drafted = md;
+	g_model_accepted = ma;
+	assert_int_equal(d0, 0);
+	for (size_t i = 0; i < n; i++) {
+		assert_int_equal(with.n[i], n_gen);
+		assert_memory_equal(with.tokens[i], without.tokens[i], n_gen * sizeof(int32_t));
+	}
+}
+
 static void test_spec_seeded_sampling_equals_plain_decoding_for_every_seed(void **state)
 {
 	struct fixture *fx = *state;
@@ -312,17 +359,8 @@ static void test_spec_seeded_sampling_equals_plain_decoding_for_every_seed(void 
 		jobs[i] = (struct job){ prompts[i], 24, GEN, 8, .seed = 9000u + (uint64_t)i };
 		sampled_params(&jobs[i].sampling);
 	}
-	static struct sink with, without;
-	uint64_t drafted, accepted, d0, a0;
-	run_jobs(&eng, fx->tok, jobs, N, &with, &drafted, &accepted);
-	for (int i = 0; i < N; i++)
-		jobs[i].speculate = 0;
-	run_jobs(&eng, fx->tok, jobs, N, &without, &d0, &a0);
-	assert_int_equal(d0, 0);
-	for (int i = 0; i < N; i++) {
-		assert_int_equal(with.n[i], GEN);
-		assert_memory_equal(with.tokens[i], without.tokens[i], GEN * sizeof(int32_t));
-	}
+	uint64_t drafted, accepted;
+	check_drafts_change_no_token(&eng, fx->tok, jobs, N, GEN, &drafted, &accepted);
 	fprintf(stderr, "sampled: %llu drafted, %llu accepted\n", (unsigned long long)drafted,
 		(unsigned long long)accepted);
 	assert_true(accepted > 0 && accepted < drafted);
@@ -424,9 +462,10 @@ static void test_spec_logprobs_of_draft_tokens_equal_plain_decoding(void **state
 	engine_ref_free(er);
 }
 
-static void test_spec_sampled_tokens_follow_the_model_distribution(void **state)
+/* model: the drafts come from a draft model (the model itself, so its greedy proposal is
+ * the top token, kept with probability p1[0]) instead of the lookup. */
+static void check_sampled_tokens_follow_the_model_distribution(struct fixture *fx, bool model)
 {
-	struct fixture *fx = *state;
 	/* A prompt "x y z w x y z": the lookup drafts w. Pick w among the sampler's top 3
 	 * after that very prompt, so the draft is kept often and rejected often. */
 	int32_t prompt[7], w = -1;
@@ -461,11 +500,13 @@ static void test_spec_sampled_tokens_follow_the_model_distribution(void **state)
 	enum { N = 1200 };
 	static struct job jobs[N];
 	for (int i = 0; i < N; i++) {
-		jobs[i] = (struct job){ prompt, 7, 2, 1, .seed = 1u + (uint64_t)i };
+		jobs[i] = (struct job){ prompt, 7, 2, 1, .seed = 1u + (uint64_t)i,
+					.draft_source = model ? SPEC_SOURCE_MODEL : SPEC_SOURCE_AUTO };
 		chi_params(&jobs[i].sampling);
 	}
-	struct engine eng;
-	struct engine_ref *er = ref_engine(fx, &eng);
+	struct engine eng, deng;
+	struct engine_ref *er = ref_engine(fx, &eng), *der = ref_engine(fx, &deng);
+	g_draft = model ? &deng : NULL;
 	static int32_t out[2][N][2];
 	uint64_t drafted[2] = { 0 }, accepted[2] = { 0 };
 	for (int r = 0; r < 2; r++) {
@@ -502,8 +543,8 @@ static void test_spec_sampled_tokens_follow_the_model_distribution(void **state)
 				double e = pj[a][b] * N, d = count[a][b] - e;
 				chi2 += d * d / e;
 			}
-		fprintf(stderr, "chi-square %s drafts: %.2f (8 dof), %llu drafted, %llu accepted\n",
-			r == 0 ? "with" : "without", chi2, (unsigned long long)drafted[r],
+		fprintf(stderr, "chi-square %s %s drafts: %.2f (8 dof), %llu drafted, %llu accepted\n",
+			r == 0 ? "with" : "without", model ? "model" : "lookup", chi2, (unsigned long long)drafted[r],
 			(unsigned long long)accepted[r]);
 		assert_true(chi2 < 26.12);
 	}
@@ -512,13 +553,25 @@ static void test_spec_sampled_tokens_follow_the_model_distribution(void **state)
 	assert_int_equal(drafted[1], 0);
 	double pw = 0;
 	for (int k = 0; k < CHI_TOP; k++)
-		if (id1[k] == w)
+		if (id1[k] == (model ? id1[0] : w))
 			pw = p1[k];
 	double sd = sqrt(N * pw * (1 - pw));
 	assert_true(fabs((double)accepted[0] - N * pw) < 4 * sd);
 	/* And the same seed gave the same tokens. */
 	assert_memory_equal(out[0], out[1], sizeof out[0]);
+	g_draft = NULL;
+	engine_ref_free(der);
 	engine_ref_free(er);
+}
+
+static void test_spec_sampled_tokens_follow_the_model_distribution(void **state)
+{
+	check_sampled_tokens_follow_the_model_distribution(*state, false);
+}
+
+static void test_draft_model_sampled_tokens_follow_the_model_distribution(void **state)
+{
+	check_sampled_tokens_follow_the_model_distribution(*state, true);
 }
 
 /* ---- grammars ---- */
@@ -565,28 +618,32 @@ static void test_spec_grammar_cuts_drafts_it_would_refuse(void **state)
 	engine_ref_free(er);
 }
 
-/* Under a grammar, sampled output with drafts equals output without, seed for seed. */
-static void test_spec_grammar_output_equals_plain_decoding(void **state)
+/* Under a grammar, sampled output with drafts equals output without, seed for seed; with
+ * model, the drafts come from a draft model (the model itself) only. */
+static void check_grammar_output_equals_plain_decoding(struct fixture *fx, bool model)
 {
-	struct fixture *fx = *state;
-	struct engine eng;
-	struct engine_ref *er = ref_engine(fx, &eng);
+	struct engine eng, deng;
+	struct engine_ref *er = ref_engine(fx, &eng), *der = ref_engine(fx, &deng);
 	struct hearth_error e;
 	int32_t prompt[32];
 	size_t n;
 	assert_int_equal(tok_encode(fx->tok, "12 12 12 12 12 12", 17, false, false, prompt, 32, &n, &e), 0);
 	assert_true(n > 4);
 	static struct sink with, without;
-	uint64_t drafted = 0, accepted = 0;
+	uint64_t drafted = 0, accepted = 0, model_drafted = 0;
 	for (uint64_t seed = 0; seed < 6; seed++) {
-		struct job j = { prompt, (uint32_t)n, 24, 8, .seed = seed };
+		struct job j = { prompt, (uint32_t)n, 24, 8, .seed = seed,
+				 .draft_source = model ? SPEC_SOURCE_MODEL : SPEC_SOURCE_AUTO };
 		sampled_params(&j.sampling);
 		j.sampling.temperature = seed < 2 ? 0.0f : 0.7f;
 		uint64_t d, a;
 		j.grammar = matcher_for(fx, "root ::= (\" \" [0-9] [0-9]?)+");
+		g_draft = model ? &deng : NULL;
 		run_jobs(&eng, fx->tok, &j, 1, &with, &d, &a);
+		g_draft = NULL;
 		drafted += d;
 		accepted += a;
+		model_drafted += g_model_drafted;
 		grammar_matcher_free(j.grammar);
 		j.grammar = matcher_for(fx, "root ::= (\" \" [0-9] [0-9]?)+");
 		j.speculate = 0;
@@ -595,10 +652,17 @@ static void test_spec_grammar_output_equals_plain_decoding(void **state)
 		assert_int_equal(with.n[0], without.n[0]);
 		assert_memory_equal(with.tokens[0], without.tokens[0], with.n[0] * sizeof(int32_t));
 	}
-	fprintf(stderr, "grammar: %llu drafted, %llu accepted\n", (unsigned long long)drafted,
-		(unsigned long long)accepted);
+	fprintf(stderr, "grammar, %s drafts: %llu drafted, %llu accepted\n", model ? "model" : "lookup",
+		(unsigned long long)drafted, (unsigned long long)accepted);
 	assert_true(drafted > 0);
+	assert_int_equal(model_drafted, model ? drafted : 0);
+	engine_ref_free(der);
 	engine_ref_free(er);
+}
+
+static void test_spec_grammar_output_equals_plain_decoding(void **state)
+{
+	check_grammar_output_equals_plain_decoding(*state, false);
 }
 
 /* Jump-forward and drafts in one sequence: the grammar forces the keys and punctuation
@@ -743,35 +807,85 @@ static void test_spec_q4_rejected_draft_is_rolled_back_and_never_shared(void **s
 	model_q4_free(m);
 }
 
-/* Through the scheduler on the int4 engine (quantized files, several sequences drafting
- * in the same steps): greedy output with drafts equals output without, token for token. */
-static void check_q4_greedy_with_drafts_equals_without(const char *file)
+/* A private sequence (a draft model's, ENGINE_SHARE_PRIVATE): any of its positions, of
+ * plain spans too, can be taken back and computed again with the logits of a sequence that
+ * never had them, and nothing it computed stays in the prefix cache once it is closed. */
+static void test_spec_q4_private_sequence_truncates_anywhere_and_publishes_nothing(void **state)
 {
+	(void)state;
 	struct tok *tok;
-	struct model_q4 *m = load_q4_fixture(file, &tok);
+	struct model_q4 *m = load_q4_fixture("fx-quant-q4_0.gguf", &tok);
 	struct engine eng;
 	model_q4_engine(m, &eng);
+	size_t V = eng.n_vocab;
+	int32_t t[40];
+	test_prompt(61, t, 40, (uint32_t)V);
+	float *want = stepwise(&eng, t, 40, 9);
+	struct kv_stats st;
+	kv_stats(&m->kv, &st);
+	uint32_t cached_before = st.blocks_cached;
+	struct engine_seq *a;
+	uint32_t cached;
+	struct hearth_error e;
+	float *row = malloc(V * sizeof(float));
+	assert_int_equal(eng.seq_open(eng.impl, t, 40, 48, ENGINE_SHARE_PRIVATE, &a, &cached, &e), 0);
+	assert_int_equal(cached, 0);
+	struct engine_span sp = { a, t, 32, NULL, 0 };
+	assert_int_equal(eng.forward(eng.impl, &sp, 1, &e), 0);
+	for (uint32_t i = 32; i < 40; i++) {
+		sp = (struct engine_span){ a, &t[i], 1, row, 0 };
+		assert_int_equal(eng.forward(eng.impl, &sp, 1, &e), 0);
+	}
+	assert_memory_equal(row, want + 39 * V, V * sizeof(float));
+	/* Back to 20: two full blocks and part of a third, none of them a draft's. */
+	assert_int_equal(eng.seq_truncate(eng.impl, a, 20, &e), 0);
+	sp = (struct engine_span){ a, &t[20], 20, row, 0 };
+	assert_int_equal(eng.forward(eng.impl, &sp, 1, &e), 0);
+	assert_memory_equal(row, want + 39 * V, V * sizeof(float));
+	eng.seq_close(eng.impl, a);
+	kv_stats(&m->kv, &st);
+	assert_int_equal(st.blocks_cached, cached_before);
+	assert_int_equal(st.blocks_used, 0);
+	free(row);
+	free(want);
+	tok_free(tok);
+	model_q4_free(m);
+}
+
+/* Through the scheduler on the int4 engine (quantized files, several sequences drafting
+ * in the same steps): greedy output with drafts equals output without, token for token.
+ * With draft_file, the drafts come from that file as draft model (int4 too) and at least
+ * min_rate of them are accepted. */
+static void check_q4_greedy_with_drafts_equals_without(const char *file, const char *draft_file, double min_rate)
+{
+	struct tok *tok, *dtok = NULL;
+	struct model_q4 *m = load_q4_fixture(file, &tok), *dm = NULL;
+	struct engine eng, deng;
+	model_q4_engine(m, &eng);
+	if (draft_file) {
+		dm = load_q4_fixture(draft_file, &dtok);
+		model_q4_engine(dm, &deng);
+	}
 	enum { N = 4, GEN = 40 };
 	int32_t prompts[N][30];
 	struct job jobs[N];
 	for (int i = 0; i < N; i++) {
 		repeating_prompt(90u + (uint32_t)i, prompts[i], 30, 5u + (uint32_t)i, eng.n_vocab);
-		jobs[i] = (struct job){ prompts[i], 30, GEN, 8, .seed = 1, .step_tokens = 64 };
+		jobs[i] = (struct job){ prompts[i], 30, GEN, 8, .seed = 1, .step_tokens = 64,
+					.draft_source = dm ? SPEC_SOURCE_MODEL : SPEC_SOURCE_AUTO };
 		greedy_params(&jobs[i].sampling);
 	}
-	static struct sink with, without;
-	uint64_t drafted, accepted, d0, a0;
-	run_jobs(&eng, tok, jobs, N, &with, &drafted, &accepted);
-	for (int i = 0; i < N; i++)
-		jobs[i].speculate = 0;
-	run_jobs(&eng, tok, jobs, N, &without, &d0, &a0);
-	for (int i = 0; i < N; i++) {
-		assert_int_equal(with.n[i], GEN);
-		assert_memory_equal(with.tokens[i], without.tokens[i], GEN * sizeof(int32_t));
-	}
-	fprintf(stderr, "%s greedy: %llu drafted, %llu accepted\n", file, (unsigned long long)drafted,
-		(unsigned long long)accepted);
+	uint64_t drafted, accepted;
+	g_draft = dm ? &deng : NULL;
+	check_drafts_change_no_token(&eng, tok, jobs, N, GEN, &drafted, &accepted);
+	g_draft = NULL;
+	fprintf(stderr, "%s greedy, drafts from %s: %llu drafted, %llu accepted\n", file,
+		draft_file ? draft_file : "the lookup", (unsigned long long)drafted, (unsigned long long)accepted);
 	assert_true(accepted > 0);
+	assert_true((double)accepted >= min_rate * (double)drafted);
+	assert_int_equal(g_model_drafted, dm ? drafted : 0);
+	tok_free(dtok);
+	model_q4_free(dm);
 	tok_free(tok);
 	model_q4_free(m);
 }
@@ -779,9 +893,9 @@ static void check_q4_greedy_with_drafts_equals_without(const char *file)
 static void test_spec_q4_greedy_with_drafts_equals_without(void **state)
 {
 	(void)state;
-	check_q4_greedy_with_drafts_equals_without("fx-quant-q4_0.gguf");
-	check_q4_greedy_with_drafts_equals_without("fx-quant-q4_k_m.gguf");
-	check_q4_greedy_with_drafts_equals_without("fx-quant-f16.gguf");
+	check_q4_greedy_with_drafts_equals_without("fx-quant-q4_0.gguf", NULL, 0.0);
+	check_q4_greedy_with_drafts_equals_without("fx-quant-q4_k_m.gguf", NULL, 0.0);
+	check_q4_greedy_with_drafts_equals_without("fx-quant-f16.gguf", NULL, 0.0);
 }
 
 /* A client that stops reading after park_at tokens: its ring is full from then on, so the
@@ -805,13 +919,16 @@ static bool park_emit(void *p, const struct sched_token *t)
  * step (tokens of an accepted draft still to deliver, the rejected rest taken back) and
  * is canceled there. It must finish canceled at once, and another request drafting in the
  * same steps must go on to exactly its output without drafts. */
-static void test_spec_cancel_mid_draft_leaves_the_batch_exact(void **state)
+static void check_cancel_mid_draft(const char *draft_file)
 {
-	(void)state;
-	struct tok *tok;
-	struct model_q4 *m = load_q4_fixture("fx-quant-q4_0.gguf", &tok);
-	struct engine eng;
+	struct tok *tok, *dtok = NULL;
+	struct model_q4 *m = load_q4_fixture("fx-quant-q4_0.gguf", &tok), *dm = NULL;
+	struct engine eng, deng;
 	model_q4_engine(m, &eng);
+	if (draft_file) {
+		dm = load_q4_fixture(draft_file, &dtok);
+		model_q4_engine(dm, &deng);
+	}
 	enum { GEN = 40 };
 	int32_t pa[30], pb[30];
 	repeating_prompt(400u, pa, 30, 3, eng.n_vocab);
@@ -828,6 +945,7 @@ static void test_spec_cancel_mid_draft_leaves_the_batch_exact(void **state)
 	struct sched_params p;
 	sched_params_default(&p);
 	p.step_tokens = 64;
+	p.draft = dm ? &deng : NULL;
 	struct sched *s;
 	assert_int_equal(sched_start(&s, &p, &eng, tok, sched_doorbell_ring, &g_efd, &e), 0);
 	struct park_sink ps = { .park_at = 6 };
@@ -837,6 +955,7 @@ static void test_spec_cancel_mid_draft_leaves_the_batch_exact(void **state)
 	struct job ja = { pa, 30, GEN, 8, .seed = 1 };
 	greedy_params(&ja.sampling);
 	jb.speculate = 8;
+	ja.draft_source = jb.draft_source = dm ? SPEC_SOURCE_MODEL : SPEC_SOURCE_AUTO;
 	post_job(s, &ca, 0, &ja);
 	post_job(s, &cb, 0, &jb);
 	for (int i = 0; i < 6000 && atomic_load(&ps.n) < ps.park_at; i++)
@@ -866,15 +985,304 @@ static void test_spec_cancel_mid_draft_leaves_the_batch_exact(void **state)
 	}
 	uint64_t drafted = atomic_load(&sched_stats(s)->spec_drafted);
 	uint64_t accepted = atomic_load(&sched_stats(s)->spec_accepted);
-	fprintf(stderr, "cancel mid-draft: %llu drafted, %llu accepted\n", (unsigned long long)drafted,
-		(unsigned long long)accepted);
+	uint64_t model_drafted = atomic_load(&sched_stats(s)->spec_model_drafted);
+	fprintf(stderr, "cancel mid-draft (%s): %llu drafted, %llu accepted\n",
+		draft_file ? draft_file : "lookup", (unsigned long long)drafted, (unsigned long long)accepted);
 	assert_true(accepted > 0);
+	assert_int_equal(model_drafted, draft_file ? drafted : 0);
 	sched_stop(s);
 	sched_destroy(s);
 	assert_int_equal(with.n[0], GEN);
 	assert_memory_equal(with.tokens[0], alone.tokens[0], GEN * sizeof(int32_t));
 	tok_free(tok);
 	model_q4_free(m);
+	tok_free(dtok);
+	model_q4_free(dm);
+}
+
+static void test_spec_cancel_mid_draft_leaves_the_batch_exact(void **state)
+{
+	(void)state;
+	check_cancel_mid_draft(NULL);
+}
+
+/* ---- drafts from a draft model ---- */
+
+/* The draft must speak the model's vocabulary: the same GPT-2 BPE passes, Llama 2's
+ * SentencePiece (another size) is refused by name. */
+static void test_draft_vocab_check_refuses_another_vocabulary(void **state)
+{
+	struct fixture *fx = *state;
+	struct hearth_error e;
+	assert_int_equal(draft_vocab_check(fx->tok, fx->tok2, &e), 0);
+	struct gguf_file *f;
+	struct model *m;
+	struct tok *t;
+	assert_int_equal(ref_fixture_open("fx-llama.gguf", &f, &m, &t), 0);
+	assert_int_equal(draft_vocab_check(fx->tok, t, &e), HEARTH_EINVAL);
+	assert_non_null(strstr(e.msg, "32000"));
+	ref_fixture_close(f, m, t);
+}
+
+/* Greedy through the scheduler, six sequences drafting from the draft model in the same
+ * steps (no lookup): the output is the model's alone, token for token. The model as its
+ * own draft must be accepted nearly always (a batched row may differ from a one-token step
+ * in the last bits); another model of the same vocabulary is accepted rarely, so both
+ * verdicts occur. */
+static void check_draft_greedy(struct fixture *fx, const struct model *draft, double min_rate)
+{
+	struct engine eng, deng;
+	struct engine_ref *er = ref_engine(fx, &eng), *der = ref_engine_of(draft, &deng);
+	enum { N = 6, GEN = 32 };
+	int32_t prompts[N][24];
+	uint32_t lens[N] = { 20, 9, 24, 13, 5, 17 };
+	struct job jobs[N];
+	for (int i = 0; i < N; i++) {
+		test_prompt(600u + (uint32_t)i, prompts[i], lens[i], fx->n_vocab);
+		jobs[i] = (struct job){ prompts[i], lens[i], GEN, 8, .seed = 1, .draft_source = SPEC_SOURCE_MODEL };
+		greedy_params(&jobs[i].sampling);
+	}
+	static struct sink sink;
+	uint64_t drafted, accepted;
+	g_draft = &deng;
+	run_jobs(&eng, fx->tok, jobs, N, &sink, &drafted, &accepted);
+	g_draft = NULL;
+	for (int i = 0; i < N; i++) {
+		int32_t want[GEN];
+		ref_solo_greedy(fx->m, prompts[i], lens[i], GEN, want);
+		assert_int_equal(sink.n[i], GEN);
+		assert_memory_equal(sink.tokens[i], want, GEN * sizeof(int32_t));
+	}
+	fprintf(stderr, "draft model greedy: %llu drafted, %llu accepted\n", (unsigned long long)g_model_drafted,
+		(unsigned long long)g_model_accepted);
+	assert_int_equal(g_model_drafted, drafted);
+	assert_int_equal(g_model_accepted, accepted);
+	assert_true(drafted > 0);
+	assert_true((double)accepted >= min_rate * (double)drafted);
+	engine_ref_free(der);
+	engine_ref_free(er);
+}
+
+static void test_draft_model_greedy_equals_the_model_alone_in_one_batch(void **state)
+{
+	struct fixture *fx = *state;
+	check_draft_greedy(fx, fx->m, 0.9);
+	check_draft_greedy(fx, fx->m2, 0.0);
+}
+
+/* Seeded sampling with the model as its own draft, half the requests drafting from the
+ * model only and half choosing (lookup where it matches): seed for seed the tokens of
+ * plain decoding, with drafts both kept and refused. */
+static void test_draft_model_seeded_sampling_equals_plain_decoding(void **state)
+{
+	struct fixture *fx = *state;
+	struct engine eng, deng;
+	struct engine_ref *er = ref_engine(fx, &eng), *der = ref_engine(fx, &deng);
+	enum { N = 24, GEN = 32 };
+	int32_t prompts[N][24];
+	struct job jobs[N];
+	for (int i = 0; i < N; i++) {
+		repeating_prompt(700u + (uint32_t)i % 6, prompts[i], 24, 4 + (uint32_t)i % 5, fx->n_vocab);
+		jobs[i] = (struct job){ prompts[i], 24, GEN, 8, .seed = 4000u + (uint64_t)i,
+					.draft_source = i % 2 ? SPEC_SOURCE_MODEL : SPEC_SOURCE_AUTO };
+		sampled_params(&jobs[i].sampling);
+	}
+	uint64_t drafted, accepted;
+	g_draft = &deng;
+	check_drafts_change_no_token(&eng, fx->tok, jobs, N, GEN, &drafted, &accepted);
+	g_draft = NULL;
+	uint64_t md = g_model_drafted, ma = g_model_accepted;
+	fprintf(stderr, "draft model sampled: %llu drafted (%llu by the model), %llu accepted (%llu)\n",
+		(unsigned long long)drafted, (unsigned long long)md, (unsigned long long)accepted,
+		(unsigned long long)ma);
+	assert_true(ma > 0 && ma < md);
+	assert_true(drafted > md); /* the auto half used the lookup too */
+	engine_ref_free(der);
+	engine_ref_free(er);
+}
+
+/* The draft model's proposals under a grammar of digits: every proposed token is one the
+ * grammar takes in turn (the model alone would propose others), and the matcher is left
+ * where it was. Then the draft KV follows the sequence: after one proposed token was
+ * accepted and another token came instead of the second, the next proposal equals that of
+ * a draft that saw the new text from scratch (the refused positions were taken back). */
+static void test_draft_model_proposals_follow_the_grammar_and_the_sequence(void **state)
+{
+	struct fixture *fx = *state;
+	struct engine deng;
+	struct engine_ref *der = ref_engine(fx, &deng);
+	struct hearth_error e;
+	struct drafter *d, *fresh;
+	assert_int_equal(drafter_new(&d, &deng, 4, 64, &e), 0);
+	assert_int_equal(drafter_new(&fresh, &deng, 4, 64, &e), 0);
+	int32_t prompt[40];
+	size_t n;
+	assert_int_equal(tok_encode(fx->tok, "x1 y2 x1 z", 10, false, false, prompt, 32, &n, &e), 0);
+	/* Unconstrained: some proposed token is not a digit. */
+	struct draft_seq ds = { 0 }, fs = { 0 };
+	struct draft_job j = { &ds, prompt, (uint32_t)n, 6, (uint32_t)n + 16, NULL };
+	assert_int_equal(drafter_propose(d, &j, 1, &e), 0);
+	assert_int_equal(ds.n_out, 6);
+	struct grammar_matcher *g = matcher_for(fx, "root ::= [0-9]+");
+	size_t refused = 0;
+	for (uint32_t i = 0; i < ds.n_out; i++)
+		if (grammar_matcher_accept_token(g, ds.out[i], &e) < 0)
+			refused++;
+		else
+			assert_int_equal(grammar_matcher_rollback(g, 1, &e), 0);
+	assert_true(refused > 0);
+	drafter_seq_close(d, &ds);
+	/* Constrained. */
+	size_t h0 = grammar_matcher_history(g);
+	j.grammar = g;
+	assert_int_equal(drafter_propose(d, &j, 1, &e), 0);
+	assert_true(ds.n_out > 0);
+	assert_int_equal(grammar_matcher_history(g), h0);
+	for (uint32_t i = 0; i < ds.n_out; i++)
+		assert_int_equal(grammar_matcher_accept_token(g, ds.out[i], &e), 0);
+	grammar_matcher_free(g);
+	drafter_seq_close(d, &ds);
+
+	/* In step with the sequence: propose, keep the first token, then a token of the
+	 * model's choosing that differs from the second. */
+	j.grammar = NULL;
+	assert_int_equal(drafter_propose(d, &j, 1, &e), 0);
+	assert_int_equal(ds.n_out, 6);
+	int32_t *more = prompt;
+	more[n] = ds.out[0];
+	more[n + 1] = ds.out[1] == 7 ? 8 : 7;
+	j.n_tokens = (uint32_t)n + 2;
+	assert_int_equal(drafter_propose(d, &j, 1, &e), 0);
+	struct draft_job fj = { &fs, more, (uint32_t)n + 2, 6, (uint32_t)n + 16, NULL };
+	assert_int_equal(drafter_propose(fresh, &fj, 1, &e), 0);
+	assert_int_equal(ds.n_out, 6);
+	assert_int_equal(fs.n_out, 6);
+	assert_memory_equal(ds.out, fs.out, 6 * sizeof(int32_t));
+	/* A sequence that did not move keeps its proposal. */
+	int32_t same[6];
+	memcpy(same, ds.out, sizeof same);
+	assert_int_equal(drafter_propose(d, &j, 1, &e), 0);
+	assert_memory_equal(ds.out, same, sizeof same);
+	/* A sequence past the draft's context gets no proposal, and no error: the lookup
+	 * drafts for it alone. */
+	static int32_t longer[REF_FIXTURE_CTX + 1];
+	test_prompt(5, longer, REF_FIXTURE_CTX + 1, fx->n_vocab);
+	struct draft_job lj = { &ds, longer, REF_FIXTURE_CTX, 6, REF_FIXTURE_CTX + 8, NULL };
+	assert_int_equal(drafter_propose(d, &lj, 1, &e), 0);
+	assert_int_equal(ds.n_out, 0);
+	assert_null(ds.eseq);
+	drafter_seq_close(d, &ds);
+	drafter_seq_close(fresh, &fs);
+	drafter_free(d);
+	drafter_free(fresh);
+	engine_ref_free(der);
+}
+
+static void test_draft_model_grammar_output_equals_plain_decoding(void **state)
+{
+	check_grammar_output_equals_plain_decoding(*state, true);
+}
+
+/* The int4 engine with an int4 draft: the same file as its own draft (a second resident
+ * copy) is accepted nearly always; the same weights from another file (F16 and Q4_0 of one
+ * model) agree less, as random weights give flat distributions whose top token rounding
+ * flips. */
+static void test_draft_model_q4_greedy_with_drafts_equals_without(void **state)
+{
+	(void)state;
+	check_q4_greedy_with_drafts_equals_without("fx-quant-f16.gguf", "fx-quant-f16.gguf", 0.9);
+	check_q4_greedy_with_drafts_equals_without("fx-quant-f16.gguf", "fx-quant-q4_0.gguf", 0.0);
+}
+
+/* A client whose ring is full while its gate is shut (after shut_at tokens); it records
+ * the tokens it takes. */
+struct gate_sink {
+	_Atomic bool open;
+	_Atomic uint32_t n;
+	uint32_t shut_at;
+	int32_t tokens[MAX_GEN];
+};
+
+static bool gate_emit(void *p, const struct sched_token *t)
+{
+	struct gate_sink *g = p;
+	uint32_t n = atomic_load(&g->n);
+	if (n >= g->shut_at && !atomic_load(&g->open))
+		return false;
+	if (n < MAX_GEN)
+		g->tokens[n] = t->token;
+	atomic_store(&g->n, n + 1);
+	return true;
+}
+
+/* One place (max_seqs 1), both requests drafting from the draft model: A parks on its full
+ * ring, gives its place and KV (the model's and the draft's) to B, and resumes once its
+ * reader takes tokens again. Both outputs are the model's alone. */
+static void test_draft_model_preempted_sequence_resumes_exactly(void **state)
+{
+	struct fixture *fx = *state;
+	struct engine eng, deng;
+	struct engine_ref *er = ref_engine(fx, &eng), *der = ref_engine(fx, &deng);
+	enum { GEN = 40 };
+	int32_t pa[24], pb[20], want_a[GEN], want_b[GEN];
+	test_prompt(810, pa, 24, fx->n_vocab);
+	test_prompt(811, pb, 20, fx->n_vocab);
+	ref_solo_greedy(fx->m, pa, 24, GEN, want_a);
+	ref_solo_greedy(fx->m, pb, 20, GEN, want_b);
+	struct hearth_error e;
+	struct sched_params p;
+	sched_params_default(&p);
+	p.max_seqs = 1;
+	p.preempt_ns = 20ull * 1000000ull;
+	p.draft = &deng;
+	struct sched *s;
+	assert_int_equal(sched_start(&s, &p, &eng, fx->tok, sched_doorbell_ring, &g_efd, &e), 0);
+	static struct gate_sink ga;
+	memset(&ga, 0, sizeof ga);
+	ga.shut_at = 6;
+	static struct sink sb;
+	memset(&sb, 0, sizeof sb);
+	struct sched_client ca = { .sink = &ga, .emit = gate_emit }, cb = { .sink = &sb, .emit = sink_emit };
+	struct job ja = { pa, 24, GEN, 8, .seed = 1, .draft_source = SPEC_SOURCE_MODEL };
+	struct job jb = { pb, 20, GEN, 8, .seed = 1, .draft_source = SPEC_SOURCE_MODEL };
+	greedy_params(&ja.sampling);
+	greedy_params(&jb.sampling);
+	post_job(s, &ca, 0, &ja);
+	for (int i = 0; i < 6000 && atomic_load(&ga.n) < ga.shut_at; i++)
+		usleep(1000);
+	assert_int_equal(atomic_load(&ga.n), ga.shut_at);
+	post_job(s, &cb, 1, &jb);
+	struct sched_msg *m = take(s);
+	assert_ptr_equal(m->client, &cb);
+	assert_int_equal(m->result.finish, SCHED_FINISH_LENGTH);
+	free(m->req.prompt);
+	free(m);
+	assert_true(atomic_load(&sched_stats(s)->preempted) >= 1);
+	atomic_store(&ga.open, true);
+	m = take(s);
+	assert_ptr_equal(m->client, &ca);
+	assert_int_equal(m->result.finish, SCHED_FINISH_LENGTH);
+	free(m->req.prompt);
+	free(m);
+	uint64_t md = atomic_load(&sched_stats(s)->spec_model_drafted);
+	uint64_t ma = atomic_load(&sched_stats(s)->spec_model_accepted);
+	fprintf(stderr, "preempted with model drafts: %llu drafted, %llu accepted\n", (unsigned long long)md,
+		(unsigned long long)ma);
+	assert_true(ma > 0);
+	sched_stop(s);
+	sched_destroy(s);
+	assert_int_equal(atomic_load(&ga.n), GEN);
+	assert_memory_equal(ga.tokens, want_a, GEN * sizeof(int32_t));
+	assert_int_equal(sb.n[1], GEN);
+	assert_memory_equal(sb.tokens[1], want_b, GEN * sizeof(int32_t));
+	engine_ref_free(der);
+	engine_ref_free(er);
+}
+
+static void test_draft_model_cancel_mid_draft_leaves_the_batch_exact(void **state)
+{
+	(void)state;
+	check_cancel_mid_draft("fx-quant-q4_0.gguf");
 }
 
 int main(void)
@@ -886,13 +1294,23 @@ int main(void)
 		cmocka_unit_test(test_spec_greedy_equals_the_model_alone_in_one_batch),
 		cmocka_unit_test(test_spec_seeded_sampling_equals_plain_decoding_for_every_seed),
 		cmocka_unit_test(test_spec_sampled_tokens_follow_the_model_distribution),
+		cmocka_unit_test(test_draft_model_sampled_tokens_follow_the_model_distribution),
 		cmocka_unit_test(test_spec_logprobs_of_draft_tokens_equal_plain_decoding),
 		cmocka_unit_test(test_spec_grammar_cuts_drafts_it_would_refuse),
 		cmocka_unit_test(test_spec_grammar_output_equals_plain_decoding),
 		cmocka_unit_test(test_spec_with_jump_forward_equals_plain_decoding),
 		cmocka_unit_test(test_spec_q4_rejected_draft_is_rolled_back_and_never_shared),
+		cmocka_unit_test(test_spec_q4_private_sequence_truncates_anywhere_and_publishes_nothing),
 		cmocka_unit_test(test_spec_q4_greedy_with_drafts_equals_without),
 		cmocka_unit_test(test_spec_cancel_mid_draft_leaves_the_batch_exact),
+		cmocka_unit_test(test_draft_vocab_check_refuses_another_vocabulary),
+		cmocka_unit_test(test_draft_model_greedy_equals_the_model_alone_in_one_batch),
+		cmocka_unit_test(test_draft_model_seeded_sampling_equals_plain_decoding),
+		cmocka_unit_test(test_draft_model_proposals_follow_the_grammar_and_the_sequence),
+		cmocka_unit_test(test_draft_model_grammar_output_equals_plain_decoding),
+		cmocka_unit_test(test_draft_model_q4_greedy_with_drafts_equals_without),
+		cmocka_unit_test(test_draft_model_cancel_mid_draft_leaves_the_batch_exact),
+		cmocka_unit_test(test_draft_model_preempted_sequence_resumes_exactly),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -19,7 +19,7 @@ _GEN_FIELDS = {
     "seed": "seed", "stop": "stop", "stop_tokens": "stop_tokens", "logprobs": "logprobs",
     "top_logprobs": "top_logprobs", "ignore_eos": "ignore_eos",
     "grammar": "grammar", "json_schema": "json_schema", "json_object": "json_object",
-    "jump_forward": "jump_forward", "speculate": "speculate",
+    "jump_forward": "jump_forward", "speculate": "speculate", "draft": "draft",
 }
 
 
@@ -45,6 +45,8 @@ def stats_of(frame):
     s.setdefault("prefix_hit_tokens", 0)
     s.setdefault("draft_tokens", 0)      # left out while 0, and by a daemon before 1.3
     s.setdefault("draft_accepted", 0)
+    s.setdefault("draft_model_tokens", 0)  # left out while 0, and by a daemon before 1.4
+    s.setdefault("draft_model_accepted", 0)
     s["phase"] = text_of(s.get("phase", ""))
     return s
 

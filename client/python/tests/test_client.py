@@ -151,6 +151,22 @@ def test_speculate_changes_no_token_and_counts_its_drafts(daemon):
     assert s1["draft_accepted"] <= s1["draft_tokens"]
 
 
+def test_draft_source_is_passed_and_checked(daemon):
+    # This daemon has no draft model: every source drafts by lookup, and none is counted as
+    # the model's; a source the protocol does not know is refused by name.
+    prompt = "one two three four one two three four one two three"
+    with hearth.Client(daemon) as c:
+        off = c.generate(prompt, max_tokens=24, temperature=0, ignore_eos=True, speculate=0).wait()
+        for source in ("auto", "lookup", "model"):
+            g = c.generate(prompt, max_tokens=24, temperature=0, ignore_eos=True, draft=source).wait()
+            assert [t.id for t in g.tokens] == [t.id for t in off.tokens]
+        assert c.stats()["draft_model_tokens"] == 0
+        with pytest.raises(hearth.HearthError) as e:
+            c.generate(prompt, max_tokens=4, draft="oracle").wait()
+        assert e.value.code == "bad_field"
+        assert "draft" in e.value.message
+
+
 def test_stats_count_this_client(daemon):
     with hearth.Client(daemon) as c:
         s = c.stats()
