@@ -7,6 +7,7 @@
 # chapter a line) name the inputs; HEARTH_LLAMA_QUANTIZE may name a llama-quantize binary
 # (else bench/llama_quantize on the node-llama-cpp libllama). HEARTH_FIDELITY_RESULTS: a
 # directory for the --json results (bench/doc_tables.py fidelity-trained).
+# HEARTH_FIDELITY_SHORT=1 leaves out the weights_group 32 builds (the larger model's run).
 set -eu
 builddir=${HEARTH_BUILDDIR:-.}
 srcdir=${HEARTH_SRCDIR:-.}
@@ -36,14 +37,18 @@ save() { # save TAG COMMAND...: the command's text, or its --json into the resul
 }
 
 c="--corpus $corpus --seqs $seqs --len $len"
-echo "== hearth, default layout (weights_group 128)"
+echo "== hearth, default layout (weights_group 128: layers group 128, embedding/head group 32 asym)"
 save 1-hearth-g128 "$builddir/bench/fidelity" $c --greedy 12 "$model"
+echo "== hearth, weights_group 128 with the embedding/head at group 128 (the previous default)"
+save 2-hearth-g128-h128 "$builddir/bench/fidelity" $c --greedy 12 --head-group 128 "$model"
 echo "== hearth, weights_group 128, int8 embedding/head"
-save 2-hearth-g128-q8 "$builddir/bench/fidelity" $c --greedy 12 --head int8 "$model"
-echo "== hearth, weights_group 32"
-save 3-hearth-g32 "$builddir/bench/fidelity" $c --greedy 12 --weights-group 32 "$model"
-echo "== hearth, weights_group 32, int8 embedding/head"
-save 4-hearth-g32-q8 "$builddir/bench/fidelity" $c --greedy 12 --weights-group 32 --head int8 "$model"
+save 3-hearth-g128-q8 "$builddir/bench/fidelity" $c --greedy 12 --head int8 "$model"
+if [ -z "${HEARTH_FIDELITY_SHORT:-}" ]; then
+	echo "== hearth, weights_group 32"
+	save 4-hearth-g32 "$builddir/bench/fidelity" $c --greedy 12 --weights-group 32 "$model"
+	echo "== hearth, weights_group 32, int8 embedding/head"
+	save 5-hearth-g32-q8 "$builddir/bench/fidelity" $c --greedy 12 --weights-group 32 --head int8 "$model"
+fi
 
 if [ ! -d "$lib" ]; then
 	echo "bench_fidelity_trained: no libllama in $lib (make bench-deps, or set HEARTH_LLAMA_LIB): llama.cpp rows skipped"
@@ -53,7 +58,7 @@ libllama=
 for f in "$lib"/libllama.v*.so "$lib"/libllama.so; do
 	[ -f "$f" ] && { libllama=$f; break; }
 done
-i=5
+i=6
 for t in q4_0 q4_k_m iq4_xs; do
 	q="$work/model-$t.gguf"
 	if [ -n "${HEARTH_LLAMA_QUANTIZE:-}" ]; then
@@ -66,7 +71,7 @@ for t in q4_0 q4_k_m iq4_xs; do
 	echo "== llama.cpp $label"
 	# --check once: llama.cpp's unquantized run against hearth's f32 reference
 	chk=""
-	[ $i = 5 ] && chk=--check
+	[ $i = 6 ] && chk=--check
 	save "$i-llama-$t" "$builddir/bench/fidelity_llama" --lib "$lib" --q4 "$q" --label "llama.cpp $label" --greedy 12 \
 		$chk $c "$model"
 	i=$((i + 1))

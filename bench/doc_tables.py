@@ -8,6 +8,8 @@ usage: bench/doc_tables.py KIND DOC RESULT
   memory    RESULT = `bench_memory --json` output (the ledger JSON line, then the PASS/FAIL lines)
   fidelity  RESULT = a directory of bench/fidelity and bench/fidelity_llama --json files
   fidelity-trained  RESULT = the same from bench/bench_fidelity_trained.sh (trained model)
+  fidelity-trained-large  RESULT = the same for the larger trained model
+  train     RESULT = bench/train's output directory (the train.py log of each model, *.log)
   kernels   RESULT = bench/bench_kernels output
   grammar   RESULT = bench/grammar_speed.sh's result directory (masks.txt, hearth.json, llama.json)
   openai    RESULT = bench/openai_compare.sh output (one JSON line per round)
@@ -324,6 +326,57 @@ def fidelity_trained(res):
     return {"fidelity-trained": text}
 
 
+def fidelity_trained_large(res):
+    return {"fidelity-trained-large": fidelity_trained(res)["fidelity-trained"]}
+
+
+# ---- train: bench/train/train.py's logs
+
+TRAIN_MODEL = re.compile(r"^model: llama dim (\d+) layers (\d+) heads (\d+)/(\d+) ff (\d+) vocab (\d+) "
+                         r"seq (\d+): ([0-9.]+)M params")
+TRAIN_STEP = re.compile(r"^step (\d+)/(\d+) ")
+TRAIN_HELD = re.compile(r"^held-out: (\d+) positions, loss ([0-9.]+) nats/token, perplexity ([0-9.]+), "
+                        r"median top-token probability ([0-9.]+)")
+TRAIN_WALL = re.compile(r"^train: (\d+) s wall")
+
+
+def train(res):
+    """One row per trained model (the logs train.py printed), then each one's greedy text."""
+    try:
+        logs = sorted(f for f in os.listdir(res) if f.endswith(".log"))
+    except OSError as e:
+        die(f"{res}: {e}")
+    rows, samples = [], []
+    for f in logs:
+        shape = held = wall = steps = None
+        greedy = []
+        with open(os.path.join(res, f), encoding="utf-8") as fh:
+            for line in fh:
+                line = line.rstrip("\n")
+                m = TRAIN_MODEL.match(line)
+                shape = m.groups() if m else shape
+                m = TRAIN_STEP.match(line)
+                steps = m.group(2) if m else steps
+                m = TRAIN_HELD.match(line)
+                held = m.groups() if m else held
+                m = TRAIN_WALL.match(line)
+                wall = m.group(1) if m else wall
+                if line.startswith("greedy: "):
+                    greedy.append(line[len("greedy: "):])
+        if not (shape and held and wall):
+            continue  # not a finished train.py run
+        name = f[:-len(".log")]
+        dim, layers, heads, kv, ff, vocab, seq, params = shape
+        rows.append([name, f"{params}M", f"{dim} x {layers}, {heads}/{kv} heads, ff {ff}", steps,
+                     f"{wall} s", f"{float(held[1]):.3f}", f"{float(held[2]):.1f}", f"{float(held[3]):.3f}"])
+        samples.append(f"{name}, greedy, 40 tokens:\n\n" + "\n".join(f"- {g}" for g in greedy))
+    if not rows:
+        die(f"{res}: no finished train.py log")
+    text = table(["model", "params", "shape (dim x layers, heads, SwiGLU)", "steps", "train wall",
+                  "held-out loss (nats/token)", "perplexity", "median top-token probability"], rows)
+    return {"train": text + "\n\n" + "\n\n".join(samples)}
+
+
 # ---- kernels: bench/bench_kernels
 
 def kernels(path):
@@ -548,7 +601,8 @@ def spec_draft(res):
 
 
 KINDS = {"speed": speed, "serving": serving, "memory": memory, "fidelity": fidelity,
-         "fidelity-trained": fidelity_trained, "kernels": kernels, "grammar": grammar,
+         "fidelity-trained": fidelity_trained, "fidelity-trained-large": fidelity_trained_large,
+         "train": train, "kernels": kernels, "grammar": grammar,
          "openai": openai, "spec": spec}
 
 

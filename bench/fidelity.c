@@ -2,7 +2,7 @@
  * away from the unquantized model, measured against the f32 scalar reference over a corpus
  * of positions (top-1 agreement, mean / p99 / max KL), with the bits per weight each spends.
  * usage: bench/fidelity [--seqs N] [--len L] [--seed S] [--no-text] [--corpus FILE] [--threads T]
- *                       [--act a16|a8|both] [--weights-group 128|32] [--head-group 128|32]
+ *                       [--act a16|a8|both] [--weights-group 128|32] [--head-group 128|32|32a]
  *                       [--head int4|int8] [--kv f16|bf16|q8]
  *                       [--ablate] [--json] MODEL.gguf   (F32/F16/BF16)
  * The int4 builds come from the daemon's loader with the same options (weights_group).
@@ -55,11 +55,12 @@ struct fidelity_build {
 static void usage(FILE *to)
 {
 	fprintf(to, "usage: bench/fidelity [--seqs N] [--len L] [--seed S] [--no-text] [--corpus FILE] [--threads T]\n"
-		    "                      [--act a16|a8|both] [--weights-group 128|32] [--head-group 128|32]\n"
+		    "                      [--act a16|a8|both] [--weights-group 128|32] [--head-group 128|32|32a]\n"
 		    "                      [--head int4|int8] [--kv f16|bf16|q8] [--ablate] [--json] MODEL.gguf\n"
 		    "  MODEL is an unquantized GGUF (F32, F16 or BF16 matrices).\n"
 		    "  --weights-group is the daemon's weights_group key (the loader's layout for it);\n"
-		    "  --head-group overrides the loader's choice for the embedding/head;\n"
+		    "  --head-group overrides the loader's choice for the embedding/head (128 asymmetric,\n"
+		    "  32 symmetric, 32a asymmetric);\n"
 		    "  --head int8 stores the embedding/head as int8 (the daemon's head key).\n"
 		    "  --kv is the int4 builds' KV cache type (the daemon's kv_type key; default f16).\n"
 		    "  Defaults: 4 sequences x 64 positions (the built-in paragraph, then random ids\n"
@@ -112,8 +113,11 @@ static int parse_args(int argc, char **argv, struct fidelity_args *a)
 		else if (!strcmp(o, "--weights-group") && v && !parse_u32(v, 32, 128, &a->group) &&
 			 (a->group == 32 || a->group == 128))
 			i++;
-		else if (!strcmp(o, "--head-group") && v && !parse_u32(v, 32, 128, &a->head_group) &&
-			 (a->head_group == 32 || a->head_group == 128))
+		else if (!strcmp(o, "--head-group") && v && !strcmp(v, "32a")) {
+			a->head_group = LOAD_GROUP_32_ASYM;
+			i++;
+		} else if (!strcmp(o, "--head-group") && v && !parse_u32(v, 32, 128, &a->head_group) &&
+			   (a->head_group == 32 || a->head_group == 128))
 			i++;
 		else if (!strcmp(o, "--head") && v && (!strcmp(v, "int4") || !strcmp(v, "int8"))) {
 			a->head_bits = !strcmp(v, "int8") ? LOAD_HEAD_INT8 : LOAD_HEAD_INT4;

@@ -2,11 +2,12 @@
 # `make train-model`: trains the demo model (bench/train/train.py), then writes it as GGUF
 # with tests/mkmodel: F32 (the fidelity reference) and Q8_0 (the committed demo file).
 # usage: make_model.sh MKMODEL OUTDIR [train.py options]; train.py's defaults are the demo's.
+# HEARTH_MODEL_NAME names the files (default hearth-kjv; `make train-model-large` sets it).
 set -eu
 mkmodel=$1 out=$2
 shift 2
 here=$(dirname "$0")
-name=hearth-kjv
+name=${HEARTH_MODEL_NAME:-hearth-kjv}
 # Debian's torch links libblas.so.3, the reference BLAS unless OpenBLAS is the chosen
 # alternative; preloading OpenBLAS makes training ~10x faster without changing the system.
 blas=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3

@@ -17,6 +17,7 @@ import argparse
 import math
 import os
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -240,6 +241,12 @@ def main():
     ap.add_argument('--eps', type=float, default=1e-5)
     ap.add_argument('--threads', type=int, default=2)
     ap.add_argument('--eval-every', type=int, default=200)
+    ap.add_argument('--tokenizer', metavar='PATH',
+                    help='reuse this SentencePiece .model instead of training one (a model that '
+                    'shares the demo\'s tokenizer can draft for it, or be drafted by it)')
+    ap.add_argument('--bf16', action='store_true',
+                    help='matrix products in bfloat16 (autocast; weights, optimizer state and '
+                    'the loss stay f32): ~2.5x the f32 matmul rate on CPUs with AVX512-BF16')
     ap.add_argument('--measure', type=int, default=0,
                     help='time this many steps, print steps/s, and exit (to size --steps)')
     a = ap.parse_args()
@@ -251,7 +258,15 @@ def main():
 
     chapters = corpus_chapters()
     train_ch, held_ch = split_chapters(chapters)
-    sp = train_tokenizer(train_ch, prefix, a.vocab)
+    if a.tokenizer:
+        if os.path.abspath(a.tokenizer) != os.path.abspath(prefix + '.model'):
+            shutil.copyfile(a.tokenizer, prefix + '.model')
+        sp = spm.SentencePieceProcessor(model_file=prefix + '.model')
+        if sp.get_piece_size() != a.vocab:
+            raise SystemExit('train.py: %s has %d pieces, --vocab is %d'
+                             % (a.tokenizer, sp.get_piece_size(), a.vocab))
+    else:
+        sp = train_tokenizer(train_ch, prefix, a.vocab)
     write_vocab_tsv(sp, prefix + '.vocab.tsv')
     write_text(held_ch, prefix + '-heldout.txt')
     train, held = encode(sp, train_ch), encode(sp, held_ch)
@@ -283,7 +298,9 @@ def main():
         yb = torch.from_numpy(np.stack([train[s + 1:s + a.seq + 1] for s in starts]))
         for g in opt.param_groups:
             g['lr'] = lr_at(step, a)
-        loss = F.cross_entropy(model(xb).view(-1, a.vocab), yb.view(-1))
+        with torch.autocast('cpu', dtype=torch.bfloat16, enabled=a.bf16):
+            logits = model(xb)
+        loss = F.cross_entropy(logits.float().view(-1, a.vocab), yb.view(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

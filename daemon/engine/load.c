@@ -44,18 +44,20 @@ void load_opts_default(struct load_opts *o)
 	o->weights_group = LOAD_GROUP_128;
 }
 
-/* The embedding/head follows the layers' group: with group-32 layers a group-32 head keeps
- * the model measurably closer to the reference (mean KL, doc/benchmarks.md, Fidelity) for
- * 4.50 bits per weight overall, still Q4_0's bits. */
+/* The embedding/head is where 4 bits cost the most (a tied one serves as both, and its
+ * error reaches the logits directly): at group 32 it takes a quarter of group 128's mean KL
+ * off on the trained models (doc/benchmarks.md, Fidelity on a trained model) for 0.75 bits
+ * more on its own weights, a few percent of a model's. Beside group-128 layers it is
+ * asymmetric (as they are, 5.0 bits); with group-32 layers symmetric, Q4_0's bits. */
 uint32_t load_head_group(uint32_t weights_group)
 {
-	return weights_group == LOAD_GROUP_32 ? LOAD_GROUP_32 : LOAD_GROUP_128;
+	return weights_group == LOAD_GROUP_32 ? LOAD_GROUP_32 : LOAD_GROUP_32_ASYM;
 }
 
 /* How a source tensor enters the layout: carried-over codes where the layout holds them
  * exactly (or, for Q4_K, with only its scales rounded to fp16), else quantized afresh at
  * `want`: group 128 asymmetric (group 32 asymmetric where rows are not a multiple of
- * 128), or group 32 symmetric. */
+ * 128), group 32 symmetric, or group 32 asymmetric (LOAD_GROUP_32_ASYM). */
 static void load_choose(enum qtype src, size_t cols, uint32_t want, uint32_t *group, bool *asym,
 			bool *carry)
 {
@@ -73,6 +75,10 @@ static void load_choose(enum qtype src, size_t cols, uint32_t want, uint32_t *gr
 		*carry = true;
 		return;
 	default:
+		if (want == LOAD_GROUP_32_ASYM) {
+			*group = 32;
+			return;
+		}
 		if (want == LOAD_GROUP_32) {
 			*group = 32;
 			*asym = false;
@@ -89,7 +95,7 @@ static void load_choose(enum qtype src, size_t cols, uint32_t want, uint32_t *gr
 static void load_choose8(enum qtype src, size_t cols, uint32_t want, uint32_t *group, bool *carry)
 {
 	*carry = src == QTYPE_Q8_0;
-	*group = *carry || want == LOAD_GROUP_32 || cols % 128 ? 32 : 128;
+	*group = *carry || want == LOAD_GROUP_32 || want == LOAD_GROUP_32_ASYM || cols % 128 ? 32 : 128;
 }
 
 /* What one matrix will need, before the arena exists: dst for the int4 layout, or dst8
@@ -684,7 +690,8 @@ static int load_check_opts(const struct load_opts *o, struct hearth_error *err)
 		return hearth_error_set(err, HEARTH_EINVAL,
 					"kv_type must be f16, bf16 or q8 for the int4 engine");
 	if ((o->weights_group && o->weights_group != LOAD_GROUP_128 && o->weights_group != LOAD_GROUP_32) ||
-	    (o->head_group && o->head_group != LOAD_GROUP_128 && o->head_group != LOAD_GROUP_32))
+	    (o->head_group && o->head_group != LOAD_GROUP_128 && o->head_group != LOAD_GROUP_32 &&
+	     o->head_group != LOAD_GROUP_32_ASYM))
 		return hearth_error_set(err, HEARTH_EINVAL, "weights group %u / head group %u: use 128 or 32",
 					o->weights_group, o->head_group);
 	if (o->head_bits && o->head_bits != LOAD_HEAD_INT4 && o->head_bits != LOAD_HEAD_INT8)

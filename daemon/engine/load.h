@@ -42,8 +42,9 @@ struct load_opts {
 	 * (4.25 bpw), or LOAD_GROUP_32, symmetric group 32 with the scale search (4.5 bpw,
 	 * Q4_0's format). 0 reads as 128. The embedding/head follows load_head_group(). */
 	uint32_t weights_group;
-	/* 0: the embedding/head as load_head_group() says; 128 or 32 forces that layout for
-	 * it (bench/fidelity measures the alternatives with this). */
+	/* 0: the embedding/head as load_head_group() says; LOAD_GROUP_128 (asymmetric),
+	 * LOAD_GROUP_32 (symmetric) or LOAD_GROUP_32_ASYM forces that layout for it
+	 * (bench/fidelity measures the alternatives with this). */
 	uint32_t head_group;
 	/* LOAD_HEAD_INT4 (0 reads as it) or LOAD_HEAD_INT8: the token embedding and the head
 	 * (once when tied) as int8 (kernels/q8.h), where 4 bits cost the most quality. int8
@@ -66,6 +67,9 @@ struct load_opts {
 
 #define LOAD_GROUP_128 128u
 #define LOAD_GROUP_32 32u
+/* Not a weights_group: group 32 asymmetric (Q4_1's format, 5.0 bits per weight), the
+ * embedding/head's layout when the layers are at group 128. */
+#define LOAD_GROUP_32_ASYM 33u
 #define LOAD_HEAD_INT4 4u
 #define LOAD_HEAD_INT8 8u
 
@@ -79,8 +83,9 @@ struct load_opts {
 
 void load_opts_default(struct load_opts *o);
 
-/* The group the embedding/head is quantized at for a weights_group (doc/benchmarks.md has
- * the measurements behind the choice). */
+/* The layout the embedding/head is quantized at for a weights_group: LOAD_GROUP_32_ASYM
+ * for 128, LOAD_GROUP_32 for 32 (doc/benchmarks.md has the measurements behind the
+ * choice). */
 uint32_t load_head_group(uint32_t weights_group);
 
 /* Loads path into a resident model and its tokenizer. Errors name the file and what was

@@ -45,6 +45,7 @@ struct bench_opts {
 	enum qtype kv_type;
 	uint32_t weights_group;     /* load_opts.weights_group: 128 or 32 */
 	uint32_t head_bits;         /* load_opts.head_bits: 4 or 8 */
+	uint32_t head_group;        /* load_opts.head_group: 0 (the loader's choice) or a layout */
 	bool json;
 };
 
@@ -330,6 +331,7 @@ static int bench_act(const struct bench_opts *o, enum q4_act_kind act, struct be
 	lo.kv_type = o->kv_type;
 	lo.weights_group = o->weights_group;
 	lo.head_bits = o->head_bits;
+	lo.head_group = o->head_group;
 	lo.max_seqs = 2;
 	lo.step_tokens = o->pp > BENCH_WARM_TOKENS ? o->pp : BENCH_WARM_TOKENS;
 	lo.max_context = (o->pp + o->tg + 15) / 16 * 16;
@@ -556,6 +558,8 @@ static void bench_usage(FILE *to)
 		"                        weights_group key of hearthd.conf(5) (default 128)\n"
 		"      --head int4|int8  embedding/head weights, as the head key of\n"
 		"                        hearthd.conf(5) (default int4)\n"
+		"      --head-group 128|32|32a  the int4 embedding/head's layout instead of the\n"
+		"                        loader's (group 128 asym, 32 sym, 32 asym): A/B runs\n"
 		"      --kernels NAME    auto|ref|avx2|avx512 (default auto)\n"
 		"      --json            one JSON object instead of the table\n");
 }
@@ -592,7 +596,7 @@ static int bench_parse_word(const char *name, const char *s, const char *const *
 static int bench_parse(int argc, char **argv, struct bench_opts *o)
 {
 	enum { OPT_BENCH = 256, OPT_PP, OPT_TG, OPT_ACT, OPT_PROBE, OPT_KV, OPT_KERNELS, OPT_JSON, OPT_GROUP,
-	       OPT_HEAD };
+	       OPT_HEAD, OPT_HEAD_GROUP };
 	static const struct option longopts[] = {
 		{ "bench", no_argument, NULL, OPT_BENCH },
 		{ "model", required_argument, NULL, 'm' },
@@ -606,6 +610,7 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
 		{ "kernels", required_argument, NULL, OPT_KERNELS },
 		{ "weights-group", required_argument, NULL, OPT_GROUP },
 		{ "head", required_argument, NULL, OPT_HEAD },
+		{ "head-group", required_argument, NULL, OPT_HEAD_GROUP },
 		{ "json", no_argument, NULL, OPT_JSON },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -686,6 +691,15 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
 			if (bench_parse_word("--head", optarg, w, val, 2, &x) < 0)
 				return -1;
 			o->head_bits = (uint32_t)x;
+			break;
+		}
+		case OPT_HEAD_GROUP: {
+			static const char *const w[] = { "128", "32", "32a" };
+			static const int val[] = { LOAD_GROUP_128, LOAD_GROUP_32, LOAD_GROUP_32_ASYM };
+			int x;
+			if (bench_parse_word("--head-group", optarg, w, val, 3, &x) < 0)
+				return -1;
+			o->head_group = (uint32_t)x;
 			break;
 		}
 		case OPT_JSON: o->json = true; break;

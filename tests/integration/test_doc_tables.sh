@@ -105,6 +105,11 @@ check_kind fidelity "$fx/fidelity" "fidelity fidelity-ablation" \
 	'| weights in the f32 engine | fx-qwen3 | fx-quant-f16 | qwen3-0.6b-bf16 |' \
 	'| int4 embedding/head, exact layers | 0.033 (0.61) | 0.052 (0.57) | 0.024 (0.55) |' \
 	'| activation rounding alone, W4A8 | 0.0006 (0.95) | 0.0007 (0.91) | 0.0005 (0.93) |'
+check_kind train "$fx/train" "train" \
+	'| hearth-kjv | 2.89M | 256 x 4, 4/2 heads, ff 512 | 560 | 1290 s | 3.628 | 37.6 | 0.218 |' \
+	'- And the LORD said unto Moses, Behold,'
+check_kind fidelity-trained-large "$fx/fidelity" "fidelity-trained-large" \
+	'held-out positions.'
 check_kind kernels "$fx/kernels.txt" "kernels" \
 	'| plain streaming read | 18.1 GB/s | 26.7 GB/s |' \
 	'| GEMM 512 tok W4A8 6144x2048 | 282.0 GOP/s | 563.0 GOP/s |'
@@ -176,7 +181,8 @@ fi
 # The real documents carry the sections their bench targets write (Makefile.am, bench section).
 for pair in benchmarks.md:speed benchmarks.md:serving benchmarks.md:fidelity \
 	benchmarks.md:fidelity-ablation benchmarks.md:grammar benchmarks.md:grammar-jump \
-	benchmarks.md:grammar-masks memory.md:memory memory.md:memory-ledger kernels.md:kernels benchmarks.md:openai benchmarks.md:spec; do
+	benchmarks.md:grammar-masks memory.md:memory memory.md:memory-ledger kernels.md:kernels benchmarks.md:openai benchmarks.md:spec \
+	benchmarks.md:fidelity-trained benchmarks.md:fidelity-trained-large benchmarks.md:train; do
 	doc=$HEARTH_SRCDIR/doc/${pair%%:*} s=${pair#*:}
 	if [ "$(grep -c "^<!-- bench:$s begin -->\$" "$doc")" = 1 ] &&
 		[ "$(grep -c "^<!-- bench:$s end -->\$" "$doc")" = 1 ]; then

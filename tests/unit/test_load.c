@@ -156,7 +156,7 @@ static void test_load_puts_weights_in_one_region_per_type(void **state)
 /* weights_group 32 on a BF16 file: every layer matrix symmetric group 32, sized as
  * kernels/q4.h describes it (per 16-row block: one fp16 d per group and row, padded to
  * 64 bytes, then cols/2 code bytes per row), i.e. 4.5 bits per weight for these widths;
- * the embedding stays asymmetric group 128 (load_head_group) in embed_head. A group the
+ * the embedding symmetric group 32 too (load_head_group) in embed_head. A group the
  * layout does not have is refused. */
 static void test_load_weights_group_32_packs_layers_sym_group_32(void **state)
 {
@@ -195,6 +195,48 @@ static void test_load_weights_group_32_packs_layers_sym_group_32(void **state)
 	assert_int_equal(load_path(path, &o, &m, &e), HEARTH_EINVAL);
 	assert_non_null(strstr(e.msg, "use 128 or 32"));
 	assert_null(m);
+}
+
+/* The default layout on a BF16 file whose rows take group 128: every layer matrix at
+ * group 128 asymmetric, the tied embedding/head at group 32 asymmetric (load_head_group,
+ * 5.0 bits per weight); head_group puts it back at group 128 or at group 32 symmetric. */
+static void test_load_default_packs_the_head_at_group_32_asym(void **state)
+{
+	(void)state;
+	struct load_opts o;
+	small_opts(&o);
+	assert_int_equal(load_head_group(LOAD_GROUP_128), LOAD_GROUP_32_ASYM);
+	static const struct {
+		uint32_t head_group, group;
+		bool asym;
+		double bpw;
+	} cases[] = {
+		{ 0, 32, true, 5.0 },
+		{ LOAD_GROUP_32_ASYM, 32, true, 5.0 },
+		{ LOAD_GROUP_32, 32, false, 4.5 },
+		{ LOAD_GROUP_128, 128, true, 4.25 },
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		o.head_group = cases[i].head_group;
+		struct model_q4 *m = load_fixture("fx-quant-bf16.gguf", &o);
+		for (uint32_t l = 0; l < m->n_layer; l++) {
+			const struct mq4_layer *L = &m->layers[l];
+			const struct q4_matrix *ws[7] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down };
+			for (int k = 0; k < 7; k++) {
+				assert_int_equal(ws[k]->group, 128);
+				assert_true(ws[k]->asym);
+			}
+		}
+		assert_int_equal(m->embd.group, cases[i].group);
+		assert_true(m->embd.asym == cases[i].asym);
+		assert_true(q4_matrix_bpw(&m->embd) == cases[i].bpw);
+		assert_null(region(m, LOAD_REGION_WEIGHTS_G32));
+		size_t eh = (q4_matrix_bytes(&m->embd) + 63) / 64 * 64;
+		if (m->output.data)
+			eh += (q4_matrix_bytes(&m->output) + 63) / 64 * 64;
+		assert_int_equal(region(m, ARENA_REGION_EMBED_HEAD)->size, eh);
+		model_q4_free(m);
+	}
 }
 
 /* Bytes of the int8 layout for rows x cols at group g, from kernels/q8.h's description: per
@@ -542,6 +584,7 @@ int main(void)
 		cmocka_unit_test(test_load_stores_tied_embedding_once),
 		cmocka_unit_test(test_load_puts_weights_in_one_region_per_type),
 		cmocka_unit_test(test_load_weights_group_32_packs_layers_sym_group_32),
+		cmocka_unit_test(test_load_default_packs_the_head_at_group_32_asym),
 		cmocka_unit_test(test_load_int8_head_sizes_embed_head_exactly),
 		cmocka_unit_test(test_load_repack_on_threads_gives_the_same_bytes),
 		cmocka_unit_test(test_load_sizes_rope_by_max_context),
