@@ -1,7 +1,7 @@
 /* tests/llama_ref: llama.cpp's answers on a model, in the format of the shared fixtures'
  * NAME.ref.txt (fixtures/README.md): two token sequences, per position the mean and rms of
  * all logits and the 16 highest, then 24 greedy tokens. It makes the references hearth keeps
- * for models it writes itself with mkmodel (tests/fixtures/gemma3/make_refs.sh); --dequant writes the
+ * for models it writes itself with mkmodel (tests/fixtures/make_refs.sh); --dequant writes the
  * model's weights dequantized to F32 first (llama-quantize --allow-requantize IN OUT F32),
  * for the .deq.ref.txt of a quantized file. libllama is dlopen'ed from node-llama-cpp's
  * prebuilt CPU build (bench/node_modules, `make bench-deps`), as bench/fidelity_llama does.

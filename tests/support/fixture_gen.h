@@ -1,6 +1,6 @@
 /* Fixture models hearth writes itself: tests/fixtures/DIR/NAME.args holds mkmodel's
  * arguments, NAME.sha256 the file's checksum, and the .ref.txt files beside them what
- * llama.cpp computed on it (make_refs.sh there). The test regenerates the model (mkmodel is
+ * llama.cpp computed on it (tests/fixtures/make_refs.sh). The test regenerates the model (mkmodel is
  * deterministic from its seed) instead of keeping megabytes of GGUF in git, and refuses to
  * compare against references made from other bytes. */
 #ifndef HEARTH_TESTS_SUPPORT_FIXTURE_GEN_H
@@ -84,7 +84,7 @@ static inline int fixture_gen(const char *dir, const char *name, char *out, size
 	}
 	if (strlen(want) < 64 || strncmp(want, got, 64) != 0) {
 		snprintf(why, cap_why, "%.200s has sha256 %.64s, the references were made from %.64s: "
-			 "mkmodel changed; regenerate them (tests/fixtures/%s/make_refs.sh)", out, got,
+			 "mkmodel changed; regenerate them (tests/fixtures/make_refs.sh %s)", out, got,
 			 want, dir);
 		return -1;
 	}

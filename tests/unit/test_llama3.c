@@ -24,10 +24,8 @@
 #include "daemon/engine/tokenizer.h"
 #include "kernels/vec.h"
 #include "tests/support/fixture_gen.h"
+#include "tests/support/ref_txt.h"
 
-#define REF_MAX_IDS 64
-#define REF_TOP 16
-#define REF_GREEDY 24
 #define CTX 128
 
 /* tests/fixtures/llama3/README.md: the f32 engine at the shared fixtures' tolerances (f16
@@ -39,23 +37,6 @@
 #define TOL_STAT 1e-3
 #define TOL_LOGIT_INT4 0.05
 #define TOL_STAT_INT4 5e-3
-
-struct ref_pos {
-	double mean, rms;
-	int32_t top_id[REF_TOP];
-	double top_logit[REF_TOP];
-};
-
-struct ref_seq {
-	uint32_t n;
-	int32_t ids[REF_MAX_IDS];
-	struct ref_pos pos[REF_MAX_IDS];
-	int32_t greedy[REF_GREEDY];
-};
-
-struct ref {
-	struct ref_seq seq[2];
-};
 
 /* The models fixture_gen wrote, removed at exit with the directory it made for them. */
 static char written[2][2048];
@@ -83,67 +64,13 @@ static void fixture_models_remove(void)
 	}
 }
 
-/* Parses tests/fixtures/llama3/file, as test_model.c reads the shared fixtures' .ref.txt:
- * "seq X ids a,b,...", "pos P mean M rms R top16 id:logit ...", "greedy t t ...". */
-static void ref_parse(const char *file, struct ref *r)
+/* tests/fixtures/llama3/file, read by the shared fixtures' parser. */
+static void llama3_ref(const char *file, struct ref *r)
 {
-	char path[2048], line[8192];
-	FILE *fp;
-	int s = -1;
-
-	memset(r, 0, sizeof *r);
+	char path[2048];
 	if (fixture_gen_src(path, sizeof path, "llama3", file) < 0)
 		fail_msg("HEARTH_SRCDIR is not set (make check sets it)");
-	if (!(fp = fopen(path, "r")))
-		fail_msg("cannot open %s", path);
-	while (fgets(line, sizeof line, fp)) {
-		char *p, *end;
-
-		if (line[0] == '#' || line[0] == '\n')
-			continue;
-		if (strncmp(line, "seq ", 4) == 0) {
-			s++;
-			assert_true(s < 2);
-			p = strstr(line, " ids ");
-			assert_non_null(p);
-			p += 5;
-			while (*p && *p != '\n') {
-				long v = strtol(p, &end, 10);
-				assert_true(end != p);
-				assert_true(r->seq[s].n < REF_MAX_IDS);
-				r->seq[s].ids[r->seq[s].n++] = (int32_t)v;
-				p = *end == ',' ? end + 1 : end;
-			}
-		} else if (strncmp(line, "pos ", 4) == 0) {
-			long pos = strtol(line + 4, &end, 10);
-			assert_true(s >= 0 && pos >= 0 && (uint32_t)pos < r->seq[s].n);
-			struct ref_pos *rp = &r->seq[s].pos[pos];
-			assert_int_equal(sscanf(end, " mean %lf rms %lf", &rp->mean, &rp->rms), 2);
-			p = strstr(end, "top16 ");
-			assert_non_null(p);
-			p += 6;
-			for (int i = 0; i < REF_TOP; i++) {
-				rp->top_id[i] = (int32_t)strtol(p, &end, 10);
-				assert_true(end != p && *end == ':');
-				p = end + 1;
-				rp->top_logit[i] = strtod(p, &end);
-				assert_true(end != p);
-				p = end;
-			}
-		} else if (strncmp(line, "greedy ", 7) == 0) {
-			assert_true(s >= 0);
-			p = line + 7;
-			for (int i = 0; i < REF_GREEDY; i++) {
-				r->seq[s].greedy[i] = (int32_t)strtol(p, &end, 10);
-				assert_true(end != p);
-				p = end;
-			}
-		} else {
-			fail_msg("%s: unexpected line: %.40s", path, line);
-		}
-	}
-	fclose(fp);
-	assert_int_equal(s, 1);
+	ref_parse(path, r);
 }
 
 /* ---- the two engines behind one small interface: a prompt from scratch with every
@@ -183,7 +110,7 @@ static void ref_step(struct runner *r, int32_t tok, float *logits)
 static void q4_step(struct runner *r, int32_t tok, float *logits)
 {
 	struct hearth_error e;
-	struct engine_span sp = { r->seq, &tok, 1, logits, 0 };
+	struct engine_span sp = { r->seq, &tok, 1, logits, 0, NULL };
 	if (r->eng.forward(r->eng.impl, &sp, 1, &e) < 0)
 		fail_msg("%s", e.msg);
 }
@@ -346,7 +273,7 @@ static void check_ref_engine(const char *model, const char *ref_file, enum model
 	char what[256];
 
 	assert_non_null(ref);
-	ref_parse(ref_file, ref);
+	llama3_ref(ref_file, ref);
 	runner_ref(&r, model, &f, kv);
 	struct cmp_stats st = compare(&r, ref, tol);
 	snprintf(what, sizeof what, "%s f32 engine, %s KV", model, kv == MODEL_KV_F16 ? "f16" : "f32");
@@ -384,7 +311,7 @@ static void test_llama3_q4_0_int4_engine_matches_llama_cpp_dequantized(void **st
 	struct runner r;
 
 	assert_non_null(ref);
-	ref_parse("fx-llama3-q4_0.deq.ref.txt", ref);
+	llama3_ref("fx-llama3-q4_0.deq.ref.txt", ref);
 	runner_q4(&r, "fx-llama3-q4_0");
 	struct cmp_stats st = compare(&r, ref, TOL_LOGIT_INT4);
 	assert_matches("fx-llama3-q4_0 int4 engine (A16)", &st, TOL_LOGIT_INT4, TOL_STAT_INT4);
