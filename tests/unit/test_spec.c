@@ -855,8 +855,9 @@ static void test_spec_q4_private_sequence_truncates_anywhere_and_publishes_nothi
 /* Through the scheduler on the int4 engine (quantized files, several sequences drafting
  * in the same steps): greedy output with drafts equals output without, token for token.
  * With draft_file, the drafts come from that file as draft model (int4 too) and at least
- * min_rate of them are accepted. */
-static void check_q4_greedy_with_drafts_equals_without(const char *file, const char *draft_file, double min_rate)
+ * min_rate of them are accepted. Returns how many were accepted. */
+static uint64_t check_q4_greedy_with_drafts_equals_without(const char *file, const char *draft_file,
+							    double min_rate)
 {
 	struct tok *tok, *dtok = NULL;
 	struct model_q4 *m = load_q4_fixture(file, &tok), *dm = NULL;
@@ -881,21 +882,25 @@ static void check_q4_greedy_with_drafts_equals_without(const char *file, const c
 	g_draft = NULL;
 	fprintf(stderr, "%s greedy, drafts from %s: %llu drafted, %llu accepted\n", file,
 		draft_file ? draft_file : "the lookup", (unsigned long long)drafted, (unsigned long long)accepted);
-	assert_true(accepted > 0);
 	assert_true((double)accepted >= min_rate * (double)drafted);
 	assert_int_equal(g_model_drafted, dm ? drafted : 0);
 	tok_free(dtok);
 	model_q4_free(dm);
 	tok_free(tok);
 	model_q4_free(m);
+	return accepted;
 }
 
 static void test_spec_q4_greedy_with_drafts_equals_without(void **state)
 {
 	(void)state;
-	check_q4_greedy_with_drafts_equals_without("fx-quant-q4_0.gguf", NULL, 0.0);
-	check_q4_greedy_with_drafts_equals_without("fx-quant-q4_k_m.gguf", NULL, 0.0);
-	check_q4_greedy_with_drafts_equals_without("fx-quant-f16.gguf", NULL, 0.0);
+	/* Random weights loop by chance, so whether one file's lookups find a continuation the
+	 * model repeats depends on its rounding; over the three files some must, or the
+	 * accepting path would go untested. */
+	uint64_t accepted = check_q4_greedy_with_drafts_equals_without("fx-quant-q4_0.gguf", NULL, 0.0);
+	accepted += check_q4_greedy_with_drafts_equals_without("fx-quant-q4_k_m.gguf", NULL, 0.0);
+	accepted += check_q4_greedy_with_drafts_equals_without("fx-quant-f16.gguf", NULL, 0.0);
+	assert_true(accepted > 0);
 }
 
 /* A client that stops reading after park_at tokens: its ring is full from then on, so the
@@ -1190,8 +1195,8 @@ static void test_draft_model_grammar_output_equals_plain_decoding(void **state)
 static void test_draft_model_q4_greedy_with_drafts_equals_without(void **state)
 {
 	(void)state;
-	check_q4_greedy_with_drafts_equals_without("fx-quant-f16.gguf", "fx-quant-f16.gguf", 0.9);
-	check_q4_greedy_with_drafts_equals_without("fx-quant-f16.gguf", "fx-quant-q4_0.gguf", 0.0);
+	assert_true(check_q4_greedy_with_drafts_equals_without("fx-quant-f16.gguf", "fx-quant-f16.gguf", 0.9) > 0);
+	assert_true(check_q4_greedy_with_drafts_equals_without("fx-quant-f16.gguf", "fx-quant-q4_0.gguf", 0.0) > 0);
 }
 
 /* A client whose ring is full while its gate is shut (after shut_at tokens); it records
