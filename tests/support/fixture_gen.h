@@ -1,8 +1,8 @@
 /* Fixture models hearth writes itself: tests/fixtures/DIR/NAME.args holds mkmodel's
  * arguments, NAME.sha256 the file's checksum, and the .ref.txt files beside them what
- * llama.cpp computed on it (tests/fixtures/make_refs.sh). The test regenerates the model (mkmodel is
- * deterministic from its seed) instead of keeping megabytes of GGUF in git, and refuses to
- * compare against references made from other bytes. */
+ * llama.cpp computed on it (tests/fixtures/make_refs.sh). The test regenerates the model
+ * (mkmodel is deterministic from its seed) instead of keeping megabytes of GGUF in git, and
+ * refuses to compare against references made from other bytes. */
 #ifndef HEARTH_TESTS_SUPPORT_FIXTURE_GEN_H
 #define HEARTH_TESTS_SUPPORT_FIXTURE_GEN_H
 
