@@ -190,15 +190,6 @@ struct cmp_stats {
 	int greedy_same;         /* greedy tokens equal to llama.cpp's before the first difference */
 };
 
-static int32_t argmax(const float *x, uint32_t n)
-{
-	uint32_t best = 0;
-	for (uint32_t i = 1; i < n; i++)
-		if (x[i] > x[best])
-			best = i;
-	return (int32_t)best;
-}
-
 /* Both sequences: every position's mean, rms and llama.cpp's top 16 logits, then the greedy
  * continuation fed back token by token while it agrees. */
 static struct cmp_stats compare(struct runner *r, const struct ref *ref, double tol_logit)
@@ -226,12 +217,12 @@ static struct cmp_stats compare(struct runner *r, const struct ref *ref, double 
 			st.over_tol += worst > tol_logit;
 			st.positions++;
 		}
-		int32_t tok = argmax(logits + (size_t)(rs->n - 1) * r->n_vocab, r->n_vocab);
+		int32_t tok = (int32_t)vec_argmax_ref(logits + (size_t)(rs->n - 1) * r->n_vocab, r->n_vocab);
 		for (int g = 0; g < REF_GREEDY && tok == rs->greedy[g]; g++) {
 			st.greedy_same++;
 			if (g + 1 < REF_GREEDY) {
 				r->step(r, tok, logits);
-				tok = argmax(logits, r->n_vocab);
+				tok = (int32_t)vec_argmax_ref(logits, r->n_vocab);
 			}
 		}
 	}

@@ -711,14 +711,14 @@ static struct ref_agreement q4_against_ref(struct model_q4 *m, const struct ref 
 		struct engine_span sp;
 		for (uint32_t p = cached; p < rs->n; p += m->step_tokens) {
 			uint32_t n = (uint32_t)rs->n - p < m->step_tokens ? (uint32_t)rs->n - p : m->step_tokens;
-			sp = (struct engine_span){ s, rs->ids + p, n, logits, 0 };
+			sp = (struct engine_span){ s, rs->ids + p, n, logits, 0, NULL };
 			assert_int_equal(eng.forward(eng.impl, &sp, 1, &e), 0);
 		}
 		for (; g < REF_GREEDY; g++) {
 			int32_t tok = (int32_t)vec_argmax_ref(logits, eng.n_vocab);
 			if (tok != rs->greedy[g])
 				break;
-			sp = (struct engine_span){ s, &tok, 1, logits, 0 };
+			sp = (struct engine_span){ s, &tok, 1, logits, 0, NULL };
 			assert_int_equal(eng.forward(eng.impl, &sp, 1, &e), 0);
 		}
 		ag.greedy_min = g < ag.greedy_min ? g : ag.greedy_min;

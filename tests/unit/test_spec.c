@@ -408,11 +408,6 @@ static void top_dist(const struct fixture *fx, const int32_t *toks, uint32_t n, 
 	free(l);
 }
 
-/* Draft tokens must not change what is sampled: over many seeds, the first two tokens
- * after a prompt whose lookup drafts w (kept when the first sample is w, the second then
- * sampled from the draft's own row; rejected otherwise) must follow the joint distribution
- * computed from the model's logits, with and without drafts. Seeds are fixed, so the
- * verdict is too; the bound is chi-square's 0.1% point at 8 degrees of freedom. */
 /* A token accepted from a draft was sampled from a row of the verifying step, not from a
  * step of its own: its logprob and top_logprobs must still be the distribution plain
  * decoding reports at that position (the row of that position, not its neighbour's, and
@@ -462,7 +457,13 @@ static void test_spec_logprobs_of_draft_tokens_equal_plain_decoding(void **state
 	engine_ref_free(er);
 }
 
-/* model: the drafts come from a draft model (the model itself, so its greedy proposal is
+/* Draft tokens must not change what is sampled: over many seeds, the first two tokens
+ * after a prompt whose lookup drafts w (kept when the first sample is w, the second then
+ * sampled from the draft's own row; rejected otherwise) must follow the joint distribution
+ * computed from the model's logits, with and without drafts. Seeds are fixed, so the
+ * verdict is too; the bound is chi-square's 0.1% point at 8 degrees of freedom.
+ *
+ * model: the drafts come from a draft model (the model itself, so its greedy proposal is
  * the top token, kept with probability p1[0]) instead of the lookup. */
 static void check_sampled_tokens_follow_the_model_distribution(struct fixture *fx, bool model)
 {
@@ -830,16 +831,16 @@ static void test_spec_q4_private_sequence_truncates_anywhere_and_publishes_nothi
 	float *row = malloc(V * sizeof(float));
 	assert_int_equal(eng.seq_open(eng.impl, t, 40, 48, ENGINE_SHARE_PRIVATE, &a, &cached, &e), 0);
 	assert_int_equal(cached, 0);
-	struct engine_span sp = { a, t, 32, NULL, 0 };
+	struct engine_span sp = { a, t, 32, NULL, 0, NULL };
 	assert_int_equal(eng.forward(eng.impl, &sp, 1, &e), 0);
 	for (uint32_t i = 32; i < 40; i++) {
-		sp = (struct engine_span){ a, &t[i], 1, row, 0 };
+		sp = (struct engine_span){ a, &t[i], 1, row, 0, NULL };
 		assert_int_equal(eng.forward(eng.impl, &sp, 1, &e), 0);
 	}
 	assert_memory_equal(row, want + 39 * V, V * sizeof(float));
 	/* Back to 20: two full blocks and part of a third, none of them a draft's. */
 	assert_int_equal(eng.seq_truncate(eng.impl, a, 20, &e), 0);
-	sp = (struct engine_span){ a, &t[20], 20, row, 0 };
+	sp = (struct engine_span){ a, &t[20], 20, row, 0, NULL };
 	assert_int_equal(eng.forward(eng.impl, &sp, 1, &e), 0);
 	assert_memory_equal(row, want + 39 * V, V * sizeof(float));
 	eng.seq_close(eng.impl, a);
