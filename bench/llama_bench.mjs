@@ -6,26 +6,12 @@
 //                                   [--fa auto|on|off] [--json] MODEL.gguf...
 // --json prints one JSON object per model on its own line; otherwise a table.
 import { getLlama, LlamaLogLevel } from "node-llama-cpp";
+import { parseArgs as parseArgsShared } from "./bench_args.mjs";
 
 function parseArgs(argv) {
-	const o = { threads: 2, reps: 3, pp: 512, tg: 128, fa: "auto", json: false, models: [] };
-	for (let i = 0; i < argv.length; i++) {
-		const a = argv[i];
-		const num = () => {
-			const v = Number(argv[++i]);
-			if (!Number.isInteger(v) || v < 1)
-				throw new Error(`${a} needs a positive integer`);
-			return v;
-		};
-		if (a === "--threads") o.threads = num();
-		else if (a === "--reps") o.reps = num();
-		else if (a === "--pp") o.pp = num();
-		else if (a === "--tg") o.tg = num();
-		else if (a === "--fa") o.fa = argv[++i];
-		else if (a === "--json") o.json = true;
-		else if (a.startsWith("--")) throw new Error(`unknown option ${a}`);
-		else o.models.push(a);
-	}
+	const o = parseArgsShared(argv, { threads: 2, reps: 3, pp: 512, tg: 128, fa: "auto", json: false },
+		{ ints: ["threads", "reps", "pp", "tg"], strings: ["fa"], flags: ["json"] });
+	o.models = o.args;
 	if (!o.models.length)
 		throw new Error("usage: node bench/llama_bench.mjs [--threads N] [--reps N] [--pp N] " +
 			"[--tg N] [--fa auto|on|off] [--json] MODEL.gguf...");

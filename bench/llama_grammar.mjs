@@ -6,23 +6,12 @@
 // after the first, as hearthd's done.decode_tps), and per round the schema / plain ratio.
 import { readFileSync } from "node:fs";
 import { getLlama, LlamaLogLevel, LlamaGrammarEvaluationState } from "node-llama-cpp";
+import { parseArgs as parseArgsShared } from "./bench_args.mjs";
 
 function parseArgs(argv) {
-	const o = { threads: 2, rounds: 5, tokens: 128, files: [] };
-	for (let i = 0; i < argv.length; i++) {
-		const a = argv[i];
-		const num = () => {
-			const v = Number(argv[++i]);
-			if (!Number.isInteger(v) || v < 1)
-				throw new Error(`${a} needs a positive integer`);
-			return v;
-		};
-		if (a === "--threads") o.threads = num();
-		else if (a === "--rounds") o.rounds = num();
-		else if (a === "--tokens") o.tokens = num();
-		else if (a.startsWith("--")) throw new Error(`unknown option ${a}`);
-		else o.files.push(a);
-	}
+	const o = parseArgsShared(argv, { threads: 2, rounds: 5, tokens: 128 },
+		{ ints: ["threads", "rounds", "tokens"] });
+	o.files = o.args;
 	if (o.files.length !== 2)
 		throw new Error("usage: node bench/llama_grammar.mjs [--threads N] [--rounds N] [--tokens N] MODEL.gguf SCHEMA.json");
 	return o;
