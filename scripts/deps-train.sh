@@ -4,17 +4,6 @@
 # which Debian's torch multiplies through the reference BLAS about ten times slower.
 set -eu
 PKGS="python3-torch python3-numpy python3-sentencepiece bible-kjv bible-kjv-text libopenblas0-pthread"
-SUDO=""
-if [ "$(id -u)" != 0 ]; then
-	command -v sudo >/dev/null 2>&1 || { echo "deps-train.sh: not root and no sudo: install $PKGS yourself" >&2; exit 1; }
-	SUDO=sudo
-fi
-missing=""
-for p in $PKGS; do
-	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
-done
-if [ -n "$missing" ]; then
-	echo "deps-train.sh: installing:$missing"
-	$SUDO apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
-fi
+. "$(dirname "$0")/apt-install.sh"
+# shellcheck disable=SC2086 # one word per package
+apt_install deps-train.sh $PKGS

@@ -7,26 +7,11 @@ libuv1-dev libmsgpack-dev libnuma-dev libsystemd-dev libcmocka-dev \
 libjansson-dev libedit-dev libmicrohttpd-dev \
 systemd valgrind python3 python3-jsonschema python3-msgpack python3-pytest tmux \
 clang libclang-rt-14-dev nodejs"
-SUDO=""
-if [ "$(id -u)" != 0 ]; then
-	command -v sudo >/dev/null 2>&1 || { echo "deps.sh: not root and no sudo: install $PKGS yourself" >&2; exit 1; }
-	SUDO=sudo
-fi
-missing=""
-for p in $PKGS; do
-	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
-done
-if [ -n "$missing" ]; then
-	echo "deps.sh: installing:$missing"
-	$SUDO apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
-fi
+. "$(dirname "$0")/apt-install.sh"
+# shellcheck disable=SC2086 # one word per package
+apt_install deps.sh $PKGS
 # npm ships inside some nodejs builds and as its own Debian package beside Debian's nodejs.
-if ! command -v npm >/dev/null 2>&1; then
-	echo "deps.sh: installing: npm"
-	$SUDO apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends npm >/dev/null
-fi
+command -v npm >/dev/null 2>&1 || apt_install deps.sh npm
 # The official OpenAI SDK, pinned in tests/openai/package-lock.json: the gateway's test client.
 here=$(cd "$(dirname "$0")/.." && pwd)
 if [ ! -d "$here/tests/openai/node_modules/openai" ]; then
