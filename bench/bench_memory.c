@@ -193,7 +193,7 @@ int main(int argc, char **argv)
 	}
 	/* Measured after the buffers above exist, so they are part of what is counted. */
 	t0 = hearth_now_ns();
-	if (ledger_collect(l, &m->arena, NULL, 0, &rec, &e) < 0) {
+	if (ledger_collect(l, m->arena, NULL, 0, &rec, &e) < 0) {
 		fprintf(stderr, "bench_memory: ledger: %s\n", e.msg);
 		return 2;
 	}
@@ -212,7 +212,7 @@ int main(int argc, char **argv)
 	       "pages %s; load %.2f s wall, %.2f s CPU\n",
 	       o.max_context, mib(o.kv_budget), o.max_seqs, o.step_tokens, arena_pages_name(pages),
 	       load_s, cpu_s);
-	printf("arena note: %s\n", m->arena.note);
+	printf("arena note: %s\n", m->arena->note);
 	printf("ledger_collect: %.1f ms\n", collect_ms);
 	printf("placement: ");
 	if (!placement.numa_known)
@@ -225,7 +225,7 @@ int main(int argc, char **argv)
 	printf("\n");
 	if (smaps) {
 		printf("mappings outside the arena with >= 256 KiB resident:\n");
-		struct smaps_ctx sc = { &m->arena };
+		struct smaps_ctx sc = { m->arena };
 		if (memstat_smaps_foreach(smaps_print, &sc, &e) < 0)
 			fprintf(stderr, "bench_memory: smaps: %s\n", e.msg);
 	}

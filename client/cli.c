@@ -816,6 +816,17 @@ static int parse_json_only(struct cli *c, int argc, char **argv, const char *wha
 	return 0;
 }
 
+/* "1.72B", "2.9M", "812": a parameter count as a person reads it. */
+static void human_count(char *buf, size_t size, uint64_t n)
+{
+	if (n >= 1000000000)
+		snprintf(buf, size, "%.2fB", (double)n / 1e9);
+	else if (n >= 1000000)
+		snprintf(buf, size, "%.1fM", (double)n / 1e6);
+	else
+		snprintf(buf, size, "%" PRIu64, n);
+}
+
 static int cmd_stats(struct cli *c, int argc, char **argv)
 {
 	int rc = parse_json_only(c, argc, argv, "stats");
@@ -845,10 +856,12 @@ static int cmd_stats(struct cli *c, int argc, char **argv)
 		       ",\"kv_total\":%" PRIu64 ",\"rss\":%" PRIu64 ",\"prefix_lookup_tokens\":%" PRIu64
 		       ",\"prefix_hit_tokens\":%" PRIu64 ",\"draft_tokens\":%" PRIu64
 		       ",\"draft_accepted\":%" PRIu64 ",\"draft_model_tokens\":%" PRIu64
-		       ",\"draft_model_accepted\":%" PRIu64 ",\"phase\":",
+		       ",\"draft_model_accepted\":%" PRIu64 ",\"draft_kv_used\":%" PRIu64
+		       ",\"draft_kv_total\":%" PRIu64 ",\"phase\":",
 		       s.uptime_ms, s.clients, s.running, s.queued, s.prompt_tokens, s.gen_tokens,
 		       s.kv_used, s.kv_total, s.rss, s.prefix_lookup_tokens, s.prefix_hit_tokens,
-		       s.draft_tokens, s.draft_accepted, s.draft_model_tokens, s.draft_model_accepted);
+		       s.draft_tokens, s.draft_accepted, s.draft_model_tokens, s.draft_model_accepted,
+		       s.draft_kv_used, s.draft_kv_total);
 		cli_json_string(stdout, s.phase, strlen(s.phase));
 		fputs(",\"model\":{\"name\":", stdout);
 		cli_json_string(stdout, m.name, strlen(m.name));
@@ -856,8 +869,18 @@ static int cmd_stats(struct cli *c, int argc, char **argv)
 		cli_json_string(stdout, m.arch, strlen(m.arch));
 		fputs(",\"quant\":", stdout);
 		cli_json_string(stdout, m.quant, strlen(m.quant));
-		printf(",\"n_params\":%" PRIu64 ",\"n_ctx\":%u,\"n_vocab\":%u},\"daemon\":",
-		       m.n_params, m.n_ctx, m.n_vocab);
+		printf(",\"n_params\":%" PRIu64 ",\"n_ctx\":%u,\"n_vocab\":%u", m.n_params, m.n_ctx, m.n_vocab);
+		if (m.draft.arch[0]) {
+			fputs(",\"draft\":{\"name\":", stdout);
+			cli_json_string(stdout, m.draft.name, strlen(m.draft.name));
+			fputs(",\"arch\":", stdout);
+			cli_json_string(stdout, m.draft.arch, strlen(m.draft.arch));
+			fputs(",\"quant\":", stdout);
+			cli_json_string(stdout, m.draft.quant, strlen(m.draft.quant));
+			printf(",\"n_params\":%" PRIu64 ",\"n_ctx\":%u,\"n_layer\":%u,\"n_embd\":%u}", m.draft.n_params,
+			       m.draft.n_ctx, m.draft.n_layer, m.draft.n_embd);
+		}
+		fputs("},\"daemon\":", stdout);
 		cli_json_string(stdout, m.daemon_version, strlen(m.daemon_version));
 		fputs("}\n", stdout);
 		return 0;
@@ -868,14 +891,14 @@ static int cmd_stats(struct cli *c, int argc, char **argv)
 	human_bytes(kvt, sizeof kvt, s.kv_total);
 	human_bytes(rss, sizeof rss, s.rss);
 	char params[32];
-	if (m.n_params >= 1000000000)
-		snprintf(params, sizeof params, "%.2fB", (double)m.n_params / 1e9);
-	else if (m.n_params >= 1000000)
-		snprintf(params, sizeof params, "%.1fM", (double)m.n_params / 1e6);
-	else
-		snprintf(params, sizeof params, "%" PRIu64, m.n_params);
+	human_count(params, sizeof params, m.n_params);
 	printf("%-16s %s (%s, %s, %s parameters)\n", "model", m.name[0] ? m.name : "?", m.arch,
 	       m.quant, params);
+	if (m.draft.arch[0]) {
+		human_count(params, sizeof params, m.draft.n_params);
+		printf("%-16s %s (%s, %s, %s parameters, %u tokens)\n", "draft model",
+		       m.draft.name[0] ? m.draft.name : "?", m.draft.arch, m.draft.quant, params, m.draft.n_ctx);
+	}
 	printf("%-16s %u tokens\n", "context", m.n_ctx);
 	printf("%-16s hearthd %s\n", "daemon", m.daemon_version);
 	printf("%-16s %s\n", "uptime", up);
@@ -893,6 +916,12 @@ static int cmd_stats(struct cli *c, int argc, char **argv)
 		       100.0 * (double)s.draft_model_accepted / (double)s.draft_model_tokens);
 	printf("%-16s %s / %s (%.1f%%)\n", "kv cache", kvu, kvt,
 	       s.kv_total ? 100.0 * (double)s.kv_used / (double)s.kv_total : 0.0);
+	if (s.draft_kv_total) {
+		human_bytes(kvu, sizeof kvu, s.draft_kv_used);
+		human_bytes(kvt, sizeof kvt, s.draft_kv_total);
+		printf("%-16s %s / %s (%.1f%%)\n", "  draft kv cache", kvu, kvt,
+		       100.0 * (double)s.draft_kv_used / (double)s.draft_kv_total);
+	}
 	printf("%-16s %s\n", "rss", rss);
 	printf("%-16s %" PRIu64 " of %" PRIu64 " prompt tokens (%.1f%%)\n", "prefix cache", s.prefix_hit_tokens,
 	       s.prefix_lookup_tokens,

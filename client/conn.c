@@ -945,6 +945,17 @@ static void conn_take_welcome(struct hearth *h, const struct msg_welcome *w)
 	mi->n_layer = w->model.n_layer;
 	mi->n_embd = w->model.n_embd;
 	copy_bytes(mi->chat_template, sizeof mi->chat_template, w->model.chat_template);
+	memset(&mi->draft, 0, sizeof mi->draft);
+	if (w->model.has_draft) {
+		const struct msg_draft_info *d = &w->model.draft;
+		copy_bytes(mi->draft.arch, sizeof mi->draft.arch, d->arch);
+		copy_bytes(mi->draft.name, sizeof mi->draft.name, d->name);
+		copy_bytes(mi->draft.quant, sizeof mi->draft.quant, d->quant);
+		mi->draft.n_params = d->n_params;
+		mi->draft.n_ctx = d->n_ctx;
+		mi->draft.n_layer = d->n_layer;
+		mi->draft.n_embd = d->n_embd;
+	}
 	if (w->max_frame && w->max_frame < CONN_INLINE_MAX + CONN_FRAME_SLACK)
 		h->inline_max = w->max_frame > 2 * CONN_FRAME_SLACK ? w->max_frame - CONN_FRAME_SLACK
 								     : CONN_FRAME_SLACK;

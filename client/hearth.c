@@ -123,6 +123,8 @@ int hearth_stats(struct hearth *h, struct hearth_stats *out, struct hearth_err *
 	out->draft_accepted = s->draft_accepted;
 	out->draft_model_tokens = s->draft_model_tokens;
 	out->draft_model_accepted = s->draft_model_accepted;
+	out->draft_kv_used = s->draft_kv_used;
+	out->draft_kv_total = s->draft_kv_total;
 	out->prefix_lookup_tokens = s->prefix_lookup_tokens;
 	out->prefix_hit_tokens = s->prefix_hit_tokens;
 	size_t n = s->phase.len < sizeof out->phase - 1 ? s->phase.len : sizeof out->phase - 1;

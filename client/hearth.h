@@ -73,6 +73,17 @@ struct hearth_gen;
 
 /* ---- connecting ---- */
 
+/* The draft model the daemon drafts with (hearthd.conf draft_model); arch[0] == 0: none. */
+struct hearth_draft_model {
+	char arch[65];
+	char name[257];
+	char quant[65];
+	uint64_t n_params;
+	uint32_t n_ctx;          /* the context it is loaded for */
+	uint32_t n_layer;
+	uint32_t n_embd;
+};
+
 /* What the daemon's welcome said about itself and its model. */
 struct hearth_model {
 	char daemon_version[65];
@@ -89,6 +100,8 @@ struct hearth_model {
 	uint32_t n_embd;
 	char chat_template[65];  /* chat's template: "model", "file", or "chatml" (built in,
 				  * the model has none); empty from a protocol 1.0 daemon */
+	struct hearth_draft_model draft; /* all zero without a draft model (or from a daemon
+					  * that does not say) */
 };
 
 struct hearth_connect_opts {
@@ -419,6 +432,8 @@ struct hearth_stats {
 	uint64_t draft_accepted;  /* of them, accepted */
 	uint64_t draft_model_tokens;   /* of draft_tokens, the draft model's (0 without one) */
 	uint64_t draft_model_accepted; /* of draft_accepted, the draft model's */
+	uint64_t draft_kv_used;   /* the draft model's KV cache, bytes (0 and 0 without one) */
+	uint64_t draft_kv_total;
 };
 
 int hearth_stats(struct hearth *h, struct hearth_stats *out, struct hearth_err *err);

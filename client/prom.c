@@ -31,6 +31,12 @@ void prom_write_daemon(FILE *out, const struct hearth_stats *st, const struct he
 	       (double)st->gen_tokens);
 	metric(out, "hearth_kv_used_bytes", "gauge", "KV cache bytes in use.", (double)st->kv_used);
 	metric(out, "hearth_kv_total_bytes", "gauge", "KV cache budget in bytes.", (double)st->kv_total);
+	if (st->draft_kv_total) {
+		metric(out, "hearth_draft_kv_used_bytes", "gauge", "The draft model's KV cache bytes in use.",
+		       (double)st->draft_kv_used);
+		metric(out, "hearth_draft_kv_total_bytes", "gauge", "The draft model's KV cache in bytes.",
+		       (double)st->draft_kv_total);
+	}
 	metric(out, "hearth_resident_memory_bytes", "gauge", "hearthd's resident set.", (double)st->rss);
 	metric(out, "hearth_prefix_cache_lookup_tokens_total", "counter",
 	       "Prompt tokens of admitted requests, looked up in the prefix cache.", (double)st->prefix_lookup_tokens);

@@ -131,6 +131,17 @@ struct msg_hello {
 	bool ring;                 /* default true: ask for the shared-memory ring */
 };
 
+/* The draft model the daemon drafts with (hearthd.conf draft_model), in the model's arena. */
+struct msg_draft_info {
+	struct msg_bytes arch;
+	struct msg_bytes name;
+	struct msg_bytes quant;
+	uint64_t n_params;
+	uint32_t n_ctx;            /* the context it is loaded for (<= the model's) */
+	uint32_t n_layer;
+	uint32_t n_embd;
+};
+
 struct msg_model_info {
 	struct msg_bytes arch;     /* "llama", "qwen2", ... */
 	struct msg_bytes name;     /* general.name, may be empty */
@@ -145,6 +156,8 @@ struct msg_model_info {
 					 * or "chatml" (built in: the model has none); 1.1 */
 	struct msg_bytes pooling;  /* the file's pooling_type ("mean", "cls", "last", "none",
 				    * "rank"); empty when it declares none (1.4) */
+	bool has_draft;            /* optional, no minor of its own: a draft model is loaded */
+	struct msg_draft_info draft;
 };
 
 struct msg_welcome {
@@ -369,6 +382,11 @@ struct msg_stats_reply {
 	uint64_t draft_accepted;   /* of them, accepted (1.3) */
 	uint64_t draft_model_tokens;   /* of draft_tokens, the draft model's (1.4) */
 	uint64_t draft_model_accepted; /* of draft_accepted, the draft model's */
+	/* Optional, no minor of their own: the draft model's KV in bytes, sent (both) while
+	 * a draft model is loaded. */
+	bool has_draft_kv;
+	uint64_t draft_kv_used;
+	uint64_t draft_kv_total;
 };
 
 struct msg_ledger_entry {

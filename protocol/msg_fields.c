@@ -153,6 +153,18 @@ static const struct field detokenize_fields[] = {
 	   MSG_ARRAY_MAX, MSG_TOKEN_MAX),
 };
 
+static const struct field draft_fields[] = {
+	F("arch", FK_STR, 0, struct msg_draft_info, arch, 0, MSG_NAME_MAX),
+	F("name", FK_STR, 0, struct msg_draft_info, name, 0, 256),
+	F("quant", FK_STR, 0, struct msg_draft_info, quant, 0, MSG_NAME_MAX),
+	F("n_params", FK_U64, 0, struct msg_draft_info, n_params, 0, U64MAX),
+	F("n_ctx", FK_U32, 0, struct msg_draft_info, n_ctx, 0, U32MAX),
+	F("n_layer", FK_U32, 0, struct msg_draft_info, n_layer, 0, U32MAX),
+	F("n_embd", FK_U32, 0, struct msg_draft_info, n_embd, 0, U32MAX),
+};
+
+static const struct field_table draft_table = TABLE(draft_fields, struct msg_draft_info);
+
 static const struct field model_fields[] = {
 	F("arch", FK_STR, 0, struct msg_model_info, arch, 0, MSG_NAME_MAX),
 	F("name", FK_STR, 0, struct msg_model_info, name, 0, 256),
@@ -165,6 +177,8 @@ static const struct field model_fields[] = {
 	F("n_embd", FK_U32, 0, struct msg_model_info, n_embd, 0, U32MAX),
 	F("chat_template", FK_STR, FF_OMIT_ZERO, struct msg_model_info, chat_template, 0, MSG_NAME_MAX),
 	F("pooling", FK_STR, FF_OMIT_ZERO, struct msg_model_info, pooling, 0, MSG_POOLING_MAX),
+	{ "draft", FK_MAP, 0, offsetof(struct msg_model_info, draft), FIELD_NO_OFF,
+	  offsetof(struct msg_model_info, has_draft), 0, 0, 0, &draft_table },
 };
 
 static const struct field_table model_table = TABLE(model_fields, struct msg_model_info);
@@ -234,6 +248,8 @@ static const struct field stats_fields[] = {
 	F("draft_accepted", FK_U64, FF_OMIT_ZERO, struct msg_stats_reply, draft_accepted, 0, U64MAX),
 	F("draft_model_tokens", FK_U64, FF_OMIT_ZERO, struct msg_stats_reply, draft_model_tokens, 0, U64MAX),
 	F("draft_model_accepted", FK_U64, FF_OMIT_ZERO, struct msg_stats_reply, draft_model_accepted, 0, U64MAX),
+	FH("draft_kv_used", FK_U64, 0, struct msg_stats_reply, draft_kv_used, has_draft_kv, 0, U64MAX),
+	FH("draft_kv_total", FK_U64, 0, struct msg_stats_reply, draft_kv_total, has_draft_kv, 0, U64MAX),
 };
 
 static const struct field ledger_entry_fields[] = {

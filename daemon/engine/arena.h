@@ -21,8 +21,10 @@
  * "weights" or "weights.<type>" (one region per packed type, e.g. "weights.q4g128"),
  * "embed_head" (token embedding and output head; the tied tensor lives here once), "norms",
  * "rope", "kv_pool" (and "kv_pool.sliding": the sliding-window layers' rings), "scratch" or
- * "scratch.<what>", "rings" or "rings.<what>". Any other
- * name is counted as "arena other". */
+ * "scratch.<what>", "rings" or "rings.<what>". A draft model loaded with the model (load.h)
+ * has its own regions of the same names under ARENA_DRAFT_PREFIX ("draft.weights.q4g32",
+ * "draft.kv_pool", ...), which the ledger shows as the draft's. Any other name is counted
+ * as "arena other". */
 #define ARENA_REGION_WEIGHTS "weights"
 #define ARENA_REGION_EMBED_HEAD "embed_head"
 #define ARENA_REGION_NORMS "norms"
@@ -31,6 +33,7 @@
 #define ARENA_REGION_KV_SLIDING "kv_pool.sliding"
 #define ARENA_REGION_SCRATCH "scratch"
 #define ARENA_REGION_RINGS "rings"
+#define ARENA_DRAFT_PREFIX "draft."
 
 struct arena_plan_region {
 	char name[ARENA_NAME_MAX];

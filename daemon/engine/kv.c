@@ -332,13 +332,17 @@ int kv_create(struct kv_cache *kv, const struct kv_config *cfg, struct arena *ar
 	kv->elem_type = cfg->elem_type;
 	kv->budget_bytes = cfg->budget_bytes ? cfg->budget_bytes : KV_DEFAULT_BUDGET;
 
-	struct arena_region *r = arena_region_find(arena, ARENA_REGION_KV);
+	const char *region = cfg->region ? cfg->region : ARENA_REGION_KV;
+	char sliding[ARENA_NAME_MAX];
+	if ((size_t)snprintf(sliding, sizeof sliding, "%s.sliding", region) >= sizeof sliding)
+		return hearth_error_set(err, HEARTH_EINVAL, "kv: region name '%s' is too long", region);
+	struct arena_region *r = arena_region_find(arena, region);
 	if (!r)
 		return hearth_error_set(err, HEARTH_ENOTFOUND,
 					"kv: the arena plan has no '%s' region (plan it with kv_plan's "
-					"pool_bytes = %zu)", ARENA_REGION_KV, kv->geo.pool_bytes);
+					"pool_bytes = %zu)", region, kv->geo.pool_bytes);
 	void *pool;
-	if ((rc = arena_alloc(arena, ARENA_REGION_KV, kv->geo.pool_bytes, 4096, &pool, err)))
+	if ((rc = arena_alloc(arena, region, kv->geo.pool_bytes, 4096, &pool, err)))
 		return rc;
 	if ((rc = arena_prefault(arena, pool, kv->geo.pool_bytes, err))) {
 		hearth_error_prefix(err, "kv pool");
@@ -346,7 +350,7 @@ int kv_create(struct kv_cache *kv, const struct kv_config *cfg, struct arena *ar
 	}
 	kv->pool = pool;
 	if (kv->geo.ring_bytes) {
-		if ((rc = arena_alloc(arena, ARENA_REGION_KV_SLIDING, kv->geo.ring_bytes, 4096, &pool, err)))
+		if ((rc = arena_alloc(arena, sliding, kv->geo.ring_bytes, 4096, &pool, err)))
 			return rc;
 		if ((rc = arena_prefault(arena, pool, kv->geo.ring_bytes, err))) {
 			hearth_error_prefix(err, "kv rings");

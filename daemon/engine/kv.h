@@ -51,6 +51,10 @@ struct kv_config {
 	/* The rings are allocated beside budget_bytes, not out of it (the blocks get all of
 	 * it): for a budget chosen without the model in mind. */
 	bool rings_outside_budget;
+	/* The arena region the pool is carved from: NULL reads as ARENA_REGION_KV; the rings
+	 * go in the region of that name plus ".sliding". A draft model in its model's arena
+	 * names its own ("draft.kv_pool"). */
+	const char *region;
 };
 
 /* Sizes that follow from a config; what the loader puts in the arena plan as "kv_pool".
@@ -136,7 +140,7 @@ struct kv_cache {
 };
 
 
-/* Builds the cache over the arena's "kv_pool" region (ARENA_REGION_KV, planned with
+/* Builds the cache over the arena's "kv_pool" region (cfg->region, planned with
  * kv_plan's pool_bytes): carves the pool from it and prefaults it, so the whole budget is
  * resident before the first request. Bookkeeping (block tables for max_seqs sequences,
  * the hash table) is allocated here, once. */

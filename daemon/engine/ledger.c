@@ -23,7 +23,8 @@ static const char *const group_names[LEDGER_N_GROUPS] = {
 	[LEDGER_WEIGHTS] = "weights",         [LEDGER_EMBED_HEAD] = "embed_head",
 	[LEDGER_NORMS] = "norms",             [LEDGER_ROPE] = "rope",
 	[LEDGER_KV] = "kv",                   [LEDGER_SCRATCH] = "scratch",
-	[LEDGER_RINGS] = "rings",             [LEDGER_ARENA_OTHER] = "arena_other",
+	[LEDGER_RINGS] = "rings",             [LEDGER_DRAFT] = "draft",
+	[LEDGER_ARENA_OTHER] = "arena_other",
 	[LEDGER_MODEL_FILE] = "model_file",   [LEDGER_CODE] = "code",
 	[LEDGER_OTHER] = "other",
 };
@@ -36,6 +37,7 @@ static const char *const group_titles[LEDGER_N_GROUPS] = {
 	[LEDGER_KV] = "KV pool",
 	[LEDGER_SCRATCH] = "scratch",
 	[LEDGER_RINGS] = "client rings",
+	[LEDGER_DRAFT] = "draft model (in the arena)",
 	[LEDGER_ARENA_OTHER] = "arena other",
 	[LEDGER_MODEL_FILE] = "model file mapping",
 	[LEDGER_CODE] = "code and libraries",
@@ -62,6 +64,11 @@ static bool name_is(const char *name, const char *base)
 
 static enum ledger_group region_group(const char *name)
 {
+	/* A draft's regions are its model's names under the prefix: the draft's lines, so its
+	 * cost reads as one group beside the model's. */
+	if (strncmp(name, ARENA_DRAFT_PREFIX, strlen(ARENA_DRAFT_PREFIX)) == 0 &&
+	    region_group(name + strlen(ARENA_DRAFT_PREFIX)) != LEDGER_ARENA_OTHER)
+		return LEDGER_DRAFT;
 	if (name_is(name, ARENA_REGION_WEIGHTS))
 		return LEDGER_WEIGHTS;
 	if (name_is(name, ARENA_REGION_EMBED_HEAD))

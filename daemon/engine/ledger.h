@@ -23,6 +23,7 @@ enum ledger_group {
 	LEDGER_KV,
 	LEDGER_SCRATCH,
 	LEDGER_RINGS,
+	LEDGER_DRAFT,        /* the draft model's regions in the arena ("draft.<region>") */
 	LEDGER_ARENA_OTHER,  /* arena regions of other names, alignment, page rounding */
 	LEDGER_MODEL_FILE,   /* the GGUF mapping while it is mapped */
 	LEDGER_CODE,         /* file-backed mappings: the executable and shared libraries */
@@ -31,7 +32,7 @@ enum ledger_group {
 };
 
 /* Stable names, used as JSON keys: "weights", "embed_head", "norms", "rope", "kv",
- * "scratch", "rings", "arena_other", "model_file", "code", "other". */
+ * "scratch", "rings", "draft", "arena_other", "model_file", "code", "other". */
 const char *ledger_group_name(enum ledger_group g);
 
 #define LEDGER_MAX_ENTRIES 48

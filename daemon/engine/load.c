@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <malloc.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -119,11 +120,22 @@ static size_t load_mat_blocks(const struct load_mat *lm)
 	return lm->dst8 ? lm->dst8->n_row_blocks : lm->dst->n_row_blocks;
 }
 
+/* One model being loaded (the model, or the draft loaded into its arena): its file, the
+ * reference view and tokenizer read from it, the options it is loaded with, its plan's
+ * matrices and KV configuration, and where its regions go. */
 struct load_ctx {
-	const struct load_opts *o;
-	const struct gguf_file *file;
-	const struct model *ref;
+	const struct load_opts *o;      /* &opts */
+	struct load_opts opts;          /* a draft's follow the model's (load_draft_ctx_init) */
+	struct gguf_file *file;
+	struct model *ref;
+	struct tok *tok;
 	struct model_q4 *m;
+	struct kv_config kvc;           /* owns layer_shapes until the fill */
+	struct arena *arena;            /* the one arena, once mapped */
+	const char *prefix;             /* of its region names: "" or ARENA_DRAFT_PREFIX */
+	const char *phase;              /* the progress callback's phase while repacking */
+	char kv_region[ARENA_NAME_MAX]; /* kvc.region */
+	const struct model_q4 *pool_of; /* a draft steps on its model's pool; NULL: its own */
 	struct load_mat *mats;
 	size_t n_mats, cap_mats;
 	uint64_t total_bytes, done_bytes;
@@ -219,6 +231,19 @@ static size_t vec_bytes(const struct gguf_tensor *t)
 	return t ? align64((size_t)t->n_elems * sizeof(float)) : 0;
 }
 
+/* A region's name in the arena: base itself for the model, under ARENA_DRAFT_PREFIX for
+ * its draft ("draft.norms"), so one arena holds both and the ledger tells them apart. */
+struct load_region_name {
+	char s[ARENA_NAME_MAX];
+};
+
+static struct load_region_name load_region(const struct load_ctx *c, const char *base)
+{
+	struct load_region_name n;
+	snprintf(n.s, sizeof n.s, "%s%s", c->prefix, base);
+	return n;
+}
+
 /* Gives back the file's pages of [from, to) (a stretch already consumed): out of this
  * process (MADV_DONTNEED) and out of the page cache (POSIX_FADV_DONTNEED). inward: only the
  * pages wholly inside; else every page the stretch touches. A page still to be read that
@@ -247,7 +272,7 @@ static int load_vec(struct load_ctx *c, const struct gguf_tensor *t, const float
 	if (!t)
 		return 0;
 	void *p;
-	int rc = arena_alloc(&c->m->arena, ARENA_REGION_NORMS, vec_bytes(t), 64, &p, err);
+	int rc = arena_alloc(c->arena, load_region(c, ARENA_REGION_NORMS).s, vec_bytes(t), 64, &p, err);
 	if (rc < 0)
 		return rc;
 	quant_dequant_row(t->type, t->data, p, (size_t)t->n_elems);
@@ -308,9 +333,10 @@ static void load_step_run(void *arg, size_t t, size_t nt)
 
 static int load_repack(struct load_ctx *c, struct load_mat *lm, struct hearth_error *err)
 {
-	int rc = lm->dst8 ? arena_alloc(&c->m->arena, lm->region, q8_matrix_bytes(lm->dst8), Q4_ALIGN,
+	struct load_region_name region = load_region(c, lm->region);
+	int rc = lm->dst8 ? arena_alloc(c->arena, region.s, q8_matrix_bytes(lm->dst8), Q4_ALIGN,
 					(void **)&lm->dst8->data, err)
-			  : arena_alloc(&c->m->arena, lm->region, q4_matrix_bytes(lm->dst), Q4_ALIGN,
+			  : arena_alloc(c->arena, region.s, q4_matrix_bytes(lm->dst), Q4_ALIGN,
 					(void **)&lm->dst->data, err);
 	if (rc < 0)
 		return rc;
@@ -357,7 +383,7 @@ static int load_repack(struct load_ctx *c, struct load_mat *lm, struct hearth_er
 	}
 	c->done_bytes += t->size;
 	if (c->o->progress)
-		c->o->progress(c->o->progress_ctx, "repacking", m->notes[m->n_notes - 1].name,
+		c->o->progress(c->o->progress_ctx, c->phase, m->notes[m->n_notes - 1].name,
 			       c->done_bytes, c->total_bytes);
 	return 0;
 }
@@ -486,12 +512,13 @@ static int load_plan_head(struct load_ctx *c, uint32_t want_head, struct load_si
 	return 0;
 }
 
-/* The KV cache's configuration, one shape per layer; *kvc owns the shapes array, which
- * the caller frees. */
-static int load_plan_kv(const struct load_ctx *c, struct kv_config *kvc, struct kv_geometry *geo,
+/* The KV cache's configuration, one shape per layer, in the ctx's own KV region; *kvc owns
+ * the shapes array, which the caller frees. */
+static int load_plan_kv(struct load_ctx *c, struct kv_config *kvc, struct kv_geometry *geo,
 			struct hearth_error *err)
 {
 	const struct model_q4 *m = c->m;
+	snprintf(c->kv_region, sizeof c->kv_region, "%s", load_region(c, ARENA_REGION_KV).s);
 	struct kv_layer_shape *shapes = calloc(m->n_layer, sizeof *shapes);
 	if (!shapes)
 		return hearth_error_set(err, HEARTH_ENOMEM, "loader: out of memory");
@@ -508,8 +535,12 @@ static int load_plan_kv(const struct load_ctx *c, struct kv_config *kvc, struct 
 		.max_context = c->o->max_context,
 		.step_tokens = c->o->step_tokens,
 		.rings_outside_budget = c->o->kv_rings_extra,
+		.region = c->kv_region,
 	};
-	return kv_plan(kvc, geo, err);
+	int rc = kv_plan(kvc, geo, err);
+	if (rc < 0 && c->prefix[0])
+		hearth_error_prefix(err, "draft_kv_budget (region %s of the model's arena)", c->kv_region);
+	return rc;
 }
 
 /* Scratch for one step of step_tokens tokens: activations, attention state, logits rows;
@@ -554,11 +585,12 @@ static int load_plan_scratch(struct load_ctx *c, struct load_sizes *sz, struct h
 	return 0;
 }
 
-/* Everything the arena will hold, region by region, before it exists: the matrices' layouts
- * (c->mats), the KV configuration (*kvc) and the model's byte counts. */
-static int load_plan(struct load_ctx *c, struct arena_plan *plan, struct kv_config *kvc,
-		     struct hearth_error *err)
+/* Everything the arena will hold for c's model, region by region, added to plan before
+ * the arena exists: the matrices' layouts (c->mats), the KV configuration (c->kvc) and the
+ * model's byte counts. */
+static int load_plan(struct load_ctx *c, struct arena_plan *plan, struct hearth_error *err)
 {
+	struct kv_config *kvc = &c->kvc;
 	struct model_q4 *m = c->m;
 	const struct load_opts *o = c->o;
 	struct load_sizes sz = { 0 };
@@ -582,17 +614,25 @@ static int load_plan(struct load_ctx *c, struct arena_plan *plan, struct kv_conf
 	m->bytes_rope = sz.rope;
 	m->bytes_scratch = sz.scratch;
 
-	arena_plan_init(plan);
-	if ((sz.w_g128 && (rc = arena_plan_add(plan, LOAD_REGION_WEIGHTS_G128, sz.w_g128, Q4_ALIGN, err)) < 0) ||
-	    (sz.w_g32 && (rc = arena_plan_add(plan, LOAD_REGION_WEIGHTS_G32, sz.w_g32, Q4_ALIGN, err)) < 0) ||
-	    (rc = arena_plan_add(plan, ARENA_REGION_EMBED_HEAD, sz.embed_head, Q4_ALIGN, err)) < 0 ||
-	    (rc = arena_plan_add(plan, ARENA_REGION_NORMS, sz.norms, 64, err)) < 0 ||
-	    (rc = arena_plan_add(plan, ARENA_REGION_ROPE, sz.rope, 64, err)) < 0 ||
-	    (rc = arena_plan_add(plan, ARENA_REGION_KV, geo.pool_bytes, 4096, err)) < 0 ||
-	    (geo.ring_bytes &&
-	     (rc = arena_plan_add(plan, ARENA_REGION_KV_SLIDING, geo.ring_bytes, 4096, err)) < 0) ||
-	    (rc = arena_plan_add(plan, ARENA_REGION_SCRATCH, sz.scratch, 64, err)) < 0)
-		return rc;
+	const struct {
+		const char *name;
+		size_t size, align;
+		bool planned;
+	} regions[] = {
+		{ LOAD_REGION_WEIGHTS_G128, sz.w_g128, Q4_ALIGN, sz.w_g128 > 0 },
+		{ LOAD_REGION_WEIGHTS_G32, sz.w_g32, Q4_ALIGN, sz.w_g32 > 0 },
+		{ ARENA_REGION_EMBED_HEAD, sz.embed_head, Q4_ALIGN, true },
+		{ ARENA_REGION_NORMS, sz.norms, 64, true },
+		{ ARENA_REGION_ROPE, sz.rope, 64, true },
+		{ ARENA_REGION_KV, geo.pool_bytes, 4096, true },
+		{ ARENA_REGION_KV_SLIDING, geo.ring_bytes, 4096, geo.ring_bytes > 0 },
+		{ ARENA_REGION_SCRATCH, sz.scratch, 64, true },
+	};
+	for (size_t i = 0; i < sizeof regions / sizeof regions[0]; i++)
+		if (regions[i].planned &&
+		    (rc = arena_plan_add(plan, load_region(c, regions[i].name).s, regions[i].size, regions[i].align,
+					 err)) < 0)
+			return rc;
 	return 0;
 }
 
@@ -619,21 +659,21 @@ static int load_scratch(struct load_ctx *c, struct hearth_error *err)
 		{ &m->acts_mem, c->acts_total },
 		{ (void **)&m->attn_state, c->threads_max * m->attn_state_stride * sizeof(float) },
 	};
+	struct load_region_name region = load_region(c, ARENA_REGION_SCRATCH);
 	for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
-		int rc = arena_alloc(&m->arena, ARENA_REGION_SCRATCH, align64(parts[i].bytes), 64,
-				     parts[i].p, err);
+		int rc = arena_alloc(c->arena, region.s, align64(parts[i].bytes), 64, parts[i].p, err);
 		if (rc < 0)
 			return rc;
 	}
-	struct arena_region *r = arena_region_find(&m->arena, ARENA_REGION_SCRATCH);
-	return arena_prefault(&m->arena, r->base, r->size, err);
+	struct arena_region *r = arena_region_find(c->arena, region.s);
+	return arena_prefault(c->arena, r->base, r->size, err);
 }
 
 static int load_threads(struct model_q4 *m, const struct load_opts *o, struct hearth_error *err)
 {
 	int cpus[MQ4_THREADS_MAX];
 	size_t n = 0;
-	int rc = arena_node_cpus(m->arena.numa_node >= 0 ? m->arena.numa_node : 0, cpus,
+	int rc = arena_node_cpus(m->arena->numa_node >= 0 ? m->arena->numa_node : 0, cpus,
 				 MQ4_THREADS_MAX, &n, err);
 	if (rc < 0)
 		return rc;
@@ -654,6 +694,17 @@ static int load_threads(struct model_q4 *m, const struct load_opts *o, struct he
 		return hearth_error_set(err, rc, "cannot start %zu compute threads (%s)", n,
 					hearth_strerror(rc));
 	return 0;
+}
+
+/* A draft steps on its model's compute thread, so it takes the model's pool (the same
+ * threads on the same CPUs) instead of starting workers that would spin on those CPUs
+ * while the model steps. */
+static void load_borrow_threads(struct model_q4 *d, const struct model_q4 *m)
+{
+	d->pool = m->pool;
+	d->pool_borrowed = true;
+	d->n_threads = m->n_threads;
+	memcpy(d->cpus, m->cpus, m->n_threads * sizeof *m->cpus);
 }
 
 /* "q4_g128", "q4_g32" or "q4_mixed" for the layer matrices, then "+head_gN" when they are
@@ -728,9 +779,10 @@ static int load_model_new(struct model_q4 **out, const struct model *ref, const 
 	return 0;
 }
 
-/* Fills the planned arena: vectors, then the compute threads (so the repack can use them),
- * the repacked matrices, RoPE tables, the KV cache and the step scratch. */
-static int load_fill(struct load_ctx *c, const struct kv_config *kvc, struct hearth_error *err)
+/* Fills c's planned regions of the arena: vectors, then the compute threads (so the repack
+ * can use them; a draft borrows its model's), the repacked matrices, RoPE tables, the KV
+ * cache and the step scratch. */
+static int load_fill(struct load_ctx *c, struct hearth_error *err)
 {
 	const struct model *ref = c->ref;
 	struct model_q4 *m = c->m;
@@ -752,7 +804,9 @@ static int load_fill(struct load_ctx *c, const struct kv_config *kvc, struct hea
 	}
 	if ((rc = load_vec(c, ref->output_norm, &m->output_norm, err)) < 0)
 		return rc;
-	if ((rc = load_threads(m, o, err)) < 0)
+	if (c->pool_of)
+		load_borrow_threads(m, c->pool_of);
+	else if ((rc = load_threads(m, o, err)) < 0)
 		return rc;
 	/* The attention state was planned per thread for threads_max threads. */
 	hearth_assert(m->n_threads <= c->threads_max);
@@ -768,12 +822,13 @@ static int load_fill(struct load_ctx *c, const struct kv_config *kvc, struct hea
 	for (uint32_t i = 0; i < m->n_ropes; i++) {
 		struct mq4_rope *r = &m->ropes[i];
 		size_t n = align64((size_t)o->max_context * (r->n_rot / 2) * sizeof(float));
-		if ((rc = arena_alloc(&m->arena, ARENA_REGION_ROPE, n, 64, (void **)&r->cos, err)) < 0 ||
-		    (rc = arena_alloc(&m->arena, ARENA_REGION_ROPE, n, 64, (void **)&r->sin, err)) < 0)
+		struct load_region_name region = load_region(c, ARENA_REGION_ROPE);
+		if ((rc = arena_alloc(c->arena, region.s, n, 64, (void **)&r->cos, err)) < 0 ||
+		    (rc = arena_alloc(c->arena, region.s, n, 64, (void **)&r->sin, err)) < 0)
 			return rc;
 		vec_rope_table(r->cos, r->sin, o->max_context, r->n_rot, r->base, r->scale, ref->rope_freqs);
 	}
-	if ((rc = kv_create(&m->kv, kvc, &m->arena, err)) < 0)
+	if ((rc = kv_create(&m->kv, &c->kvc, c->arena, err)) < 0)
 		return rc;
 	if ((rc = load_scratch(c, err)) < 0 || (rc = model_q4_prepare(m, err)) < 0)
 		return rc;
@@ -788,7 +843,7 @@ static int load_check_placement(struct model_q4 *m, const char *path, const stru
 {
 	struct arena_placement pl;
 	struct hearth_error perr;
-	int rc = arena_verify_placement(&m->arena, &pl, &perr);
+	int rc = arena_verify_placement(m->arena, &pl, &perr);
 	if (o->placement)
 		*o->placement = pl;
 	if (rc < 0 && o->arena.numa_node >= 0)
@@ -796,22 +851,127 @@ static int load_check_placement(struct model_q4 *m, const char *path, const stru
 	return 0;
 }
 
+/* A ctx for the model, loaded with o. */
+static void load_ctx_init(struct load_ctx *c, const struct load_opts *o)
+{
+	memset(c, 0, sizeof *c);
+	c->opts = *o;
+	c->o = &c->opts;
+	c->prefix = "";
+	c->phase = "repacking";
+}
+
+/* A ctx for o's draft: the model's layout, threads, node and page kind, its own KV budget;
+ * the load's record and placement are the model's to report. */
+static void load_draft_ctx_init(struct load_ctx *c, const struct load_opts *o)
+{
+	load_ctx_init(c, o);
+	c->opts.kv_budget = o->draft.kv_budget;
+	c->opts.kv_rings_extra = o->draft.kv_rings_extra;
+	c->opts.load_record = NULL;
+	c->opts.placement = NULL;
+	memset(&c->opts.draft, 0, sizeof c->opts.draft);
+	c->prefix = ARENA_DRAFT_PREFIX;
+	c->phase = "repacking the draft";
+}
+
+/* Frees what c still holds; a model already handed out is NULL here. */
+static void load_ctx_close(struct load_ctx *c)
+{
+	free(c->rows);
+	free(c->mats);
+	free((void *)c->kvc.layer_shapes);
+	model_q4_free(c->m);
+	tok_free(c->tok);
+	model_free(c->ref);
+	gguf_close(c->file);
+	memset(c, 0, sizeof *c);
+}
+
+/* After the fill: the model no longer needs its file, the reference view or the plan. */
+static void load_ctx_settle(struct load_ctx *c)
+{
+	free((void *)c->kvc.layer_shapes);
+	c->kvc.layer_shapes = NULL;
+	load_quant_name(c->m);
+	model_free(c->ref);
+	c->ref = NULL;
+	gguf_close(c->file);
+	c->file = NULL;
+	free(c->mats);
+	c->mats = NULL;
+}
+
+/* Reads path's structure and tokenizer and makes its model, without an arena. A draft is
+ * loaded for the shorter of max_context and the context it was trained for (sequences
+ * longer than that draft by lookup); the model must hold max_context. */
+static int load_open(struct load_ctx *c, const char *path, bool draft, struct hearth_error *err)
+{
+	int rc;
+	if ((rc = gguf_open(&c->file, path, err)) < 0)
+		return rc;
+	struct model_opts mo = { .max_ctx = c->opts.max_context };
+	if ((rc = model_load(&c->ref, c->file, &mo, err)) < 0)
+		return rc;
+	uint32_t trained = c->ref->hp.n_ctx_train;
+	if (trained && c->opts.max_context > trained) {
+		if (!draft)
+			return hearth_error_set(err, HEARTH_EINVAL,
+						"%s: max_context %u is above the %u tokens the model was trained for",
+						path, c->opts.max_context, trained);
+		c->opts.max_context = trained;
+	}
+	if ((rc = tok_load(&c->tok, c->file, err)) < 0)
+		return rc;
+	return load_model_new(&c->m, c->ref, c->file, c->o, err);
+}
+
+/* Everything before the arena is mapped: both files read, the draft's vocabulary checked
+ * against the model's (so a draft that cannot draft costs no mapping), and one plan that
+ * holds the model's regions and then the draft's. dc NULL: no draft. */
+static int load_prepare(struct load_ctx *mc, struct load_ctx *dc, const char *path,
+			const struct load_opts *o, struct arena_plan *plan, struct hearth_error *err)
+{
+	int rc;
+	arena_plan_init(plan);
+	if ((rc = load_open(mc, path, false, err)) < 0 || (rc = load_plan(mc, plan, err)) < 0)
+		return rc;
+	if (!dc)
+		return 0;
+	if ((rc = load_open(dc, o->draft.path, true, err)) < 0) {
+		hearth_error_prefix(err, "draft_model");
+		return rc;
+	}
+	if (o->draft.vocab_check && (rc = o->draft.vocab_check(mc->tok, dc->tok, err)) < 0) {
+		hearth_error_prefix(err, "draft_model %s cannot draft for %s", o->draft.path, path);
+		return rc;
+	}
+	if ((rc = load_plan(dc, plan, err)) < 0) {
+		hearth_error_prefix(err, "draft_model %s", o->draft.path);
+		return rc;
+	}
+	return 0;
+}
+
+static bool load_has_draft(const struct load_opts *o)
+{
+	return o->draft.path && o->draft.path[0];
+}
+
 int load_q4(struct model_q4 **out, struct tok **tok_out, const char *path,
 	    const struct load_opts *o, struct hearth_error *err)
 {
 	*out = NULL;
 	*tok_out = NULL;
-	struct gguf_file *f = NULL;
-	struct model *ref = NULL;
-	struct tok *tok = NULL;
-	struct model_q4 *m = NULL;
-	struct load_ctx c = { .o = o };
+	bool with_draft = load_has_draft(o);
+	struct load_ctx mc, dc;
 	struct arena_plan plan;
-	struct kv_config kvc = { 0 };
 	struct ledger_sampler sampler;
 	bool sampling = false;
 	int rc;
 
+	load_ctx_init(&mc, o);
+	load_draft_ctx_init(&dc, o);
 	if (o->load_record)
 		memset(o->load_record, 0, sizeof *o->load_record);
 	if (o->placement)
@@ -819,7 +979,7 @@ int load_q4(struct model_q4 **out, struct tok **tok_out, const char *path,
 	if ((rc = load_check_opts(o, err)) < 0)
 		return rc;
 	/* The peak is what a small machine must hold to reach the settled size, so it is
-	 * measured from before the file is mapped to after every transient is given back. */
+	 * measured from before the files are mapped to after every transient is given back. */
 	if (o->load_record) {
 		if ((rc = ledger_sampler_start(&sampler, LOAD_SAMPLE_MS, err)) < 0)
 			return rc;
@@ -827,41 +987,35 @@ int load_q4(struct model_q4 **out, struct tok **tok_out, const char *path,
 	}
 	if (o->progress)
 		o->progress(o->progress_ctx, "mapping", path, 0, 1);
-	if ((rc = gguf_open(&f, path, err)) < 0)
+	if ((rc = load_prepare(&mc, with_draft ? &dc : NULL, path, o, &plan, err)) < 0)
 		goto fail;
-	struct model_opts mo = { .max_ctx = o->max_context };
-	if ((rc = model_load(&ref, f, &mo, err)) < 0)
+	/* One mapping for the model and its draft, owned by the model. */
+	struct model_q4 *m = mc.m;
+	if ((rc = arena_create(&m->arena_own, &plan, &o->arena, err)) < 0)
 		goto fail;
-	if (ref->hp.n_ctx_train && o->max_context > ref->hp.n_ctx_train) {
-		rc = hearth_error_set(err, HEARTH_EINVAL,
-				      "%s: max_context %u is above the %u tokens the model was trained for",
-				      path, o->max_context, ref->hp.n_ctx_train);
+	m->arena = mc.arena = &m->arena_own;
+	/* The metadata (vocabulary, merges: megabytes for a large vocabulary) has been read
+	 * into the tokenizers and the plan; a later lookup faults it back in. */
+	load_release(&mc, mc.file->map, mc.file->map + mc.file->data_offset, true);
+	if (with_draft) {
+		dc.m->arena = dc.arena = &m->arena_own;
+		dc.pool_of = m;
+		load_release(&dc, dc.file->map, dc.file->map + dc.file->data_offset, true);
+	}
+	if ((rc = load_fill(&mc, err)) < 0)
+		goto fail;
+	if (with_draft && (rc = load_fill(&dc, err)) < 0) {
+		hearth_error_prefix(err, "draft_model %s", o->draft.path);
 		goto fail;
 	}
-	if ((rc = tok_load(&tok, f, err)) < 0 || (rc = load_model_new(&m, ref, f, o, err)) < 0)
-		goto fail;
-	c.ref = ref;
-	c.file = f;
-	c.m = m;
-	if ((rc = load_plan(&c, &plan, &kvc, err)) < 0)
-		goto fail;
-	if ((rc = arena_create(&m->arena, &plan, &o->arena, err)) < 0)
-		goto fail;
-	/* The metadata (vocabulary, merges: megabytes for a large vocabulary) has been read
-	 * into the tokenizer and the plan; a later lookup faults it back in. */
-	load_release(&c, f->map, f->map + f->data_offset, true);
-	if ((rc = load_fill(&c, &kvc, err)) < 0)
-		goto fail;
-	free((void *)kvc.layer_shapes);
-	kvc.layer_shapes = NULL;
-	load_quant_name(m);
-	/* The model no longer needs the file. */
-	model_free(ref);
-	ref = NULL;
-	gguf_close(f);
-	f = NULL;
-	free(c.mats);
-	c.mats = NULL;
+	/* The models no longer need their files. */
+	load_ctx_settle(&mc);
+	if (with_draft) {
+		load_ctx_settle(&dc);
+		m->draft = dc.m;
+		dc.m = NULL;
+	}
+	load_ctx_close(&dc); /* the draft's tokenizer: the same as the model's */
 	malloc_trim(0);
 	if ((rc = load_check_placement(m, path, o, err)) < 0)
 		goto fail;
@@ -871,7 +1025,9 @@ int load_q4(struct model_q4 **out, struct tok **tok_out, const char *path,
 			goto fail;
 	}
 	*out = m;
-	*tok_out = tok;
+	*tok_out = mc.tok;
+	mc.m = NULL;
+	mc.tok = NULL;
 	return 0;
 fail:
 	if (sampling) {
@@ -880,12 +1036,30 @@ fail:
 	}
 	if (o->load_record)
 		o->load_record->valid = false;
-	free(c.rows);
-	free(c.mats);
-	free((void *)kvc.layer_shapes);
-	model_q4_free(m);
-	tok_free(tok);
-	model_free(ref);
-	gguf_close(f);
+	load_ctx_close(&dc); /* first: it lives in the model's arena */
+	load_ctx_close(&mc);
 	return rc;
+}
+
+int load_plan_size(const char *path, const struct load_opts *o, size_t *bytes, struct hearth_error *err)
+{
+	*bytes = 0;
+	struct load_ctx mc, dc;
+	struct arena_plan plan;
+	load_ctx_init(&mc, o);
+	load_draft_ctx_init(&dc, o);
+	int rc = load_check_opts(o, err);
+	if (rc == 0)
+		rc = load_prepare(&mc, load_has_draft(o) ? &dc : NULL, path, o, &plan, err);
+	if (rc == 0)
+		rc = arena_plan_size(&plan, bytes, err);
+	load_ctx_close(&dc);
+	load_ctx_close(&mc);
+	if (rc < 0)
+		return rc;
+	/* As the arena maps it: up to a whole huge page, whatever the page kind turns out. */
+	if (*bytes > SIZE_MAX - ARENA_HUGE_PAGE)
+		return hearth_error_set(err, HEARTH_ERANGE, "%s: the arena's size overflows", path);
+	*bytes = (*bytes + ARENA_HUGE_PAGE - 1) / ARENA_HUGE_PAGE * ARENA_HUGE_PAGE;
+	return 0;
 }

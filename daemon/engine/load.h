@@ -1,5 +1,6 @@
-/* The loader: from a GGUF file to the resident int4 model. It plans the arena before it maps
- * anything (packed weights, norms, RoPE tables sized by max_context, the KV pool, scratch),
+/* The loader: from a GGUF file (and optionally a draft model's) to the resident int4 model.
+ * It plans the one arena before it maps anything (packed weights, norms, RoPE tables sized
+ * by max_context, the KV pool, scratch; then the draft's, under ARENA_DRAFT_PREFIX),
  * repacks each matrix a row block at a time through a small scratch (no step expands a whole
  * matrix; the file's pages are given back every few MiB as they are consumed), then unmaps
  * the file, drops its page cache and trims the heap. */
@@ -24,6 +25,21 @@ struct ledger_load;
  * int8). */
 #define LOAD_REGION_WEIGHTS_G128 ARENA_REGION_WEIGHTS ".q4g128"
 #define LOAD_REGION_WEIGHTS_G32 ARENA_REGION_WEIGHTS ".q4g32"
+
+/* Speculative decoding's draft model, loaded with the model into the model's arena: the
+ * same weight layout, threads (it steps on the model's pool), NUMA node, page kind and
+ * lock; its regions are the model's names under ARENA_DRAFT_PREFIX ("draft.weights.q4g32",
+ * "draft.kv_pool", ...). The loaded model owns it (model_q4.draft) and frees it with the
+ * arena, so a swap that frees the model frees both. */
+struct load_draft_opts {
+	const char *path;              /* NULL or "": no draft */
+	uint64_t kv_budget;            /* bytes for the draft's KV pool */
+	bool kv_rings_extra;           /* as load_opts.kv_rings_extra, for the draft's budget */
+	/* Called with both tokenizers once both files are read and before anything is mapped:
+	 * a negative return refuses the draft, and the load fails with its error (prefixed
+	 * with both paths). NULL: no check. The draft's tokenizer is freed after the load. */
+	int (*vocab_check)(const struct tok *model, const struct tok *draft, struct hearth_error *err);
+};
 
 struct load_opts {
 	uint32_t max_context;          /* sizes RoPE and per-sequence KV; <= the trained length */
@@ -63,6 +79,9 @@ struct load_opts {
 	 * the bound node fails the load only when arena.numa_node names a node (>= 0); with
 	 * auto (-1) it is only reported here, bytes_other_node counting it. */
 	struct arena_placement *placement;
+	/* Optional (path NULL: none). The draft is loaded for max_context or the context it
+	 * was trained for, whichever is shorter; every other option is the model's. */
+	struct load_draft_opts draft;
 };
 
 #define LOAD_GROUP_128 128u
@@ -88,9 +107,17 @@ void load_opts_default(struct load_opts *o);
  * choice). */
 uint32_t load_head_group(uint32_t weights_group);
 
-/* Loads path into a resident model and its tokenizer. Errors name the file and what was
- * wrong; nothing is left allocated on failure. */
+/* Loads path into a resident model and its tokenizer, and o->draft's model into the same
+ * arena ((*out)->draft). Errors name the file and what was wrong (a draft's start with
+ * "draft_model"); nothing is left allocated or mapped on failure. */
 int load_q4(struct model_q4 **out, struct tok **tok_out, const char *path,
 	    const struct load_opts *o, struct hearth_error *err);
+
+/* The bytes of the arena load_q4 would map for path and o->draft (rounded up to a huge
+ * page), from the files' metadata and the same plan, without mapping it or reading a
+ * weight: what a second model beside the first would cost. Fails as load_q4 would before
+ * mapping (a file that does not parse, a draft of another vocabulary, a KV budget that
+ * holds no block). */
+int load_plan_size(const char *path, const struct load_opts *o, size_t *bytes, struct hearth_error *err);
 
 #endif

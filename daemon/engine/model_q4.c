@@ -605,8 +605,8 @@ void model_q4_facts(const struct model_q4 *m, struct model_q4_facts *out)
 	*out = (struct model_q4_facts){
 		.arch = m->arch_name, .name = m->name, .quant = m->quant_name, .n_params = m->n_params,
 		.max_context = m->max_context, .n_ctx_train = m->hp.n_ctx_train, .n_vocab = m->hp.n_vocab,
-		.n_layer = m->n_layer, .n_embd = m->hp.n_embd, .arena = &m->arena, .arena_bytes = m->arena.size,
-		.arena_backing = arena_backing_name(m->arena.backing), .arena_note = m->arena.note,
+		.n_layer = m->n_layer, .n_embd = m->hp.n_embd, .arena = m->arena, .arena_bytes = m->arena->size,
+		.arena_backing = arena_backing_name(m->arena->backing), .arena_note = m->arena->note,
 		.n_matrices = m->n_notes, .n_carried = carried, .kernels = m->kern->name,
 		.n_threads = m->n_threads,
 	};
@@ -633,25 +633,15 @@ void model_q4_engine(struct model_q4 *m, struct engine *out)
 	};
 }
 
-bool model_q4_share_pool(struct model_q4 *m, struct model_q4 *owner)
-{
-	if (m->pool_borrowed || m->n_threads != owner->n_threads ||
-	    memcmp(m->cpus, owner->cpus, m->n_threads * sizeof *m->cpus) != 0)
-		return false;
-	pool_destroy(m->pool);
-	m->pool = owner->pool;
-	m->pool_borrowed = true;
-	return true;
-}
-
 void model_q4_free(struct model_q4 *m)
 {
 	if (!m)
 		return;
+	model_q4_free(m->draft);
 	if (!m->pool_borrowed)
 		pool_destroy(m->pool);
 	kv_destroy(&m->kv);
-	arena_destroy(&m->arena);
+	arena_destroy(&m->arena_own); /* empty in a draft: its model's arena is not its to free */
 	if (m->seqs)
 		for (uint32_t i = 0; i < m->max_seqs; i++)
 			free(m->seqs[i].tokens);

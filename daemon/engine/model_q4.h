@@ -75,13 +75,20 @@ struct model_q4 {
 	struct mq4_rope ropes[MQ4_ROPES_MAX];
 	uint32_t n_ropes;
 
-	struct arena arena;
+	/* The arena this model's regions are in. The model load_q4 returns owns it
+	 * (arena_own) and frees it once, in model_q4_free; a draft loaded with it borrows
+	 * it (its regions named under ARENA_DRAFT_PREFIX) and its arena_own stays empty. */
+	struct arena *arena;
+	struct arena arena_own;
+	/* The draft model loaded into this model's arena (load_opts.draft), owned: freed
+	 * with this model, before the arena it lives in. NULL: none. */
+	struct model_q4 *draft;
 	struct kv_cache kv;
 	uint32_t max_context, max_seqs, step_tokens;
 	enum q4_act_kind act;
 	const struct kern_table *kern;
 	struct pool *pool;
-	bool pool_borrowed;        /* another model's pool (model_q4_share_pool): not freed here */
+	bool pool_borrowed;        /* a draft steps on its model's pool: not freed here */
 	size_t n_threads;
 	int cpus[MQ4_THREADS_MAX]; /* the pool's CPUs; cpus[0] is the stepping thread's */
 
@@ -131,13 +138,8 @@ void model_q4_facts(const struct model_q4 *m, struct model_q4_facts *out);
 int model_q4_forward(struct model_q4 *m, const struct engine_span *spans, size_t n_spans,
 		     struct hearth_error *err);
 
-/* Lets m step on owner's thread pool instead of its own (which is stopped), when both run
- * the same threads on the same CPUs: a draft model stepped by the same compute thread as
- * its model, whose idle workers would otherwise spin on those CPUs while the other model
- * steps. owner must outlive m. Returns whether the pool is shared. */
-bool model_q4_share_pool(struct model_q4 *m, struct model_q4 *owner);
-
-/* Frees everything: KV bookkeeping, the pool (unless borrowed), the arena. NULL is fine. */
+/* Frees everything: the draft (first: it lives in this model's arena), KV bookkeeping,
+ * the pool (unless borrowed), the arena (unless borrowed). NULL is fine. */
 void model_q4_free(struct model_q4 *m);
 
 #endif

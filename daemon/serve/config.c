@@ -17,6 +17,7 @@
 
 #include "daemon/engine/load.h"
 #include "daemon/engine/model.h"
+#include "daemon/serve/draft.h"
 #include "protocol/units.h"
 
 struct key;
@@ -922,5 +923,36 @@ void config_reload_merge(struct hearth_config *live, const struct hearth_config 
 			if (w > 0)
 				used += (size_t)w;
 		}
+	}
+}
+
+void config_load_opts(const struct hearth_config *cfg, struct load_opts *o)
+{
+	load_opts_default(o);
+	o->max_context = cfg->max_context;
+	o->kv_budget = cfg->kv_budget;
+	o->kv_rings_extra = !cfg->kv_budget_set;
+	o->kv_type = cfg->kv_type == CONFIG_KV_BF16 ? QTYPE_BF16
+		     : cfg->kv_type == CONFIG_KV_Q8 ? QTYPE_KV_Q8
+		     : cfg->kv_type == CONFIG_KV_F32 ? QTYPE_F32 /* the loader refuses it, by name */
+						    : QTYPE_F16;
+	o->act = cfg->weights == CONFIG_WEIGHTS_W4A8 ? Q4_ACT_A8 : Q4_ACT_A16;
+	o->weights_group = cfg->weights_group == CONFIG_GROUP_32 ? LOAD_GROUP_32 : LOAD_GROUP_128;
+	o->head_bits = cfg->head == CONFIG_HEAD_INT8 ? LOAD_HEAD_INT8 : LOAD_HEAD_INT4;
+	o->n_threads = cfg->threads;
+	o->arena.numa_node = cfg->numa_node;
+	o->arena.lock_memory = cfg->lock_memory;
+	switch (cfg->hugepages) {
+	case CONFIG_HUGEPAGES_HUGETLB: o->arena.pages = ARENA_PAGES_HUGETLB; break;
+	case CONFIG_HUGEPAGES_THP: o->arena.pages = ARENA_PAGES_THP; break;
+	case CONFIG_HUGEPAGES_NONE: o->arena.pages = ARENA_PAGES_NONE; break;
+	default: o->arena.pages = ARENA_PAGES_AUTO; break;
+	}
+	if (cfg->draft_model[0]) {
+		o->draft.path = cfg->draft_model;
+		o->draft.kv_budget = cfg->draft_kv_budget;
+		/* As before the draft shared the arena: its rings follow the model's rule. */
+		o->draft.kv_rings_extra = o->kv_rings_extra;
+		o->draft.vocab_check = draft_vocab_check;
 	}
 }

@@ -185,4 +185,10 @@ const char *config_key_default(const char *key);
 void config_reload_merge(struct hearth_config *live, const struct hearth_config *fresh,
 			 char *restart_keys, size_t size);
 
+struct load_opts;
+/* What cfg asks of the loader (daemon/engine/load.h): the model's options and its draft's
+ * (draft_model in the same arena, refused unless its vocabulary is the model's), the same
+ * for a load and for the swap's estimate of what a load would map. Pointers go into cfg. */
+void config_load_opts(const struct hearth_config *cfg, struct load_opts *o);
+
 #endif

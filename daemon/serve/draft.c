@@ -56,6 +56,13 @@ void drafter_free(struct drafter *d)
 	free(d);
 }
 
+void drafter_kv_usage(const struct drafter *d, uint64_t *used, uint64_t *total)
+{
+	*used = *total = 0;
+	if (d->eng.kv_usage)
+		d->eng.kv_usage(d->eng.impl, used, total);
+}
+
 void drafter_seq_close(struct drafter *d, struct draft_seq *ds)
 {
 	if (ds->eseq)

@@ -52,6 +52,10 @@ void drafter_free(struct drafter *d);
  * that has not moved since is kept as it is. Errors are the draft engine's. */
 int drafter_propose(struct drafter *d, struct draft_job *jobs, uint32_t n_jobs, struct hearth_error *err);
 
+/* The draft's KV in use and in all, in bytes (the engine's kv_usage; 0 and 0 when the
+ * draft engine does not say): the stats reply's draft_kv_used and draft_kv_total. */
+void drafter_kv_usage(const struct drafter *d, uint64_t *used, uint64_t *total);
+
 /* Gives ds's draft KV back (the sequence ended or was preempted). */
 void drafter_seq_close(struct drafter *d, struct draft_seq *ds);
 

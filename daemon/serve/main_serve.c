@@ -42,10 +42,8 @@ struct loader {
 	struct serve_chat_model chat;
 	struct grammar_vocab *gvocab;   /* the vocabulary's token trie, for grammar masks */
 	struct grammar_cache *grammars;
-	/* The draft model (config draft_model), loaded after the model and released with it,
-	 * so a swap replaces both together. NULL: none. */
-	struct model_q4 *draft;
-	struct tok *draft_tok;
+	/* The draft model's engine (config draft_model): the model is model->draft, loaded
+	 * into the model's arena and freed with it, so a swap replaces both together. */
 	struct engine draft_eng;
 };
 
@@ -67,9 +65,7 @@ static void loader_release(void *owner)
 	serve_chat_model_free(&ld->chat);
 	grammar_cache_free(ld->grammars);
 	grammar_vocab_free(ld->gvocab);
-	model_q4_free(ld->draft);
-	tok_free(ld->draft_tok);
-	model_q4_free(ld->model);
+	model_q4_free(ld->model); /* and its draft, in the same arena */
 	tok_free(ld->tok);
 	free(ld);
 }
@@ -98,65 +94,60 @@ static void loader_chat(struct loader *ld)
 		   !strcmp(ld->chat.origin, "chatml") ? " (built in: the model has none)" : "");
 }
 
-/* The context the draft is loaded for: max_context, or the draft's trained context when
- * that is shorter (the loader refuses a longer one). Sequences longer than it are drafted
- * for by the lookup alone (draft.c). */
-static uint32_t loader_draft_context(const char *path, uint32_t max_context)
+/* The arena's regions, the model's and then its draft's ("draft.*"), for the log. */
+static void loader_log_regions(struct loader *ld, const struct arena *a)
 {
-	struct gguf_file *f = NULL;
-	struct hearth_error e;
-	struct gguf_str arch;
-	uint32_t n = 0;
-	char key[96];
-	if (gguf_open(&f, path, &e) < 0)
-		return max_context; /* load_q4 names the problem */
-	if (gguf_get_str(f, "general.architecture", &arch, &e) == 0) {
-		snprintf(key, sizeof key, "%.*s.context_length", (int)arch.len, arch.ptr);
-		if (gguf_get_u32(f, key, &n, &e) < 0)
-			n = 0;
+	char text[1024];
+	size_t used = 0;
+	text[0] = '\0';
+	for (size_t i = 0; i < a->n_regions && used < sizeof text; i++) {
+		int w = snprintf(text + used, sizeof text - used, "%s%s %zu", i ? ", " : "", a->regions[i].name,
+				 a->regions[i].size);
+		if (w > 0)
+			used += (size_t)w;
 	}
-	gguf_close(f);
-	return n && n < max_context ? n : max_context;
+	log_info(ld->log, "arena plan: %s", text);
 }
 
-/* The draft model: loaded as the model is (the same weight layout, threads, NUMA node and
- * page kind; its own KV budget), refused unless its vocabulary is the model's token for
- * token, and stepped once. The scheduler drafts from it (sched_params.draft). */
-static int loader_draft(struct loader *ld, const struct load_opts *model_opts, struct hearth_error *err)
+/* The draft model load_q4 put into the model's arena (config draft_model): stepped once,
+ * on the model's compute threads, then handed to the scheduler (sched_params.draft) and
+ * named in the welcome. */
+static int loader_draft(struct loader *ld, struct hearth_error *err)
 {
 	const struct hearth_config *cfg = &ld->cfg;
-	struct load_opts o = *model_opts;
-	o.kv_budget = cfg->draft_kv_budget;
-	o.max_context = loader_draft_context(cfg->draft_model, model_opts->max_context);
-	o.load_record = NULL;
-	o.placement = NULL;
-	log_info(ld->log, "loading the draft model %s (kv_budget %llu bytes)", cfg->draft_model,
-		 (unsigned long long)cfg->draft_kv_budget);
-	int rc = load_q4(&ld->draft, &ld->draft_tok, cfg->draft_model, &o, err);
-	if (rc < 0) {
-		hearth_error_prefix(err, "draft_model");
-		return rc;
-	}
-	if ((rc = draft_vocab_check(ld->tok, ld->draft_tok, err)) < 0) {
-		hearth_error_prefix(err, "draft_model %s cannot draft for %s", cfg->draft_model, cfg->model);
-		return rc;
-	}
-	/* One compute thread steps both models: one pool of workers serves both. */
-	bool shared = model_q4_share_pool(ld->draft, ld->model);
-	model_q4_engine(ld->draft, &ld->draft_eng);
+	struct model_q4 *d = ld->model->draft;
+	model_q4_engine(d, &ld->draft_eng);
 	int32_t tok0 = tok_bos(ld->tok) >= 0 ? tok_bos(ld->tok) : 0;
 	struct hearth_error we;
-	if ((rc = engine_warm_up(&ld->draft_eng, tok0, &we)) < 0)
+	int rc = engine_warm_up(&ld->draft_eng, tok0, &we);
+	if (rc < 0)
 		return hearth_error_set(err, we.code, "draft_model %s: the warm-up step failed: %s", cfg->draft_model,
 					we.msg);
 	struct model_q4_facts f;
-	model_q4_facts(ld->draft, &f);
-	log_notice(ld->log, "draft model: %s, %llu parameters, %s; arena %zu bytes, %s pages; %s", f.name,
-		   (unsigned long long)f.n_params, f.quant, f.arena_bytes, f.arena_backing,
-		   shared ? "the model's compute threads" : "compute threads of its own");
+	model_q4_facts(d, &f);
+	struct kv_stats ks;
+	kv_stats(&d->kv, &ks);
+	log_notice(ld->log, "draft model: %s, %llu parameters, %s, context %u; in the model's arena (KV %zu bytes); the model's compute threads",
+		   f.name, (unsigned long long)f.n_params, f.quant, f.max_context, ks.pool_bytes + ks.ring_bytes);
 	ld->sched.draft = &ld->draft_eng;
-	ld->sm.draft_arena = f.arena;
 	return 0;
+}
+
+/* welcome.model.draft: the draft model's facts (strings point into the model). */
+static void loader_draft_info(const struct model_q4 *d, struct msg_model_info *info)
+{
+	struct model_q4_facts f;
+	model_q4_facts(d, &f);
+	info->has_draft = true;
+	info->draft = (struct msg_draft_info){
+		.arch = { f.arch, strlen(f.arch) },
+		.name = { f.name, strlen(f.name) },
+		.quant = { f.quant, strlen(f.quant) },
+		.n_params = f.n_params,
+		.n_ctx = f.max_context,
+		.n_layer = f.n_layer,
+		.n_embd = f.n_embd,
+	};
 }
 
 static void *loader_main(void *arg)
@@ -164,26 +155,7 @@ static void *loader_main(void *arg)
 	struct loader *ld = arg;
 	const struct hearth_config *cfg = &ld->cfg;
 	struct load_opts o;
-	load_opts_default(&o);
-	o.max_context = cfg->max_context;
-	o.kv_budget = cfg->kv_budget;
-	o.kv_rings_extra = !cfg->kv_budget_set;
-	o.kv_type = cfg->kv_type == CONFIG_KV_BF16 ? QTYPE_BF16
-		    : cfg->kv_type == CONFIG_KV_Q8 ? QTYPE_KV_Q8
-		    : cfg->kv_type == CONFIG_KV_F32 ? QTYPE_F32 /* the loader refuses it, by name */
-						   : QTYPE_F16;
-	o.act = cfg->weights == CONFIG_WEIGHTS_W4A8 ? Q4_ACT_A8 : Q4_ACT_A16;
-	o.weights_group = cfg->weights_group == CONFIG_GROUP_32 ? LOAD_GROUP_32 : LOAD_GROUP_128;
-	o.head_bits = cfg->head == CONFIG_HEAD_INT8 ? LOAD_HEAD_INT8 : LOAD_HEAD_INT4;
-	o.n_threads = cfg->threads;
-	o.arena.numa_node = cfg->numa_node;
-	o.arena.lock_memory = cfg->lock_memory;
-	switch (cfg->hugepages) {
-	case CONFIG_HUGEPAGES_HUGETLB: o.arena.pages = ARENA_PAGES_HUGETLB; break;
-	case CONFIG_HUGEPAGES_THP: o.arena.pages = ARENA_PAGES_THP; break;
-	case CONFIG_HUGEPAGES_NONE: o.arena.pages = ARENA_PAGES_NONE; break;
-	default: o.arena.pages = ARENA_PAGES_AUTO; break;
-	}
+	config_load_opts(cfg, &o);
 	sched_params_default(&ld->sched);
 	o.max_seqs = ld->sched.max_seqs;
 	o.step_tokens = ld->sched.step_tokens;
@@ -195,6 +167,9 @@ static void *loader_main(void *arg)
 	log_info(ld->log, "loading %s (max_context %u, kv_budget %llu bytes, %s, weights_group %u, head int%u)",
 		 cfg->model, cfg->max_context, (unsigned long long)cfg->kv_budget,
 		 cfg->weights == CONFIG_WEIGHTS_W4A8 ? "w4a8" : "w4a16", o.weights_group, o.head_bits);
+	if (o.draft.path)
+		log_info(ld->log, "with the draft model %s in the same arena (draft_kv_budget %llu bytes)",
+			 o.draft.path, (unsigned long long)o.draft.kv_budget);
 	if (load_q4(&ld->model, &ld->tok, cfg->model, &o, &e) < 0) {
 		server_model_failed(ld->srv, &e);
 		free(ld);
@@ -203,7 +178,9 @@ static void *loader_main(void *arg)
 	struct model_q4 *m = ld->model;
 	struct model_q4_facts f;
 	model_q4_facts(m, &f);
-	log_notice(ld->log, "arena: %zu bytes, %s pages; %s", f.arena_bytes, f.arena_backing, f.arena_note);
+	log_notice(ld->log, "arena: %zu bytes, %s pages%s; %s", f.arena_bytes, f.arena_backing,
+		   m->draft ? ", the draft model's regions included" : "", f.arena_note);
+	loader_log_regions(ld, m->arena);
 	log_notice(ld->log, "weights: %s, %u of %u matrices carried over without re-rounding; kernels %s, %zu threads",
 		   f.quant, f.n_carried, f.n_matrices, f.kernels, f.n_threads);
 
@@ -219,7 +196,7 @@ static void *loader_main(void *arg)
 		loader_release(ld);
 		return NULL;
 	}
-	if (cfg->draft_model[0] && loader_draft(ld, &o, &e) < 0) {
+	if (m->draft && loader_draft(ld, &e) < 0) {
 		server_model_failed(ld->srv, &e);
 		loader_release(ld);
 		return NULL;
@@ -256,6 +233,8 @@ static void *loader_main(void *arg)
 		.n_embd = f.n_embd,
 		.chat_template = { ld->chat.origin, strlen(ld->chat.origin) },
 	};
+	if (m->draft)
+		loader_draft_info(m->draft, &ld->sm.info);
 	if (ld->sm.eng.pooling != MODEL_POOLING_UNSPECIFIED) {
 		const char *pn = embed_pooling_name((enum model_pooling)ld->sm.eng.pooling);
 		ld->sm.info.pooling = (struct msg_bytes){ pn, strlen(pn) };

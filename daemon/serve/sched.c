@@ -1519,6 +1519,11 @@ static void sched_update_stats(struct sched *s, uint64_t now)
 		s->eng.kv_usage(s->eng.impl, &used, &total);
 	atomic_store_explicit(&s->stats.kv_used, used, memory_order_relaxed);
 	atomic_store_explicit(&s->stats.kv_total, total, memory_order_relaxed);
+	used = total = 0;
+	if (s->drafter)
+		drafter_kv_usage(s->drafter, &used, &total);
+	atomic_store_explicit(&s->stats.draft_kv_used, used, memory_order_relaxed);
+	atomic_store_explicit(&s->stats.draft_kv_total, total, memory_order_relaxed);
 	if (now - s->tps_window_start >= 1000000000ull) {
 		uint64_t dt = now - s->tps_window_start;
 		uint64_t tps100 = s->tps_window_tokens * 100ull * 1000000000ull / dt;

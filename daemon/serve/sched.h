@@ -178,6 +178,7 @@ struct sched_stats {
 	_Atomic uint32_t waiting;
 	_Atomic uint32_t parked;        /* running but waiting for room in a client's ring */
 	_Atomic uint64_t kv_used, kv_total; /* bytes */
+	_Atomic uint64_t draft_kv_used, draft_kv_total; /* the draft model's; 0 without one */
 	_Atomic uint64_t busy_ns;       /* time spent in forward steps */
 	_Atomic uint32_t decode_tps_x100; /* decode tokens/s over the last second, x100 */
 	_Atomic uint64_t spec_drafted;  /* draft tokens verified */

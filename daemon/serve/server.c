@@ -12,7 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "daemon/engine/gguf.h"
+#include "daemon/engine/load.h"
 #include "daemon/serve/offload.h"
 #include "daemon/serve/serve.h"
 #include "daemon/serve/sockpath.h"
@@ -441,17 +441,15 @@ static void server_begin_stop(struct server *srv, const char *why)
 		server_finish_stop(srv);
 }
 
-/* What a loaded model holds beyond its weights and KV: step scratch, tokenizer, RoPE
- * tables and bookkeeping (tens of MiB for the models hearth serves). */
+/* What a loaded model holds beside its arena: tokenizer, KV bookkeeping, grammar index,
+ * and the load's transients (tens of MiB for the models hearth serves). */
 #define SERVER_MODEL_OVERHEAD (64ull << 20)
 
-/* Whether the machine can hold a second model beside the first: the file's size bounds
- * the repacked weights (int4 is never larger than its source), plus the KV budget. */
-static bool server_room_beside(const struct hearth_config *cfg)
+/* Whether the machine can hold a second model beside the first: arena_bytes is the new
+ * arena as the loader plans it (load_plan_size: weights, KV with any sliding-window rings
+ * on top of a default budget, scratch, and the draft model's regions), plus the rest. */
+static bool server_room_beside(size_t arena_bytes)
 {
-	struct stat st;
-	if (stat(cfg->model, &st) < 0)
-		return false;
 	FILE *f = fopen("/proc/meminfo", "r");
 	if (!f)
 		return false;
@@ -461,7 +459,7 @@ static bool server_room_beside(const struct hearth_config *cfg)
 		if (sscanf(line, "MemAvailable: %llu kB", &avail_kb) == 1)
 			break;
 	fclose(f);
-	unsigned long long need = (unsigned long long)st.st_size + cfg->kv_budget + SERVER_MODEL_OVERHEAD;
+	unsigned long long need = (unsigned long long)arena_bytes + SERVER_MODEL_OVERHEAD;
 	return avail_kb * 1024ull > need;
 }
 
@@ -494,10 +492,23 @@ static void server_reload(struct server *srv)
 		systemd_notify_ready(srv->state == SERVE_READY ? "serving" : "loading", NULL);
 		return;
 	}
+	/* The new pair planned as the loader will plan it, before anything is freed: a file that
+	 * cannot even be parsed, a draft of another vocabulary or a KV budget that holds no
+	 * block is refused while the old model still serves. */
+	struct load_opts lo;
+	size_t arena_bytes;
+	config_load_opts(&fresh, &lo);
+	if (load_plan_size(fresh.model, &lo, &arena_bytes, &e) < 0) {
+		log_error(srv->log, "model swap refused, keeping %s: %s", srv->cfg.model, e.msg);
+		systemd_notify_ready("serving; the model swap was refused (see the log)", NULL);
+		return;
+	}
+	log_info(srv->log, "model swap: the new arena plans %zu bytes%s", arena_bytes,
+		 fresh.draft_model[0] ? " (the draft model's regions included)" : "");
 	srv->pending_cfg = fresh;
 	srv->swapping = true;
 	srv->swap_beside = fresh.model_swap == CONFIG_SWAP_BESIDE ||
-			   (fresh.model_swap == CONFIG_SWAP_AUTO && server_room_beside(&fresh));
+			   (fresh.model_swap == CONFIG_SWAP_AUTO && server_room_beside(arena_bytes));
 	if (srv->swap_beside) {
 		log_notice(srv->log, "model swap: loading %s beside the running model", fresh.model);
 		systemd_notify_ready("serving; loading the new model beside the old", NULL);
@@ -505,16 +516,7 @@ static void server_reload(struct server *srv)
 			srv->swapping = false;
 		return;
 	}
-	/* Drain-first frees the old model before the new one loads: a file that cannot even be
-	 * parsed is refused while the old model still serves. */
-	struct gguf_file *gf;
-	if (gguf_open(&gf, fresh.model, &e) < 0) {
-		log_error(srv->log, "model swap refused, keeping %s: %s", srv->cfg.model, e.msg);
-		systemd_notify_ready("serving; the model swap was refused (see the log)", NULL);
-		srv->swapping = false;
-		return;
-	}
-	gguf_close(gf);
+	/* Drain-first frees the old model before the new one loads (planned above). */
 	log_notice(srv->log, "model swap: draining running requests, then freeing the model and loading %s",
 		   fresh.model);
 	systemd_notify_ready("draining, then loading the new model", NULL);

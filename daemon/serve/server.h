@@ -28,8 +28,7 @@ struct server_model {
 	struct engine eng;
 	struct msg_model_info info;    /* strings point into the owner's storage */
 	const struct sched_params *sched; /* NULL: sched_params_default */
-	const struct arena *arena;     /* for the ledger; NULL: none */
-	const struct arena *draft_arena; /* the draft model's (config draft_model); NULL: none */
+	const struct arena *arena;     /* for the ledger (the draft's regions too); NULL: none */
 	const struct ledger_load *load; /* what the load sampler saw; NULL: none */
 	const struct serve_chat_model *chat; /* the model's chat templates */
 	struct grammar_cache *grammars;      /* compiled grammars for this vocabulary */

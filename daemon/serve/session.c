@@ -1220,6 +1220,9 @@ static void session_on_stats(struct session *ss, const struct msg *m)
 		st->gen_tokens = atomic_load(&ss_->tokens_generated);
 		st->kv_used = atomic_load(&ss_->kv_used);
 		st->kv_total = atomic_load(&ss_->kv_total);
+		st->draft_kv_total = atomic_load(&ss_->draft_kv_total);
+		st->draft_kv_used = atomic_load(&ss_->draft_kv_used);
+		st->has_draft_kv = st->draft_kv_total > 0;
 		st->draft_tokens = atomic_load(&ss_->spec_drafted);
 		st->draft_accepted = atomic_load(&ss_->spec_accepted);
 		st->draft_model_tokens = atomic_load(&ss_->spec_model_drafted);
@@ -1262,24 +1265,6 @@ static void ledger_ring_of(struct session *o, void *ctx)
 	rr->n++;
 }
 
-/* The draft model's arena as two ranges (ledger_collect counts one arena by region): its
- * weights, norms and RoPE below the KV region, and the KV and scratch from there (the KV
- * region is page-aligned, so the two never share a page). Returns how many were written. */
-static size_t ledger_draft_ranges(const struct arena *a, struct ledger_range *ranges)
-{
-	if (!a || !a->base)
-		return 0;
-	const uint8_t *kv = a->base + a->size;
-	for (size_t i = 0; i < a->n_regions; i++)
-		if (!strcmp(a->regions[i].name, ARENA_REGION_KV))
-			kv = a->regions[i].base;
-	ranges[0] = (struct ledger_range){ "draft: weights, norms, rope", LEDGER_WEIGHTS, a->base,
-					   (size_t)(kv - a->base) };
-	ranges[1] = (struct ledger_range){ "draft: kv cache and scratch", LEDGER_KV, kv,
-					   (size_t)(a->base + a->size - kv) };
-	return ranges[1].len ? 2 : 1;
-}
-
 /* Counts every byte the daemon holds (ledger_collect: the arena region by region, client
  * rings, code, the rest of the heap) and answers with it. It reads /proc and calls
  * mincore: milliseconds on the loop thread, so a collection is reused for a second while
@@ -1310,14 +1295,11 @@ static void session_on_ledger(struct session *ss, const struct msg *m)
 	/* The rings of the first clients by name; any more are counted with shared memory. */
 	struct ledger_range ranges[LEDGER_MAX_RANGES];
 	char names[LEDGER_MAX_RANGES][LEDGER_NAME_MAX];
-	size_t n = 0;
 	const struct server_model *model = server_model_view(srv);
-	n = model ? ledger_draft_ranges(model->draft_arena, ranges) : 0;
-	struct ring_ranges rr = { ranges, names, n };
+	struct ring_ranges rr = { ranges, names, 0 };
 	server_sessions_walk(srv, ledger_ring_of, &rr);
-	n = rr.n;
 	struct hearth_error e;
-	if (ledger_collect(l, model ? model->arena : NULL, ranges, n, model ? model->load : NULL, &e) < 0) {
+	if (ledger_collect(l, model ? model->arena : NULL, ranges, rr.n, model ? model->load : NULL, &e) < 0) {
 		session_send_error(ss, m->id, MSG_ERR_INTERNAL, false, "ledger: %s", e.msg);
 	} else {
 		struct msg r;

@@ -209,7 +209,7 @@ static void bench_describe(const struct model_q4 *m, struct bench_model *d)
 	snprintf(d->arch, sizeof d->arch, "%s", m->arch_name);
 	snprintf(d->name, sizeof d->name, "%s", m->name);
 	snprintf(d->quant, sizeof d->quant, "%s", m->quant_name);
-	snprintf(d->backing, sizeof d->backing, "%s", arena_backing_name(m->arena.backing));
+	snprintf(d->backing, sizeof d->backing, "%s", arena_backing_name(m->arena->backing));
 	d->isa = m->kern->name;
 	d->n_params = m->n_params;
 	d->n_vocab = m->hp.n_vocab;

@@ -191,6 +191,10 @@ static void fake_model(struct msg_welcome *w)
 	w->model.n_vocab = 32000;
 	w->model.n_layer = 4;
 	w->model.n_embd = 256;
+	w->model.has_draft = true;
+	w->model.draft = (struct msg_draft_info){ .arch = { "llama", 5 }, .name = { "tinier", 6 },
+						  .quant = { "q4_g32", 6 }, .n_params = 2890000, .n_ctx = 256,
+						  .n_layer = 2, .n_embd = 64 };
 	w->max_frame = FRAME_MAX_DEFAULT;
 }
 
@@ -522,6 +526,13 @@ static void test_client_connect_reports_loading_then_takes_welcome_and_ring(void
 	assert_int_equal(m.n_vocab, 32000);
 	assert_int_equal(m.n_layer, 4);
 	assert_int_equal(m.n_embd, 256);
+	assert_string_equal(m.draft.arch, "llama"); /* welcome.model.draft */
+	assert_string_equal(m.draft.name, "tinier");
+	assert_string_equal(m.draft.quant, "q4_g32");
+	assert_int_equal(m.draft.n_params, 2890000);
+	assert_int_equal(m.draft.n_ctx, 256);
+	assert_int_equal(m.draft.n_layer, 2);
+	assert_int_equal(m.draft.n_embd, 64);
 	assert_int_equal(m.proto_major, MSG_PROTO_MAJOR);
 	assert_string_equal(f->hello_name, "test-client");
 	hearth_close(h);
@@ -1495,7 +1506,8 @@ static void script_requests(struct fake *f)
 	r.u.stats = (struct msg_stats_reply){ .uptime_ms = 3723000, .clients = 3, .running = 2,
 					      .queued = 1, .prompt_tokens = 1000, .gen_tokens = 2000,
 					      .kv_used = 1 << 20, .kv_total = 64 << 20,
-					      .rss = 900 << 20 };
+					      .rss = 900 << 20, .has_draft_kv = true,
+					      .draft_kv_used = 3 << 20, .draft_kv_total = 16 << 20 };
 	FTRY(fake_send(f, &r));
 
 	FTRY(fake_expect(f, MSG_LEDGER, &m));
@@ -1551,6 +1563,8 @@ static void test_client_tokenize_detokenize_stats_ledger_ping_round_trip(void **
 	assert_int_equal(st.kv_used, 1 << 20);
 	assert_int_equal(st.kv_total, 64 << 20);
 	assert_int_equal(st.rss, 900 << 20);
+	assert_int_equal(st.draft_kv_used, 3 << 20);
+	assert_int_equal(st.draft_kv_total, 16 << 20);
 	struct hearth_ledger *l = malloc(sizeof *l);
 	assert_non_null(l);
 	assert_int_equal(hearth_ledger(h, l, &err), 0);

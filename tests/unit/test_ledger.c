@@ -372,6 +372,79 @@ static void test_ledger_formats_table_and_json(void **state)
 	world_free(&w);
 }
 
+/* A draft model's regions in the model's arena ("draft.<region>", load.h) are the draft's
+ * lines: their own group, counted once, not "arena other" and not the model's weights or
+ * KV; a name under the prefix that is no region kind stays "arena other". */
+static void test_ledger_groups_the_draft_regions_apart(void **state)
+{
+	(void)state;
+	struct arena a;
+	struct arena_plan plan;
+	struct hearth_error err;
+	arena_plan_init(&plan);
+	const struct {
+		const char *name;
+		size_t size;
+		enum ledger_group group;
+		bool touch;
+	} regions[] = {
+		{ "weights.q4g128", MiB, LEDGER_WEIGHTS, true },
+		{ ARENA_REGION_KV, MiB, LEDGER_KV, true },
+		{ ARENA_DRAFT_PREFIX "weights.q4g32", 2 * MiB, LEDGER_DRAFT, true },
+		{ ARENA_DRAFT_PREFIX ARENA_REGION_EMBED_HEAD, MiB, LEDGER_DRAFT, true },
+		{ ARENA_DRAFT_PREFIX ARENA_REGION_KV, MiB, LEDGER_DRAFT, true },
+		{ ARENA_DRAFT_PREFIX ARENA_REGION_KV_SLIDING, 64 * 1024, LEDGER_DRAFT, false },
+		{ ARENA_DRAFT_PREFIX ARENA_REGION_SCRATCH, 64 * 1024, LEDGER_DRAFT, false },
+		{ ARENA_DRAFT_PREFIX "bogus", 64 * 1024, LEDGER_ARENA_OTHER, false },
+	};
+	size_t n = sizeof regions / sizeof regions[0];
+	for (size_t i = 0; i < n; i++)
+		assert_int_equal(arena_plan_add(&plan, regions[i].name, regions[i].size, 4096, &err), 0);
+	struct arena_config cfg = ARENA_CONFIG_DEFAULT;
+	cfg.pages = ARENA_PAGES_NONE;
+	assert_int_equal(arena_create(&a, &plan, &cfg, &err), 0);
+	for (size_t i = 0; i < n; i++) {
+		if (!regions[i].touch)
+			continue;
+		void *p;
+		assert_int_equal(arena_alloc(&a, regions[i].name, regions[i].size, 64, &p, &err), 0);
+		memset(p, 0x33, regions[i].size);
+	}
+	struct ledger *l = malloc(sizeof *l);
+	assert_non_null(l);
+	assert_int_equal(ledger_collect(l, &a, NULL, 0, NULL, &err), 0);
+	for (size_t i = 0; i < n; i++) {
+		const struct ledger_entry *e = entry(l, regions[i].name);
+		assert_int_equal(e->group, regions[i].group);
+		assert_int_equal(e->bytes, regions[i].size);
+		assert_int_equal(e->resident, regions[i].touch ? regions[i].size : 0);
+	}
+	assert_int_equal(l->group_resident[LEDGER_DRAFT], 4 * MiB);
+	assert_int_equal(l->group_bytes[LEDGER_DRAFT], 4 * MiB + 2 * 64 * 1024);
+	assert_int_equal(l->group_resident[LEDGER_WEIGHTS], MiB);
+	assert_int_equal(l->group_resident[LEDGER_KV], MiB);
+	assert_string_equal(ledger_group_name(LEDGER_DRAFT), "draft");
+
+	char *buf = malloc(16384);
+	assert_non_null(buf);
+	size_t len = ledger_format_table(l, buf, 16384);
+	assert_true(len > 0 && len < 16384);
+	const char *title = strstr(buf, "draft model (in the arena)");
+	assert_non_null(title);
+	/* the draft's lines follow their title, after the model's groups */
+	assert_true(strstr(buf, "draft.weights.q4g32") > title);
+	assert_true(strstr(buf, "draft.kv_pool ") > title);
+	assert_true(strstr(buf, "KV pool") < title);
+	len = ledger_format_json(l, buf, 16384);
+	assert_true(len > 0 && len < 16384);
+	assert_non_null(strstr(buf, "\"name\":\"draft.kv_pool\",\"group\":\"draft\""));
+	assert_non_null(strstr(buf, "\"name\":\"draft.bogus\",\"group\":\"arena_other\""));
+	assert_non_null(strstr(buf, "\"draft\":{\"bytes\":4325376,\"resident\":4194304}"));
+	free(buf);
+	free(l);
+	arena_destroy(&a);
+}
+
 /* The wire reply carries every line that holds something, sums to the ledger's total,
  * and survives the protocol's own strict decoder (names and counts within its limits). */
 static void test_ledger_reply_carries_every_line_and_decodes(void **state)
@@ -444,6 +517,7 @@ int main(void)
 						pool_teardown),
 		cmocka_unit_test(test_ledger_counts_each_byte_once),
 		cmocka_unit_test(test_ledger_formats_table_and_json),
+		cmocka_unit_test(test_ledger_groups_the_draft_regions_apart),
 		cmocka_unit_test(test_ledger_reply_carries_every_line_and_decodes),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

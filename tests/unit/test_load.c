@@ -2,7 +2,9 @@
  * weights in one arena region per packed type, RoPE sized by max_context and never by the
  * file's advertised context (one table per distinct setting), a small load peak that the
  * sampler measures (and a large transient it does see), KV budget errors that say what
- * would fit, the page kind and NUMA placement reported, and the file let go after loading. */
+ * would fit, the page kind and NUMA placement reported, the file let go after loading, and a
+ * draft model loaded into the model's one arena (its regions by name, refused before
+ * anything is mapped when its vocabulary or KV budget will not do, freed with the model). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -68,7 +70,7 @@ static struct model_q4 *load_fixture(const char *name, const struct load_opts *o
 
 static const struct arena_region *region(const struct model_q4 *m, const char *name)
 {
-	return arena_region_find((struct arena *)&m->arena, name);
+	return arena_region_find(m->arena, name);
 }
 
 /* Bytes of the int4 layout for rows x cols at group 32, asymmetric (the fixtures' F32
@@ -429,13 +431,13 @@ static void test_load_peak_is_small_and_the_sampler_sees_a_transient(void **stat
 	struct model_q4 *m = load_fixture("fx-quant-bf16.gguf", &o);
 	assert_true(rec.valid);
 	assert_true(rec.samples >= 1);
-	assert_true(rec.settled_anon >= m->arena.size);  /* the arena is all touched */
+	assert_true(rec.settled_anon >= m->arena->size);  /* the arena is all touched */
 	/* The file is 19 MB; the blocked repack's scratch is 16 rows of 512 floats. Expanding
 	 * one whole matrix (token_embd, 32000 x 256 f32) would be 32 MiB above the settled
 	 * size; what is seen is the tokenizer's and the reader's short-lived tables, 2-5 MiB
 	 * depending on when the 10 ms sampler looks. */
 	assert_true(rec.transient < 8 * MiB);
-	assert_true(rec.peak_anon - rec.baseline_anon < m->arena.size + 8 * MiB);
+	assert_true(rec.peak_anon - rec.baseline_anon < m->arena->size + 8 * MiB);
 	model_q4_free(m);
 
 	struct spike sp = { 64 * MiB, false };
@@ -503,19 +505,19 @@ static void test_load_reports_the_page_kind_it_got(void **state)
 	/* auto: whatever it fell back to is named, with the reason for each step */
 	o.arena.pages = ARENA_PAGES_AUTO;
 	assert_int_equal(load_path(path, &o, &m, &e), 0);
-	assert_true(m->arena.note[0] != '\0');
-	assert_non_null(strstr(m->arena.note, arena_backing_name(m->arena.backing)));
+	assert_true(m->arena->note[0] != '\0');
+	assert_non_null(strstr(m->arena->note, arena_backing_name(m->arena->backing)));
 	struct memstat_hugepages hp;
-	if (memstat_hugepages_2m(&hp, NULL) == 0 && hp.available * ARENA_HUGE_PAGE < m->arena.size) {
-		assert_int_not_equal(m->arena.backing, ARENA_BACKING_HUGETLB);
-		assert_non_null(strstr(m->arena.note, "hugetlb"));
+	if (memstat_hugepages_2m(&hp, NULL) == 0 && hp.available * ARENA_HUGE_PAGE < m->arena->size) {
+		assert_int_not_equal(m->arena->backing, ARENA_BACKING_HUGETLB);
+		assert_non_null(strstr(m->arena->note, "hugetlb"));
 	}
 	model_q4_free(m);
 
 	o.arena.pages = ARENA_PAGES_NONE;
 	assert_int_equal(load_path(path, &o, &m, &e), 0);
-	assert_int_equal(m->arena.backing, ARENA_BACKING_NORMAL);
-	assert_non_null(strstr(m->arena.note, "normal"));
+	assert_int_equal(m->arena->backing, ARENA_BACKING_NORMAL);
+	assert_non_null(strstr(m->arena->note, "normal"));
 	model_q4_free(m);
 
 	/* hugetlb demanded without a pool: the error names the knob, nothing is left loaded */
@@ -541,12 +543,12 @@ static void test_load_reports_numa_placement(void **state)
 		model_q4_free(m);
 		skip();
 	}
-	assert_true(m->arena.numa_bound);
+	assert_true(m->arena->numa_bound);
 	assert_int_equal(pl.bytes_other_node, 0);
 	size_t sum = pl.bytes_not_present;
 	for (int n = 0; n < pl.n_nodes; n++)
 		sum += pl.node_bytes[n];
-	assert_int_equal(sum, m->arena.size);
+	assert_int_equal(sum, m->arena->size);
 	/* everything the loader wrote is present, on node 0 */
 	assert_true(pl.node_bytes[0] >= m->bytes_weights + m->bytes_embed_head + m->kv.geo.pool_bytes);
 	model_q4_free(m);
@@ -574,6 +576,195 @@ static void test_load_lets_the_file_go(void **state)
 	model_q4_free(m);
 }
 
+/* Arena mappings of this process: with pages = none the arena alone asks for
+ * MADV_NOHUGEPAGE, which smaps shows as "nh" in VmFlags. *lo and *hi get the range of the
+ * last one. */
+static int arena_mappings(uintptr_t *lo, uintptr_t *hi)
+{
+	FILE *f = fopen("/proc/self/smaps", "r");
+	assert_non_null(f);
+	char line[1024];
+	unsigned long a = 0, b = 0;
+	int n = 0;
+	while (fgets(line, sizeof line, f)) {
+		unsigned long x, y;
+		if (sscanf(line, "%lx-%lx ", &x, &y) == 2) {
+			a = x;
+			b = y;
+		} else if (strncmp(line, "VmFlags:", 8) == 0) {
+			for (char *t = strtok(line + 8, " \n"); t; t = strtok(NULL, " \n"))
+				if (strcmp(t, "nh") == 0) {
+					n++;
+					*lo = a;
+					*hi = b;
+				}
+		}
+	}
+	fclose(f);
+	return n;
+}
+
+/* The draft's vocabulary check as the loader sees it (the service's draft_vocab_check
+ * compares every token; here the sizes, which tell the fixtures' vocabularies apart), and
+ * what was mapped when it ran. */
+static int g_vocab_calls, g_vocab_mappings;
+
+static int vocab_same_size(const struct tok *model, const struct tok *draft, struct hearth_error *err)
+{
+	uintptr_t lo, hi;
+	g_vocab_calls++;
+	g_vocab_mappings = arena_mappings(&lo, &hi);
+	if (tok_n_vocab(model) != tok_n_vocab(draft))
+		return hearth_error_set(err, HEARTH_EINVAL, "the vocabularies have %d and %d tokens",
+					tok_n_vocab(model), tok_n_vocab(draft));
+	return 0;
+}
+
+static void assert_inside(const void *p, const struct arena_region *r)
+{
+	assert_non_null(r);
+	assert_true((const uint8_t *)p >= r->base && (const uint8_t *)p < r->base + r->size);
+}
+
+/* A draft (fx-qwen2, the same GPT-2 vocabulary) loaded with fx-qwen3 lives in the model's
+ * one arena: one mapping, its regions named "draft.*" inside it and holding its matrices,
+ * norms, KV and scratch, planned as load_plan_size says, stepping on the model's threads,
+ * and unmapped with the model by one model_q4_free. */
+static void test_load_puts_the_draft_in_the_models_one_arena(void **state)
+{
+	(void)state;
+	char path[4096], dpath[4096];
+	fixture_path("fx-qwen3.gguf", path, sizeof path);
+	fixture_path("fx-qwen2.gguf", dpath, sizeof dpath);
+	struct load_opts o;
+	small_opts(&o);
+	o.arena.pages = ARENA_PAGES_NONE;
+	uintptr_t lo = 0, hi = 0;
+	int before = arena_mappings(&lo, &hi);
+	struct model_q4 *alone = load_fixture("fx-qwen3.gguf", &o);
+	assert_int_equal(arena_mappings(&lo, &hi), before + 1);
+	size_t alone_planned = alone->arena->planned;
+	model_q4_free(alone);
+	assert_int_equal(arena_mappings(&lo, &hi), before);
+
+	o.draft = (struct load_draft_opts){ dpath, 1u << 20, false, vocab_same_size };
+	struct hearth_error e;
+	size_t planned = 0;
+	g_vocab_calls = 0;
+	assert_int_equal(load_plan_size(path, &o, &planned, &e), 0);
+	assert_int_equal(g_vocab_calls, 1);
+	assert_int_equal(arena_mappings(&lo, &hi), before); /* the estimate maps nothing */
+	struct model_q4 *m = load_fixture("fx-qwen3.gguf", &o);
+	assert_int_equal(g_vocab_calls, 2);
+	assert_int_equal(g_vocab_mappings, before); /* checked before the arena was mapped */
+	assert_non_null(m->draft);
+	assert_int_equal(arena_mappings(&lo, &hi), before + 1);
+	assert_true(lo <= (uintptr_t)m->arena->base && (uintptr_t)m->arena->base + m->arena->size <= hi);
+	assert_ptr_equal(m->draft->arena, m->arena);
+	assert_null(m->draft->arena_own.base);
+	assert_null(m->draft->draft);
+
+	/* the draft's regions, by the model's names under the prefix, inside the one mapping */
+	size_t draft_bytes = 0, n_draft = 0;
+	for (size_t i = 0; i < m->arena->n_regions; i++) {
+		const struct arena_region *r = &m->arena->regions[i];
+		if (strncmp(r->name, ARENA_DRAFT_PREFIX, strlen(ARENA_DRAFT_PREFIX)) != 0)
+			continue;
+		assert_non_null(region(m, r->name + strlen(ARENA_DRAFT_PREFIX))); /* the model has one too */
+		assert_true(r->base >= m->arena->base && r->base + r->size <= m->arena->base + m->arena->size);
+		draft_bytes += r->size;
+		n_draft++;
+	}
+	assert_true(n_draft >= 6);
+	assert_true(region(m, "draft.weights.q4g32") || region(m, "draft.weights.q4g128"));
+	assert_inside(m->draft->embd.data, region(m, "draft.embed_head"));
+	assert_inside(m->draft->layers[0].attn_norm, region(m, "draft.norms"));
+	assert_inside(m->draft->ropes[0].cos, region(m, "draft.rope"));
+	assert_inside(m->draft->kv.pool, region(m, "draft.kv_pool"));
+	assert_inside(m->draft->x, region(m, "draft.scratch"));
+	assert_inside(m->embd.data, region(m, ARENA_REGION_EMBED_HEAD));
+	assert_inside(m->kv.pool, region(m, ARENA_REGION_KV));
+	assert_int_equal(m->draft->bytes_embed_head, region(m, "draft.embed_head")->size);
+	/* its own KV budget: the model's 1 MiB pool and the draft's are apart */
+	assert_true(region(m, "draft.kv_pool")->size <= (1u << 20));
+	assert_int_equal(region(m, "draft.kv_pool")->used, m->draft->kv.geo.pool_bytes);
+	/* planned once for both, as the estimate said */
+	assert_true(m->arena->planned >= alone_planned + draft_bytes);
+	assert_int_equal(planned, (m->arena->planned + ARENA_HUGE_PAGE - 1) / ARENA_HUGE_PAGE * ARENA_HUGE_PAGE);
+	/* one pool of compute threads, and the draft steps */
+	assert_ptr_equal(m->draft->pool, m->pool);
+	assert_true(m->draft->pool_borrowed);
+	struct engine de;
+	model_q4_engine(m->draft, &de);
+	assert_int_equal(engine_warm_up(&de, 1, &e), 0);
+	model_q4_free(m);
+	assert_int_equal(arena_mappings(&lo, &hi), before); /* both gone, with one free */
+}
+
+/* What is mapped of path (the model files after a load): nothing, once a load returned. */
+static bool file_mapped(const char *path)
+{
+	char real[4096];
+	assert_non_null(realpath(path, real));
+	FILE *maps = fopen("/proc/self/maps", "r");
+	assert_non_null(maps);
+	char line[8192];
+	bool mapped = false;
+	while (fgets(line, sizeof line, maps))
+		mapped |= strstr(line, real) != NULL;
+	fclose(maps);
+	return mapped;
+}
+
+/* A draft of another vocabulary (fx-llama's SentencePiece against GPT-2 BPE) is refused
+ * before the arena is mapped, naming both files; so is a draft KV budget that holds no
+ * block (naming the draft's budget and region); nothing is left mapped either way, and the
+ * estimate refuses alike. */
+static void test_load_refuses_a_draft_before_mapping_anything(void **state)
+{
+	(void)state;
+	char path[4096], dpath[4096];
+	fixture_path("fx-qwen3.gguf", path, sizeof path);
+	fixture_path("fx-llama.gguf", dpath, sizeof dpath);
+	struct load_opts o;
+	small_opts(&o);
+	o.arena.pages = ARENA_PAGES_NONE;
+	o.draft = (struct load_draft_opts){ dpath, 1u << 20, false, vocab_same_size };
+	struct ledger_load rec;
+	o.load_record = &rec;
+	uintptr_t lo, hi;
+	int before = arena_mappings(&lo, &hi);
+	struct model_q4 *m = NULL;
+	struct hearth_error e;
+	g_vocab_calls = 0;
+	g_vocab_mappings = -1;
+	assert_int_equal(load_path(path, &o, &m, &e), HEARTH_EINVAL);
+	assert_null(m);
+	assert_false(rec.valid);
+	assert_int_equal(g_vocab_calls, 1);
+	assert_int_equal(g_vocab_mappings, before);
+	assert_int_equal(arena_mappings(&lo, &hi), before);
+	assert_false(file_mapped(path));
+	assert_false(file_mapped(dpath));
+	assert_non_null(strstr(e.msg, "draft_model"));
+	assert_non_null(strstr(e.msg, "cannot draft for"));
+	assert_non_null(strstr(e.msg, "32000"));
+	size_t planned = 1;
+	assert_int_equal(load_plan_size(path, &o, &planned, &e), HEARTH_EINVAL);
+	assert_int_equal(planned, 0);
+	assert_non_null(strstr(e.msg, "cannot draft for"));
+
+	/* the same vocabulary, but a draft KV budget below one of its blocks */
+	fixture_path("fx-qwen2.gguf", dpath, sizeof dpath);
+	o.draft.kv_budget = 100;
+	assert_int_equal(load_path(path, &o, &m, &e), HEARTH_EINVAL);
+	assert_null(m);
+	assert_int_equal(arena_mappings(&lo, &hi), before);
+	assert_non_null(strstr(e.msg, "draft_kv_budget"));
+	assert_non_null(strstr(e.msg, "draft.kv_pool"));
+	assert_false(file_mapped(dpath));
+}
+
 int main(void)
 {
 	if (kern_select(getenv("HEARTH_KERNELS")) < 0) {
@@ -593,6 +784,8 @@ int main(void)
 		cmocka_unit_test(test_load_reports_the_page_kind_it_got),
 		cmocka_unit_test(test_load_reports_numa_placement),
 		cmocka_unit_test(test_load_lets_the_file_go),
+		cmocka_unit_test(test_load_puts_the_draft_in_the_models_one_arena),
+		cmocka_unit_test(test_load_refuses_a_draft_before_mapping_anything),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -860,7 +860,7 @@ static void test_q4_gemma3_ledger_shows_kv_by_kind(void **state)
 	struct ledger *l = calloc(1, sizeof *l);
 	struct hearth_error e;
 	assert_non_null(l);
-	assert_int_equal(ledger_collect(l, &m->arena, NULL, 0, NULL, &e), 0);
+	assert_int_equal(ledger_collect(l, m->arena, NULL, 0, NULL, &e), 0);
 	const struct ledger_entry *blocks = NULL, *rings = NULL;
 	for (size_t i = 0; i < l->n_entries; i++) {
 		if (!strcmp(l->entries[i].name, "kv_pool"))

@@ -170,6 +170,23 @@ static void test_msg_roundtrips_hello_and_welcome(void **state)
 	assert_true(dw->ring);
 	assert_int_equal(dw->ring_d2c, 1u << 20);
 	assert_int_equal(dw->ring_c2d, 1u << 21);
+	assert_false(dw->model.has_draft); /* no draft model: the field is left out */
+	msg_free(&d);
+
+	/* welcome.model.draft names the draft model when there is one. */
+	w->model.has_draft = true;
+	w->model.draft = (struct msg_draft_info){ .arch = B("llama"), .name = B("KJV small"), .quant = B("q4_g32"),
+						  .n_params = 2890000, .n_ctx = 256, .n_layer = 4, .n_embd = 128 };
+	roundtrip(&m, MSG_FROM_DAEMON, &d);
+	assert_true(d.u.welcome.model.has_draft);
+	assert_bytes(d.u.welcome.model.draft.arch, "llama");
+	assert_bytes(d.u.welcome.model.draft.name, "KJV small");
+	assert_bytes(d.u.welcome.model.draft.quant, "q4_g32");
+	assert_int_equal(d.u.welcome.model.draft.n_params, 2890000);
+	assert_int_equal(d.u.welcome.model.draft.n_ctx, 256);
+	assert_int_equal(d.u.welcome.model.draft.n_layer, 4);
+	assert_int_equal(d.u.welcome.model.draft.n_embd, 128);
+	assert_bytes(d.u.welcome.model.arch, "qwen2"); /* the model's own facts unchanged */
 	msg_free(&d);
 }
 
@@ -377,6 +394,16 @@ static void test_msg_roundtrips_replies(void **state)
 	assert_int_equal(d.u.stats.kv_used, 1u << 20);
 	assert_int_equal(d.u.stats.kv_total, 1u << 30);
 	assert_int_equal(d.u.stats.rss, 987654321);
+	assert_false(d.u.stats.has_draft_kv); /* no draft model: both fields left out */
+	msg_free(&d);
+	m.u.stats.has_draft_kv = true;
+	m.u.stats.draft_kv_used = 0; /* an idle draft still says its total, and used 0 */
+	m.u.stats.draft_kv_total = 64u << 20;
+	roundtrip(&m, MSG_FROM_DAEMON, &d);
+	assert_true(d.u.stats.has_draft_kv);
+	assert_int_equal(d.u.stats.draft_kv_used, 0);
+	assert_int_equal(d.u.stats.draft_kv_total, 64u << 20);
+	assert_int_equal(d.u.stats.kv_total, 1u << 30);
 	msg_free(&d);
 
 	struct msg_ledger_entry ent[] = { { B("weights"), 900000000ull }, { B("kv"), 1ull << 28 } };
@@ -562,7 +589,9 @@ static size_t full_messages(enum msg_type type, struct msg *v)
 	case MSG_WELCOME:
 		m->u.welcome = (struct msg_welcome){ MSG_PROTO_MAJOR, 2, B("0.1"),
 			{ B("llama"), B("tiny"), B("q4_g128"), 123456789012ull, 4096, 8192, 32000,
-			  22, 2048, B("model"), B("last") }, 1u << 20, true, 1u << 22, 1u << 21 };
+			  22, 2048, B("model"), B("last"), true,
+			  { B("llama"), B("tinier"), B("q4_g32"), 2890000, 2048, 4, 256 } },
+			1u << 20, true, 1u << 22, 1u << 21 };
 		break;
 	case MSG_LOADING:
 		m->u.loading = (struct msg_loading){ B("map"), 5, 10 };
@@ -589,6 +618,9 @@ static size_t full_messages(enum msg_type type, struct msg *v)
 		m->u.stats.draft_accepted = 20;
 		m->u.stats.draft_model_tokens = 30;
 		m->u.stats.draft_model_accepted = 10;
+		m->u.stats.has_draft_kv = true;
+		m->u.stats.draft_kv_used = 3u << 20;
+		m->u.stats.draft_kv_total = 64u << 20;
 		break;
 	case MSG_LEDGER_REPLY:
 		m->u.ledger = (struct msg_ledger_reply){ full_ledger, 2, 9, 10 };

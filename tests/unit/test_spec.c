@@ -710,9 +710,11 @@ static void test_spec_with_jump_forward_equals_plain_decoding(void **state)
 
 /* ---- the int4 engine: rollback in the paged, prefix-shared cache ---- */
 
-static struct model_q4 *load_q4_fixture(const char *file, struct tok **tok)
+/* file, and draft_file (NULL: none) as its draft in the same arena, as hearthd loads them
+ * (the draft is then m->draft, freed with m). */
+static struct model_q4 *load_q4_fixture_with(const char *file, const char *draft_file, struct tok **tok)
 {
-	char rel[256], path[4096];
+	char rel[256], path[4096], drel[256], dpath[4096];
 	struct load_opts o;
 	load_opts_default(&o);
 	o.max_context = 128;
@@ -720,12 +722,23 @@ static struct model_q4 *load_q4_fixture(const char *file, struct tok **tok)
 	o.max_seqs = 8;
 	o.step_tokens = 64;
 	o.n_threads = 2;
+	if (draft_file) {
+		snprintf(drel, sizeof drel, "fixtures/%s", draft_file);
+		o.draft = (struct load_draft_opts){ ref_fixture_path(drel, dpath, sizeof dpath), 2u << 20, false,
+						    draft_vocab_check };
+	}
 	struct model_q4 *m;
 	struct hearth_error e;
 	snprintf(rel, sizeof rel, "fixtures/%s", file);
 	if (load_q4(&m, tok, ref_fixture_path(rel, path, sizeof path), &o, &e) < 0)
 		fail_msg("load_q4 %s: %s", file, e.msg);
+	assert_true((m->draft != NULL) == (draft_file != NULL));
 	return m;
+}
+
+static struct model_q4 *load_q4_fixture(const char *file, struct tok **tok)
+{
+	return load_q4_fixture_with(file, NULL, tok);
 }
 
 /* Logits after every token of t, one token a step, in a prefix domain of its own (nothing
@@ -860,14 +873,12 @@ static void test_spec_q4_private_sequence_truncates_anywhere_and_publishes_nothi
 static uint64_t check_q4_greedy_with_drafts_equals_without(const char *file, const char *draft_file,
 							    double min_rate)
 {
-	struct tok *tok, *dtok = NULL;
-	struct model_q4 *m = load_q4_fixture(file, &tok), *dm = NULL;
+	struct tok *tok;
+	struct model_q4 *m = load_q4_fixture_with(file, draft_file, &tok), *dm = m->draft;
 	struct engine eng, deng;
 	model_q4_engine(m, &eng);
-	if (draft_file) {
-		dm = load_q4_fixture(draft_file, &dtok);
+	if (dm)
 		model_q4_engine(dm, &deng);
-	}
 	enum { N = 4, GEN = 40 };
 	int32_t prompts[N][30];
 	struct job jobs[N];
@@ -885,10 +896,8 @@ static uint64_t check_q4_greedy_with_drafts_equals_without(const char *file, con
 		draft_file ? draft_file : "the lookup", (unsigned long long)drafted, (unsigned long long)accepted);
 	assert_true((double)accepted >= min_rate * (double)drafted);
 	assert_int_equal(g_model_drafted, dm ? drafted : 0);
-	tok_free(dtok);
-	model_q4_free(dm);
 	tok_free(tok);
-	model_q4_free(m);
+	model_q4_free(m); /* and its draft */
 	return accepted;
 }
 
@@ -927,14 +936,12 @@ static bool park_emit(void *p, const struct sched_token *t)
  * same steps must go on to exactly its output without drafts. */
 static void check_cancel_mid_draft(const char *draft_file)
 {
-	struct tok *tok, *dtok = NULL;
-	struct model_q4 *m = load_q4_fixture("fx-quant-q4_0.gguf", &tok), *dm = NULL;
+	struct tok *tok;
+	struct model_q4 *m = load_q4_fixture_with("fx-quant-q4_0.gguf", draft_file, &tok), *dm = m->draft;
 	struct engine eng, deng;
 	model_q4_engine(m, &eng);
-	if (draft_file) {
-		dm = load_q4_fixture(draft_file, &dtok);
+	if (dm)
 		model_q4_engine(dm, &deng);
-	}
 	enum { GEN = 40 };
 	int32_t pa[30], pb[30];
 	repeating_prompt(400u, pa, 30, 3, eng.n_vocab);
@@ -1001,9 +1008,7 @@ static void check_cancel_mid_draft(const char *draft_file)
 	assert_int_equal(with.n[0], GEN);
 	assert_memory_equal(with.tokens[0], alone.tokens[0], GEN * sizeof(int32_t));
 	tok_free(tok);
-	model_q4_free(m);
-	tok_free(dtok);
-	model_q4_free(dm);
+	model_q4_free(m); /* and its draft */
 }
 
 static void test_spec_cancel_mid_draft_leaves_the_batch_exact(void **state)
@@ -1189,8 +1194,8 @@ static void test_draft_model_grammar_output_equals_plain_decoding(void **state)
 	check_grammar_output_equals_plain_decoding(*state, true);
 }
 
-/* The int4 engine with an int4 draft: the same file as its own draft (a second resident
- * copy) is accepted nearly always; the same weights from another file (F16 and Q4_0 of one
+/* The int4 engine with an int4 draft in its arena, as hearthd loads it: the same file as
+ * its own draft (a second resident copy, on the same pool) is accepted nearly always; the same weights from another file (F16 and Q4_0 of one
  * model) agree less, as random weights give flat distributions whose top token rounding
  * flips. */
 static void test_draft_model_q4_greedy_with_drafts_equals_without(void **state)
