@@ -1389,8 +1389,10 @@ static int write_metadata(struct gguf_build *b, const struct mk_opts *o, uint64_
 	if (o->add_eos)
 		rc |= gguf_build_kv_bool(b, "tokenizer.ggml.add_eos_token", true);
 	/* llama.cpp derives the head size from n_embd / n_head unless told; Qwen3 and Gemma 3
-	 * files always say it */
-	if (s->head_dim * s->n_head != s->n_embd || o->arch == MK_QWEN3 || o->arch == MK_GEMMA3) {
+	 * files always say it, and so does every file converted from a config.json with a
+	 * head_dim (the presets that have one: Llama 3.2's) */
+	if (s->head_dim * s->n_head != s->n_embd || o->arch == MK_QWEN3 || o->arch == MK_GEMMA3 ||
+	    o->preset->shape.head_dim) {
 		rc |= KV_U32("attention.key_length", s->head_dim);
 		rc |= KV_U32("attention.value_length", s->head_dim);
 	}
