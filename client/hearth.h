@@ -363,6 +363,8 @@ int hearth_chat_finish(struct hearth_gen *g, struct hearth_chat_result *result, 
 
 /* ---- other requests ---- */
 
+/* Without NO_BOS the model's beginning-of-sequence token comes first when its file's
+ * tokenizer.ggml.add_bos_token asks for one (as prompts are tokenized), else never. */
 #define HEARTH_TOKENIZE_NO_BOS 1u   /* do not add the model's beginning-of-sequence token */
 #define HEARTH_TOKENIZE_SPECIAL 2u  /* parse special-token text such as "<|im_start|>" */
 

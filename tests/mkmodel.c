@@ -90,6 +90,7 @@ struct mk_opts {
 	int tied;            /* -1: the preset's */
 	int pooling;         /* <arch>.pooling_type (llama.cpp's numbering); -1: none written */
 	bool add_eos;        /* tokenizer.ggml.add_eos_token: true (Qwen3-Embedding's files) */
+	bool no_bos;         /* tokenizer.ggml.add_bos_token: false, whatever the vocabulary's own */
 	struct mk_swa swa;
 };
 
@@ -453,7 +454,7 @@ static void vocab_free(struct mk_vocab *v)
 	free(v->merges);
 }
 
-static int vocab_write(struct gguf_build *b, const struct mk_vocab *v, enum mk_arch arch)
+static int vocab_write(struct gguf_build *b, const struct mk_vocab *v, enum mk_arch arch, bool no_bos)
 {
 	int rc = 0;
 	rc |= gguf_build_kv_str(b, "tokenizer.ggml.model", "gpt2");
@@ -464,7 +465,7 @@ static int vocab_write(struct gguf_build *b, const struct mk_vocab *v, enum mk_a
 	rc |= gguf_build_kv_u32(b, "tokenizer.ggml.bos_token_id", v->bos);
 	rc |= gguf_build_kv_u32(b, "tokenizer.ggml.eos_token_id", v->eos);
 	rc |= gguf_build_kv_u32(b, "tokenizer.ggml.padding_token_id", v->eos);
-	rc |= gguf_build_kv_bool(b, "tokenizer.ggml.add_bos_token", arch == MK_LLAMA);
+	rc |= gguf_build_kv_bool(b, "tokenizer.ggml.add_bos_token", arch == MK_LLAMA && !no_bos);
 	return rc ? HEARTH_ENOMEM : 0;
 }
 
@@ -525,7 +526,7 @@ static int spm_vocab_read(struct mk_vocab *v, const char *path)
 	return rc;
 }
 
-static int spm_vocab_write(struct gguf_build *b, const struct mk_vocab *v)
+static int spm_vocab_write(struct gguf_build *b, const struct mk_vocab *v, bool no_bos)
 {
 	int rc = 0;
 	rc |= gguf_build_kv_str(b, "tokenizer.ggml.model", "llama");
@@ -536,7 +537,7 @@ static int spm_vocab_write(struct gguf_build *b, const struct mk_vocab *v)
 	rc |= gguf_build_kv_u32(b, "tokenizer.ggml.bos_token_id", v->bos);
 	rc |= gguf_build_kv_u32(b, "tokenizer.ggml.eos_token_id", v->eos);
 	rc |= gguf_build_kv_u32(b, "tokenizer.ggml.unknown_token_id", 0);
-	rc |= gguf_build_kv_bool(b, "tokenizer.ggml.add_bos_token", true);
+	rc |= gguf_build_kv_bool(b, "tokenizer.ggml.add_bos_token", !no_bos);
 	rc |= gguf_build_kv_bool(b, "tokenizer.ggml.add_eos_token", false);
 	rc |= gguf_build_kv_bool(b, "tokenizer.ggml.add_space_prefix", true);
 	return rc ? HEARTH_ENOMEM : 0;
@@ -767,8 +768,8 @@ static int copy_kv(struct gguf_build *b, const char *path, const char *key, cons
 }
 
 /* Copies every tokenizer.* key of path; the per-token arrays are padded to n_vocab tokens
- * (n_vocab from vocab_size_of). */
-static int vocab_copy(struct gguf_build *b, const char *path, uint64_t n_vocab)
+ * (n_vocab from vocab_size_of). no_bos writes add_bos_token false in place of the file's. */
+static int vocab_copy(struct gguf_build *b, const char *path, uint64_t n_vocab, bool no_bos)
 {
 	struct hearth_error err = { 0 };
 	struct gguf_file *f = NULL;
@@ -787,7 +788,8 @@ static int vocab_copy(struct gguf_build *b, const char *path, uint64_t n_vocab)
 		bool nul;
 		char *key;
 
-		if (kv->key.len < 10 || memcmp(kv->key.ptr, "tokenizer.", 10) != 0)
+		if (kv->key.len < 10 || memcmp(kv->key.ptr, "tokenizer.", 10) != 0 ||
+		    (no_bos && is_key(kv, "tokenizer.ggml.add_bos_token")))
 			continue;
 		if (!(key = str_dup(kv->key, &nul))) {
 			rc = nul ? HEARTH_EUNSUPPORTED : oom();
@@ -800,6 +802,8 @@ static int vocab_copy(struct gguf_build *b, const char *path, uint64_t n_vocab)
 		free(key);
 	}
 	gguf_close(f);
+	if (!rc && no_bos && gguf_build_kv_bool(b, "tokenizer.ggml.add_bos_token", false))
+		rc = oom();
 	return rc;
 }
 
@@ -1104,7 +1108,7 @@ static void usage(FILE *fp)
 		"               [--n-ff N] [--ctx N] [--rope-theta F] [--rms-eps F] [--tied|--untied]\n"
 		"               [--chat-template FILE.jinja] [--spm-vocab FILE.tsv] [--weights FILE.hkw]\n"
 		"               [--rope-freqs none|llama3[:FACTOR,LOW,HIGH,ORIG_CTX]]\n"
-		"               [--pooling mean|cls|last] [--add-eos]\n"
+		"               [--pooling mean|cls|last] [--add-eos] [--no-bos]\n"
 		"               [--sliding-window N] [--swa-pattern N] [--rope-scale F] [--softcap F]\n"
 		"Writes a synthetic model with seeded weights that llama.cpp loads. Without --vocab the\n"
 		"vocabulary is a small byte-level BPE of its own, padded with [PADn] to --n-vocab;\n"
@@ -1117,6 +1121,8 @@ static void usage(FILE *fp)
 		"--pooling writes <arch>.pooling_type: an embedding model's pooling, as llama.cpp reads it;\n"
 		"--add-eos tokenizer.ggml.add_eos_token = true, as embedding models that pool the last\n"
 		"token set it (with the built-in vocabulary only).\n"
+		"--no-bos tokenizer.ggml.add_bos_token = false, whichever vocabulary (a file whose\n"
+		"tokenizer adds no BOS, though its vocabulary's default would).\n"
 		"Default preset: tiny (llama arch, 64 wide, 2 layers). gemma3 only: --sliding-window\n"
 		"(0: the key is left out, which llama.cpp reads as all layers global and hearth\n"
 		"refuses), --swa-pattern (every Nth layer global; unwritten: 6),\n"
@@ -1158,7 +1164,7 @@ enum {
 	OPT_PRESET = 256, OPT_ARCH, OPT_TYPE, OPT_SEED, OPT_VOCAB, OPT_N_VOCAB, OPT_NAME,
 	OPT_N_EMBD, OPT_N_LAYER, OPT_N_HEAD, OPT_N_HEAD_KV, OPT_HEAD_DIM, OPT_N_FF, OPT_CTX,
 	OPT_ROPE_THETA, OPT_RMS_EPS, OPT_TIED, OPT_UNTIED, OPT_CHAT_TEMPLATE, OPT_SPM_VOCAB,
-	OPT_WEIGHTS, OPT_ROPE_FREQS, OPT_POOLING, OPT_ADD_EOS, OPT_SWA, OPT_SWA_PATTERN,
+	OPT_WEIGHTS, OPT_ROPE_FREQS, OPT_POOLING, OPT_ADD_EOS, OPT_NO_BOS, OPT_SWA, OPT_SWA_PATTERN,
 	OPT_ROPE_SCALE, OPT_SOFTCAP,
 };
 
@@ -1191,6 +1197,7 @@ static int parse_args(int argc, char **argv, struct mk_opts *o)
 		{ "rope-freqs", required_argument, NULL, OPT_ROPE_FREQS },
 		{ "pooling", required_argument, NULL, OPT_POOLING },
 		{ "add-eos", no_argument, NULL, OPT_ADD_EOS },
+		{ "no-bos", no_argument, NULL, OPT_NO_BOS },
 		{ "sliding-window", required_argument, NULL, OPT_SWA },
 		{ "swa-pattern", required_argument, NULL, OPT_SWA_PATTERN },
 		{ "rope-scale", required_argument, NULL, OPT_ROPE_SCALE },
@@ -1261,6 +1268,7 @@ static int parse_args(int argc, char **argv, struct mk_opts *o)
 			else ok = false;
 			break;
 		case OPT_ADD_EOS: o->add_eos = true; break;
+		case OPT_NO_BOS: o->no_bos = true; break;
 		case OPT_SWA: ok = parse_u64(optarg, &v64) && v64 <= UINT32_MAX; swa_given = true;
 			o->swa.n_swa = (uint32_t)v64; break;
 		case OPT_SWA_PATTERN: ok = parse_u32(optarg, &o->swa.swa_period); break;
@@ -1381,8 +1389,10 @@ static int write_metadata(struct gguf_build *b, const struct mk_opts *o, uint64_
 	if (o->add_eos)
 		rc |= gguf_build_kv_bool(b, "tokenizer.ggml.add_eos_token", true);
 	/* llama.cpp derives the head size from n_embd / n_head unless told; Qwen3 and Gemma 3
-	 * files always say it */
-	if (s->head_dim * s->n_head != s->n_embd || o->arch == MK_QWEN3 || o->arch == MK_GEMMA3) {
+	 * files always say it, and so does every file converted from a config.json with a
+	 * head_dim (the presets that have one: Llama 3.2's) */
+	if (s->head_dim * s->n_head != s->n_embd || o->arch == MK_QWEN3 || o->arch == MK_GEMMA3 ||
+	    o->preset->shape.head_dim) {
 		rc |= KV_U32("attention.key_length", s->head_dim);
 		rc |= KV_U32("attention.value_length", s->head_dim);
 	}
@@ -1471,18 +1481,18 @@ int main(int argc, char **argv)
 		if ((rc = spm_vocab_read(&vocab, o.spm_vocab_path)))
 			goto out;
 		n_vocab = vocab.n_tokens;
-		if ((rc = write_metadata(b, &o, n_vocab)) || (rc = spm_vocab_write(b, &vocab)))
+		if ((rc = write_metadata(b, &o, n_vocab)) || (rc = spm_vocab_write(b, &vocab, o.no_bos)))
 			goto out;
 	} else if (o.vocab_path) {
 		/* the model's keys go first, as in llama.cpp's files */
 		if ((rc = vocab_size_of(o.vocab_path, o.shape.n_vocab, &n_vocab)) ||
-		    (rc = write_metadata(b, &o, n_vocab)) || (rc = vocab_copy(b, o.vocab_path, n_vocab)))
+		    (rc = write_metadata(b, &o, n_vocab)) || (rc = vocab_copy(b, o.vocab_path, n_vocab, o.no_bos)))
 			goto out;
 	} else {
 		if ((rc = vocab_build(&vocab, o.shape.n_vocab)))
 			goto out;
 		n_vocab = vocab.n_tokens;
-		if ((rc = write_metadata(b, &o, n_vocab)) || (rc = vocab_write(b, &vocab, (enum mk_arch)o.arch)))
+		if ((rc = write_metadata(b, &o, n_vocab)) || (rc = vocab_write(b, &vocab, (enum mk_arch)o.arch, o.no_bos)))
 			goto out;
 	}
 	if (o.chat_template_path && (rc = write_chat_template(b, o.chat_template_path)))

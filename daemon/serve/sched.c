@@ -842,8 +842,12 @@ static void sched_admit(struct sched *s, uint64_t now)
 			return;     /* head of line waits for KV; fairness keeps its turn */
 		}
 		waiting_pop(s, c); /* m, out of the queue before a failure hands it back */
-		s->rr = c->rr_next;
-		s->last_uid = c->uid;
+		/* Only a request that runs takes its user's turn: one that can never run leaves
+		 * the rotation where it was, so the same client's next request goes first. */
+		if (rc == 0) {
+			s->rr = c->rr_next;
+			s->last_uid = c->uid;
+		}
 		if (!c->waiting)
 			rr_remove(s, c);
 		if (rc < 0)

@@ -131,6 +131,15 @@ static void server_retire_sched(struct server *srv, struct sched *s)
 	sched_destroy(s);
 }
 
+/* READY=1 that ends a reload (RELOADING=1 was sent at its start) without a new model
+ * serving: nothing changed that needed one, or the swap was given up. */
+static void server_reload_done(struct server *srv, const char *status)
+{
+	struct hearth_error e;
+	if (systemd_notify_ready(status, &e) < 0)
+		log_warning(srv->log, "systemd notify: %s", e.msg);
+}
+
 static int server_start_serving(struct server *srv)
 {
 	struct hearth_error e;
@@ -238,6 +247,7 @@ static void server_model_arrived(struct server *srv, const struct server_model *
 			srv->old_sched = NULL;
 			memset(&srv->old_model, 0, sizeof srv->old_model);
 			srv->swapping = false;
+			server_reload_done(srv, "serving the old model; the new one could not start (see the log)");
 			return;
 		}
 		if (sched_msg_send(srv->old_sched, sched_msg_new(SCHED_MSG_DRAIN, NULL, NULL)) == 0)
@@ -321,8 +331,8 @@ static void server_on_wake(uv_async_t *h)
 	if (failed) {
 		if (srv->swapping && srv->swap_beside && srv->sched) {
 			log_error(srv->log, "model swap failed, still serving the old model: %s", le.msg);
-			systemd_notify_status(NULL, "model swap failed; serving the old model");
 			srv->swapping = false;
+			server_reload_done(srv, "model swap failed; serving the old model");
 		} else if (srv->swapping && !srv->stopping) {
 			/* Drain-first swap: the old model is gone, but its settings are still the
 			 * running config (adopted only on success): load it again. */
@@ -466,13 +476,18 @@ static bool server_room_beside(size_t arena_bytes)
 static void server_reload(struct server *srv)
 {
 	struct hearth_error e;
-	systemd_notify_reloading("reloading the configuration", &e);
+	/* A SIGHUP while a load or swap is under way tells systemd nothing: the start-up's or
+	 * the swap's READY=1 is still to come, and one sent now would claim it early. */
+	const bool busy = srv->swapping || srv->state != SERVE_READY;
+	if (!busy)
+		systemd_notify_reloading("reloading the configuration", &e);
 	/* Rebuilt from scratch as at start-up (defaults, file, flags), so a key removed from
 	 * the file goes back to its default and flags still win. */
 	struct hearth_config fresh;
 	if (config_build(&fresh, srv->config_path, srv->sets, srv->n_sets, &e) < 0) {
 		log_error(srv->log, "reload refused, configuration unchanged: %s", e.msg);
-		systemd_notify_ready(srv->state == SERVE_READY ? "serving" : "loading", NULL);
+		if (!busy)
+			server_reload_done(srv, "serving");
 		return;
 	}
 	bool new_model = server_model_keys_differ(&srv->cfg, &fresh);
@@ -484,12 +499,14 @@ static void server_reload(struct server *srv)
 		log_warning(srv->log, "the socket path and mode change only with a restart");
 	if (!new_model) {
 		log_notice(srv->log, "reloaded the configuration");
-		systemd_notify_ready(srv->state == SERVE_READY ? "serving" : "loading", NULL);
+		if (!busy)
+			server_reload_done(srv, "serving");
 		return;
 	}
 	if (srv->swapping || srv->state != SERVE_READY || !srv->sched) {
 		log_warning(srv->log, "the model settings changed, but a load or swap is already under way; send SIGHUP again after it");
-		systemd_notify_ready(srv->state == SERVE_READY ? "serving" : "loading", NULL);
+		if (!busy)
+			server_reload_done(srv, "serving");
 		return;
 	}
 	/* The new pair planned as the loader will plan it, before anything is freed: a file that
@@ -500,7 +517,7 @@ static void server_reload(struct server *srv)
 	config_load_opts(&fresh, &lo);
 	if (load_plan_size(fresh.model, &lo, &arena_bytes, &e) < 0) {
 		log_error(srv->log, "model swap refused, keeping %s: %s", srv->cfg.model, e.msg);
-		systemd_notify_ready("serving; the model swap was refused (see the log)", NULL);
+		server_reload_done(srv, "serving; the model swap was refused (see the log)");
 		return;
 	}
 	log_info(srv->log, "model swap: the new arena plans %zu bytes%s", arena_bytes,
@@ -509,17 +526,21 @@ static void server_reload(struct server *srv)
 	srv->swapping = true;
 	srv->swap_beside = fresh.model_swap == CONFIG_SWAP_BESIDE ||
 			   (fresh.model_swap == CONFIG_SWAP_AUTO && server_room_beside(arena_bytes));
+	/* From here the reload ends when the new model serves (server_start_serving sends
+	 * READY=1) or the swap is given up; until then only the status line moves. */
 	if (srv->swap_beside) {
 		log_notice(srv->log, "model swap: loading %s beside the running model", fresh.model);
-		systemd_notify_ready("serving; loading the new model beside the old", NULL);
-		if (server_begin_load(srv, &srv->pending_cfg) < 0)
+		systemd_notify_status(NULL, "serving; loading the new model beside the old");
+		if (server_begin_load(srv, &srv->pending_cfg) < 0) {
 			srv->swapping = false;
+			server_reload_done(srv, "serving; the new model could not start loading (see the log)");
+		}
 		return;
 	}
 	/* Drain-first frees the old model before the new one loads (planned above). */
 	log_notice(srv->log, "model swap: draining running requests, then freeing the model and loading %s",
 		   fresh.model);
-	systemd_notify_ready("draining, then loading the new model", NULL);
+	systemd_notify_status(NULL, "draining, then loading the new model");
 	if (serve_post(srv, sched_msg_new(SCHED_MSG_DRAIN, NULL, NULL)) == 0) {
 		/* New requests meet `loading` until the new model is in. */
 		srv->state = SERVE_LOADING;
@@ -527,6 +548,7 @@ static void server_reload(struct server *srv)
 	}
 	log_error(srv->log, "model swap: cannot drain now; keeping the old model");
 	srv->swapping = false;
+	server_reload_done(srv, "serving; the model swap could not drain (see the log)");
 }
 
 static void server_on_signal(uv_signal_t *h, int signum)

@@ -1099,6 +1099,9 @@ static void session_on_tokenize(struct session *ss, const struct msg *m)
 {
 	const struct msg_tokenize *t = &m->u.tokenize;
 	const struct tok *tok = server_model_view(ss->srv)->tok;
+	/* add_bos asks for the model's BOS, which a file whose tokenizer.ggml.add_bos_token is
+	 * false does not have: as llama.cpp's add_special, and as the daemon tokenizes prompts. */
+	const bool add_bos = t->add_bos && tok_add_bos(tok);
 	struct hearth_error e;
 	const char *text = t->text.ptr;
 	size_t len = t->text.len;
@@ -1124,7 +1127,7 @@ static void session_on_tokenize(struct session *ss, const struct msg *m)
 		}
 		if (!bulk)
 			memcpy(copy, text, len);
-		offload_tokenize(ss, m->id, copy, len, t->add_bos, t->special);
+		offload_tokenize(ss, m->id, copy, len, add_bos, t->special);
 		return;
 	}
 	size_t cap = len + 8, n = 0;
@@ -1136,7 +1139,7 @@ static void session_on_tokenize(struct session *ss, const struct msg *m)
 		session_send_error(ss, m->id, MSG_ERR_INTERNAL, false, "out of memory");
 		return;
 	}
-	int rc = tok_encode(tok, text, len, t->add_bos, t->special, ids, cap, &n, &e);
+	int rc = tok_encode(tok, text, len, add_bos, t->special, ids, cap, &n, &e);
 	free(bulk);
 	if (rc < 0) {
 		free(ids);

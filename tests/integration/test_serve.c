@@ -808,15 +808,56 @@ static void test_serve_socket_activation_uses_the_passed_socket(void **state)
 	unlink(sock4);
 }
 
+/* Appends the datagrams nfd receives to all (each followed by a newline) until until
+ * occurs in all + from, or timeout_ms passes; says whether it occurred. */
+static bool notify_wait(int nfd, char *all, size_t cap, size_t *n_all, size_t from, const char *until,
+			int timeout_ms)
+{
+	uint64_t end = hearth_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+	while (!(until && strstr(all + from, until)) && hearth_now_ns() < end) {
+		struct pollfd pfd = { .fd = nfd, .events = POLLIN };
+		if (poll(&pfd, 1, 10) <= 0)
+			continue;
+		ssize_t got = recv(nfd, all + *n_all, cap - *n_all - 2, 0);
+		if (got > 0) {
+			*n_all += (size_t)got;
+			all[(*n_all)++] = '\n';
+			all[*n_all] = '\0';
+		}
+	}
+	return until && strstr(all + from, until);
+}
+
+static size_t count_of(const char *s, const char *what)
+{
+	size_t n = 0;
+	for (const char *p = s; (p = strstr(p, what)); p += strlen(what))
+		n++;
+	return n;
+}
+
 /* SIGHUP with a different model in the config file swaps models without closing the
  * socket: a generation running across the swap finishes on the old model, and a client
- * that connects afterwards is served by the new one. Both swap modes. */
+ * that connects afterwards is served by the new one. Both swap modes. Under a NOTIFY_SOCKET
+ * receiver, the reload is told as systemd's Type=notify-reload wants it: RELOADING=1 with
+ * MONOTONIC_USEC (CLOCK_MONOTONIC when the reload began) at once, then one READY=1, sent
+ * only when the new model serves: a client connecting right then meets it. */
 static void check_swap(const char *mode)
 {
-	char conf[320], sock5[320], llama[4200];
+	char conf[320], sock5[320], llama[4200], nsock[320];
 	/* Paths of its own per mode: a daemon left by a failed run must not answer the next. */
 	snprintf(conf, sizeof conf, "%s/swap-%s.conf", g_dir, mode);
 	snprintf(sock5, sizeof sock5, "%s/swap-%s.sock", g_dir, mode);
+	snprintf(nsock, sizeof nsock, "%s/swap-%s.notify", g_dir, mode);
+	int nfd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_un na = { .sun_family = AF_UNIX };
+	assert_true(strlen(nsock) < sizeof na.sun_path);
+	memcpy(na.sun_path, nsock, strlen(nsock) + 1);
+	unlink(nsock);
+	assert_int_equal(bind(nfd, (struct sockaddr *)&na, sizeof na), 0);
+	static char all[65536];
+	size_t n_all = 0;
+	all[0] = '\0';
 	const char *sh = getenv("HEARTH_SHARED");
 	snprintf(llama, sizeof llama, "%s/fixtures/fx-llama.gguf", sh);
 	FILE *f = fopen(conf, "w");
@@ -829,13 +870,15 @@ static void check_swap(const char *mode)
 	snprintf(sock_kv, sizeof sock_kv, "--socket=%s", sock5);
 	pid_t pid = fork();
 	if (pid == 0) {
-		unsetenv("NOTIFY_SOCKET");
+		setenv("NOTIFY_SOCKET", nsock, 1);
 		execl(bin, bin, conf_kv, sock_kv, "--max-context=256", "--kv-budget=4MiB",
 		      "--threads=2", "--log-level=warning", (char *)NULL);
 		_exit(127);
 	}
 	g_spawned[g_n_spawned++] = pid;
 	wait_for_socket(sock5);
+	assert_true(notify_wait(nfd, all, sizeof all, &n_all, 0, "READY=1", 30000));
+	size_t at_hup = n_all;
 	struct tclient c;
 	assert_int_equal(tc_connect_path(&c, sock5), 0);
 	tc_hello(&c, "across");
@@ -846,7 +889,24 @@ static void check_swap(const char *mode)
 	f = fopen(conf, "w");
 	fprintf(f, "model = %s\nmodel_swap = %s\n", llama, mode);
 	fclose(f);
+	uint64_t t_hup = hearth_now_ns() / 1000;
 	kill(pid, SIGHUP);
+	assert_true(notify_wait(nfd, all, sizeof all, &n_all, at_hup, "READY=1", 30000));
+	uint64_t t_ready = hearth_now_ns() / 1000;
+	{
+		struct tclient d;
+		assert_int_equal(tc_connect_path(&d, sock5), 0);
+		tc_hello(&d, "at-ready");
+		if (strcmp(d.welcome.u.welcome.model.arch.ptr, "llama") != 0)
+			fail_msg("READY=1 came while the old model (%s) still served new clients: %s",
+				 d.welcome.u.welcome.model.arch.ptr, all + at_hup);
+		tc_close(&d);
+	}
+	const char *reloading = strstr(all + at_hup, "RELOADING=1\nMONOTONIC_USEC=");
+	assert_non_null(reloading);
+	assert_true(reloading < strstr(all + at_hup, "READY=1"));
+	unsigned long long usec = strtoull(reloading + strlen("RELOADING=1\nMONOTONIC_USEC="), NULL, 10);
+	assert_true(usec >= t_hup && usec <= t_ready);
 	static struct gen_result g;
 	memset(&g, 0, sizeof g);
 	tc_generate_wait(&c, id, &g, 20000);
@@ -876,7 +936,14 @@ static void check_swap(const char *mode)
 			usleep(20000);
 	}
 	assert_true(swapped);
+	/* The swap is through (beside: the old model drains in the background): whatever else
+	 * came, the reload ended once. */
+	notify_wait(nfd, all, sizeof all, &n_all, at_hup, NULL, 300);
+	if (count_of(all + at_hup, "READY=1") != 1)
+		fail_msg("the reload sent READY=1 %zu times: %s", count_of(all + at_hup, "READY=1"), all + at_hup);
 	assert_int_equal(daemon_stop(pid), 0);
+	close(nfd);
+	unlink(nsock);
 	unlink(sock5);
 	unlink(conf);
 }

@@ -384,6 +384,50 @@ static void test_llama3_preset_writes_llama3_rope_freqs(void **state)
 	rmdir(dir);
 }
 
+/* The llama-3.2-1b preset states the head size as a converted Llama 3.2 1B does
+ * (config.json has head_dim 64, which llama.cpp's converter writes as key_length and
+ * value_length), even shrunk to where n_embd / n_head gives the same 64 and a reader could
+ * have derived it. The tiny preset, with no head_dim of its own, still leaves them out. */
+static void test_llama3_preset_writes_the_head_size(void **state)
+{
+	(void)state;
+	const char *build = getenv("HEARTH_BUILDDIR"), *tmpdir = getenv("TMPDIR");
+	char dir[512], path[1024], cmd[4096];
+	struct gguf_file *f;
+	struct hearth_error e;
+	uint32_t n_embd = 0, n_head = 0, k = 0, v = 0;
+
+	if (!build)
+		fail_msg("HEARTH_BUILDDIR is not set (make check sets it)");
+	snprintf(dir, sizeof dir, "%s/test_llama3-XXXXXX", tmpdir && *tmpdir ? tmpdir : "/tmp");
+	assert_non_null(mkdtemp(dir));
+	snprintf(path, sizeof path, "%s/l.gguf", dir);
+	snprintf(cmd, sizeof cmd, "'%s/tests/mkmodel' -o '%s' --preset llama-3.2-1b --n-embd 128 "
+		 "--n-layer 1 --n-head 2 --n-head-kv 1 --n-ff 64 --n-vocab 300 >/dev/null", build, path);
+	assert_int_equal(system(cmd), 0);
+	if (gguf_open(&f, path, &e) < 0)
+		fail_msg("%s", e.msg);
+	assert_int_equal(gguf_get_u32(f, "llama.embedding_length", &n_embd, &e), 0);
+	assert_int_equal(gguf_get_u32(f, "llama.attention.head_count", &n_head, &e), 0);
+	assert_int_equal(n_embd / n_head, 64);
+	if (gguf_get_u32(f, "llama.attention.key_length", &k, &e) < 0 ||
+	    gguf_get_u32(f, "llama.attention.value_length", &v, &e) < 0)
+		fail_msg("the llama-3.2-1b preset wrote no head size: %s", e.msg);
+	assert_int_equal(k, 64);
+	assert_int_equal(v, 64);
+	gguf_close(f);
+
+	snprintf(cmd, sizeof cmd, "'%s/tests/mkmodel' -o '%s' --preset tiny >/dev/null", build, path);
+	assert_int_equal(system(cmd), 0);
+	if (gguf_open(&f, path, &e) < 0)
+		fail_msg("%s", e.msg);
+	assert_null(gguf_kv_find(f, "llama.attention.key_length"));
+	assert_null(gguf_kv_find(f, "llama.attention.value_length"));
+	gguf_close(f);
+	unlink(path);
+	rmdir(dir);
+}
+
 /* --rope-freqs is refused where llama.cpp would not read the tensor, and when malformed. */
 static void test_llama3_mkmodel_refuses_bad_rope_freqs(void **state)
 {
@@ -413,6 +457,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_llama3_preset_writes_llama3_rope_freqs),
+		cmocka_unit_test(test_llama3_preset_writes_the_head_size),
 		cmocka_unit_test(test_llama3_mkmodel_refuses_bad_rope_freqs),
 		cmocka_unit_test(test_llama3_f32_engine_matches_llama_cpp),
 		cmocka_unit_test(test_llama3_q4_0_f32_engine_matches_llama_cpp_dequantized),

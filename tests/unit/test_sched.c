@@ -653,6 +653,52 @@ static void test_sched_admits_users_round_robin(void **state)
 	assert_true(admission_place(*state, first, &b) <= 1);
 }
 
+/* A request that fails at admission (its sampler refuses a NaN temperature) takes no turn:
+ * the rotation stays where it was, so the user's next request goes first, as it would have
+ * without the failed one. One place, held by user 3000 while the rest queue: client A (user
+ * 1000) with the failing request then a good one, client B (user 2000) with a good one, A
+ * first in the ring. Were the failure to count as A's admission (B's user then not the one
+ * admitted last, and the ring moved on to B), B would run before A's good request. */
+static void test_sched_failed_admission_does_not_move_the_rotation(void **state)
+{
+	struct fixture *fx = *state;
+	struct harness h;
+	struct sched_params p;
+	sched_params_default(&p);
+	p.max_seqs = 1;
+	harness_start(&h, fx, 4096, &p);
+	struct sink sa = { 0 }, sb = { 0 }, sc = { 0 };
+	struct sched_client a = { .sink = &sa, .emit = sink_emit, .uid = 1000 };
+	struct sched_client b = { .sink = &sb, .emit = sink_emit, .uid = 2000 };
+	struct sched_client c = { .sink = &sc, .emit = sink_emit, .uid = 3000 };
+	int32_t prompt[4];
+	test_prompt(7, prompt, 4, fx->n_vocab);
+	submit(&h, &c, 0, prompt, 4, 200, 0.0f, 1);
+	for (int i = 0; i < 1000 && atomic_load(&sched_stats(h.s)->running) < 1; i++)
+		usleep(1000);
+	assert_int_equal(atomic_load(&sched_stats(h.s)->running), 1);
+	/* Built first, posted back to back while user 3000's 200 tokens hold the place. */
+	struct sched_msg *ms[3] = { submit_msg(&a, 1, prompt, 4, 2, 0.0f, 1),
+				    submit_msg(&a, 2, prompt, 4, 2, 0.0f, 1),
+				    submit_msg(&b, 3, prompt, 4, 2, 0.0f, 1) };
+	ms[0]->req.sampling.temperature = NAN;
+	for (int i = 0; i < 3; i++)
+		assert_true(sched_post(h.s, ms[i]));
+	int place[4] = { -1, -1, -1, -1 }; /* by request id: when it was handed back */
+	for (int i = 0; i < 4; i++) {
+		struct sched_msg *m = take(&h);
+		assert_true(m->req.id < 4 && place[m->req.id] < 0);
+		place[m->req.id] = i;
+		assert_int_equal(m->result.finish, m->req.id == 1 ? SCHED_FINISH_ERROR : SCHED_FINISH_LENGTH);
+		free(m->req.prompt);
+		free(m);
+	}
+	/* user 3000's first; A's good request before B's */
+	assert_int_equal(place[0], 0);
+	assert_true(place[2] < place[3]);
+	harness_stop(&h);
+}
+
 /* A user's running sequences beyond its fair share give way to another user's request:
  * with two places both running user 1000's long requests, user 2000's short one arrives
  * and finishes first (before: after one of them), and user 1000's two then finish with
@@ -783,6 +829,7 @@ int main(void)
 		cmocka_unit_test(test_sched_admits_clients_round_robin),
 		cmocka_unit_test(test_sched_admits_users_round_robin),
 		cmocka_unit_test(test_sched_running_sequences_give_way_to_another_users_share),
+		cmocka_unit_test(test_sched_failed_admission_does_not_move_the_rotation),
 		cmocka_unit_test(test_sched_request_that_cannot_start_leaves_the_queue_before_it_is_handed_back),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
