@@ -128,8 +128,11 @@ check_kind spec "$fx/spec" "spec" \
 	'| demo model, itself as draft | quote | 3592 (3515-4353) | 7105 (3998-8677) | 6263 (3258-7981) | 1715 (1683-1976) | 1.78x (0.75-2.22x) | 100 % of 168 | 34 % of 114 | yes |' \
 	'| Qwen3-1.7B shape Q4_0, tiny random draft | sampled | 7.2 (4.4-10.3) | 6.4 (6.4-6.7) | 6.3 (6.3-6.7) | 5.7 (5.3-6.3) | 0.93x (0.61-1.43x) | 0 % of 198 | no draft | yes |' \
 	'| larger trained target, demo model as draft | json | 1309 (1155-1819) | 1790 (1563-1814) | 1533 (1425-2896) | 1401 (1219-1639) | 1.23x (1.17-1.59x) | 60 % of 210 | 65 % of 102 | yes |' \
-	'| ik_llama.cpp, hearth-kjv-large-q8_0.gguf, hearth-kjv-q8_0.gguf as draft | llama-simple tok/s | llama-speculative tok/s | speculative / simple | drafts accepted |' \
-	'| free | 1295.7 (1295.7-1295.7) | 109.0 (109.0-109.0) | 0.08x (0.08-0.08x) | 0 % (0-0 %) |'
+	'| larger trained target, demo model as draft | quote | hearth (`draft` model) | 1229 (835-1328) | 1127 (919-1359) | 1.02x (0.92-1.10x) | 32 % of 240 | yes | - |' \
+	'| larger trained target, demo model as draft | rewrite | ik_llama.cpp llama-server | 910 (900-920) | 725 (720-730) | 0.80x (0.79-0.80x) | 40 % of 600 | yes | 1.25x (1.24-1.73x) |' \
+	'| larger trained target, demo model as draft | sampled | ik_llama.cpp llama-server | 910 (900-920) | 725 (720-730) | 0.80x (0.79-0.80x) | 40 % of 600 | **no** | 1.68x (1.41-1.71x) |' \
+	'| larger trained target, demo model as draft | free | mainline llama.cpp llama-server | 710 (700-720) | 565 (560-570) | 0.80x (0.79-0.80x) | 50 % of 600 | yes | 2.40x (2.37-2.42x) |' \
+	'mainline llama.cpp llama-server: `-md hearth-kjv-q8_0.gguf --spec-type draft-simple --spec-draft-n-max 8 --spec-draft-n-min 0 --spec-draft-p-min 0.0`, 2 threads, context 256.'
 
 # bench_kernels' small-batch lines (8 tokens from memory) are rows of their own.
 cat >"$tmp/kernels8.txt" <<'EOF2'
