@@ -78,6 +78,7 @@ class Server:
             except (urllib.error.URLError, ConnectionError, OSError):
                 pass
             time.sleep(0.1)
+        self.stop()
         raise RuntimeError(f"{' '.join(cmd)}: no /health after 120 s")
 
     def tail(self):
@@ -123,8 +124,9 @@ def start():
             bindir = os.environ.get(var, "")
             if not bindir or not os.access(os.path.join(bindir, "llama-server"), os.X_OK):
                 continue
-            servers[engine] = {arm: Server(engine, bindir, target, draft, arm, threads, ctx)
-                               for arm in ("plain", "draft")}
+            servers[engine] = {}
+            for arm in ("plain", "draft"):   # one by one, so that a failure stops those started
+                servers[engine][arm] = Server(engine, bindir, target, draft, arm, threads, ctx)
             info[engine] = {"tool": "llama-server", "target": os.path.basename(target),
                             "draft": os.path.basename(draft), "threads": threads, "ctx": ctx,
                             "draft_options": " ".join(a if a != draft else os.path.basename(a)

@@ -125,13 +125,12 @@ check_kind spec "$fx/spec" "spec" \
 	'| Qwen3-1.7B shape, Q4_0 (random weights) | sampled | 21.0 (13.4-24.0) | 21.2 (12.1-23.7) | 0.99x (0.91-1.01x) | no draft | yes |' \
 	'| quote | 13.6 (13.2-13.7) | 21.3 (19.7-23.3) | 1.62x (1.43-1.72x) | 43 % (43-43 %) |' \
 	'3 alternating rounds of 64 tokens each' \
-	'| demo model, itself as draft | quote | 3592 (3515-4353) | 7105 (3998-8677) | 6263 (3258-7981) | 1715 (1683-1976) | 1.78x (0.75-2.22x) | 100 % of 168 | 34 % of 114 | yes |' \
+	'| demo model, itself as draft | quote | 3269 (2104-3934) | 7111 (3265-21561) | 3152 (3004-6990) | 3816 (3334-5177) | 1.43x (0.80-2.14x) | 100 % of 168 | 84 % of 147 | yes |' \
 	'| Qwen3-1.7B shape Q4_0, tiny random draft | sampled | 7.2 (4.4-10.3) | 6.4 (6.4-6.7) | 6.3 (6.3-6.7) | 5.7 (5.3-6.3) | 0.93x (0.61-1.43x) | 0 % of 198 | no draft | yes |' \
-	'| larger trained target, demo model as draft | json | 1309 (1155-1819) | 1790 (1563-1814) | 1533 (1425-2896) | 1401 (1219-1639) | 1.23x (1.17-1.59x) | 60 % of 210 | 65 % of 102 | yes |' \
-	'| larger trained target, demo model as draft | quote | hearth (`draft` model) | 1229 (835-1328) | 1127 (919-1359) | 1.02x (0.92-1.10x) | 32 % of 240 | yes | - |' \
-	'| larger trained target, demo model as draft | rewrite | ik_llama.cpp llama-server | 910 (900-920) | 725 (720-730) | 0.80x (0.79-0.80x) | 40 % of 600 | yes | 1.25x (1.24-1.73x) |' \
-	'| larger trained target, demo model as draft | sampled | ik_llama.cpp llama-server | 910 (900-920) | 725 (720-730) | 0.80x (0.79-0.80x) | 40 % of 600 | **no** | 1.68x (1.41-1.71x) |' \
-	'| larger trained target, demo model as draft | free | mainline llama.cpp llama-server | 710 (700-720) | 565 (560-570) | 0.80x (0.79-0.80x) | 50 % of 600 | yes | 2.40x (2.37-2.42x) |' \
+	'| larger trained target, demo model as draft | json | 859 (405-968) | 993 (484-1607) | 643 (485-800) | 1586 (1401-1659) | 0.93x (0.66-1.20x) | 32 % of 234 | 79 % of 129 | yes |' \
+	'| demo model, itself as draft | quote | hearth (`draft` model) | 3269 (2104-3934) | 3152 (3004-6990) | 1.43x (0.80-2.14x) | 100 % of 168 | yes | - |' \
+	'| demo model, itself as draft | quote | ik_llama.cpp llama-server | 914 (797-3204) | 323 (291-357) | 0.35x (0.11-0.37x) | 100 % of 168 | **no** | 10.82x (9.29-19.60x) |' \
+	'| larger trained target, demo model as draft | json | mainline llama.cpp llama-server | 7 (5-38) | 2 (2-8) | 0.33x (0.22-0.39x) | 11 % of 798 | yes | 272.75x (95.18-273.43x) |' \
 	'mainline llama.cpp llama-server: `-md hearth-kjv-q8_0.gguf --spec-type draft-simple --spec-draft-n-max 8 --spec-draft-n-min 0 --spec-draft-p-min 0.0`, 2 threads, context 256.'
 
 # bench_kernels' small-batch lines (8 tokens from memory) are rows of their own.
