@@ -14,6 +14,14 @@ Environment (all optional; without HEARTH_IK_BIN and HEARTH_LLAMA_BIN there are 
   HEARTH_SPEC_ANCHOR_MODELS         TARGET,DRAFT (gguf paths): set by spec_bench.sh per pair
   HEARTH_BENCH_THREADS              compute threads per server (default 2)
   HEARTH_SPEC_ANCHOR_CTX            context of every server (default 256, the models')
+  HEARTH_SPEC_ANCHOR_OMP_WAIT       OMP_WAIT_POLICY of the servers (default passive; empty:
+                                    the OpenMP runtime's own). Both anchors run their compute
+                                    threads under OpenMP, whose default spin-waiting at every
+                                    barrier makes a step wait out whole time slices when the
+                                    machine is shared (ik's llama-server on the larger target,
+                                    2 CPUs at load average 5: 18-173 tok/s spinning, 409-675
+                                    passive). hearthd's pool spins briefly, then sleeps
+                                    (kernels/pool.c).
 """
 import json
 import os
@@ -57,7 +65,7 @@ def post(url, body, seconds=300):
 class Server:
     """One llama-server process; arm is "plain" (no draft) or "draft"."""
 
-    def __init__(self, engine, bindir, target, draft, arm, threads, ctx):
+    def __init__(self, engine, bindir, target, draft, arm, threads, ctx, omp_wait):
         self.engine, self.arm = engine, arm
         self.port = free_port()
         self.log = tempfile.NamedTemporaryFile(prefix=f"spec-{engine}-{arm}-", suffix=".log", delete=False)
@@ -67,7 +75,10 @@ class Server:
         if arm == "draft":
             cmd += ENGINES[engine][1](draft)
         self.cmd = cmd
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        env = dict(os.environ)
+        if omp_wait:
+            env["OMP_WAIT_POLICY"] = omp_wait
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         for _ in range(1200):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{' '.join(cmd)} exited: {self.tail()}")
@@ -118,6 +129,7 @@ def start():
     target, draft = models.split(",")
     threads = int(os.environ.get("HEARTH_BENCH_THREADS", "2"))
     ctx = int(os.environ.get("HEARTH_SPEC_ANCHOR_CTX", "256"))
+    omp_wait = os.environ.get("HEARTH_SPEC_ANCHOR_OMP_WAIT", "passive")
     servers, info = {}, {}
     try:
         for engine, (var, draft_args) in ENGINES.items():
@@ -126,9 +138,10 @@ def start():
                 continue
             servers[engine] = {}
             for arm in ("plain", "draft"):   # one by one, so that a failure stops those started
-                servers[engine][arm] = Server(engine, bindir, target, draft, arm, threads, ctx)
+                servers[engine][arm] = Server(engine, bindir, target, draft, arm, threads, ctx, omp_wait)
             info[engine] = {"tool": "llama-server", "target": os.path.basename(target),
                             "draft": os.path.basename(draft), "threads": threads, "ctx": ctx,
+                            "omp_wait": omp_wait or "default",
                             "draft_options": " ".join(a if a != draft else os.path.basename(a)
                                                       for a in draft_args(draft))}
     except Exception:

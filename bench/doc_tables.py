@@ -604,8 +604,9 @@ def spec_draft(res):
                                 accepted_of(runs["model"], "model_drafted", "model_accepted"),
                                 "yes" if h["same_output"][name] else "**no**", "-"])
             for engine, a in anchors.items():
+                wait = f", OMP_WAIT_POLICY={a['omp_wait']}" if a.get("omp_wait") not in (None, "default") else ""
                 setups[engine] = (f"{SPEC_ANCHOR_NAMES.get(engine, engine)}: `{a['draft_options']}`, "
-                                  f"{a['threads']} threads, context {a['ctx']}")
+                                  f"{a['threads']} threads, context {a['ctx']}{wait}")
                 plain = [r["decode_tps"] for r in a["runs"][name]["plain"]]
                 draft = [r["decode_tps"] for r in a["runs"][name]["draft"]]
                 anchor_rows.append([label, name, SPEC_ANCHOR_NAMES.get(engine, engine), spread(plain, digits),

@@ -125,13 +125,13 @@ check_kind spec "$fx/spec" "spec" \
 	'| Qwen3-1.7B shape, Q4_0 (random weights) | sampled | 21.0 (13.4-24.0) | 21.2 (12.1-23.7) | 0.99x (0.91-1.01x) | no draft | yes |' \
 	'| quote | 13.6 (13.2-13.7) | 21.3 (19.7-23.3) | 1.62x (1.43-1.72x) | 43 % (43-43 %) |' \
 	'3 alternating rounds of 64 tokens each' \
-	'| demo model, itself as draft | quote | 3269 (2104-3934) | 7111 (3265-21561) | 3152 (3004-6990) | 3816 (3334-5177) | 1.43x (0.80-2.14x) | 100 % of 168 | 84 % of 147 | yes |' \
+	'| demo model, itself as draft | quote | 5413 (5346-10496) | 6582 (6418-14984) | 4409 (2722-8551) | 5984 (4570-8932) | 0.81x (0.51-0.81x) | 100 % of 168 | 84 % of 147 | yes |' \
 	'| Qwen3-1.7B shape Q4_0, tiny random draft | sampled | 7.2 (4.4-10.3) | 6.4 (6.4-6.7) | 6.3 (6.3-6.7) | 5.7 (5.3-6.3) | 0.93x (0.61-1.43x) | 0 % of 198 | no draft | yes |' \
-	'| larger trained target, demo model as draft | json | 859 (405-968) | 993 (484-1607) | 643 (485-800) | 1586 (1401-1659) | 0.93x (0.66-1.20x) | 32 % of 234 | 79 % of 129 | yes |' \
-	'| demo model, itself as draft | quote | hearth (`draft` model) | 3269 (2104-3934) | 3152 (3004-6990) | 1.43x (0.80-2.14x) | 100 % of 168 | yes | - |' \
-	'| demo model, itself as draft | quote | ik_llama.cpp llama-server | 914 (797-3204) | 323 (291-357) | 0.35x (0.11-0.37x) | 100 % of 168 | **no** | 10.82x (9.29-19.60x) |' \
-	'| larger trained target, demo model as draft | json | mainline llama.cpp llama-server | 7 (5-38) | 2 (2-8) | 0.33x (0.22-0.39x) | 11 % of 798 | yes | 272.75x (95.18-273.43x) |' \
-	'mainline llama.cpp llama-server: `-md hearth-kjv-q8_0.gguf --spec-type draft-simple --spec-draft-n-max 8 --spec-draft-n-min 0 --spec-draft-p-min 0.0`, 2 threads, context 256.'
+	'| larger trained target, demo model as draft | json | 1637 (1484-2491) | 2187 (2177-2445) | 1254 (1241-1373) | 2603 (2542-2912) | 0.76x (0.55-0.85x) | 32 % of 234 | 79 % of 129 | yes |' \
+	'| demo model, itself as draft | quote | hearth (`draft` model) | 5413 (5346-10496) | 4409 (2722-8551) | 0.81x (0.51-0.81x) | 100 % of 168 | yes | - |' \
+	'| demo model, itself as draft | quote | ik_llama.cpp llama-server | 197 (191-1790) | 350 (235-351) | 1.19x (0.20-1.84x) | 100 % of 168 | **no** | 12.56x (7.78-36.44x) |' \
+	'| larger trained target, demo model as draft | json | mainline llama.cpp llama-server | 324 (319-353) | 54 (19-66) | 0.17x (0.06-0.19x) | 11 % of 798 | yes | 25.53x (19.14-64.76x) |' \
+	'mainline llama.cpp llama-server: `-md hearth-kjv-q8_0.gguf --spec-type draft-simple --spec-draft-n-max 8 --spec-draft-n-min 0 --spec-draft-p-min 0.0`, 2 threads, context 256, OMP_WAIT_POLICY=passive.'
 
 # bench_kernels' small-batch lines (8 tokens from memory) are rows of their own.
 cat >"$tmp/kernels8.txt" <<'EOF2'
