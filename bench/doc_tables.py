@@ -574,10 +574,14 @@ def accepted_of(runs, d, a):
     return f"{100.0 * sum(r[a] for r in runs) / drafted:.0f} % of {drafted}" if drafted else "no draft"
 
 
+SPEC_ANCHOR_NAMES = {"ik_llama.cpp": "ik_llama.cpp llama-server", "llama.cpp": "mainline llama.cpp llama-server"}
+
+
 def spec_draft(res):
-    """The draft-model table (modes off, lookup, model, auto), and ik_llama.cpp's
-    llama-speculative on the demo pair."""
-    rows = []
+    """The draft-model table (modes off, lookup, model, auto), and the anchors' table: per pair
+    and workload, hearth's off and model modes beside each anchor's llama-server without and
+    with the same draft model, run in the same alternating rounds."""
+    rows, anchor_rows, setups = [], [], {}
     for tag, label in SPEC_DRAFT_PAIRS:
         path = os.path.join(res, f"hearth-{tag}.json")
         if not os.path.exists(path):
@@ -591,13 +595,40 @@ def spec_draft(res):
                          accepted_of(runs["model"], "model_drafted", "model_accepted"),
                          accepted_of(runs["lookup"], "drafted", "accepted"),
                          "yes" if h["same_output"][name] else "**no**"])
+            anchors = h.get("anchors", {})
+            if not anchors:
+                continue
+            anchor_rows.append([label, name, "hearth (`draft` model)", spread(tps["off"], digits),
+                                spread(tps["model"], digits),
+                                spread([b / a for a, b in zip(tps["off"], tps["model"])], 2, "x"),
+                                accepted_of(runs["model"], "model_drafted", "model_accepted"),
+                                "yes" if h["same_output"][name] else "**no**", "-"])
+            for engine, a in anchors.items():
+                wait = f", OMP_WAIT_POLICY={a['omp_wait']}" if a.get("omp_wait") not in (None, "default") else ""
+                setups[engine] = (f"{SPEC_ANCHOR_NAMES.get(engine, engine)}: `{a['draft_options']}`, "
+                                  f"{a['threads']} threads, context {a['ctx']}{wait}")
+                plain = [r["decode_tps"] for r in a["runs"][name]["plain"]]
+                draft = [r["decode_tps"] for r in a["runs"][name]["draft"]]
+                anchor_rows.append([label, name, SPEC_ANCHOR_NAMES.get(engine, engine), spread(plain, digits),
+                                    spread(draft, digits), spread([b / a for a, b in zip(plain, draft)], 2, "x"),
+                                    accepted_of(a["runs"][name]["draft"], "drafted", "accepted"),
+                                    "yes" if a["same_output"][name] else "**no**",
+                                    spread([m / d for m, d in zip(tps["model"], draft)], 2, "x")])
     if not rows:
         return ""
     text = "\n\n" + table(["target, draft", "workload", "off tok/s", "lookup tok/s", "model tok/s", "auto tok/s",
                             "model / off", "model drafts accepted", "lookup drafts accepted",
                             "same tokens (all modes)"], rows)
-    return (text + ik_spec_table(os.path.join(res, "ik-draft.json"), "{model}, {draft} as draft", "speculative")
-            + ik_spec_table(os.path.join(res, "ik-draft-lookup.json"), "{model}", "lookup"))
+    if anchor_rows:
+        text += "\n\n" + table(["target, draft", "workload", "engine", "no draft tok/s", "draft model tok/s",
+                                 "draft / no draft", "drafts accepted", "same output with draft",
+                                 "hearth model / this draft"], anchor_rows)
+        text += ("\n\nSame files, prompts and rounds for every engine, the order flipping every round; "
+                 "tok/s of generation alone (hearth: done.decode_tps; llama-server: "
+                 "timings.predicted_per_second), drafts from its timings.draft_n and draft_n_accepted; "
+                 "the last column is hearth's model mode over the row's draft column, round by round. "
+                 + "; ".join(setups[e] for e in sorted(setups)) + ".")
+    return text
 
 
 KINDS = {"speed": speed, "serving": serving, "memory": memory, "fidelity": fidelity,

@@ -1,12 +1,10 @@
 #!/usr/bin/python3
-"""ik_llama.cpp's side of `make bench-spec`: its llama-simple (no drafts) against one of its
-speculative tools on the same greedy prompts, alternating per round.
+"""ik_llama.cpp's prompt-lookup side of `make bench-spec`: its llama-simple (no drafts) against
+its llama-lookup on the same greedy prompts, alternating per round. (The draft-model anchors
+run through llama-server beside hearthd: bench/anchor_spec.py says why not llama-speculative.)
 
 usage: bench/ik_spec.py lookup IK_BIN MODEL PROMPTS_JSON ROUNDS TOKENS THREADS
-       bench/ik_spec.py speculative IK_BIN MODEL PROMPTS_JSON ROUNDS TOKENS THREADS DRAFT
   lookup       llama-lookup (its prompt-lookup decoding, its defaults), -rtr, context 1024
-  speculative  llama-speculative with DRAFT as draft model (its draft stage, greedy, at most
-               8 tokens a draft; its default is 16), context 256 (the demo model's)
 PROMPTS_JSON is spec_drive.py's `prompts` output. Prints one JSON object: per prompt the
 decode tok/s of llama-simple ("plain") and of the tool (under the tool's name), and the
 tool's acceptance (%).
@@ -23,20 +21,14 @@ def run(cmd):
 
 
 def main(argv):
-    if len(argv) not in (8, 9) or argv[1] not in ("lookup", "speculative") or \
-            (argv[1] == "speculative") != (len(argv) == 9):
+    if len(argv) != 8 or argv[1] != "lookup":
         print(__doc__.strip().split("\n\n")[1], file=sys.stderr)
         return 2
     tool, ik, model, prompts, rounds, tokens, threads = argv[1:8]
     prompts = json.load(open(prompts))
-    if tool == "lookup":
-        common = ["-m", model, "-t", threads, "-rtr"]
-        extra = ["--temp", "0", "-c", "1024"]
-        prompt_len = r"prompt eval time =\s+[\d.]+ ms /\s+(\d+) tokens"
-    else:
-        common = ["-m", model, "-t", threads, "-c", "256"]
-        extra = ["-md", argv[8], "--spec-type", "draft:n_max=8,p_min=0.0", "--temp", "0"]
-        prompt_len = r"encoded\s+(\d+) tokens"
+    common = ["-m", model, "-t", threads, "-rtr"]
+    extra = ["--temp", "0", "-c", "1024"]
+    prompt_len = r"prompt eval time =\s+[\d.]+ ms /\s+(\d+) tokens"
 
     def tool_cmd(p):
         return [f"{ik}/llama-{tool}", *common, *extra, "-n", tokens, "-p", p]
@@ -68,7 +60,6 @@ def main(argv):
                     o["accept"].append(float(a.group(1)))
             print(f"ik round {r + 1}: {name} {o['plain'][-1]:.1f} -> {o[tool][-1]:.1f} t/s", file=sys.stderr)
     print(json.dumps({"engine": "ik_llama.cpp", "model": os.path.basename(model),
-                      "draft": os.path.basename(argv[8]) if tool == "speculative" else None,
                       "rounds": int(rounds), "tokens": int(tokens), "runs": out}))
     return 0
 

@@ -13,15 +13,16 @@
 # drafting for itself (acceptance as high as a draft can get, at the cost of a draft as big
 # as its model), a larger target of the demo vocabulary drafted for by the demo model when
 # HEARTH_SPEC_TARGET names one, and the 1.7B file drafted for by a tiny random model of its
-# vocabulary (mkmodel: drafts that fail, what they cost). With HEARTH_IK_BIN, ik_llama.cpp's
-# llama-speculative (the demo Q8_0 as draft) and llama-lookup run the same greedy prompts on
-# HEARTH_SPEC_TARGET, else on HEARTH_SPEC_F32 (the demo model's F32 file), against its
-# llama-simple.
+# vocabulary (mkmodel: drafts that fail, what they cost). With HEARTH_IK_BIN and/or
+# HEARTH_LLAMA_BIN, the anchors' llama-server (ik_llama.cpp, mainline llama.cpp) without and with
+# the same draft model answer the same workloads on the same files in the same alternating
+# rounds as hearthd, for the demo pair and the larger target (bench/anchor_spec.py, run by
+# spec_drive.py).
 # Passage: bench/spec_passage.txt (public-domain KJV text). Run from the build directory.
 # Environment: HEARTH_BENCH_DIR (default $TMPDIR/hearth-bench-speed), HEARTH_SPEC_RESULTS
 # (default bench-results/spec), HEARTH_BENCH_THREADS (2), HEARTH_SPEC_ROUNDS (3),
-# HEARTH_SPEC_TOKENS (64), HEARTH_IK_BIN, HEARTH_SPEC_TARGET, HEARTH_SPEC_F32,
-# HEARTH_SPEC_ONLY=draft (the draft-model part alone) or target (HEARTH_SPEC_TARGET's part).
+# HEARTH_SPEC_TOKENS (64), HEARTH_IK_BIN, HEARTH_LLAMA_BIN (anchor build directories),
+# HEARTH_SPEC_TARGET, HEARTH_SPEC_ONLY=draft (the draft-model part alone) or target (HEARTH_SPEC_TARGET's part).
 set -eu
 
 builddir=${HEARTH_BUILDDIR:-$(pwd)}
@@ -40,13 +41,14 @@ mkdir -p "$res"
 only=${HEARTH_SPEC_ONLY:-}
 case $only in
 draft) rm -f "$res"/*draft*.json ;;
-target) rm -f "$res"/hearth-draft-target.json "$res"/ik-draft*.json ;;
+target) rm -f "$res"/hearth-draft-target.json ;;
 *) rm -f "$res"/*.json ;;
 esac
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/bench-spec.XXXXXX")
 hpid=
 trap '[ -n "$hpid" ] && kill "$hpid" 2>/dev/null; rm -rf "$tmp"' EXIT INT TERM
 say "machine: $(nproc) cpus, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+export HEARTH_BENCH_THREADS="$threads"
 
 # drive TAG MODEL MAX_CONTEXT PASSAGE_BYTES [HEARTHD-OPTION...]: one hearthd on MODEL,
 # spec_drive.py against it (in the modes HEARTH_SPEC_MODES names, if set).
@@ -87,10 +89,19 @@ fi
 # ---- the draft model ----
 kjv=$srcdir/models/hearth-kjv-q8_0.gguf
 export HEARTH_SPEC_MODES=off,lookup,model,auto
-[ "$only" = target ] || drive draft-kjv-self "$kjv" 256 300 --draft-model="$kjv"
+if [ -n "${HEARTH_IK_BIN:-}${HEARTH_LLAMA_BIN:-}" ]; then
+	say "anchors: llama-server of ${HEARTH_IK_BIN:-(no ik_llama.cpp)} and ${HEARTH_LLAMA_BIN:-(no mainline)}"
+	export HEARTH_IK_BIN HEARTH_LLAMA_BIN
+fi
+if [ "$only" != target ]; then
+	export HEARTH_SPEC_ANCHOR_MODELS="$kjv,$kjv"
+	drive draft-kjv-self "$kjv" 256 300 --draft-model="$kjv"
+fi
 if [ -n "${HEARTH_SPEC_TARGET:-}" ]; then
+	export HEARTH_SPEC_ANCHOR_MODELS="$HEARTH_SPEC_TARGET,$kjv"
 	drive draft-target "$HEARTH_SPEC_TARGET" 256 300 --draft-model="$kjv"
 fi
+unset HEARTH_SPEC_ANCHOR_MODELS
 if [ -f "$q40" ] && [ "$only" != target ]; then
 	tiny=$dir/qwen3-vocab-tiny.gguf
 	[ -f "$tiny" ] || "$builddir/tests/mkmodel" --vocab "$q40" --preset tiny --arch qwen3 -o "$tiny" >&2
@@ -98,14 +109,4 @@ if [ -f "$q40" ] && [ "$only" != target ]; then
 fi
 unset HEARTH_SPEC_MODES
 
-# ik_llama.cpp's target: the larger model when there is one, else the demo model's F32 file.
-iktarget=${HEARTH_SPEC_TARGET:-${HEARTH_SPEC_F32:-}}
-if [ -n "${HEARTH_IK_BIN:-}" ] && [ -x "$HEARTH_IK_BIN/llama-speculative" ] && [ -n "$iktarget" ] && [ -f "$iktarget" ]; then
-	say "ik_llama.cpp: llama-simple, llama-speculative (draft $kjv) and llama-lookup on $iktarget, $rounds rounds"
-	"$py" "$srcdir/bench/spec_drive.py" prompts "$passage" 300 >"$tmp/prompts-kjv.json"
-	"$py" "$srcdir/bench/ik_spec.py" speculative "$HEARTH_IK_BIN" "$iktarget" "$tmp/prompts-kjv.json" "$rounds" \
-		"$tokens" "$threads" "$kjv" >"$res/ik-draft.json"
-	"$py" "$srcdir/bench/ik_spec.py" lookup "$HEARTH_IK_BIN" "$iktarget" "$tmp/prompts-kjv.json" "$rounds" \
-		"$tokens" "$threads" >"$res/ik-draft-lookup.json"
-fi
 say "results in $res"

@@ -21,11 +21,16 @@ model and auto (protocol `draft`: prompt lookup only, the daemon's draft model o
 where it matches and the model elsewhere). Prints one JSON object: per workload and mode the
 daemon's decode tokens/s (done.decode_tps), tokens, and the draft tokens verified and accepted,
 in all and of the draft model (stats before and after the request).
+With HEARTH_SPEC_ANCHOR_MODELS=TARGET,DRAFT and HEARTH_IK_BIN / HEARTH_LLAMA_BIN, the anchors'
+llama-server without and with the draft model (bench/anchor_spec.py) answer every workload in
+the same rounds, in the same flipping order ("anchors" in the output: their generation-only
+tokens/s, drafted and accepted counts, and whether the draft changed their text).
 """
 import os
 import json
 import sys
 
+import anchor_spec  # bench/anchor_spec.py
 import drive  # bench/drive.py: also puts the Python client on the path
 
 SCHEMA = json.dumps({"type": "object", "properties": {"quote": {"type": "string"},
@@ -86,24 +91,59 @@ def main(argv):
                 "model_accepted": after["draft_model_accepted"] - before["draft_model_accepted"],
                 "tokens": [t.id for t in g.tokens]}
 
+    servers, info = anchor_spec.start()
+    try:
+        return rounds_of(work, modes, run, servers, info, rounds, tokens)
+    finally:
+        anchor_spec.stop(servers)
+
+
+def rounds_of(work, modes, run, servers, info, rounds, tokens):
+    """Every workload in every hearth mode and on every anchor server, per round, the order
+    flipping every round; prints the results' JSON."""
+    def run_anchor(name, engine, arm):
+        prompt, params = work[name]
+        return servers[engine][arm].generate(prompt, tokens, params["temperature"], params.get("seed"),
+                                             params.get("json_schema"))
+
+    steps = [("hearth", m) for m in modes] + [(e, a) for e in servers for a in ("plain", "draft")]
     for name in work:            # warm-up: faults the weights in, compiles the schema
         run(name, "off")
+        for engine, arm in steps[len(modes):]:
+            run_anchor(name, engine, arm)
     res = {n: {m: [] for m in modes} for n in work}
+    anc = {e: {n: {"plain": [], "draft": []} for n in work} for e in servers}
     same = {n: True for n in work}
+    anc_same = {e: {n: True for n in work} for e in servers}
     for r in range(rounds):
         for name in work:
-            for mode in (modes if r % 2 == 0 else modes[::-1]):
-                res[name][mode].append(run(name, mode))
+            for who, mode in (steps if r % 2 == 0 else steps[::-1]):
+                if who == "hearth":
+                    res[name][mode].append(run(name, mode))
+                else:
+                    anc[who][name][mode].append(run_anchor(name, who, mode))
             same[name] &= all(res[name]["off"][-1]["tokens"] == res[name][m][-1]["tokens"] for m in modes)
+            for e in servers:
+                anc_same[e][name] &= anc[e][name]["plain"][-1]["text"] == anc[e][name]["draft"][-1]["text"]
         print(f"spec_drive: round {r + 1}/{rounds}: " + ", ".join(
             f"{n} " + "/".join(f"{res[n][m][-1]['decode_tps']:.1f}" for m in modes)
+            + "".join(f" {e} {anc[e][n]['plain'][-1]['decode_tps']:.1f}/{anc[e][n]['draft'][-1]['decode_tps']:.1f}"
+                      for e in servers)
             for n in work) + f" tok/s ({'/'.join(modes)})", file=sys.stderr)
     for n in work:
         for mode in res[n]:
             for x in res[n][mode]:
                 del x["tokens"]
-    print(json.dumps({"engine": "hearth", "rounds": rounds, "tokens": tokens, "modes": modes,
-                      "runs": res, "same_output": same}))
+        for e in servers:
+            for arm in ("plain", "draft"):
+                for x in anc[e][n][arm]:
+                    del x["text"]
+    out = {"engine": "hearth", "rounds": rounds, "tokens": tokens, "modes": modes,
+           "runs": res, "same_output": same}
+    if servers:
+        out["anchors"] = {e: {**info[e], "runs": anc[e], "same_output": anc_same[e]} for e in servers}
+    print(json.dumps(out))
+    return 0
     return 0
 
 

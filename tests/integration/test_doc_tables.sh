@@ -125,11 +125,13 @@ check_kind spec "$fx/spec" "spec" \
 	'| Qwen3-1.7B shape, Q4_0 (random weights) | sampled | 21.0 (13.4-24.0) | 21.2 (12.1-23.7) | 0.99x (0.91-1.01x) | no draft | yes |' \
 	'| quote | 13.6 (13.2-13.7) | 21.3 (19.7-23.3) | 1.62x (1.43-1.72x) | 43 % (43-43 %) |' \
 	'3 alternating rounds of 64 tokens each' \
-	'| demo model, itself as draft | quote | 3592 (3515-4353) | 7105 (3998-8677) | 6263 (3258-7981) | 1715 (1683-1976) | 1.78x (0.75-2.22x) | 100 % of 168 | 34 % of 114 | yes |' \
+	'| demo model, itself as draft | quote | 5413 (5346-10496) | 6582 (6418-14984) | 4409 (2722-8551) | 5984 (4570-8932) | 0.81x (0.51-0.81x) | 100 % of 168 | 84 % of 147 | yes |' \
 	'| Qwen3-1.7B shape Q4_0, tiny random draft | sampled | 7.2 (4.4-10.3) | 6.4 (6.4-6.7) | 6.3 (6.3-6.7) | 5.7 (5.3-6.3) | 0.93x (0.61-1.43x) | 0 % of 198 | no draft | yes |' \
-	'| larger trained target, demo model as draft | json | 1309 (1155-1819) | 1790 (1563-1814) | 1533 (1425-2896) | 1401 (1219-1639) | 1.23x (1.17-1.59x) | 60 % of 210 | 65 % of 102 | yes |' \
-	'| ik_llama.cpp, hearth-kjv-large-q8_0.gguf, hearth-kjv-q8_0.gguf as draft | llama-simple tok/s | llama-speculative tok/s | speculative / simple | drafts accepted |' \
-	'| free | 1295.7 (1295.7-1295.7) | 109.0 (109.0-109.0) | 0.08x (0.08-0.08x) | 0 % (0-0 %) |'
+	'| larger trained target, demo model as draft | json | 1637 (1484-2491) | 2187 (2177-2445) | 1254 (1241-1373) | 2603 (2542-2912) | 0.76x (0.55-0.85x) | 32 % of 234 | 79 % of 129 | yes |' \
+	'| demo model, itself as draft | quote | hearth (`draft` model) | 5413 (5346-10496) | 4409 (2722-8551) | 0.81x (0.51-0.81x) | 100 % of 168 | yes | - |' \
+	'| demo model, itself as draft | quote | ik_llama.cpp llama-server | 197 (191-1790) | 350 (235-351) | 1.19x (0.20-1.84x) | 100 % of 168 | **no** | 12.56x (7.78-36.44x) |' \
+	'| larger trained target, demo model as draft | json | mainline llama.cpp llama-server | 324 (319-353) | 54 (19-66) | 0.17x (0.06-0.19x) | 11 % of 798 | yes | 25.53x (19.14-64.76x) |' \
+	'mainline llama.cpp llama-server: `-md hearth-kjv-q8_0.gguf --spec-type draft-simple --spec-draft-n-max 8 --spec-draft-n-min 0 --spec-draft-p-min 0.0`, 2 threads, context 256, OMP_WAIT_POLICY=passive.'
 
 # bench_kernels' small-batch lines (8 tokens from memory) are rows of their own.
 cat >"$tmp/kernels8.txt" <<'EOF2'
