@@ -332,29 +332,60 @@ static double llama3_divisor(double theta, unsigned n_rot, unsigned i, double fa
 	return 1 / ((1 - s) / factor + s);
 }
 
+/* A file tests/mkmodel writes with `args` into a fresh temporary directory, opened; its
+ * directory and path stay in dir and path for mkmodel_again and mkmodel_done. */
+struct mkmodel_file {
+	char dir[512], path[1024];
+	struct gguf_file *f;
+};
+
+static void mkmodel_again(struct mkmodel_file *mf, const char *args)
+{
+	const char *build = getenv("HEARTH_BUILDDIR");
+	char cmd[4096];
+	struct hearth_error e;
+	if (!build)
+		fail_msg("HEARTH_BUILDDIR is not set (make check sets it)");
+	if (mf->f)
+		gguf_close(mf->f);
+	mf->f = NULL;
+	snprintf(cmd, sizeof cmd, "'%s/tests/mkmodel' -o '%s' %s >/dev/null", build, mf->path, args);
+	assert_int_equal(system(cmd), 0);
+	if (gguf_open(&mf->f, mf->path, &e) < 0)
+		fail_msg("%s", e.msg);
+}
+
+static void mkmodel_file(struct mkmodel_file *mf, const char *args)
+{
+	const char *tmpdir = getenv("TMPDIR");
+	memset(mf, 0, sizeof *mf);
+	snprintf(mf->dir, sizeof mf->dir, "%s/test_llama3-XXXXXX", tmpdir && *tmpdir ? tmpdir : "/tmp");
+	assert_non_null(mkdtemp(mf->dir));
+	snprintf(mf->path, sizeof mf->path, "%s/l.gguf", mf->dir);
+	mkmodel_again(mf, args);
+}
+
+static void mkmodel_done(struct mkmodel_file *mf)
+{
+	gguf_close(mf->f);
+	unlink(mf->path);
+	rmdir(mf->dir);
+}
+
 /* The llama-3.2-1b preset (shrunk to a few kilobytes, its head size and RoPE kept) carries
  * what a converted Llama 3.2 1B does: rope_freqs.weight of n_rot/2 F32 divisors by the rule
  * with factor 32, low 1, high 4, original context 8192, theta 500000; no rope.scaling keys. */
 static void test_llama3_preset_writes_llama3_rope_freqs(void **state)
 {
 	(void)state;
-	const char *build = getenv("HEARTH_BUILDDIR"), *tmpdir = getenv("TMPDIR");
-	char dir[512], path[1024], cmd[4096];
-	struct gguf_file *f;
+	struct mkmodel_file mf;
 	struct hearth_error e;
 	float base = 0;
 	uint32_t n_rot = 0;
 
-	if (!build)
-		fail_msg("HEARTH_BUILDDIR is not set (make check sets it)");
-	snprintf(dir, sizeof dir, "%s/test_llama3-XXXXXX", tmpdir && *tmpdir ? tmpdir : "/tmp");
-	assert_non_null(mkdtemp(dir));
-	snprintf(path, sizeof path, "%s/l.gguf", dir);
-	snprintf(cmd, sizeof cmd, "'%s/tests/mkmodel' -o '%s' --preset llama-3.2-1b --n-embd 64 "
-		 "--n-layer 1 --n-head 2 --n-head-kv 1 --n-ff 64 --n-vocab 300 >/dev/null", build, path);
-	assert_int_equal(system(cmd), 0);
-	if (gguf_open(&f, path, &e) < 0)
-		fail_msg("%s", e.msg);
+	mkmodel_file(&mf, "--preset llama-3.2-1b --n-embd 64 --n-layer 1 --n-head 2 --n-head-kv 1 "
+			  "--n-ff 64 --n-vocab 300");
+	struct gguf_file *f = mf.f;
 	assert_int_equal(gguf_get_f32(f, "llama.rope.freq_base", &base, &e), 0);
 	assert_true(base == 500000.0f);
 	assert_int_equal(gguf_get_u32(f, "llama.rope.dimension_count", &n_rot, &e), 0);
@@ -378,10 +409,7 @@ static void test_llama3_preset_writes_llama3_rope_freqs(void **state)
 	/* pairs 0-14 turn fast enough to keep their frequency, 18-31 are slowed fully, three blend */
 	assert_int_equal(ones, 15);
 	assert_int_equal(full, 14);
-
-	gguf_close(f);
-	unlink(path);
-	rmdir(dir);
+	mkmodel_done(&mf);
 }
 
 /* The llama-3.2-1b preset states the head size as a converted Llama 3.2 1B does
@@ -391,22 +419,13 @@ static void test_llama3_preset_writes_llama3_rope_freqs(void **state)
 static void test_llama3_preset_writes_the_head_size(void **state)
 {
 	(void)state;
-	const char *build = getenv("HEARTH_BUILDDIR"), *tmpdir = getenv("TMPDIR");
-	char dir[512], path[1024], cmd[4096];
-	struct gguf_file *f;
+	struct mkmodel_file mf;
 	struct hearth_error e;
 	uint32_t n_embd = 0, n_head = 0, k = 0, v = 0;
 
-	if (!build)
-		fail_msg("HEARTH_BUILDDIR is not set (make check sets it)");
-	snprintf(dir, sizeof dir, "%s/test_llama3-XXXXXX", tmpdir && *tmpdir ? tmpdir : "/tmp");
-	assert_non_null(mkdtemp(dir));
-	snprintf(path, sizeof path, "%s/l.gguf", dir);
-	snprintf(cmd, sizeof cmd, "'%s/tests/mkmodel' -o '%s' --preset llama-3.2-1b --n-embd 128 "
-		 "--n-layer 1 --n-head 2 --n-head-kv 1 --n-ff 64 --n-vocab 300 >/dev/null", build, path);
-	assert_int_equal(system(cmd), 0);
-	if (gguf_open(&f, path, &e) < 0)
-		fail_msg("%s", e.msg);
+	mkmodel_file(&mf, "--preset llama-3.2-1b --n-embd 128 --n-layer 1 --n-head 2 --n-head-kv 1 "
+			  "--n-ff 64 --n-vocab 300");
+	struct gguf_file *f = mf.f;
 	assert_int_equal(gguf_get_u32(f, "llama.embedding_length", &n_embd, &e), 0);
 	assert_int_equal(gguf_get_u32(f, "llama.attention.head_count", &n_head, &e), 0);
 	assert_int_equal(n_embd / n_head, 64);
@@ -415,17 +434,11 @@ static void test_llama3_preset_writes_the_head_size(void **state)
 		fail_msg("the llama-3.2-1b preset wrote no head size: %s", e.msg);
 	assert_int_equal(k, 64);
 	assert_int_equal(v, 64);
-	gguf_close(f);
 
-	snprintf(cmd, sizeof cmd, "'%s/tests/mkmodel' -o '%s' --preset tiny >/dev/null", build, path);
-	assert_int_equal(system(cmd), 0);
-	if (gguf_open(&f, path, &e) < 0)
-		fail_msg("%s", e.msg);
-	assert_null(gguf_kv_find(f, "llama.attention.key_length"));
-	assert_null(gguf_kv_find(f, "llama.attention.value_length"));
-	gguf_close(f);
-	unlink(path);
-	rmdir(dir);
+	mkmodel_again(&mf, "--preset tiny");
+	assert_null(gguf_kv_find(mf.f, "llama.attention.key_length"));
+	assert_null(gguf_kv_find(mf.f, "llama.attention.value_length"));
+	mkmodel_done(&mf);
 }
 
 /* --rope-freqs is refused where llama.cpp would not read the tensor, and when malformed. */
