@@ -174,7 +174,10 @@ static void *loader_main(void *arg)
 						   : QTYPE_F16;
 	o.act = cfg->weights == CONFIG_WEIGHTS_W4A8 ? Q4_ACT_A8 : Q4_ACT_A16;
 	o.weights_group = cfg->weights_group == CONFIG_GROUP_32 ? LOAD_GROUP_32 : LOAD_GROUP_128;
-	o.head_bits = cfg->head == CONFIG_HEAD_INT8 ? LOAD_HEAD_INT8 : LOAD_HEAD_INT4;
+	o.head_bits = cfg->head == CONFIG_HEAD_INT8 ? LOAD_HEAD_INT8
+		      : cfg->head == CONFIG_HEAD_INT4 ? LOAD_HEAD_INT4
+						     : 0;
+	o.mix = cfg->weights_mix == CONFIG_MIX_OFF ? LOAD_MIX_OFF : LOAD_MIX_AUTO;
 	o.n_threads = cfg->threads;
 	o.arena.numa_node = cfg->numa_node;
 	o.arena.lock_memory = cfg->lock_memory;
@@ -192,9 +195,11 @@ static void *loader_main(void *arg)
 	o.load_record = &ld->load_record;
 
 	struct hearth_error e;
-	log_info(ld->log, "loading %s (max_context %u, kv_budget %llu bytes, %s, weights_group %u, head int%u)",
+	log_info(ld->log, "loading %s (max_context %u, kv_budget %llu bytes, %s, weights_group %u, head %s, weights_mix %s)",
 		 cfg->model, cfg->max_context, (unsigned long long)cfg->kv_budget,
-		 cfg->weights == CONFIG_WEIGHTS_W4A8 ? "w4a8" : "w4a16", o.weights_group, o.head_bits);
+		 cfg->weights == CONFIG_WEIGHTS_W4A8 ? "w4a8" : "w4a16", o.weights_group,
+		 o.head_bits == LOAD_HEAD_INT8 ? "int8" : o.head_bits == LOAD_HEAD_INT4 ? "int4" : "auto",
+		 o.mix == LOAD_MIX_OFF ? "off" : "auto");
 	if (load_q4(&ld->model, &ld->tok, cfg->model, &o, &e) < 0) {
 		server_model_failed(ld->srv, &e);
 		free(ld);
@@ -204,8 +209,8 @@ static void *loader_main(void *arg)
 	struct model_q4_facts f;
 	model_q4_facts(m, &f);
 	log_notice(ld->log, "arena: %zu bytes, %s pages; %s", f.arena_bytes, f.arena_backing, f.arena_note);
-	log_notice(ld->log, "weights: %s, %u of %u matrices carried over without re-rounding; kernels %s, %zu threads",
-		   f.quant, f.n_carried, f.n_matrices, f.kernels, f.n_threads);
+	log_notice(ld->log, "weights: %s, %u of %u matrices carried over without re-rounding, %u int8; kernels %s, %zu threads",
+		   f.quant, f.n_carried, f.n_matrices, f.n_int8, f.kernels, f.n_threads);
 
 	server_progress(ld->srv, "warming up", 0, 1);
 	model_q4_engine(m, &ld->sm.eng);
