@@ -611,7 +611,8 @@ static bool load_mix_candidate(const struct gguf_tensor *t)
 	return !carry;
 }
 
-/* Takes an upgrade of `extra` bits when the model stays within the budget. */
+/* Takes the upgrade of a matrix of int4 bytes to int8 bytes when the model's bits (*bits,
+ * counted as bench/fidelity counts them) stay within budget. */
 static bool load_mix_take(uint64_t *bits, uint64_t budget, uint64_t int4, uint64_t int8)
 {
 	if (!int4 || !int8 || int8 < int4 || *bits + 8 * (int8 - int4) > budget)
