@@ -37,17 +37,20 @@ save() { # save TAG COMMAND...: the command's text, or its --json into the resul
 }
 
 c="--corpus $corpus --seqs $seqs --len $len"
-echo "== hearth, default layout (weights_group 128: layers group 128, embedding/head group 32 asym)"
-save 1-hearth-g128 "$builddir/bench/fidelity" $c --greedy 12 "$model"
-echo "== hearth, weights_group 128 with the embedding/head at group 128 (the previous default)"
-save 2-hearth-g128-h128 "$builddir/bench/fidelity" $c --greedy 12 --head-group 128 "$model"
-echo "== hearth, weights_group 128, int8 embedding/head"
-save 3-hearth-g128-q8 "$builddir/bench/fidelity" $c --greedy 12 --head int8 "$model"
+# Tags sort in the table's order (two digits: doc_tables.py sorts the file names).
+echo "== hearth, default layout (weights_mix auto: int8 where 4.5 bpw allows, in the rule's order)"
+save 01-hearth-default "$builddir/bench/fidelity" $c --greedy 12 --label default "$model"
+echo "== hearth, weights_mix off: layers group 128, embedding/head group 32 asym (the previous default)"
+save 02-hearth-mix-off "$builddir/bench/fidelity" $c --greedy 12 --mix off "$model"
+echo "== hearth, weights_mix off, embedding/head at group 128 too (the default before that)"
+save 03-hearth-g128-h128 "$builddir/bench/fidelity" $c --greedy 12 --mix off --head-group 128 "$model"
+echo "== hearth, weights_mix off, int8 embedding/head"
+save 04-hearth-g128-q8 "$builddir/bench/fidelity" $c --greedy 12 --mix off --head int8 "$model"
 if [ -z "${HEARTH_FIDELITY_SHORT:-}" ]; then
 	echo "== hearth, weights_group 32"
-	save 4-hearth-g32 "$builddir/bench/fidelity" $c --greedy 12 --weights-group 32 "$model"
+	save 05-hearth-g32 "$builddir/bench/fidelity" $c --greedy 12 --weights-group 32 --mix off "$model"
 	echo "== hearth, weights_group 32, int8 embedding/head"
-	save 5-hearth-g32-q8 "$builddir/bench/fidelity" $c --greedy 12 --weights-group 32 --head int8 "$model"
+	save 06-hearth-g32-q8 "$builddir/bench/fidelity" $c --greedy 12 --weights-group 32 --mix off --head int8 "$model"
 fi
 
 if [ ! -d "$lib" ]; then
@@ -58,7 +61,7 @@ libllama=
 for f in "$lib"/libllama.v*.so "$lib"/libllama.so; do
 	[ -f "$f" ] && { libllama=$f; break; }
 done
-i=6
+i=7
 for t in q4_0 q4_k_m iq4_xs; do
 	q="$work/model-$t.gguf"
 	if [ -n "${HEARTH_LLAMA_QUANTIZE:-}" ]; then
@@ -71,8 +74,8 @@ for t in q4_0 q4_k_m iq4_xs; do
 	echo "== llama.cpp $label"
 	# --check once: llama.cpp's unquantized run against hearth's f32 reference
 	chk=""
-	[ $i = 6 ] && chk=--check
-	save "$i-llama-$t" "$builddir/bench/fidelity_llama" --lib "$lib" --q4 "$q" --label "llama.cpp $label" --greedy 12 \
+	[ $i = 7 ] && chk=--check
+	save "0$i-llama-$t" "$builddir/bench/fidelity_llama" --lib "$lib" --q4 "$q" --label "llama.cpp $label" --greedy 12 \
 		$chk $c "$model"
 	i=$((i + 1))
 done

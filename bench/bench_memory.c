@@ -98,7 +98,7 @@ int main(int argc, char **argv)
 	uint64_t kv_budget = 192 * MIB;
 	unsigned long max_context = 2048;
 	enum arena_pages pages = ARENA_PAGES_AUTO;
-	uint32_t head_bits = LOAD_HEAD_INT4;
+	uint32_t head_bits = 0; /* the loader's (mix rule's) choice unless --head says */
 	bool json = false, smaps = false;
 	struct hearth_error e;
 	int ch;
@@ -128,7 +128,7 @@ int main(int argc, char **argv)
 				fprintf(stderr, "bench_memory: --head: '%s' is not int4 or int8\n", optarg);
 				return 2;
 			}
-			head_bits = strcmp(optarg, "int8") ? LOAD_HEAD_INT4 : LOAD_HEAD_INT8;
+			head_bits = !strcmp(optarg, "int8") ? LOAD_HEAD_INT8 : !strcmp(optarg, "int4") ? LOAD_HEAD_INT4 : 0;
 			break;
 		case 'j':
 			json = true;

@@ -311,6 +311,8 @@ def fidelity_trained(res):
                 label = f"{b['build']} ({b.get('types', '')})"
             else:
                 label = f"hearth {b['build'].upper()} ({b['quant']})"
+                if o.get("label"):
+                    label += f", {o['label']}"
             greedy = (f"{b['greedy_exact']}/{b['greedy_prompts']}" if "greedy_exact" in b else "-")
             rows.append([label, num(b.get("bpw"), 2), num(b.get("top1"), 3), kl(b.get("kl_mean")),
                          kl(b.get("kl_p99")), kl(b.get("kl_max")), greedy])

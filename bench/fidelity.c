@@ -28,10 +28,13 @@
 
 struct fidelity_args {
 	const char *corpus;             /* --corpus: one document a line, or NULL */
+	const char *label;              /* --label: a note for the table's row, or NULL */
 	const char *path;
 	uint32_t n_seqs, len, seed, threads;
 	uint32_t group, head_group;     /* load_opts weights_group / head_group (0: default) */
-	uint32_t head_bits;             /* load_opts head_bits: 4 or 8 */
+	uint32_t head_bits;             /* load_opts head_bits: 0 (the mix rule's), 4 or 8 */
+	uint32_t mix;                   /* load_opts mix: LOAD_MIX_AUTO or LOAD_MIX_OFF */
+	bool sensitivity;               /* --sensitivity: each matrix alone int4 */
 	enum qtype kv_type;             /* load_opts kv_type: QTYPE_F16, QTYPE_BF16, QTYPE_KV_Q8 */
 	uint32_t greedy;                /* --greedy N: prompts for the exact-reproduction count */
 	bool text, json, a16, a8, ablate;
@@ -56,12 +59,17 @@ static void usage(FILE *to)
 {
 	fprintf(to, "usage: bench/fidelity [--seqs N] [--len L] [--seed S] [--no-text] [--corpus FILE] [--threads T]\n"
 		    "                      [--act a16|a8|both] [--weights-group 128|32] [--head-group 128|32|32a]\n"
-		    "                      [--head int4|int8] [--kv f16|bf16|q8] [--ablate] [--json] MODEL.gguf\n"
+		    "                      [--head int4|int8] [--mix auto|off] [--kv f16|bf16|q8] [--ablate]\n"
+		    "                      [--sensitivity] [--label TEXT] [--json] MODEL.gguf\n"
 		    "  MODEL is an unquantized GGUF (F32, F16 or BF16 matrices).\n"
 		    "  --weights-group is the daemon's weights_group key (the loader's layout for it);\n"
 		    "  --head-group overrides the loader's choice for the embedding/head (128 asymmetric,\n"
 		    "  32 symmetric, 32a asymmetric);\n"
-		    "  --head int8 stores the embedding/head as int8 (the daemon's head key).\n"
+		    "  --head int4|int8 forces the embedding/head's type (the daemon's head key; default:\n"
+		    "  the mix rule's); --mix off turns the mix rule off (the daemon's weights_mix key).\n"
+		    "  --sensitivity: each matrix alone int4 (mix off) in the f32 engine, the rest exact,\n"
+		    "  with what an int8 copy of it would cost in bits (the mix rule's inputs).\n"
+		    "  --label TEXT: a note the JSON carries for the table's row (\"default\").\n"
 		    "  --kv is the int4 builds' KV cache type (the daemon's kv_type key; default f16).\n"
 		    "  Defaults: 4 sequences x 64 positions (the built-in paragraph, then random ids\n"
 		    "  from seed 1), 2 threads, both activation paths.\n"
@@ -85,7 +93,7 @@ static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
 static int parse_args(int argc, char **argv, struct fidelity_args *a)
 {
 	*a = (struct fidelity_args){ .n_seqs = 4, .len = 64, .seed = 1, .threads = 2,
-				     .text = true, .a16 = true, .a8 = true, .head_bits = LOAD_HEAD_INT4,
+				     .text = true, .a16 = true, .a8 = true, .head_bits = 0,
 				     .kv_type = QTYPE_F16 };
 	for (int i = 1; i < argc; i++) {
 		const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -95,10 +103,18 @@ static int parse_args(int argc, char **argv, struct fidelity_args *a)
 			a->text = false;
 		else if (!strcmp(o, "--corpus") && v)
 			a->corpus = argv[++i];
+		else if (!strcmp(o, "--label") && v)
+			a->label = argv[++i];
 		else if (!strcmp(o, "--greedy") && v && !parse_u32(v, 1, 1024, &a->greedy))
 			i++;
 		else if (!strcmp(o, "--ablate"))
 			a->ablate = true;
+		else if (!strcmp(o, "--sensitivity"))
+			a->sensitivity = true;
+		else if (!strcmp(o, "--mix") && v && (!strcmp(v, "auto") || !strcmp(v, "off"))) {
+			a->mix = !strcmp(v, "off") ? LOAD_MIX_OFF : LOAD_MIX_AUTO;
+			i++;
+		}
 		else if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
 			usage(stdout);
 			exit(0);
@@ -154,6 +170,7 @@ static int load_int4(struct model_q4 **m, const struct fidelity_args *a, enum q4
 	o.weights_group = a->group;
 	o.head_group = a->head_group;
 	o.head_bits = a->head_bits;
+	o.mix = a->mix;
 	o.kv_type = a->kv_type;
 	struct tok *tok;
 	int rc = load_q4(m, &tok, a->path, &o, err);
@@ -264,8 +281,14 @@ static void int4_bpw(const struct model_q4 *m, struct fidelity_bpw *b)
 	for (uint32_t l = 0; l < m->n_layer && l < 256; l++) {
 		const struct mq4_layer *L = &m->layers[l];
 		const struct q4_matrix *lm[7] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down };
-		for (int k = 0; k < 7; k++)
-			mats[n++] = lm[k];
+		for (int k = 0; k < 7; k++) {
+			if (!L->w8[k].data) {
+				mats[n++] = lm[k];
+				continue;
+			}
+			b->bytes_mat += q8_matrix_bytes(&L->w8[k]);
+			b->params_mat += (uint64_t)L->w8[k].rows * L->w8[k].cols;
+		}
 	}
 	for (size_t i = 0; i < n; i++) {
 		b->bytes_mat += q4_matrix_bytes(mats[i]);
@@ -354,6 +377,15 @@ static const struct gguf_tensor *view_int8(struct fidelity_views *v, const struc
 	if (t)
 		q8_unpack_rows(q, 0, q->rows, (float *)t->data, q->cols);
 	return t;
+}
+
+/* Layer matrix i (MQ4_WQ ..) as the int4 model multiplies by it: int4, or int8 where the
+ * mix rule chose it. */
+static const struct gguf_tensor *view_layer(struct fidelity_views *v, const struct mq4_layer *L, int i,
+					    const struct gguf_tensor *like, struct hearth_error *err)
+{
+	const struct q4_matrix *w4[7] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down };
+	return L->w8[i].data ? view_int8(v, &L->w8[i], like, err) : view_int4(v, w4[i], like, err);
 }
 
 /* The model's embedding or head as f32, int4 or int8 (head_bits). */
@@ -472,14 +504,11 @@ static int ablate_run(const struct model *ref, const struct model_q4 *q,
 	for (uint32_t l = 0; (parts & ABLATE_LAYERS) && l < ref->hp.n_layer && rc == 0; l++) {
 		struct model_layer *R = &v.layers[l];
 		const struct mq4_layer *L = &q->layers[l];
-		if (!(R->wq = view_int4(&views, &L->wq, R->wq, err)) ||
-		    !(R->wk = view_int4(&views, &L->wk, R->wk, err)) ||
-		    !(R->wv = view_int4(&views, &L->wv, R->wv, err)) ||
-		    !(R->wo = view_int4(&views, &L->wo, R->wo, err)) ||
-		    !(R->ffn_gate = view_int4(&views, &L->gate, R->ffn_gate, err)) ||
-		    !(R->ffn_up = view_int4(&views, &L->up, R->ffn_up, err)) ||
-		    !(R->ffn_down = view_int4(&views, &L->down, R->ffn_down, err)))
-			rc = err->code ? err->code : HEARTH_ENOMEM;
+		const struct gguf_tensor **rs[7] = { &R->wq, &R->wk, &R->wv, &R->wo, &R->ffn_gate, &R->ffn_up,
+						     &R->ffn_down };
+		for (int i = 0; i < 7 && rc == 0; i++)
+			if (!(*rs[i] = view_layer(&views, L, i, *rs[i], err)))
+				rc = err->code ? err->code : HEARTH_ENOMEM;
 	}
 	for (uint32_t l = 0; (parts & ABLATE_LAYERS_G32) && l < ref->hp.n_layer && rc == 0; l++) {
 		struct model_layer *R = &v.layers[l];
@@ -536,6 +565,124 @@ static int ablate_run(const struct model *ref, const struct model_q4 *q,
 	return rc;
 }
 
+/* --sensitivity: the reference engine with one matrix class of one layer (layer < 0: of
+ * every layer; cls 7: the embedding/head) swapped for q's int4 weights (q loaded with the
+ * mix rule off), the rest exact. Its KL is what an int8 copy of those weights would win
+ * back, near enough (int8's rounding is a sixteenth of int4's). *extra_bits: what the int8
+ * copies would cost over int4, in the layouts the loader would use. */
+static const char *const sens_names[8] = { "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
+					   "ffn_up", "ffn_down", "embd/head" };
+
+static uint64_t sens_q8_bits(const struct q4_matrix *w)
+{
+	struct q8_matrix q;
+	if (q8_matrix_plan(&q, w->rows, w->cols, w->cols % 128 ? 32 : 128) < 0)
+		return 0;
+	return 8 * ((uint64_t)q8_matrix_bytes(&q) - q4_matrix_bytes(w));
+}
+
+static int sens_run(const struct model *ref, const struct model_q4 *q, int cls, int layer,
+		    const struct fidelity_corpus *c, const float *ref_logits, float *scratch,
+		    struct fidelity_acc *acc, uint64_t *extra_bits, struct hearth_error *err)
+{
+	struct model v = *ref;
+	struct fidelity_views views = { .n = 0 };
+	struct model_ctx *ctx = NULL;
+	int rc = 0;
+	*extra_bits = 0;
+	v.layers = malloc(ref->hp.n_layer * sizeof *v.layers);
+	if (!v.layers)
+		return hearth_error_set(err, HEARTH_ENOMEM, "sensitivity: layers");
+	memcpy(v.layers, ref->layers, ref->hp.n_layer * sizeof *v.layers);
+	if (cls == 7) {
+		bool tied = ref->output == ref->tok_embd;
+		if (!(v.tok_embd = view_int4(&views, &q->embd, ref->tok_embd, err)) ||
+		    !(v.output = tied ? v.tok_embd : view_int4(&views, &q->output, ref->output, err)))
+			rc = HEARTH_ENOMEM;
+		*extra_bits = sens_q8_bits(&q->embd) + (tied ? 0 : sens_q8_bits(&q->output));
+	}
+	for (uint32_t l = 0; cls < 7 && l < ref->hp.n_layer && rc == 0; l++) {
+		if (layer >= 0 && (uint32_t)layer != l)
+			continue;
+		struct model_layer *R = &v.layers[l];
+		const struct mq4_layer *L = &q->layers[l];
+		const struct gguf_tensor **rs[7] = { &R->wq, &R->wk, &R->wv, &R->wo, &R->ffn_gate, &R->ffn_up,
+						     &R->ffn_down };
+		const struct q4_matrix *w4[7] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down };
+		if (!(*rs[cls] = view_int4(&views, w4[cls], *rs[cls], err)))
+			rc = HEARTH_ENOMEM;
+		*extra_bits += sens_q8_bits(w4[cls]);
+	}
+	if (rc == 0)
+		rc = model_ctx_new(&ctx, &v, c->len, err);
+	size_t per_seq = (size_t)c->len * ref->hp.n_vocab;
+	for (uint32_t s = 0; rc == 0 && s < c->n_seqs; s++) {
+		model_ctx_reset(ctx);
+		rc = model_forward(&v, ctx, c->ids + (size_t)s * c->len, c->len, MODEL_LOGITS_ALL, scratch, err);
+		if (rc == 0)
+			rc = fidelity_acc_add(acc, ref_logits + s * per_seq, scratch, c->len, ref->hp.n_vocab, err);
+	}
+	model_ctx_free(ctx);
+	views_free(&views);
+	free(v.layers);
+	return rc;
+}
+
+/* Every class alone (all layers), then every (class, layer), then the embedding/head: one
+ * line each, KL mean and top-1, the int8 copy's extra bits and KL per extra Mbit. */
+static int sens_all(const struct fidelity_args *a, const struct model *ref, const struct fidelity_corpus *c,
+		    const float *ref_logits, float *scratch, struct hearth_error *err)
+{
+	struct fidelity_args as = *a;
+	struct model_q4 *q = NULL;
+	as.mix = LOAD_MIX_OFF;
+	as.head_bits = LOAD_HEAD_INT4;
+	int rc = load_int4(&q, &as, Q4_ACT_A16, err);
+	if (rc < 0)
+		return rc;
+	uint64_t params = q->n_params;
+	if (a->json)
+		printf("{\"sensitivity\":[");
+	else
+		printf("sensitivity (f32 engine; one matrix class / layer int4 as %s, the rest exact; "
+		       "%llu parameters):\n%-12s %5s  %9s  %6s  %12s  %10s  %12s\n", q->quant_name,
+		       (unsigned long long)params, "matrix", "layer", "KL mean", "top-1", "int8 +bits", "+bpw",
+		       "KL per Mbit");
+	bool first = true;
+	for (int cls = 0; cls < 8 && rc == 0; cls++) {
+		for (int layer = -1; layer < (cls == 7 ? 0 : (int)ref->hp.n_layer) && rc == 0; layer++) {
+			struct fidelity_acc acc;
+			uint64_t bits;
+			fidelity_acc_init(&acc);
+			rc = sens_run(ref, q, cls, layer, c, ref_logits, scratch, &acc, &bits, err);
+			if (rc == 0) {
+				struct fidelity_summary sm = fidelity_acc_summary(&acc);
+				double per = bits ? sm.kl_mean / ((double)bits / 1e6) : 0;
+				if (a->json)
+					printf("%s{\"matrix\":\"%s\",\"layer\":%d,\"kl_mean\":%.8f,\"top1\":%.6f,"
+					       "\"extra_bits\":%llu,\"params\":%llu}", first ? "" : ",",
+					       sens_names[cls], layer, sm.kl_mean, sm.top1, (unsigned long long)bits,
+					       (unsigned long long)params);
+				else {
+					char lname[12] = "all";
+					if (layer >= 0)
+						snprintf(lname, sizeof lname, "%d", layer);
+					printf("%-12s %5s  %9.6f  %6.4f  %12llu  %10.4f  %12.6f\n", sens_names[cls], lname,
+					       sm.kl_mean, sm.top1, (unsigned long long)bits, (double)bits / (double)params,
+					       per);
+				}
+				fflush(stdout);
+				first = false;
+			}
+			fidelity_acc_free(&acc);
+		}
+	}
+	if (a->json)
+		printf("]}\n");
+	model_q4_free(q);
+	return rc;
+}
+
 static void print_row(const char *label, const char *quant, const struct fidelity_bpw *b,
 		      const struct fidelity_summary *s)
 {
@@ -573,7 +720,7 @@ int main(int argc, char **argv)
 	struct fidelity_corpus corpus = { 0 };
 	struct fidelity_acc acc[2];
 	struct fidelity_build builds[2] = { { .label = "hearth W4A16" }, { .label = "hearth W4A8" } };
-	bool want[2] = { a.a16, a.a8 };
+	bool want[2] = { a.a16 && !a.sensitivity, a.a8 && !a.sensitivity };
 	float *ref_logits = NULL, *q_logits = NULL, *q_all[2] = { NULL, NULL };
 	struct fidelity_acc act_acc[2];
 	struct fidelity_summary act_sum[2];
@@ -691,6 +838,10 @@ int main(int argc, char **argv)
 			}
 		}
 	}
+	if (a.sensitivity) {
+		rc = sens_all(&a, ref, &corpus, ref_logits, q_logits, &e);
+		goto out;
+	}
 	if (a.ablate) {
 		double t0 = ((double)hearth_now_ns() * 1e-6);
 		for (size_t i = 0; i < N_ABLATIONS; i++) {
@@ -711,7 +862,11 @@ int main(int argc, char **argv)
 	uint32_t n_text = a.corpus ? a.n_seqs : a.text ? 1 : 0;
 	const char *kv_name = a.kv_type == QTYPE_KV_Q8 ? "q8" : a.kv_type == QTYPE_BF16 ? "bf16" : "f16";
 	if (a.json) {
-		printf("{\"model\":\"%s\",\"arch\":\"%s\",\"n_vocab\":%u,\"seqs\":%u,\"len\":%u,"
+		if (a.label)
+			printf("{\"label\":\"%s\",", a.label);
+		else
+			printf("{");
+		printf("\"model\":\"%s\",\"arch\":\"%s\",\"n_vocab\":%u,\"seqs\":%u,\"len\":%u,"
 		       "\"text_seqs\":%u,\"seed\":%u,\"positions\":%zu,\"kv\":\"%s\",\"source\":{",
 		       name, model_arch_name(ref->hp.arch), n_vocab, a.n_seqs, a.len, n_text, a.seed,
 		       (size_t)a.n_seqs * a.len, kv_name);

@@ -144,6 +144,7 @@ struct load_ctx {
 	size_t rows_cap;
 	size_t repack_threads;          /* pool threads that take part in the repack */
 	size_t acts_total;              /* both activation buffers (group 32, group 128) */
+	bool *mix8;                     /* n_layer x MQ4_LAYER_MATRICES: int8 by the mix rule */
 	size_t threads_max;             /* compute threads the scratch is planned for */
 };
 
@@ -200,15 +201,16 @@ static int load_add_mat(struct load_ctx *c, const struct gguf_tensor *t, struct 
 	return 0;
 }
 
-/* The embedding/head in the int8 layout (ARENA_REGION_EMBED_HEAD). */
+/* A matrix in the int8 layout: the embedding/head (ARENA_REGION_EMBED_HEAD) or a layer
+ * matrix the mix rule chose (LOAD_REGION_WEIGHTS_Q8). */
 static int load_add_mat8(struct load_ctx *c, const struct gguf_tensor *t, struct q8_matrix *dst,
-			 uint32_t want, struct hearth_error *err)
+			 const char *region, uint32_t want, struct hearth_error *err)
 {
 	struct load_mat *lm = load_mat_new(c, t, err);
 	if (!lm)
 		return HEARTH_ENOMEM;
 	lm->dst8 = dst;
-	lm->region = ARENA_REGION_EMBED_HEAD;
+	lm->region = region;
 	load_choose8(t->type, t->ne[0], want, &lm->group, &lm->carry);
 	if (t->ne[0] % lm->group)
 		return hearth_error_set(err, HEARTH_EUNSUPPORTED,
@@ -427,9 +429,20 @@ static void load_widths(const struct model_q4 *m, struct load_widths *w)
 
 /* Bytes each arena region will hold, summed while the plan walks the model. */
 struct load_sizes {
-	size_t w_g128, w_g32;      /* layer matrices, by packed group */
+	size_t w_g128, w_g32, w_q8; /* layer matrices, by packed type */
 	size_t embed_head, norms, rope, scratch;
 };
+
+static size_t load_layer_vec_bytes(const struct model_layer *R)
+{
+	const struct gguf_tensor *vs[10] = { R->attn_norm, R->ffn_norm, R->q_norm, R->k_norm,
+					     R->bq, R->bk, R->bv, R->bo, R->attn_post_norm,
+					     R->ffn_post_norm };
+	size_t n = 0;
+	for (int i = 0; i < 10; i++)
+		n += vec_bytes(vs[i]);
+	return n;
+}
 
 /* The layers' matrices, vectors and shapes: each matrix planned at `want`, each layer's
  * RoPE setting given a table slot. */
@@ -447,15 +460,18 @@ static int load_plan_layers(struct load_ctx *c, uint32_t want, struct load_sizes
 		struct q4_matrix *ds[MQ4_LAYER_MATRICES] = { &L->wq, &L->wk, &L->wv, &L->wo,
 							     &L->gate, &L->up, &L->down };
 		for (int i = 0; i < MQ4_LAYER_MATRICES; i++) {
+			if (c->mix8 && c->mix8[(size_t)l * MQ4_LAYER_MATRICES + i]) {
+				if ((rc = load_add_mat8(c, ts[i], &L->w8[i], LOAD_REGION_WEIGHTS_Q8, LOAD_GROUP_128,
+							err)) < 0)
+					return rc;
+				sz->w_q8 += align64(q8_matrix_bytes(&L->w8[i]));
+				continue;
+			}
 			if ((rc = load_add_mat(c, ts[i], ds[i], NULL, want, err)) < 0)
 				return rc;
 			*(ds[i]->group == 128 ? &sz->w_g128 : &sz->w_g32) += align64(q4_matrix_bytes(ds[i]));
 		}
-		const struct gguf_tensor *vs[10] = { R->attn_norm, R->ffn_norm, R->q_norm, R->k_norm,
-						     R->bq, R->bk, R->bv, R->bo, R->attn_post_norm,
-						     R->ffn_post_norm };
-		for (int i = 0; i < 10; i++)
-			sz->norms += vec_bytes(vs[i]);
+		sz->norms += load_layer_vec_bytes(R);
 		if (R->bo)
 			return hearth_error_set(err, HEARTH_EUNSUPPORTED, "layer %u: an output bias is not supported", l);
 		L->n_head = R->n_head;
@@ -490,11 +506,11 @@ static int load_plan_head(struct load_ctx *c, uint32_t want_head, struct load_si
 		/* int8 keeps group 128 whatever the layers use (8 bits leave little for a finer
 		 * group to win) unless head_group asks for 32. */
 		uint32_t want8 = c->o->head_group ? c->o->head_group : LOAD_GROUP_128;
-		if ((rc = load_add_mat8(c, ref->tok_embd, &m->embd8, want8, err)) < 0)
+		if ((rc = load_add_mat8(c, ref->tok_embd, &m->embd8, ARENA_REGION_EMBED_HEAD, want8, err)) < 0)
 			return rc;
 		sz->embed_head += align64(q8_matrix_bytes(&m->embd8));
 		if (!ref->hp.tied_output) {
-			if ((rc = load_add_mat8(c, ref->output, &m->output8, want8, err)) < 0)
+			if ((rc = load_add_mat8(c, ref->output, &m->output8, ARENA_REGION_EMBED_HEAD, want8, err)) < 0)
 				return rc;
 			sz->embed_head += align64(q8_matrix_bytes(&m->output8));
 		}
@@ -585,6 +601,117 @@ static int load_plan_scratch(struct load_ctx *c, struct load_sizes *sz, struct h
 	return 0;
 }
 
+/* ---- the mix rule (load.h, weights_mix) ---- */
+
+/* The mix rule's order, from bench/fidelity --sensitivity on both trained models
+ * (doc/benchmarks.md): the first layer's matrices cost the most KL per bit at int4 (10 to 100
+ * times a middle layer's), the last layer's come next, so layers are visited from the
+ * outside in (first, last, second, second to last, ...) and within a layer the classes in
+ * this order (attn_v and ffn_down first, as llama.cpp's Q4_K_M gives them more bits). */
+static const int load_mix_order[] = { MQ4_WV, MQ4_DOWN, MQ4_WK, MQ4_WQ, MQ4_WO, MQ4_GATE, MQ4_UP };
+
+static uint32_t load_mix_layer(uint32_t n_layer, uint32_t k)
+{
+	return k % 2 ? n_layer - 1 - k / 2 : k / 2;
+}
+
+/* Bytes t takes in the int4 layout at want, or in the int8 one (eight); 0 when it does
+ * not plan (the real plan reports why). */
+static uint64_t load_mat_cost(const struct gguf_tensor *t, uint32_t want, bool eight)
+{
+	uint32_t g;
+	bool asym, carry;
+	size_t rows = (size_t)(t->n_elems / t->ne[0]), cols = (size_t)t->ne[0];
+	if (eight) {
+		struct q8_matrix q;
+		load_choose8(t->type, cols, want, &g, &carry);
+		return cols % g == 0 && q8_matrix_plan(&q, rows, cols, g) == 0 ? align64(q8_matrix_bytes(&q)) : 0;
+	}
+	struct q4_matrix q;
+	load_choose(t->type, cols, want, &g, &asym, &carry);
+	return cols % g == 0 && q4_matrix_plan(&q, rows, cols, g, asym) == 0 ? align64(q4_matrix_bytes(&q)) : 0;
+}
+
+/* Whether upgrading t to int8 adds precision: not for codes carried over from a 4-bit
+ * file, which int8 would only hold at twice the size. */
+static bool load_mix_candidate(const struct gguf_tensor *t)
+{
+	uint32_t g;
+	bool asym, carry;
+	load_choose(t->type, (size_t)t->ne[0], LOAD_GROUP_128, &g, &asym, &carry);
+	return !carry;
+}
+
+/* Takes the upgrade of a matrix of int4 bytes to int8 bytes when the model's bits (*bits,
+ * counted as bench/fidelity counts them) stay within budget. */
+static bool load_mix_take(uint64_t *bits, uint64_t budget, uint64_t int4, uint64_t int8)
+{
+	if (!int4 || !int8 || int8 < int4 || *bits + 8 * (int8 - int4) > budget)
+		return false;
+	*bits += 8 * (int8 - int4);
+	return true;
+}
+
+/* Decides, before the plan, which matrices go int8: the embedding/head first when
+ * head_bits leaves it to the rule (its error reaches the logits directly, and it is where
+ * most of the distance is on both trained models), then layer by layer from the outside in,
+ * each layer's matrices in load_mix_order; an upgrade that does not fit is skipped and
+ * smaller ones after it may still be taken. Sets m->head_bits and c->mix8. */
+static int load_mix(struct load_ctx *c, uint32_t want, uint32_t want_head, struct hearth_error *err)
+{
+	struct model_q4 *m = c->m;
+	const struct model *ref = c->ref;
+	const struct load_opts *o = c->o;
+	uint32_t want8 = o->head_group ? o->head_group : LOAD_GROUP_128;
+	m->head_bits = o->head_bits == LOAD_HEAD_INT8 ? LOAD_HEAD_INT8 : LOAD_HEAD_INT4;
+	if (o->mix == LOAD_MIX_OFF)
+		return 0;
+	c->mix8 = calloc((size_t)m->n_layer * MQ4_LAYER_MATRICES, sizeof *c->mix8);
+	if (!c->mix8)
+		return hearth_error_set(err, HEARTH_ENOMEM, "loader: out of memory");
+	/* What the model takes all int4 (the head as head_bits says), in the bits per weight
+	 * bench/fidelity reports: matrices, norms and biases over every parameter. */
+	uint64_t cbpw = o->mix_budget_cbpw ? o->mix_budget_cbpw : LOAD_MIX_BUDGET_CBPW;
+	uint64_t budget = m->n_params * cbpw / 100, bits = 0;
+	const struct gguf_tensor *heads[2] = { ref->tok_embd, ref->hp.tied_output ? NULL : ref->output };
+	uint64_t h4 = 0, h8 = 0;
+	bool head_ok = true;
+	for (int k = 0; k < 2 && heads[k]; k++) {
+		h4 += load_mat_cost(heads[k], want_head, false);
+		h8 += load_mat_cost(heads[k], want8, true);
+		head_ok &= load_mix_candidate(heads[k]) && load_mat_cost(heads[k], want_head, false) &&
+			   load_mat_cost(heads[k], want8, true);
+	}
+	bits += 8 * (m->head_bits == LOAD_HEAD_INT8 ? h8 : h4);
+	bits += 8 * vec_bytes(ref->output_norm);
+	for (uint32_t l = 0; l < m->n_layer; l++) {
+		const struct model_layer *R = &ref->layers[l];
+		const struct gguf_tensor *ts[MQ4_LAYER_MATRICES] = { R->wq, R->wk, R->wv, R->wo,
+								     R->ffn_gate, R->ffn_up, R->ffn_down };
+		bits += 8 * load_layer_vec_bytes(R);
+		for (int i = 0; i < MQ4_LAYER_MATRICES; i++)
+			bits += 8 * load_mat_cost(ts[i], want, false);
+	}
+	if (o->head_bits == 0 && head_ok && load_mix_take(&bits, budget, h4, h8))
+		m->head_bits = LOAD_HEAD_INT8;
+	for (uint32_t k = 0; k < m->n_layer; k++) {
+		uint32_t l = load_mix_layer(m->n_layer, k);
+		const struct model_layer *R = &ref->layers[l];
+		const struct gguf_tensor *ts[MQ4_LAYER_MATRICES] = { R->wq, R->wk, R->wv, R->wo,
+								     R->ffn_gate, R->ffn_up, R->ffn_down };
+		for (size_t j = 0; j < sizeof load_mix_order / sizeof load_mix_order[0]; j++) {
+			int i = load_mix_order[j];
+			if (load_mix_candidate(ts[i]) &&
+			    load_mix_take(&bits, budget, load_mat_cost(ts[i], want, false),
+					  load_mat_cost(ts[i], LOAD_GROUP_128, true))) {
+				c->mix8[(size_t)l * MQ4_LAYER_MATRICES + i] = true;
+				m->n_mix8++;
+			}
+		}
+	}
+	return 0;
+}
+
 /* Everything the arena will hold for c's model, region by region, added to plan before
  * the arena exists: the matrices' layouts (c->mats), the KV configuration (c->kvc) and the
  * model's byte counts. */
@@ -598,7 +725,8 @@ static int load_plan(struct load_ctx *c, struct arena_plan *plan, struct hearth_
 	uint32_t want_head = o->head_group ? o->head_group : load_head_group(want);
 	struct kv_geometry geo;
 	int rc;
-	if ((rc = load_plan_layers(c, want, &sz, err)) < 0 ||
+	if ((rc = load_mix(c, want, want_head, err)) < 0 ||
+	    (rc = load_plan_layers(c, want, &sz, err)) < 0 ||
 	    (rc = load_plan_head(c, want_head, &sz, err)) < 0)
 		return rc;
 	/* Every matrix gets a note (load_repack): the notes array was sized for this many. */
@@ -608,7 +736,7 @@ static int load_plan(struct load_ctx *c, struct arena_plan *plan, struct hearth_
 		sz.rope += 2 * align64((size_t)o->max_context * (m->ropes[i].n_rot / 2) * sizeof(float));
 	if ((rc = load_plan_kv(c, kvc, &geo, err)) < 0 || (rc = load_plan_scratch(c, &sz, err)) < 0)
 		return rc;
-	m->bytes_weights = sz.w_g128 + sz.w_g32;
+	m->bytes_weights = sz.w_g128 + sz.w_g32 + sz.w_q8;
 	m->bytes_embed_head = sz.embed_head;
 	m->bytes_norms = sz.norms;
 	m->bytes_rope = sz.rope;
@@ -621,6 +749,7 @@ static int load_plan(struct load_ctx *c, struct arena_plan *plan, struct hearth_
 	} regions[] = {
 		{ LOAD_REGION_WEIGHTS_G128, sz.w_g128, Q4_ALIGN, sz.w_g128 > 0 },
 		{ LOAD_REGION_WEIGHTS_G32, sz.w_g32, Q4_ALIGN, sz.w_g32 > 0 },
+		{ LOAD_REGION_WEIGHTS_Q8, sz.w_q8, Q4_ALIGN, sz.w_q8 > 0 },
 		{ ARENA_REGION_EMBED_HEAD, sz.embed_head, Q4_ALIGN, true },
 		{ ARENA_REGION_NORMS, sz.norms, 64, true },
 		{ ARENA_REGION_ROPE, sz.rope, 64, true },
@@ -707,23 +836,28 @@ static void load_borrow_threads(struct model_q4 *d, const struct model_q4 *m)
 	memcpy(d->cpus, m->cpus, m->n_threads * sizeof *m->cpus);
 }
 
-/* "q4_g128", "q4_g32" or "q4_mixed" for the layer matrices, then "+head_gN" when they are
- * all at one group and an int4 embedding/head (the notes after the layers') is at another,
- * or "+head_q8" for an int8 one ("+head_q8_g32" when it is at group 32). */
+/* "q4_g128", "q4_g32" or "q4_mixed" for the int4 layer matrices, then "+head_gN" when they
+ * are all at one group and an int4 embedding/head (the notes after the layers') is at
+ * another, or "+head_q8" for an int8 one ("+head_q8_g32" when it is at group 32), then
+ * "+mix" when the mix rule made layer matrices int8. */
 static void load_quant_name(struct model_q4 *m)
 {
 	uint32_t n_layer_notes = m->n_layer * MQ4_LAYER_MATRICES;
 	bool g32 = false, g128 = false, h32 = false, h128 = false;
 	for (uint32_t i = 0; i < m->n_notes; i++) {
 		bool head = i >= n_layer_notes;
+		if (!head && m->notes[i].bits == 8)
+			continue;
 		*(head ? &h32 : &g32) |= m->notes[i].group == 32;
 		*(head ? &h128 : &g128) |= m->notes[i].group == 128;
 	}
-	const char *layers = g32 && g128 ? "q4_mixed" : g32 ? "q4_g32" : "q4_g128";
+	const char *layers = g32 && g128 ? "q4_mixed" : g32 ? "q4_g32" : g128 ? "q4_g128" : "q8";
 	const char *head = g128 && !g32 && h32 ? "+head_g32" : g32 && !g128 && h128 ? "+head_g128" : "";
+	if (!g32 && !g128) /* every layer matrix int8 */
+		head = h32 ? "+head_g32" : "+head_g128";
 	if (m->head_bits == LOAD_HEAD_INT8)
 		head = h32 ? "+head_q8_g32" : "+head_q8";
-	snprintf(m->quant_name, sizeof m->quant_name, "%s%s", layers, head);
+	snprintf(m->quant_name, sizeof m->quant_name, "%s%s%s", layers, head, m->n_mix8 ? "+mix" : "");
 }
 
 static uint64_t load_count_params(const struct model *ref)
@@ -747,6 +881,8 @@ static int load_check_opts(const struct load_opts *o, struct hearth_error *err)
 					o->weights_group, o->head_group);
 	if (o->head_bits && o->head_bits != LOAD_HEAD_INT4 && o->head_bits != LOAD_HEAD_INT8)
 		return hearth_error_set(err, HEARTH_EINVAL, "head bits %u: use 4 or 8", o->head_bits);
+	if (o->mix != LOAD_MIX_AUTO && o->mix != LOAD_MIX_OFF)
+		return hearth_error_set(err, HEARTH_EINVAL, "weights mix %u: use auto or off", o->mix);
 	return 0;
 }
 
@@ -765,7 +901,6 @@ static int load_model_new(struct model_q4 **out, const struct model *ref, const 
 	m->max_seqs = o->max_seqs;
 	m->step_tokens = o->step_tokens;
 	m->act = o->act;
-	m->head_bits = o->head_bits == LOAD_HEAD_INT8 ? LOAD_HEAD_INT8 : LOAD_HEAD_INT4;
 	m->kern = kern_active();
 	snprintf(m->arch_name, sizeof m->arch_name, "%s", model_arch_name(ref->hp.arch));
 	struct gguf_str gname;
@@ -880,6 +1015,7 @@ static void load_ctx_close(struct load_ctx *c)
 {
 	free(c->rows);
 	free(c->mats);
+	free(c->mix8);
 	free((void *)c->kvc.layer_shapes);
 	model_q4_free(c->m);
 	tok_free(c->tok);
@@ -900,6 +1036,8 @@ static void load_ctx_settle(struct load_ctx *c)
 	c->file = NULL;
 	free(c->mats);
 	c->mats = NULL;
+	free(c->mix8);
+	c->mix8 = NULL;
 }
 
 /* Reads path's structure and tokenizer and makes its model, without an arena. A draft is

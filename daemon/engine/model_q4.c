@@ -79,9 +79,29 @@ static void acts_fill(struct step *st, struct step_acts *a, const float *x, size
 		st->m->kern->acts_prepare(&a->g128, x, ldx, b, e);
 }
 
-static const struct q4_acts *acts_for(const struct step_acts *a, const struct q4_matrix *w)
+/* One matrix of a matmul phase: int4, or int8 where the loader's mix rule (or head_bits)
+ * chose it; both layouts are 16-row blocks of block_bytes and read the same activations. */
+struct mm_mat {
+	const struct q4_matrix *w4;
+	const struct q8_matrix *w8; /* non-NULL: this one, not w4 */
+};
+
+static size_t mm_group(const struct mm_mat *w)
 {
-	return w->group == 32 ? &a->g32 : &a->g128;
+	return w->w8 ? w->w8->group : w->w4->group;
+}
+
+static size_t mm_rows_of(const struct mm_mat *w)
+{
+	return w->w8 ? w->w8->rows : w->w4->rows;
+}
+
+/* Layer l's matrix i (MQ4_WQ ..) as the step multiplies by it. */
+static struct mm_mat layer_mat(const struct mq4_layer *L, int i)
+{
+	const struct q4_matrix *w4[MQ4_LAYER_MATRICES] = { &L->wq, &L->wk, &L->wv, &L->wo,
+							   &L->gate, &L->up, &L->down };
+	return (struct mm_mat){ w4[i], L->w8[i].data ? &L->w8[i] : NULL };
 }
 
 /* A matmul phase: matrices ws[0..n) that read one input with no barrier between them.
@@ -99,26 +119,33 @@ struct mm_plan {
 	size_t blocks, lead, chunk, n_chunks; /* in row blocks, but n_chunks */
 };
 
-static void mm_plan_of(const struct q4_matrix *w, struct mm_plan *p)
+static void mm_plan_of(const struct mm_mat *w, struct mm_plan *p)
 {
-	size_t cap = MM_TAIL_BYTES / w->block_bytes;
-	p->blocks = (w->rows + Q4_ROWS - 1) / Q4_ROWS;
+	size_t block_bytes = w->w8 ? w->w8->block_bytes : w->w4->block_bytes;
+	size_t cap = MM_TAIL_BYTES / block_bytes;
+	p->blocks = (mm_rows_of(w) + Q4_ROWS - 1) / Q4_ROWS;
 	size_t tail = p->blocks / 4 < cap ? p->blocks / 4 : cap;
 	/* chunks of an even number of blocks: the W4A8 GEMV reads blocks in pairs */
-	p->chunk = ((MM_CHUNK_BYTES + w->block_bytes - 1) / w->block_bytes + 1) & ~(size_t)1;
+	p->chunk = ((MM_CHUNK_BYTES + block_bytes - 1) / block_bytes + 1) & ~(size_t)1;
 	p->lead = p->blocks - tail;
 	p->n_chunks = (tail + p->chunk - 1) / p->chunk;
 }
 
-static void mm_rows(struct step *st, const struct q4_matrix *w, const struct step_acts *a, float *y,
+static void mm_rows(struct step *st, const struct mm_mat *w, const struct step_acts *a, float *y,
 		    size_t b0, size_t b1)
 {
-	size_t r1 = b1 * Q4_ROWS < w->rows ? b1 * Q4_ROWS : w->rows;
-	if (b0 < b1)
-		st->m->kern->matmul(w, acts_for(a, w), y, w->rows, b0 * Q4_ROWS, r1);
+	size_t rows = mm_rows_of(w);
+	size_t r1 = b1 * Q4_ROWS < rows ? b1 * Q4_ROWS : rows;
+	const struct q4_acts *acts = mm_group(w) == 32 ? &a->g32 : &a->g128;
+	if (b0 >= b1)
+		return;
+	if (w->w8)
+		st->m->kern->q8_matmul(w->w8, acts, y, rows, b0 * Q4_ROWS, r1);
+	else
+		st->m->kern->matmul(w->w4, acts, y, rows, b0 * Q4_ROWS, r1);
 }
 
-static void matmul_phase(struct step *st, size_t *phase, const struct q4_matrix *const *ws, float *const *ys,
+static void matmul_phase(struct step *st, size_t *phase, const struct mm_mat *ws, float *const *ys,
 			 size_t n, const struct step_acts *a, size_t t, size_t nt)
 {
 	atomic_size_t *next = &st->mmq[*phase & 1].next;
@@ -128,9 +155,9 @@ static void matmul_phase(struct step *st, size_t *phase, const struct q4_matrix 
 		atomic_store_explicit(&st->mmq[(*phase + 1) & 1].next, 0, memory_order_relaxed);
 	(*phase)++;
 	for (size_t i = 0; i < n; i++) {
-		mm_plan_of(ws[i], &plan[i]);
+		mm_plan_of(&ws[i], &plan[i]);
 		pool_split(plan[i].lead, 1, t, nt, &b, &e);
-		mm_rows(st, ws[i], a, ys[i], b, e);
+		mm_rows(st, &ws[i], a, ys[i], b, e);
 		total += plan[i].n_chunks;
 	}
 	for (size_t c; (c = atomic_fetch_add_explicit(next, 1, memory_order_relaxed)) < total;) {
@@ -139,7 +166,7 @@ static void matmul_phase(struct step *st, size_t *phase, const struct q4_matrix 
 			c -= plan[i++].n_chunks;
 		b = plan[i].lead + c * plan[i].chunk;
 		e = b + plan[i].chunk < plan[i].blocks ? b + plan[i].chunk : plan[i].blocks;
-		mm_rows(st, ws[i], a, ys[i], b, e);
+		mm_rows(st, &ws[i], a, ys[i], b, e);
 	}
 }
 
@@ -153,10 +180,10 @@ static void matmul8(struct step *st, const struct q8_matrix *w, const struct ste
 		st->m->kern->q8_matmul(w, w->group == 32 ? &a->g32 : &a->g128, y, w->rows, b, e);
 }
 
-static bool any_group(const struct q4_matrix *const *ws, size_t n, size_t group)
+static bool any_group(const struct mm_mat *ws, size_t n, size_t group)
 {
 	for (size_t i = 0; i < n; i++)
-		if (ws[i]->group == group)
+		if (mm_group(&ws[i]) == group)
 			return true;
 	return false;
 }
@@ -316,7 +343,7 @@ static void step_run(void *arg, size_t t, size_t nt)
 		size_t na = (size_t)L->n_head * L->head_dim_v;
 
 		step_rows_norm(st, L->attn_norm, l > 0, prev_post, t, nt);
-		const struct q4_matrix *qkv[3] = { &L->wq, &L->wk, &L->wv };
+		const struct mm_mat qkv[3] = { layer_mat(L, MQ4_WQ), layer_mat(L, MQ4_WK), layer_mat(L, MQ4_WV) };
 		acts_setup(st, &a, T, E, any_group(qkv, 3, 32), any_group(qkv, 3, 128));
 		acts_fill(st, &a, m->xb, E, T, t, nt);
 		pool_barrier(p);
@@ -328,7 +355,7 @@ static void step_run(void *arg, size_t t, size_t nt)
 				qkv_post(st, L, l, i, 0, L->n_head_kv);
 			pool_barrier(p);
 		}
-		const struct q4_matrix *o[1] = { &L->wo };
+		const struct mm_mat o[1] = { layer_mat(L, MQ4_WO) };
 		acts_setup(st, &a, T, na, any_group(o, 1, 32), any_group(o, 1, 128));
 		step_attention(st, L, l, &a, t, nt);
 		pool_barrier(p);
@@ -339,7 +366,7 @@ static void step_run(void *arg, size_t t, size_t nt)
 		matmul_phase(st, &phase, o, &m->xb, 1, &a, t, nt);
 		pool_barrier(p);
 		step_rows_norm(st, L->ffn_norm, true, L->attn_post_norm, t, nt);
-		const struct q4_matrix *gu[2] = { &L->gate, &L->up };
+		const struct mm_mat gu[2] = { layer_mat(L, MQ4_GATE), layer_mat(L, MQ4_UP) };
 		acts_setup(st, &a, T, E, any_group(gu, 2, 32), any_group(gu, 2, 128));
 		acts_fill(st, &a, m->xb, E, T, t, nt);
 		pool_barrier(p);
@@ -349,7 +376,7 @@ static void step_run(void *arg, size_t t, size_t nt)
 		vec_silu_mul_fn act = m->hp.ffn_act == MODEL_FFN_GELU ? m->kern->gelu_mul : m->kern->silu_mul;
 		for (size_t i = b; i < e; i++)
 			act(m->hb + i * L->n_ff, m->hb2 + i * L->n_ff, L->n_ff);
-		const struct q4_matrix *d[1] = { &L->down };
+		const struct mm_mat d[1] = { layer_mat(L, MQ4_DOWN) };
 		acts_setup(st, &a, T, L->n_ff, any_group(d, 1, 32), any_group(d, 1, 128));
 		acts_fill(st, &a, m->hb, L->n_ff, T, t, nt);
 		pool_barrier(p);
@@ -380,7 +407,7 @@ static void step_run(void *arg, size_t t, size_t nt)
 	if (int8)
 		matmul8(st, head8, &a, m->logits, t, nt);
 	else
-		matmul_phase(st, &phase, &head, &m->logits, 1, &a, t, nt);
+		matmul_phase(st, &phase, &(struct mm_mat){ head, NULL }, &m->logits, 1, &a, t, nt);
 	if (m->hp.logit_softcap > 0.0f) {
 		/* cap * tanh(logit / cap), Gemma's final softcap: rows split anew after the
 		 * head's barrier-free tail, hence one more barrier */
@@ -599,15 +626,17 @@ static void mq4_thread_init(void *impl)
 
 void model_q4_facts(const struct model_q4 *m, struct model_q4_facts *out)
 {
-	uint32_t carried = 0;
-	for (uint32_t i = 0; i < m->n_notes; i++)
+	uint32_t carried = 0, int8 = 0;
+	for (uint32_t i = 0; i < m->n_notes; i++) {
 		carried += m->notes[i].carried;
+		int8 += m->notes[i].bits == 8;
+	}
 	*out = (struct model_q4_facts){
 		.arch = m->arch_name, .name = m->name, .quant = m->quant_name, .n_params = m->n_params,
 		.max_context = m->max_context, .n_ctx_train = m->hp.n_ctx_train, .n_vocab = m->hp.n_vocab,
 		.n_layer = m->n_layer, .n_embd = m->hp.n_embd, .arena = m->arena, .arena_bytes = m->arena->size,
 		.arena_backing = arena_backing_name(m->arena->backing), .arena_note = m->arena->note,
-		.n_matrices = m->n_notes, .n_carried = carried, .kernels = m->kern->name,
+		.n_matrices = m->n_notes, .n_carried = carried, .n_int8 = int8, .kernels = m->kern->name,
 		.n_threads = m->n_threads,
 	};
 }

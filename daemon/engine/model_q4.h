@@ -20,6 +20,7 @@
 
 /* The int4 matrices of one layer: wq, wk, wv, wo, gate, up, down (struct mq4_layer). */
 #define MQ4_LAYER_MATRICES 7
+enum { MQ4_WQ, MQ4_WK, MQ4_WV, MQ4_WO, MQ4_GATE, MQ4_UP, MQ4_DOWN };
 /* Beyond the layers: the embedding and an untied output head. */
 #define MQ4_HEAD_MATRICES 2
 /* Compute threads a model's pool may have; cpus[] is sized by it, and so is every
@@ -42,6 +43,9 @@ struct mq4_layer {
 	float attn_scale;
 	const struct mq4_rope *rope;
 	struct q4_matrix wq, wk, wv, wo, gate, up, down;
+	/* The same matrices in that order (MQ4_WQ ..) where the loader's mix rule made them
+	 * int8 (kernels/q8.h); data NULL where the int4 one above is used. */
+	struct q8_matrix w8[MQ4_LAYER_MATRICES];
 	const float *attn_norm, *ffn_norm, *q_norm, *k_norm;   /* NULL when absent */
 	/* Gemma's norms of each block's output before the residual add; NULL when absent */
 	const float *attn_post_norm, *ffn_post_norm;
@@ -55,7 +59,7 @@ struct mq4_tensor_note {
 	uint32_t group;
 	bool carried;              /* codes taken over without re-rounding */
 	bool asym;
-	uint8_t bits;              /* 4, or 8 for an int8 embedding/head */
+	uint8_t bits;              /* 4, or 8 for an int8 matrix */
 };
 
 struct model_q4 {
@@ -107,7 +111,9 @@ struct model_q4 {
 	struct mq4_tensor_note *notes;
 	uint32_t n_notes;
 	uint64_t bytes_weights, bytes_embed_head, bytes_norms, bytes_rope, bytes_scratch;
-	char quant_name[32];       /* "q4_g128", "q4_g32", "q4_mixed", "q4_g128+head_q8" ... */
+	uint32_t n_mix8;           /* layer matrices the mix rule made int8 (load.h) */
+	char quant_name[32];       /* "q4_g128", "q4_g32", "q4_mixed", "q4_g128+head_q8",
+				    * "q4_g128+mix" ... */
 };
 
 /* Allocates the per-step bookkeeping (rows, positions, sequence slots) once the loader
@@ -128,6 +134,7 @@ struct model_q4_facts {
 	size_t arena_bytes;
 	const char *arena_backing, *arena_note;
 	uint32_t n_matrices, n_carried;  /* matrices repacked; of them, carried without re-rounding */
+	uint32_t n_int8;                 /* of them, int8 (the head, the mix rule's choices) */
 	const char *kernels;
 	size_t n_threads;
 };

@@ -58,7 +58,8 @@ static int socket_check(const struct key *k, const char *v, struct hearth_error 
 static const char *const hugepages_words[] = { "auto", "hugetlb", "thp", "none", NULL };
 static const char *const weights_words[] = { "w4a16", "w4a8", NULL };
 static const char *const weights_group_words[] = { "128", "32", NULL };
-static const char *const head_words[] = { "int4", "int8", NULL };
+static const char *const head_words[] = { "auto", "int4", "int8", NULL };
+static const char *const weights_mix_words[] = { "auto", "off", NULL };
 static const char *const model_swap_words[] = { "auto", "beside", "drain", NULL };
 static const char *const prefix_share_words[] = { "uid", "group", "all", NULL };
 static const char *const kv_type_words[] = { "f16", "bf16", "f32", "q8", NULL };
@@ -90,7 +91,9 @@ static const struct key keys[] = {
 	  .reload = CONFIG_RELOAD_MODEL },
 	{ "weights_group", &kind_enum, F(weights_group), "128", .words = weights_group_words,
 	  .reload = CONFIG_RELOAD_MODEL },
-	{ "head", &kind_enum, F(head), "int4", .words = head_words,
+	{ "head", &kind_enum, F(head), "auto", .words = head_words,
+	  .reload = CONFIG_RELOAD_MODEL },
+	{ "weights_mix", &kind_enum, F(weights_mix), "auto", .words = weights_mix_words,
 	  .reload = CONFIG_RELOAD_MODEL },
 	{ "threads", &kind_uint, F(threads), "auto", 0, 1024, .has_auto = true, .auto_value = 0,
 	  .reload = CONFIG_RELOAD_MODEL },
@@ -938,7 +941,10 @@ void config_load_opts(const struct hearth_config *cfg, struct load_opts *o)
 						    : QTYPE_F16;
 	o->act = cfg->weights == CONFIG_WEIGHTS_W4A8 ? Q4_ACT_A8 : Q4_ACT_A16;
 	o->weights_group = cfg->weights_group == CONFIG_GROUP_32 ? LOAD_GROUP_32 : LOAD_GROUP_128;
-	o->head_bits = cfg->head == CONFIG_HEAD_INT8 ? LOAD_HEAD_INT8 : LOAD_HEAD_INT4;
+	o->head_bits = cfg->head == CONFIG_HEAD_INT8 ? LOAD_HEAD_INT8
+		       : cfg->head == CONFIG_HEAD_INT4 ? LOAD_HEAD_INT4
+						      : 0;
+	o->mix = cfg->weights_mix == CONFIG_MIX_OFF ? LOAD_MIX_OFF : LOAD_MIX_AUTO;
 	o->n_threads = cfg->threads;
 	o->arena.numa_node = cfg->numa_node;
 	o->arena.lock_memory = cfg->lock_memory;

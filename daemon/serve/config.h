@@ -42,8 +42,16 @@ enum config_weights_group {
 
 /* How the token embedding and the output head are stored (head). */
 enum config_head {
+	CONFIG_HEAD_AUTO,          /* as weights_mix decides (int4 with weights_mix off) */
 	CONFIG_HEAD_INT4,          /* the layers' int4 layout */
 	CONFIG_HEAD_INT8,          /* int8 (group 128; Q8_0 carried over at group 32) */
+};
+
+/* Whether the loader spends what is left of 4.5 bits per weight on int8 copies of the
+ * matrices where 4 bits cost the most (weights_mix; daemon/engine/load.h). */
+enum config_weights_mix {
+	CONFIG_MIX_AUTO,
+	CONFIG_MIX_OFF,
 };
 
 /* How SIGHUP replaces the model when its settings changed. */
@@ -100,6 +108,7 @@ struct hearth_config {
 	enum config_weights weights;
 	enum config_weights_group weights_group;
 	enum config_head head;
+	enum config_weights_mix weights_mix;
 	enum config_kv_type kv_type;
 	uint64_t shutdown_grace_usec;  /* how long SIGTERM waits for running requests */
 	enum config_model_swap model_swap;

@@ -164,9 +164,11 @@ static void *loader_main(void *arg)
 	o.load_record = &ld->load_record;
 
 	struct hearth_error e;
-	log_info(ld->log, "loading %s (max_context %u, kv_budget %llu bytes, %s, weights_group %u, head int%u)",
+	log_info(ld->log, "loading %s (max_context %u, kv_budget %llu bytes, %s, weights_group %u, head %s, weights_mix %s)",
 		 cfg->model, cfg->max_context, (unsigned long long)cfg->kv_budget,
-		 cfg->weights == CONFIG_WEIGHTS_W4A8 ? "w4a8" : "w4a16", o.weights_group, o.head_bits);
+		 cfg->weights == CONFIG_WEIGHTS_W4A8 ? "w4a8" : "w4a16", o.weights_group,
+		 o.head_bits == LOAD_HEAD_INT8 ? "int8" : o.head_bits == LOAD_HEAD_INT4 ? "int4" : "auto",
+		 o.mix == LOAD_MIX_OFF ? "off" : "auto");
 	if (o.draft.path)
 		log_info(ld->log, "with the draft model %s in the same arena (draft_kv_budget %llu bytes)",
 			 o.draft.path, (unsigned long long)o.draft.kv_budget);
@@ -181,8 +183,8 @@ static void *loader_main(void *arg)
 	log_notice(ld->log, "arena: %zu bytes, %s pages%s; %s", f.arena_bytes, f.arena_backing,
 		   m->draft ? ", the draft model's regions included" : "", f.arena_note);
 	loader_log_regions(ld, m->arena);
-	log_notice(ld->log, "weights: %s, %u of %u matrices carried over without re-rounding; kernels %s, %zu threads",
-		   f.quant, f.n_carried, f.n_matrices, f.kernels, f.n_threads);
+	log_notice(ld->log, "weights: %s, %u of %u matrices carried over without re-rounding, %u int8; kernels %s, %zu threads",
+		   f.quant, f.n_carried, f.n_matrices, f.n_int8, f.kernels, f.n_threads);
 
 	server_progress(ld->srv, "warming up", 0, 1);
 	model_q4_engine(m, &ld->sm.eng);

@@ -44,7 +44,8 @@ struct bench_opts {
 	size_t probe_mib;           /* 0: no probe */
 	enum qtype kv_type;
 	uint32_t weights_group;     /* load_opts.weights_group: 128 or 32 */
-	uint32_t head_bits;         /* load_opts.head_bits: 4 or 8 */
+	uint32_t head_bits;         /* load_opts.head_bits: 0 (the mix rule's), 4 or 8 */
+	uint32_t mix;               /* load_opts.mix: LOAD_MIX_AUTO or LOAD_MIX_OFF */
 	uint32_t head_group;        /* load_opts.head_group: 0 (the loader's choice) or a layout */
 	bool json;
 };
@@ -221,8 +222,10 @@ static void bench_describe(const struct model_q4 *m, struct bench_model *d)
 		const struct q4_matrix *ws[MQ4_LAYER_MATRICES] = { &L->wq, &L->wk, &L->wv, &L->wo,
 								   &L->gate, &L->up, &L->down };
 		for (size_t i = 0; i < MQ4_LAYER_MATRICES; i++) {
-			d->decode_weight_bytes += q4_matrix_bytes(ws[i]);
-			d->matrix_params += (uint64_t)ws[i]->rows * ws[i]->cols;
+			/* int8 where the mix rule chose it */
+			const struct q8_matrix *w8 = L->w8[i].data ? &L->w8[i] : NULL;
+			d->decode_weight_bytes += w8 ? q8_matrix_bytes(w8) : q4_matrix_bytes(ws[i]);
+			d->matrix_params += w8 ? (uint64_t)w8->rows * w8->cols : (uint64_t)ws[i]->rows * ws[i]->cols;
 		}
 		/* The cache's own row sizes (q8: codes + scale), so the figure is what attention reads. */
 		uint64_t row = (uint64_t)L->n_head_kv *
@@ -331,6 +334,7 @@ static int bench_act(const struct bench_opts *o, enum q4_act_kind act, struct be
 	lo.kv_type = o->kv_type;
 	lo.weights_group = o->weights_group;
 	lo.head_bits = o->head_bits;
+	lo.mix = o->mix;
 	lo.head_group = o->head_group;
 	lo.max_seqs = 2;
 	lo.step_tokens = o->pp > BENCH_WARM_TOKENS ? o->pp : BENCH_WARM_TOKENS;
@@ -556,8 +560,11 @@ static void bench_usage(FILE *to)
 		"                        with one f32 scale each)\n"
 		"      --weights-group 128|32  layout of matrices quantized at load, as the\n"
 		"                        weights_group key of hearthd.conf(5) (default 128)\n"
-		"      --head int4|int8  embedding/head weights, as the head key of\n"
-		"                        hearthd.conf(5) (default int4)\n"
+		"      --head auto|int4|int8  embedding/head weights, as the head key of\n"
+		"                        hearthd.conf(5) (default auto)\n"
+		"      --mix auto|off    int8 copies of the most sensitive matrices within 4.5\n"
+		"                        bits per weight, as weights_mix of hearthd.conf(5)\n"
+		"                        (default auto)\n"
 		"      --head-group 128|32|32a  the int4 embedding/head's layout instead of the\n"
 		"                        loader's (group 128 asym, 32 sym, 32 asym): A/B runs\n"
 		"      --kernels NAME    auto|ref|avx2|avx512 (default auto)\n"
@@ -596,7 +603,7 @@ static int bench_parse_word(const char *name, const char *s, const char *const *
 static int bench_parse(int argc, char **argv, struct bench_opts *o)
 {
 	enum { OPT_BENCH = 256, OPT_PP, OPT_TG, OPT_ACT, OPT_PROBE, OPT_KV, OPT_KERNELS, OPT_JSON, OPT_GROUP,
-	       OPT_HEAD, OPT_HEAD_GROUP };
+	       OPT_HEAD, OPT_HEAD_GROUP, OPT_MIX };
 	static const struct option longopts[] = {
 		{ "bench", no_argument, NULL, OPT_BENCH },
 		{ "model", required_argument, NULL, 'm' },
@@ -611,6 +618,7 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
 		{ "weights-group", required_argument, NULL, OPT_GROUP },
 		{ "head", required_argument, NULL, OPT_HEAD },
 		{ "head-group", required_argument, NULL, OPT_HEAD_GROUP },
+		{ "mix", required_argument, NULL, OPT_MIX },
 		{ "json", no_argument, NULL, OPT_JSON },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -626,7 +634,6 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
 	o->probe_mib = 1024;
 	o->kv_type = QTYPE_F16;
 	o->weights_group = LOAD_GROUP_128;
-	o->head_bits = LOAD_HEAD_INT4;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "m:t:r:h", longopts, NULL)) != -1) {
 		switch (c) {
@@ -685,12 +692,21 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
 			break;
 		}
 		case OPT_HEAD: {
-			static const char *const w[] = { "int4", "int8" };
-			static const int val[] = { LOAD_HEAD_INT4, LOAD_HEAD_INT8 };
+			static const char *const w[] = { "auto", "int4", "int8" };
+			static const int val[] = { 0, LOAD_HEAD_INT4, LOAD_HEAD_INT8 };
 			int x;
-			if (bench_parse_word("--head", optarg, w, val, 2, &x) < 0)
+			if (bench_parse_word("--head", optarg, w, val, 3, &x) < 0)
 				return -1;
 			o->head_bits = (uint32_t)x;
+			break;
+		}
+		case OPT_MIX: {
+			static const char *const w[] = { "auto", "off" };
+			static const int val[] = { LOAD_MIX_AUTO, LOAD_MIX_OFF };
+			int x;
+			if (bench_parse_word("--mix", optarg, w, val, 2, &x) < 0)
+				return -1;
+			o->mix = (uint32_t)x;
 			break;
 		}
 		case OPT_HEAD_GROUP: {

@@ -140,7 +140,8 @@ static void test_config_defaults_match_documentation(void **state)
 	assert_int_equal(c.kv_type, CONFIG_KV_F16);
 	assert_int_equal(c.weights, CONFIG_WEIGHTS_W4A8);
 	assert_int_equal(c.weights_group, CONFIG_GROUP_128);
-	assert_int_equal(c.head, CONFIG_HEAD_INT4);
+	assert_int_equal(c.head, CONFIG_HEAD_AUTO);
+	assert_int_equal(c.weights_mix, CONFIG_MIX_AUTO);
 	assert_int_equal(c.threads, 0);
 	assert_int_equal(c.numa_node, -1);
 	assert_int_equal(c.hugepages, CONFIG_HUGEPAGES_AUTO);
@@ -171,6 +172,7 @@ static void test_config_file_sets_every_key(void **state)
 		"weights = w4a8\n"
 		"weights_group = 32\n"
 		"head = int8\n"
+		"weights_mix = off\n"
 		"threads = 2\n"
 		"numa_node = 0\n"
 		"hugepages = thp\n"
@@ -198,6 +200,7 @@ static void test_config_file_sets_every_key(void **state)
 	assert_int_equal(c.weights, CONFIG_WEIGHTS_W4A8);
 	assert_int_equal(c.weights_group, CONFIG_GROUP_32);
 	assert_int_equal(c.head, CONFIG_HEAD_INT8);
+	assert_int_equal(c.weights_mix, CONFIG_MIX_OFF);
 	assert_int_equal(c.threads, 2);
 	assert_int_equal(c.numa_node, 0);
 	assert_int_equal(c.hugepages, CONFIG_HUGEPAGES_THP);
@@ -246,16 +249,17 @@ static void test_config_build_applies_defaults_file_then_flags(void **state)
 {
 	const char *path = write_conf("model = /m.gguf\nkv_budget = 192MiB\nthreads = 2\n");
 	const char *sets[] = { "kv-budget=1GiB", "log_level=debug", "log-level=notice", "weights-group=32",
-			       "head=int8" };
+			       "head=int8", "weights-mix=off" };
 	struct hearth_config c;
 	struct hearth_error err;
 	config_defaults(&c);
 	c.max_context = 77; /* stale value from a previous build: must not survive */
-	if (config_build(&c, path, sets, 5, &err))
+	if (config_build(&c, path, sets, 6, &err))
 		fail_msg("%s", err.msg);
 	assert_int_equal(c.kv_budget, 1ull << 30);
 	assert_int_equal(c.weights_group, CONFIG_GROUP_32);
 	assert_int_equal(c.head, CONFIG_HEAD_INT8);
+	assert_int_equal(c.weights_mix, CONFIG_MIX_OFF);
 	assert_int_equal(c.threads, 2);
 	assert_int_equal(c.max_context, 4096);
 	assert_int_equal(c.log_level, LOG_LEVEL_NOTICE);
@@ -333,8 +337,9 @@ static const struct bad_line bad_lines[] = {
 	{ "weights_group = 64", HEARTH_EINVAL, "weights_group: bad value '64' (use 128, 32)" },
 	{ "weights_group = g32", HEARTH_EINVAL, "weights_group: bad value 'g32' (use 128, 32)" },
 	{ "weights_groups = 32", HEARTH_ENOTFOUND, "(did you mean 'weights_group'?)" },
-	{ "head = q8", HEARTH_EINVAL, "head: bad value 'q8' (use int4, int8)" },
-	{ "head = 8", HEARTH_EINVAL, "head: bad value '8' (use int4, int8)" },
+	{ "head = q8", HEARTH_EINVAL, "head: bad value 'q8' (use auto, int4, int8)" },
+	{ "head = 8", HEARTH_EINVAL, "head: bad value '8' (use auto, int4, int8)" },
+	{ "weights_mix = on", HEARTH_EINVAL, "weights_mix: bad value 'on' (use auto, off)" },
 	{ "head =", HEARTH_EINVAL, "head: empty value" },
 	{ "hugepages = always", HEARTH_EINVAL, "use auto, hugetlb, thp, none" },
 	{ "lock_memory = maybe", HEARTH_EINVAL, "lock_memory: bad boolean 'maybe'" },
@@ -429,7 +434,7 @@ static void test_config_format_reads_back_every_key(void **state)
 		{ "draft_model", "/srv/d.gguf" }, { "draft_kv_budget", "3MiB" },
 		{ "max_context", "777" }, { "kv_budget", "1536KiB" },
 		{ "kv_type", "q8" }, { "weights", "w4a16" }, { "weights_group", "32" },
-		{ "head", "int8" }, { "threads", "3" }, { "numa_node", "1" },
+		{ "head", "int8" }, { "weights_mix", "off" }, { "threads", "3" }, { "numa_node", "1" },
 		{ "hugepages", "none" }, { "lock_memory", "on" }, { "socket", "/tmp/x.sock" },
 		{ "socket_mode", "666" }, { "allow_users", "0,4242,nobody" },
 		{ "allow_groups", "nogroup,777" }, { "max_requests_per_client", "2" },
@@ -525,7 +530,7 @@ static void test_config_defaults_come_from_the_table(void **state)
 			fail_msg("%s prints as '%s' but its default is '%s'", key, text, def);
 		n_with_default++;
 	}
-	assert_int_equal(n_with_default, 26);
+	assert_int_equal(n_with_default, 27);
 	assert_null(config_key_default("model"));
 	assert_null(config_key_default("no_such_key"));
 	assert_string_equal(config_key_default("kv_budget"), "256MiB");
@@ -540,7 +545,8 @@ static void test_config_unknown_enum_word_names_key_and_words(void **state)
 		{ "kv_type", "q4", "kv_type: bad value 'q4' (use f16, bf16, f32, q8)" },
 		{ "weights", "w8a8", "weights: bad value 'w8a8' (use w4a16, w4a8)" },
 		{ "weights_group", "64", "weights_group: bad value '64' (use 128, 32)" },
-		{ "head", "int2", "head: bad value 'int2' (use int4, int8)" },
+		{ "head", "int2", "head: bad value 'int2' (use auto, int4, int8)" },
+		{ "weights_mix", "no", "weights_mix: bad value 'no' (use auto, off)" },
 		{ "hugepages", "always", "hugepages: bad value 'always' (use auto, hugetlb, thp, none)" },
 		{ "model_swap", "swap", "model_swap: bad value 'swap' (use auto, beside, drain)" },
 	};
@@ -652,6 +658,7 @@ static void test_config_reload_difference_follows_the_column(void **state)
 		{ "weights", "w4a16", CONFIG_RELOAD_MODEL },
 		{ "weights_group", "32", CONFIG_RELOAD_MODEL },
 		{ "head", "int8", CONFIG_RELOAD_MODEL },
+		{ "weights_mix", "off", CONFIG_RELOAD_MODEL },
 		{ "threads", "3", CONFIG_RELOAD_MODEL },
 		{ "numa_node", "0", CONFIG_RELOAD_MODEL },
 		{ "hugepages", "thp", CONFIG_RELOAD_MODEL },

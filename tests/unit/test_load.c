@@ -207,6 +207,7 @@ static void test_load_default_packs_the_head_at_group_32_asym(void **state)
 	(void)state;
 	struct load_opts o;
 	small_opts(&o);
+	o.mix = LOAD_MIX_OFF; /* with the head at group 128 the mix rule would take layer matrices */
 	assert_int_equal(load_head_group(LOAD_GROUP_128), LOAD_GROUP_32_ASYM);
 	static const struct {
 		uint32_t head_group, group;
@@ -296,6 +297,125 @@ static void test_load_int8_head_sizes_embed_head_exactly(void **state)
 	assert_int_equal(load_path(path, &o, &m, &e), HEARTH_EINVAL);
 	assert_non_null(strstr(e.msg, "use 4 or 8"));
 	assert_null(m);
+}
+
+/* The mix rule (load.h) against its own statement, simulated here from the sizes of the
+ * all-int4 model (weights_mix off) on fx-quant-bf16 (2 layers, 256-wide rows, the tied
+ * embedding/head 87% of the weights): the embedding/head int8 first when it fits whole,
+ * then layer by layer from the outside in, in each attn_v, ffn_down, attn_k, attn_q,
+ * attn_output, ffn_gate, ffn_up, skipping what would pass the budget. Budgets where nothing fits (the default
+ * 4.5 here, 4.4 and 1.0), some layer matrices, all of them, the head with some, and
+ * everything. The model
+ * stays within each budget it could meet, and the int8 matrices sit in weights.q8, sized
+ * exactly. */
+static void test_load_mix_rule_spends_the_budget_in_its_order(void **state)
+{
+	(void)state;
+	struct load_opts o;
+	small_opts(&o);
+	o.mix = LOAD_MIX_OFF;
+	struct model_q4 *off = load_fixture("fx-quant-bf16.gguf", &o);
+	assert_int_equal(off->n_mix8, 0);
+	uint64_t base = 8 * (off->bytes_weights + off->bytes_embed_head + off->bytes_norms);
+	uint64_t h4 = off->bytes_embed_head, h8 = q8_bytes(32000, 256, 128);
+	static const int order[7] = { MQ4_WV, MQ4_DOWN, MQ4_WK, MQ4_WQ, MQ4_WO, MQ4_GATE, MQ4_UP };
+	static const uint32_t budgets[] = { 0, 100, 440, 520, 600, 800, 900 };
+	bool some_layers_only = false, head_and_some = false;
+	for (size_t b = 0; b < sizeof budgets / sizeof budgets[0]; b++) {
+		uint32_t cbpw = budgets[b] ? budgets[b] : LOAD_MIX_BUDGET_CBPW;
+		uint64_t budget = off->n_params * cbpw / 100, bits = base, q8_region = 0;
+		bool head8 = bits + 8 * (h8 - h4) <= budget, want[2][7] = { { false } };
+		uint32_t n_want = 0;
+		if (head8)
+			bits += 8 * (h8 - h4);
+		for (uint32_t k = 0; k < off->n_layer; k++)
+			for (int j = 0; j < 7; j++) {
+				uint32_t l = k % 2 ? off->n_layer - 1 - k / 2 : k / 2;
+				const struct mq4_layer *L = &off->layers[l];
+				const struct q4_matrix *w4[7] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down };
+				const struct q4_matrix *w = w4[order[j]];
+				uint64_t c4 = (q4_matrix_bytes(w) + 63) / 64 * 64, c8 = q8_bytes(w->rows, w->cols, 128);
+				if (bits + 8 * (c8 - c4) <= budget) {
+					bits += 8 * (c8 - c4);
+					want[l][order[j]] = true;
+					q8_region += c8;
+					n_want++;
+				}
+			}
+		o.mix = LOAD_MIX_AUTO;
+		o.mix_budget_cbpw = budgets[b];
+		struct model_q4 *m = load_fixture("fx-quant-bf16.gguf", &o);
+		print_message("budget %.2f bpw: head int%u, %u of 14 layer matrices int8, %.3f bpw (%s)\n",
+			      cbpw / 100.0, m->head_bits, m->n_mix8,
+			      8.0 * (double)(m->bytes_weights + m->bytes_embed_head + m->bytes_norms) / (double)m->n_params,
+			      m->quant_name);
+		assert_int_equal(m->head_bits, head8 ? LOAD_HEAD_INT8 : LOAD_HEAD_INT4);
+		assert_int_equal(m->n_mix8, n_want);
+		for (uint32_t l = 0; l < m->n_layer; l++)
+			for (int i = 0; i < 7; i++) {
+				assert_true((m->layers[l].w8[i].data != NULL) == want[l][i]);
+				if (want[l][i])
+					assert_int_equal(m->layers[l].w8[i].group, 128);
+			}
+		uint64_t used = 8 * (m->bytes_weights + m->bytes_embed_head + m->bytes_norms);
+		assert_int_equal(used, bits);
+		if (head8 || n_want)
+			assert_true(used <= budget);
+		const struct arena_region *r = region(m, LOAD_REGION_WEIGHTS_Q8);
+		if (n_want) {
+			assert_non_null(r);
+			assert_int_equal(r->size, q8_region);
+			assert_int_equal(r->used, r->size);
+			assert_non_null(strstr(m->quant_name, "+mix"));
+		} else {
+			assert_null(r);
+			assert_null(strstr(m->quant_name, "+mix"));
+		}
+		if (budgets[b] == 0 || budgets[b] == 100) /* nothing fits: the layout of mix off */
+			assert_true(!head8 && n_want == 0 && !strcmp(m->quant_name, off->quant_name));
+		if (budgets[b] == 900) { /* everything fits */
+			assert_true(head8 && n_want == 14);
+			assert_string_equal(m->quant_name, "q8+head_q8+mix");
+		}
+		some_layers_only |= !head8 && n_want > 0 && n_want < 14;
+		head_and_some |= head8 && n_want > 0 && n_want < 14;
+		model_q4_free(m);
+	}
+	assert_true(some_layers_only);
+	assert_true(head_and_some);
+	model_q4_free(off);
+
+	/* A forced int4 or int8 head is kept; the layers fill what is left (none here, at 4.5). */
+	small_opts(&o);
+	o.head_bits = LOAD_HEAD_INT4;
+	o.mix_budget_cbpw = 900;
+	struct model_q4 *m = load_fixture("fx-quant-bf16.gguf", &o);
+	assert_int_equal(m->head_bits, LOAD_HEAD_INT4);
+	assert_int_equal(m->n_mix8, 14);
+	model_q4_free(m);
+	small_opts(&o);
+	o.head_bits = LOAD_HEAD_INT8;
+	m = load_fixture("fx-quant-bf16.gguf", &o);
+	assert_int_equal(m->n_mix8, 0);
+	model_q4_free(m);
+
+	/* Carried-over 4-bit codes are never upgraded, whatever the budget. */
+	small_opts(&o);
+	o.mix_budget_cbpw = 900;
+	m = load_fixture("fx-quant-q4_0.gguf", &o);
+	for (uint32_t l = 0; l < m->n_layer; l++)
+		for (int i = 0; i < 7; i++)
+			if (m->layers[l].w8[i].data)
+				assert_int_not_equal(m->notes[l * 7 + i].src, QTYPE_Q4_0);
+	model_q4_free(m);
+
+	char path[4096];
+	fixture_path("fx-qwen3.gguf", path, sizeof path);
+	small_opts(&o);
+	o.mix = 2;
+	struct hearth_error e;
+	assert_int_equal(load_path(path, &o, &m, &e), HEARTH_EINVAL);
+	assert_non_null(strstr(e.msg, "use auto or off"));
 }
 
 /* The repack splits row blocks over the pool's threads: the packed bytes are the same as
@@ -791,6 +911,7 @@ int main(void)
 		cmocka_unit_test(test_load_lets_the_file_go),
 		cmocka_unit_test(test_load_puts_the_draft_in_the_models_one_arena),
 		cmocka_unit_test(test_load_refuses_a_draft_before_mapping_anything),
+		cmocka_unit_test(test_load_mix_rule_spends_the_budget_in_its_order),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

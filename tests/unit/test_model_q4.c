@@ -45,6 +45,9 @@ static void fixture_path(const char *name, char *buf, size_t cap)
 /* The KV cache type every load below uses: f16 (load_opts' default) unless a test of the
  * int8 cache sets QTYPE_KV_Q8 for its duration (with_kv_type). */
 static enum qtype kv_type_for_tests = QTYPE_F16;
+/* The mix rule for every load below: off (the int4 layouts these tests hold) unless a test
+ * of int8 layer matrices sets it and a budget for its duration (with_mix). */
+static uint32_t mix_for_tests = LOAD_MIX_OFF, mix_budget_for_tests;
 
 /* group: load_opts.weights_group (0: the default); head_bits: load_opts.head_bits. */
 static struct model_q4 *load_head(const char *file, enum q4_act_kind act, uint32_t max_seqs,
@@ -63,13 +66,16 @@ static struct model_q4 *load_head(const char *file, enum q4_act_kind act, uint32
 	o.weights_group = group;
 	o.head_bits = head_bits;
 	o.kv_type = kv_type_for_tests;
+	o.mix = mix_for_tests;
+	o.mix_budget_cbpw = mix_budget_for_tests;
 	struct model_q4 *m;
 	struct tok *tok;
 	struct hearth_error e;
 	if (load_q4(&m, &tok, path, &o, &e) < 0)
 		fail_msg("load_q4 %s: %s", file, e.msg);
 	tok_free(tok);
-	assert_int_equal(m->head_bits, head_bits ? head_bits : LOAD_HEAD_INT4);
+	if (head_bits || mix_for_tests == LOAD_MIX_OFF)
+		assert_int_equal(m->head_bits, head_bits ? head_bits : LOAD_HEAD_INT4);
 	assert_int_equal(m->kv.elem_type, kv_type_for_tests);
 	return m;
 }
@@ -288,13 +294,15 @@ static void check_exact_head(const char *file, enum q4_act_kind act, uint32_t gr
 	for (uint32_t l = 0; l < ref->hp.n_layer; l++) {
 		struct model_layer *R = &ref->layers[l];
 		const struct mq4_layer *L = &m->layers[l];
-		R->wq = unpacked(&L->wq, R->wq);
-		R->wk = unpacked(&L->wk, R->wk);
-		R->wv = unpacked(&L->wv, R->wv);
-		R->wo = unpacked(&L->wo, R->wo);
-		R->ffn_gate = unpacked(&L->gate, R->ffn_gate);
-		R->ffn_up = unpacked(&L->up, R->ffn_up);
-		R->ffn_down = unpacked(&L->down, R->ffn_down);
+		const struct gguf_tensor **rs[7] = { &R->wq, &R->wk, &R->wv, &R->wo, &R->ffn_gate, &R->ffn_up,
+						     &R->ffn_down };
+		const struct q4_matrix *w4[7] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down };
+		/* int8 where the mix rule chose it (its int4 twin then holds nothing) */
+		for (int i = 0; i < 7; i++) {
+			if (L->w8[i].data)
+				assert_null(w4[i]->data);
+			*rs[i] = L->w8[i].data ? unpacked8(&L->w8[i], *rs[i]) : unpacked(w4[i], *rs[i]);
+		}
 	}
 	bool tied = ref->output == ref->tok_embd;
 	if (m->head_bits == LOAD_HEAD_INT8) {
@@ -601,6 +609,83 @@ static void test_q4_int8_head_batches_equal_one_at_a_time(void **state)
 	check_sequences_in_one_step_equal_each_alone(LOAD_HEAD_INT8);
 	check_decode_rows_equal_each_alone("fx-qwen3.gguf", LOAD_HEAD_INT8);
 	check_decode_rows_equal_each_alone("fx-quant-f16.gguf", LOAD_HEAD_INT8);
+}
+
+static void with_mix(uint32_t cbpw)
+{
+	mix_for_tests = cbpw ? LOAD_MIX_AUTO : LOAD_MIX_OFF;
+	mix_budget_for_tests = cbpw;
+}
+
+static uint32_t count_int8_layers(const char *file, enum q4_act_kind act, uint32_t *head_bits)
+{
+	struct model_q4 *m = load_head(file, act, 4, 64, 0, 0);
+	uint32_t n = m->n_mix8;
+	*head_bits = m->head_bits;
+	print_message("%-24s %s: %u int8 layer matrices\n", file, m->quant_name, n);
+	model_q4_free(m);
+	return n;
+}
+
+/* Layer matrices the mix rule made int8 (q8_matmul inside the layers' matmul phases, beside
+ * int4 ones reading the same activations): the forward computes what the model's own
+ * weights say, with the tolerances of the int8-head tests, W4A16 and W4A8, at budgets that
+ * upgrade some layer matrices (fx-quant: group 128; fx-qwen3's 64-wide rows: group 32) and
+ * every matrix with the head (tied and untied). */
+static void test_q4_int8_layer_matrices_forward_equals_the_reference_on_its_own_weights(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *file;
+		uint32_t cbpw;
+		bool all;
+	} cases[] = {
+		{ "fx-quant-f16.gguf", 520, false },
+		{ "fx-quant-f16.gguf", 900, true },
+		{ "fx-qwen3.gguf", 560, false },
+		{ "fx-llama.gguf", 900, true },
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		with_mix(cases[i].cbpw);
+		uint32_t head_bits;
+		uint32_t n = count_int8_layers(cases[i].file, Q4_ACT_A8, &head_bits);
+		if (cases[i].all) {
+			assert_int_equal(head_bits, LOAD_HEAD_INT8);
+		} else {
+			assert_true(n > 0);
+			assert_int_equal(head_bits, LOAD_HEAD_INT4);
+		}
+		check_exact_head(cases[i].file, Q4_ACT_A16, 0, 0, 0.9, 0.002);
+		check_exact_head(cases[i].file, Q4_ACT_A8, 0, 0, 0.8, 0.02);
+	}
+	with_mix(0);
+}
+
+/* W8A8 integer dots in the layers keep batching exact too: a prefill in one step, several
+ * sequences in one step and decode rows equal the tokens run one at a time, bit for bit. */
+static void test_q4_int8_layer_matrices_batch_equal_one_at_a_time(void **state)
+{
+	(void)state;
+	with_mix(600);
+	check_prefill_batch_equals_one_token_at_a_time(0);
+	check_sequences_in_one_step_equal_each_alone(0);
+	check_decode_rows_equal_each_alone("fx-qwen3.gguf", 0);
+	check_decode_rows_equal_each_alone("fx-quant-f16.gguf", 0);
+	with_mix(900);
+	check_decode_rows_equal_each_alone("fx-quant-f16.gguf", 0);
+	with_mix(0);
+}
+
+/* Against the unquantized model, int8 layer matrices bring fx-quant closer than all-int4
+ * layers with the same head. */
+static void test_q4_int8_layer_matrices_are_closer_than_int4(void **state)
+{
+	(void)state;
+	struct fidelity off = check_fidelity_head("fx-quant-f16.gguf", Q4_ACT_A8, 0, LOAD_HEAD_INT4, 0.2, 0.25);
+	with_mix(900);
+	struct fidelity mix = check_fidelity_head("fx-quant-f16.gguf", Q4_ACT_A8, 0, LOAD_HEAD_INT4, 0.2, 0.25);
+	with_mix(0);
+	assert_true(mix.kl_mean < 0.9 * off.kl_mean);
 }
 
 /* An int8 KV cache (kv_type = q8) on top of int4 weights, against the f32 reference,
@@ -952,6 +1037,9 @@ int main(void)
 		cmocka_unit_test(test_q4_int8_head_carries_q8_0_over_exactly),
 		cmocka_unit_test(test_q4_int8_head_is_closer_than_int4),
 		cmocka_unit_test(test_q4_int8_head_batches_equal_one_at_a_time),
+		cmocka_unit_test(test_q4_int8_layer_matrices_forward_equals_the_reference_on_its_own_weights),
+		cmocka_unit_test(test_q4_int8_layer_matrices_batch_equal_one_at_a_time),
+		cmocka_unit_test(test_q4_int8_layer_matrices_are_closer_than_int4),
 		cmocka_unit_test(test_q4_loader_refuses_context_beyond_training),
 		cmocka_unit_test(test_q4_gemma3_matches_llama_cpp),
 		cmocka_unit_test(test_q4_gemma3_ring_wraps_and_still_matches_llama_cpp),
