@@ -482,6 +482,34 @@ static const struct gguf_tensor *view_sim(struct fidelity_views *v, const struct
 	return t;
 }
 
+/* Runs the variant v over the corpus and adds its distance from ref_logits to acc; with
+ * act_acc, also its distance to each build that ran (builds[k]). Frees v's views and
+ * layers whatever rc says: on entry rc is what building the variant returned. */
+static int variant_score(struct model *v, struct fidelity_views *views, int rc,
+			 const struct fidelity_corpus *c, const float *ref_logits, float *scratch,
+			 struct fidelity_acc *acc, float *const builds[2], struct fidelity_acc *act_acc,
+			 struct hearth_error *err)
+{
+	struct model_ctx *ctx = NULL;
+	if (rc == 0)
+		rc = model_ctx_new(&ctx, v, c->len, err);
+	size_t per_seq = (size_t)c->len * v->hp.n_vocab;
+	for (uint32_t s = 0; rc == 0 && s < c->n_seqs; s++) {
+		model_ctx_reset(ctx);
+		rc = model_forward(v, ctx, c->ids + (size_t)s * c->len, c->len, MODEL_LOGITS_ALL, scratch, err);
+		if (rc == 0)
+			rc = fidelity_acc_add(acc, ref_logits + s * per_seq, scratch, c->len, v->hp.n_vocab, err);
+		for (int k = 0; k < 2 && act_acc && rc == 0; k++)
+			if (builds[k])
+				rc = fidelity_acc_add(&act_acc[k], scratch, builds[k] + s * per_seq, c->len,
+						      v->hp.n_vocab, err);
+	}
+	model_ctx_free(ctx);
+	views_free(views);
+	free(v->layers);
+	return rc;
+}
+
 /* builds[k] (NULL when not run) are the int4 engine's logits over the corpus; with
  * act_acc they are compared with this variant's, which isolates activation rounding when
  * the variant holds exactly the int4 weights. */
@@ -494,7 +522,6 @@ static int ablate_run(const struct model *ref, const struct model_q4 *q,
 	unsigned parts = sim->parts;
 	struct model v = *ref;
 	struct fidelity_views views = { .n = 0 };
-	struct model_ctx *ctx = NULL;
 	int rc = 0;
 	v.layers = malloc(ref->hp.n_layer * sizeof *v.layers);
 	if (!v.layers)
@@ -546,23 +573,7 @@ static int ablate_run(const struct model *ref, const struct model_q4 *q,
 		    !(v.output = tied ? v.tok_embd : view_q8(&views, ref->output, err)))
 			rc = HEARTH_EINVAL;
 	}
-	if (rc == 0)
-		rc = model_ctx_new(&ctx, &v, c->len, err);
-	size_t per_seq = (size_t)c->len * ref->hp.n_vocab;
-	for (uint32_t s = 0; rc == 0 && s < c->n_seqs; s++) {
-		model_ctx_reset(ctx);
-		rc = model_forward(&v, ctx, c->ids + (size_t)s * c->len, c->len, MODEL_LOGITS_ALL, scratch, err);
-		if (rc == 0)
-			rc = fidelity_acc_add(acc, ref_logits + s * per_seq, scratch, c->len, ref->hp.n_vocab, err);
-		for (int k = 0; k < 2 && act_acc && rc == 0; k++)
-			if (builds[k])
-				rc = fidelity_acc_add(&act_acc[k], scratch, builds[k] + s * per_seq, c->len,
-						      ref->hp.n_vocab, err);
-	}
-	model_ctx_free(ctx);
-	views_free(&views);
-	free(v.layers);
-	return rc;
+	return variant_score(&v, &views, rc, c, ref_logits, scratch, acc, builds, act_acc, err);
 }
 
 /* --sensitivity: the reference engine with one matrix class of one layer (layer < 0: of
@@ -587,7 +598,6 @@ static int sens_run(const struct model *ref, const struct model_q4 *q, int cls, 
 {
 	struct model v = *ref;
 	struct fidelity_views views = { .n = 0 };
-	struct model_ctx *ctx = NULL;
 	int rc = 0;
 	*extra_bits = 0;
 	v.layers = malloc(ref->hp.n_layer * sizeof *v.layers);
@@ -613,19 +623,7 @@ static int sens_run(const struct model *ref, const struct model_q4 *q, int cls, 
 			rc = HEARTH_ENOMEM;
 		*extra_bits += sens_q8_bits(w4[cls]);
 	}
-	if (rc == 0)
-		rc = model_ctx_new(&ctx, &v, c->len, err);
-	size_t per_seq = (size_t)c->len * ref->hp.n_vocab;
-	for (uint32_t s = 0; rc == 0 && s < c->n_seqs; s++) {
-		model_ctx_reset(ctx);
-		rc = model_forward(&v, ctx, c->ids + (size_t)s * c->len, c->len, MODEL_LOGITS_ALL, scratch, err);
-		if (rc == 0)
-			rc = fidelity_acc_add(acc, ref_logits + s * per_seq, scratch, c->len, ref->hp.n_vocab, err);
-	}
-	model_ctx_free(ctx);
-	views_free(&views);
-	free(v.layers);
-	return rc;
+	return variant_score(&v, &views, rc, c, ref_logits, scratch, acc, NULL, NULL, err);
 }
 
 /* Every class alone (all layers), then every (class, layer), then the embedding/head: one
