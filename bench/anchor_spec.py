@@ -14,13 +14,13 @@ Environment (all optional; without HEARTH_IK_BIN and HEARTH_LLAMA_BIN there are 
   HEARTH_SPEC_ANCHOR_MODELS         TARGET,DRAFT (gguf paths): set by spec_bench.sh per pair
   HEARTH_BENCH_THREADS              compute threads per server (default 2)
   HEARTH_SPEC_ANCHOR_CTX            context of every server (default 256, the models')
-  HEARTH_SPEC_ANCHOR_OMP_WAIT       OMP_WAIT_POLICY of the servers (default passive; empty:
-                                    the OpenMP runtime's own). Both anchors run their compute
-                                    threads under OpenMP, whose default spin-waiting at every
-                                    barrier makes a step wait out whole time slices when the
-                                    machine is shared (ik's llama-server on the larger target,
-                                    2 CPUs at load average 5: 18-173 tok/s spinning, 409-675
-                                    passive). hearthd's pool spins briefly, then sleeps
+  HEARTH_SPEC_ANCHOR_OMP_WAIT       OMP_WAIT_POLICY of the servers (default: unset, the
+                                    OpenMP runtime's own spin-waiting, the anchors' fastest
+                                    on an idle machine; passive: sleeping threads, which
+                                    cost a quiet run 5-8x but win on a shared machine: ik's
+                                    llama-server on the larger target, 2 CPUs at load
+                                    average 5, 18-173 tok/s spinning, 409-675 passive).
+                                    hearthd's pool spins briefly, then sleeps
                                     (kernels/pool.c).
 """
 import json
@@ -129,7 +129,7 @@ def start():
     target, draft = models.split(",")
     threads = int(os.environ.get("HEARTH_BENCH_THREADS", "2"))
     ctx = int(os.environ.get("HEARTH_SPEC_ANCHOR_CTX", "256"))
-    omp_wait = os.environ.get("HEARTH_SPEC_ANCHOR_OMP_WAIT", "passive")
+    omp_wait = os.environ.get("HEARTH_SPEC_ANCHOR_OMP_WAIT", "")
     servers, info = {}, {}
     try:
         for engine, (var, draft_args) in ENGINES.items():
