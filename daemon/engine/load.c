@@ -574,15 +574,20 @@ static int load_plan_scratch(struct load_ctx *c, struct load_sizes *sz, struct h
 	/* Activations are quantized once per group size the matrices use: the group-32 buffer
 	 * first, the group-128 one at acts_mem + acts_bytes (model_q4.c). A buffer no matrix
 	 * reads is not planned (3 MiB for a 1.7B model at 256 tokens): acts_bytes is then 0 or
-	 * the group-128 buffer is empty. Group 128 is sized for the widest row rounded up to
-	 * 128, which bounds every row a group-128 matrix can have. */
-	bool g32 = false, g128 = false;
+	 * the group-128 buffer is empty. The head reads only the rows whose logits are wanted,
+	 * at most max_seqs (the logits buffer's rows), so a group only the head uses is sized
+	 * for those (the default layout's group-32 head). Group 128 is sized for the widest
+	 * row rounded up to 128, which bounds every row a group-128 matrix can have. */
+	size_t head_rows = o->max_seqs < T ? o->max_seqs : T;
+	size_t r32 = 0, r128 = 0;
 	for (size_t i = 0; i < c->n_mats; i++) {
-		g32 |= c->mats[i].group == 32;
-		g128 |= c->mats[i].group == 128;
+		size_t rows = strcmp(c->mats[i].region, ARENA_REGION_EMBED_HEAD) == 0 ? head_rows : T;
+		size_t *r = c->mats[i].group == 32 ? &r32 : &r128;
+		*r = rows > *r ? rows : *r;
 	}
-	size_t a32 = g32 ? q4_acts_bytes(o->act, T, widest, 32) : 0;
-	size_t a128 = g128 ? q4_acts_bytes(o->act, T, (widest + 127) / 128 * 128, 128) : 0;
+	bool g32 = r32 > 0, g128 = r128 > 0;
+	size_t a32 = g32 ? q4_acts_bytes(o->act, r32, widest, 32) : 0;
+	size_t a128 = g128 ? q4_acts_bytes(o->act, r128, (widest + 127) / 128 * 128, 128) : 0;
 	if ((g32 && !a32) || (g128 && !a128))
 		return hearth_error_set(err, HEARTH_ERANGE, "scratch for %zu tokens overflows", T);
 	m->acts_bytes = align64(a32);
