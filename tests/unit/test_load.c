@@ -890,6 +890,37 @@ static void test_load_refuses_a_draft_before_mapping_anything(void **state)
 	assert_false(file_mapped(dpath));
 }
 
+/* fx-quant-f16 is 256 wide: its layers pack at group 128 and the default embedding/head at
+ * group 32, so the group-32 activations are the head's alone, and the head reads only the
+ * rows whose logits are wanted (at most max_seqs): that buffer holds max_seqs rows, not a
+ * step's, and a head at group 128 plans none. */
+static void test_load_sizes_the_heads_activations_for_the_logit_rows(void **state)
+{
+	(void)state;
+	struct load_opts o;
+	small_opts(&o);
+	o.max_seqs = 2;
+	o.step_tokens = 64;
+	o.act = Q4_ACT_A8;
+	struct model_q4 *m = load_fixture("fx-quant-f16.gguf", &o);
+	size_t E = m->hp.n_embd;
+	assert_int_equal(E % 128, 0);
+	assert_int_equal(m->layers[0].wq.group, 128);
+	assert_int_equal(m->embd.group, 32);
+	assert_true(m->acts_bytes > 0);
+	assert_true(m->acts_bytes < q4_acts_bytes(o.act, o.step_tokens, E, 32));
+	uint64_t scratch = m->bytes_scratch;
+	size_t head_acts = m->acts_bytes;
+	model_q4_free(m);
+
+	o.head_group = LOAD_GROUP_128;
+	m = load_fixture("fx-quant-f16.gguf", &o);
+	assert_int_equal(m->embd.group, 128);
+	assert_int_equal(m->acts_bytes, 0);
+	assert_int_equal(scratch - m->bytes_scratch, head_acts);
+	model_q4_free(m);
+}
+
 int main(void)
 {
 	if (kern_select(getenv("HEARTH_KERNELS")) < 0) {
@@ -911,6 +942,7 @@ int main(void)
 		cmocka_unit_test(test_load_lets_the_file_go),
 		cmocka_unit_test(test_load_puts_the_draft_in_the_models_one_arena),
 		cmocka_unit_test(test_load_refuses_a_draft_before_mapping_anything),
+		cmocka_unit_test(test_load_sizes_the_heads_activations_for_the_logit_rows),
 		cmocka_unit_test(test_load_mix_rule_spends_the_budget_in_its_order),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
