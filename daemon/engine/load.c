@@ -444,6 +444,14 @@ static size_t load_layer_vec_bytes(const struct model_layer *R)
 	return n;
 }
 
+/* A layer's matrices in the order MQ4_WQ .. MQ4_DOWN (model_q4.h). */
+static void load_layer_tensors(const struct model_layer *R, const struct gguf_tensor *ts[MQ4_LAYER_MATRICES])
+{
+	const struct gguf_tensor *all[MQ4_LAYER_MATRICES] = { R->wq, R->wk, R->wv, R->wo,
+							       R->ffn_gate, R->ffn_up, R->ffn_down };
+	memcpy(ts, all, sizeof all);
+}
+
 /* The layers' matrices, vectors and shapes: each matrix planned at `want`, each layer's
  * RoPE setting given a table slot. */
 static int load_plan_layers(struct load_ctx *c, uint32_t want, struct load_sizes *sz,
@@ -455,8 +463,8 @@ static int load_plan_layers(struct load_ctx *c, uint32_t want, struct load_sizes
 	for (uint32_t l = 0; l < m->n_layer; l++) {
 		const struct model_layer *R = &ref->layers[l];
 		struct mq4_layer *L = &m->layers[l];
-		const struct gguf_tensor *ts[MQ4_LAYER_MATRICES] = { R->wq, R->wk, R->wv, R->wo,
-								     R->ffn_gate, R->ffn_up, R->ffn_down };
+		const struct gguf_tensor *ts[MQ4_LAYER_MATRICES];
+		load_layer_tensors(R, ts);
 		struct q4_matrix *ds[MQ4_LAYER_MATRICES] = { &L->wq, &L->wk, &L->wv, &L->wo,
 							     &L->gate, &L->up, &L->down };
 		for (int i = 0; i < MQ4_LAYER_MATRICES; i++) {
@@ -682,17 +690,17 @@ static int load_mix(struct load_ctx *c, uint32_t want, uint32_t want_head, struc
 	uint64_t h4 = 0, h8 = 0;
 	bool head_ok = true;
 	for (int k = 0; k < 2 && heads[k]; k++) {
-		h4 += load_mat_cost(heads[k], want_head, false);
-		h8 += load_mat_cost(heads[k], want8, true);
-		head_ok &= load_mix_candidate(heads[k]) && load_mat_cost(heads[k], want_head, false) &&
-			   load_mat_cost(heads[k], want8, true);
+		uint64_t c4 = load_mat_cost(heads[k], want_head, false), c8 = load_mat_cost(heads[k], want8, true);
+		h4 += c4;
+		h8 += c8;
+		head_ok &= load_mix_candidate(heads[k]) && c4 && c8;
 	}
 	bits += 8 * (m->head_bits == LOAD_HEAD_INT8 ? h8 : h4);
 	bits += 8 * vec_bytes(ref->output_norm);
 	for (uint32_t l = 0; l < m->n_layer; l++) {
 		const struct model_layer *R = &ref->layers[l];
-		const struct gguf_tensor *ts[MQ4_LAYER_MATRICES] = { R->wq, R->wk, R->wv, R->wo,
-								     R->ffn_gate, R->ffn_up, R->ffn_down };
+		const struct gguf_tensor *ts[MQ4_LAYER_MATRICES];
+		load_layer_tensors(R, ts);
 		bits += 8 * load_layer_vec_bytes(R);
 		for (int i = 0; i < MQ4_LAYER_MATRICES; i++)
 			bits += 8 * load_mat_cost(ts[i], want, false);
@@ -702,8 +710,8 @@ static int load_mix(struct load_ctx *c, uint32_t want, uint32_t want_head, struc
 	for (uint32_t k = 0; k < m->n_layer; k++) {
 		uint32_t l = load_mix_layer(m->n_layer, k);
 		const struct model_layer *R = &ref->layers[l];
-		const struct gguf_tensor *ts[MQ4_LAYER_MATRICES] = { R->wq, R->wk, R->wv, R->wo,
-								     R->ffn_gate, R->ffn_up, R->ffn_down };
+		const struct gguf_tensor *ts[MQ4_LAYER_MATRICES];
+		load_layer_tensors(R, ts);
 		for (size_t j = 0; j < sizeof load_mix_order / sizeof load_mix_order[0]; j++) {
 			int i = load_mix_order[j];
 			if (load_mix_candidate(ts[i]) &&
