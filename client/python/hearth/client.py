@@ -47,6 +47,8 @@ def stats_of(frame):
     s.setdefault("draft_accepted", 0)
     s.setdefault("draft_model_tokens", 0)  # left out while 0, and by a daemon before 1.4
     s.setdefault("draft_model_accepted", 0)
+    s.setdefault("draft_kv_used", 0)     # left out without a draft model
+    s.setdefault("draft_kv_total", 0)
     s["phase"] = text_of(s.get("phase", ""))
     return s
 

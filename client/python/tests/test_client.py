@@ -39,10 +39,10 @@ SHARED = os.environ.get("HEARTH_SHARED", os.path.join(BUILD, "..", "shared"))
 MODEL = os.path.join(SHARED, "fixtures", "fx-qwen3.gguf")
 
 
-def start_daemon(sock):
+def start_daemon(sock, *extra):
     proc = subprocess.Popen(
         [os.path.join(BUILD, "hearthd"), f"--model={MODEL}", f"--socket={sock}", "--max-context=256",
-         "--kv-budget=4MiB", "--threads=2", "--log-level=warning", "--socket-mode=0600"],
+         "--kv-budget=4MiB", "--threads=2", "--log-level=warning", "--socket-mode=0600", *extra],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -172,6 +172,34 @@ def test_stats_count_this_client(daemon):
         s = c.stats()
         assert s["clients"] >= 1
         assert s["kv_total"] > 0
+        # no draft model: its KV reads as empty and the welcome names none
+        assert s["draft_kv_used"] == 0 and s["draft_kv_total"] == 0
+        assert "draft" not in c.model
+
+
+def test_a_draft_model_is_named_and_its_kv_counted():
+    # The fixture drafting for itself: the welcome names the draft, its KV pool is counted
+    # apart from the model's and fills while it drafts, and model drafts change no token.
+    d = scratch_dir()
+    sock = os.path.join(d, "h.sock")
+    proc = start_daemon(sock, f"--draft-model={MODEL}", "--draft-kv-budget=4MiB")
+    try:
+        with hearth.Client(sock) as c:
+            assert c.model["draft"]["arch"] == "qwen3"
+            assert c.model["draft"]["n_layer"] == c.model["n_layer"]
+            s0 = c.stats()
+            assert s0["draft_kv_total"] > 0 and s0["draft_kv_used"] == 0
+            prompt = "Once upon a time"
+            off = c.generate(prompt, max_tokens=16, temperature=0, ignore_eos=True, speculate=0).wait()
+            g = c.generate(prompt, max_tokens=16, temperature=0, ignore_eos=True, draft="model").wait()
+            assert [t.id for t in g.tokens] == [t.id for t in off.tokens]
+            s1 = c.stats()
+            assert s1["draft_model_tokens"] > 0
+            assert s1["draft_model_accepted"] == s1["draft_model_tokens"]  # its own greedy drafts
+            assert s1["draft_kv_total"] == s0["draft_kv_total"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
 
 
 def test_stats_prefix_counters_move_by_the_cached_tokens(daemon):
