@@ -4,8 +4,9 @@
 # Writes the tokenizer (.model) and raw f32 weights (.hkw) that tests/mkmodel turns into GGUF.
 """Usage: train.py --out-dir DIR [--steps N] [--measure N] ...  (see --help)
 
-The defaults are the committed demo model's: 2.9M parameters, 560 steps of 8 x 256 tokens
-(about one pass over the training text), sized to train in under half an hour on two cores.
+The default shape is the committed demo model's (2.9M parameters); Makefile.am's TRAIN_DEMO
+adds its schedule (5000 steps of 8 x 256 tokens, about ten passes over the training text,
+bfloat16 products, one thread: about 40 minutes).
 
 Held-out split: every 20th chapter of the whole Bible (chapters 20, 40, ... in canonical
 order), about 5% of the text. Whole chapters, so no held-out verse shares a window with a
@@ -311,7 +312,8 @@ def main():
                   (step, steps, loss.item(), lr_at(step, a), (step + 1) / el), flush=True)
         if a.eval_every and step and step % a.eval_every == 0 and not a.measure:
             l, ppl, top, n = evaluate(model, held, a, 8)
-            print('  held-out (partial, %d positions): loss %.3f ppl %.1f' % (n, l, ppl), flush=True)
+            print('  held-out (partial, %d positions): loss %.3f ppl %.1f median top %.3f'
+                  % (n, l, ppl, top), flush=True)
             save_weights(model, prefix + '.hkw')
     if a.measure:
         print('measure: %.3f steps/s' % (steps / (time.time() - t0)))
