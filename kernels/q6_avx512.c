@@ -83,6 +83,43 @@ tile_a8(const struct q6_matrix *w, const struct q4_acts *a, const int32_t *isum,
 		store_rows(y + (t0 + t) * ldy, f[t], valid);
 }
 
+/* Decode (one token, W6A8) over two adjacent row blocks side by side, each with two
+ * accumulators (even and odd slices): one chain of eight vpdpbusd per group would wait on
+ * their latency, and two load streams keep more lines in flight (as q8's GEMV). The sums
+ * are exact integers, so splitting them changes no bit. valid is the last block's rows. */
+static void gemv_a8_pair(const struct q6_matrix *w, const struct q4_acts *a, const int32_t *isum,
+			 const uint8_t *blk, float *y, unsigned valid)
+{
+	const int8_t *act = (const int8_t *)a->codes;
+	const uint8_t *blk2 = blk + w->block_bytes;
+	const uint8_t *c0 = blk + w->scale_bytes, *c1 = blk2 + w->scale_bytes;
+	__m512 f0 = _mm512_setzero_ps(), f1 = f0;
+
+	for (size_t g = 0; g < w->n_groups; g++, c0 += Q6_GROUP_BYTES, c1 += Q6_GROUP_BYTES) {
+		__m512i a0 = _mm512_setzero_si512(), b0 = a0, a1 = a0, b1 = a0;
+		const int8_t *x = act + g * Q6_GROUP;
+
+#pragma GCC unroll 8
+		for (int b = 0; b < 8; b += 2) {
+			a0 = dot_dpbusd_bcast(a0, slice_u(c0, b), x + 4 * b);
+			a1 = dot_dpbusd_bcast(a1, slice_u(c1, b), x + 4 * b);
+			b0 = dot_dpbusd_bcast(b0, slice_u(c0, b + 1), x + 4 * b + 4);
+			b1 = dot_dpbusd_bcast(b1, slice_u(c1, b + 1), x + 4 * b + 4);
+		}
+		__m512i bias = _mm512_set1_epi32(32 * isum[g]);
+		__m512 vs = _mm512_set1_ps(a->scale[g]);
+		__m512 d0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + g * 32)));
+		__m512 d1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk2 + g * 32)));
+		__m512i s0 = _mm512_sub_epi32(_mm512_add_epi32(a0, b0), bias);
+		__m512i s1 = _mm512_sub_epi32(_mm512_add_epi32(a1, b1), bias);
+
+		f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(d0, vs), f0);
+		f1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_mul_ps(d1, vs), f1);
+	}
+	store_rows(y, f0, Q4_ROWS);
+	store_rows(y + Q4_ROWS, f1, valid);
+}
+
 /* W6A16: u splits into nibbles, each pair an exact bf16 128+n (q8_avx512.c's trick).
  * Per group: sum(q*x) = 16*accH + accL - (16*128 + 128 + 32)*sum(x). */
 static inline __attribute__((always_inline)) void
@@ -205,6 +242,20 @@ void q6_matmul_avx512(const struct q6_matrix *w, const struct q4_acts *a, float 
 	chunk = chunk < Q6_NT ? Q6_NT : chunk / Q6_NT * Q6_NT;
 	if (a->kind == Q4_ACT_A8 && chunk * w->n_groups > Q6_MAX_GROUPS)
 		chunk = Q6_MAX_GROUPS / w->n_groups; /* >= 1: q6_matrix_plan bounds n_groups */
+	if (a->n_tok == 1 && a->kind == Q4_ACT_A8) {
+		act_sums(w, a, 0, 1, isum_buf);
+		for (size_t rb = rb0; rb < rb1; rb += 2) {
+			const uint8_t *blk = w->data + rb * w->block_bytes;
+			size_t r0 = rb * Q4_ROWS, last = rb + 1 < rb1 ? r0 + Q4_ROWS : r0;
+			unsigned valid = (unsigned)(row_end - last < Q4_ROWS ? row_end - last : Q4_ROWS);
+
+			if (rb + 1 < rb1)
+				gemv_a8_pair(w, a, isum_buf, blk, y + r0, valid);
+			else
+				tile_a8(w, a, isum_buf, blk, 0, 1, y + r0, ldy, valid);
+		}
+		return;
+	}
 	for (size_t tc = 0; tc < a->n_tok; tc += chunk) {
 		size_t tc_end = tc + chunk < a->n_tok ? tc + chunk : a->n_tok;
 
