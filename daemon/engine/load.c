@@ -1,7 +1,7 @@
 /* Plan, map, repack, release. The reference model (daemon/model.c) reads and validates the
  * file's structure; this file turns its tensor views into the int4 layout (the embedding/head
- * int6 or int8 with head_bits 6 or 8) inside the arena, 16 rows at a time, and then lets the file go so
- * the settled process holds only the arena. */
+ * int6 or int8 with head_bits 6 or 8) inside the arena, 16 rows at a time, and then lets the
+ * file go so the settled process holds only the arena. */
 #include "daemon/engine/load.h"
 
 #include <errno.h>
@@ -684,8 +684,6 @@ static uint64_t load_mat_cost(const struct gguf_tensor *t, uint32_t want, bool e
 	return cols % g == 0 && q4_matrix_plan(&q, rows, cols, g, asym) == 0 ? align64(q4_matrix_bytes(&q)) : 0;
 }
 
-/* Whether upgrading t to int8 adds precision: not for codes carried over from a 4-bit
- * file, which int8 would only hold at twice the size. */
 /* Bytes t takes in the int6 layout; 0 when it does not plan. */
 static uint64_t load_mat_cost6(const struct gguf_tensor *t)
 {
@@ -694,6 +692,8 @@ static uint64_t load_mat_cost6(const struct gguf_tensor *t)
 	return cols % Q6_GROUP == 0 && q6_matrix_plan(&q, rows, cols) == 0 ? align64(q6_matrix_bytes(&q)) : 0;
 }
 
+/* Whether upgrading t (to int6 or int8) adds precision: not for codes carried over from
+ * a 4-bit file, which more bits would only hold at a larger size. */
 static bool load_mix_candidate(const struct gguf_tensor *t)
 {
 	uint32_t g;
