@@ -2,7 +2,7 @@
  * 4 bytes of u = q + 32 (0..63) from the two planes (mask, shift, vpternlogd). W6A8 feeds
  * vpdpbusd with u as the unsigned side and the int8 activations as the signed side, so no
  * flip is needed, and takes 32 * sum(x) back out per (token, group): an exact integer dot.
- * W6A16 splits u into nibbles for vdpbf16ps as q8_avx512.c does. */
+ * W6A16 turns each plane's pairs into exact bf16 for vdpbf16ps as q4_avx512.c does. */
 #include "kernels/q6.h"
 #include "kernels/dot_avx512.h"
 
@@ -120,13 +120,15 @@ static void gemv_a8_pair(const struct q6_matrix *w, const struct q4_acts *a, con
 	store_rows(y + Q4_ROWS, f1, valid);
 }
 
-/* W6A16: u splits into nibbles, each pair an exact bf16 128+n (q8_avx512.c's trick).
+/* W6A16: u = 16h + l, and each pair of l (or h) becomes two exact bf16 128+n with one
+ * vpternlogd, as in q4_avx512.c, read straight from the planes.
  * Per group: sum(q*x) = 16*accH + accL - (16*128 + 128 + 32)*sum(x). */
 static inline __attribute__((always_inline)) void
 tile_a16(const struct q6_matrix *w, const struct q4_acts *a, const uint8_t *blk, size_t t0, const int NT,
 	 float *y, size_t ldy, unsigned valid)
 {
 	const __m512i mask = _mm512_set1_epi32(0x000F000F), bias = _mm512_set1_epi32(0x43004300);
+	const __m512i mask2 = _mm512_set1_epi32(0x00030003);
 	const uint8_t *codes = blk + w->scale_bytes;
 	const uint16_t *x[Q6_NT];
 	__m512 f[Q6_NT];
@@ -146,11 +148,15 @@ tile_a16(const struct q6_matrix *w, const struct q4_acts *a, const uint8_t *blk,
 			accl[t] = acch[t] = _mm512_setzero_ps();
 #pragma GCC unroll 8
 		for (int b = 0; b < 8; b++) {
-			__m512i u = slice_u(codes, b);
-			__m512i l02 = _mm512_ternarylogic_epi32(u, mask, bias, 0xEA);
-			__m512i l13 = _mm512_ternarylogic_epi32(_mm512_srli_epi32(u, 8), mask, bias, 0xEA);
-			__m512i h02 = _mm512_ternarylogic_epi32(_mm512_srli_epi32(u, 4), mask, bias, 0xEA);
-			__m512i h13 = _mm512_ternarylogic_epi32(_mm512_srli_epi32(u, 12), mask, bias, 0xEA);
+			/* Straight from the planes: l's nibble pairs as in q4, h's 2-bit pairs
+			 * the same way with a 2-bit mask. */
+			__m512i l = _mm512_load_si512(codes + (b >> 1) * Q4_CHUNK_BYTES);
+			__m512i h = _mm512_load_si512(codes + 4 * Q4_CHUNK_BYTES + (b >> 2) * Q4_CHUNK_BYTES);
+			const int ls = (b & 1) * 4, hs = (b & 3) * 2;
+			__m512i l02 = _mm512_ternarylogic_epi32(ls ? _mm512_srli_epi32(l, ls) : l, mask, bias, 0xEA);
+			__m512i l13 = _mm512_ternarylogic_epi32(_mm512_srli_epi32(l, ls + 8), mask, bias, 0xEA);
+			__m512i h02 = _mm512_ternarylogic_epi32(hs ? _mm512_srli_epi32(h, hs) : h, mask2, bias, 0xEA);
+			__m512i h13 = _mm512_ternarylogic_epi32(_mm512_srli_epi32(h, hs + 8), mask2, bias, 0xEA);
 			size_t k = g * Q6_GROUP + 4 * (size_t)b;
 			size_t p = (k & ~(size_t)7) + ((k & 4) ? 2 : 0);
 
