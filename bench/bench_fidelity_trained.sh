@@ -38,7 +38,7 @@ save() { # save TAG COMMAND...: the command's text, or its --json into the resul
 
 c="--corpus $corpus --seqs $seqs --len $len"
 # Tags sort in the table's order (two digits: doc_tables.py sorts the file names).
-echo "== hearth, default layout (weights_mix auto: int8 where 4.5 bpw allows, in the rule's order)"
+echo "== hearth, default layout (weights_mix auto: an int6 embedding/head, then int8 layer matrices, where 4.5 bpw allows, in the rule's order)"
 save 01-hearth-default "$builddir/bench/fidelity" $c --greedy 12 --label default "$model"
 echo "== hearth, weights_mix off: layers group 128, embedding/head group 32 asym (the previous default)"
 save 02-hearth-mix-off "$builddir/bench/fidelity" $c --greedy 12 --mix off "$model"
@@ -46,6 +46,8 @@ echo "== hearth, weights_mix off, embedding/head at group 128 too (the default b
 save 03-hearth-g128-h128 "$builddir/bench/fidelity" $c --greedy 12 --mix off --head-group 128 "$model"
 echo "== hearth, weights_mix off, int8 embedding/head"
 save 04-hearth-g128-q8 "$builddir/bench/fidelity" $c --greedy 12 --mix off --head int8 "$model"
+echo "== hearth, weights_mix off, int6 embedding/head"
+save 04a-hearth-g128-q6 "$builddir/bench/fidelity" $c --greedy 12 --mix off --head int6 "$model"
 if [ -z "${HEARTH_FIDELITY_SHORT:-}" ]; then
 	echo "== hearth, weights_group 32"
 	save 05-hearth-g32 "$builddir/bench/fidelity" $c --greedy 12 --weights-group 32 --mix off "$model"

@@ -2,7 +2,7 @@
  * service's options), with the ledger sampler around the load, prints the ledger and checks
  * the residency targets of doc/memory.md ("Measured"), one PASS/FAIL line each.
  * Usage: bench_memory MODEL.gguf [--kv-budget SIZE] [--max-context N] [--hugepages P]
- *        [--head int4|int8] [--json] [--smaps]. Exit status 0 when every target passes, 1 when one fails, 2 on error. */
+ *        [--head int4|int6|int8] [--json] [--smaps]. Exit status 0 when every target passes, 1 when one fails, 2 on error. */
 #include <getopt.h>
 #include <stdarg.h>
 #include <inttypes.h>
@@ -78,7 +78,7 @@ static int smaps_print(const struct memstat_vma *v, void *ctx)
 static void usage(FILE *to)
 {
 	fprintf(to, "usage: bench_memory MODEL.gguf [--kv-budget SIZE] [--max-context N]\n"
-		    "                    [--hugepages auto|hugetlb|thp|none] [--head int4|int8]\n"
+		    "                    [--hugepages auto|hugetlb|thp|none] [--head int4|int6|int8]\n"
 		    "                    [--json] [--smaps]\n"
 		    "defaults: --kv-budget 192MiB --max-context 2048 --hugepages auto --head int4\n");
 }
@@ -124,11 +124,13 @@ int main(int argc, char **argv)
 			}
 			break;
 		case 'H':
-			if (strcmp(optarg, "int4") && strcmp(optarg, "int8")) {
-				fprintf(stderr, "bench_memory: --head: '%s' is not int4 or int8\n", optarg);
+			if (strcmp(optarg, "int4") && strcmp(optarg, "int6") && strcmp(optarg, "int8")) {
+				fprintf(stderr, "bench_memory: --head: '%s' is not int4, int6 or int8\n", optarg);
 				return 2;
 			}
-			head_bits = !strcmp(optarg, "int8") ? LOAD_HEAD_INT8 : !strcmp(optarg, "int4") ? LOAD_HEAD_INT4 : 0;
+			head_bits = !strcmp(optarg, "int8")   ? LOAD_HEAD_INT8
+				    : !strcmp(optarg, "int6") ? LOAD_HEAD_INT6
+							      : LOAD_HEAD_INT4;
 			break;
 		case 'j':
 			json = true;

@@ -3,7 +3,7 @@
  * of positions (top-1 agreement, mean / p99 / max KL), with the bits per weight each spends.
  * usage: bench/fidelity [--seqs N] [--len L] [--seed S] [--no-text] [--corpus FILE] [--threads T]
  *                       [--act a16|a8|both] [--weights-group 128|32] [--head-group 128|32|32a]
- *                       [--head int4|int8] [--kv f16|bf16|q8]
+ *                       [--head int4|int6|int8] [--kv f16|bf16|q8]
  *                       [--ablate] [--json] MODEL.gguf   (F32/F16/BF16)
  * The int4 builds come from the daemon's loader with the same options (weights_group).
  * --ablate also runs the f32 reference on the int4 model's own weights, part by part, to
@@ -32,7 +32,7 @@ struct fidelity_args {
 	const char *path;
 	uint32_t n_seqs, len, seed, threads;
 	uint32_t group, head_group;     /* load_opts weights_group / head_group (0: default) */
-	uint32_t head_bits;             /* load_opts head_bits: 0 (the mix rule's), 4 or 8 */
+	uint32_t head_bits;             /* load_opts head_bits: 0 (the mix rule's), 4, 6 or 8 */
 	uint32_t mix;                   /* load_opts mix: LOAD_MIX_AUTO or LOAD_MIX_OFF */
 	bool sensitivity;               /* --sensitivity: each matrix alone int4 */
 	enum qtype kv_type;             /* load_opts kv_type: QTYPE_F16, QTYPE_BF16, QTYPE_KV_Q8 */
@@ -59,14 +59,15 @@ static void usage(FILE *to)
 {
 	fprintf(to, "usage: bench/fidelity [--seqs N] [--len L] [--seed S] [--no-text] [--corpus FILE] [--threads T]\n"
 		    "                      [--act a16|a8|both] [--weights-group 128|32] [--head-group 128|32|32a]\n"
-		    "                      [--head int4|int8] [--mix auto|off] [--kv f16|bf16|q8] [--ablate]\n"
+		    "                      [--head int4|int6|int8] [--mix auto|off] [--kv f16|bf16|q8] [--ablate]\n"
 		    "                      [--sensitivity] [--label TEXT] [--json] MODEL.gguf\n"
 		    "  MODEL is an unquantized GGUF (F32, F16 or BF16 matrices).\n"
 		    "  --weights-group is the daemon's weights_group key (the loader's layout for it);\n"
 		    "  --head-group overrides the loader's choice for the embedding/head (128 asymmetric,\n"
 		    "  32 symmetric, 32a asymmetric);\n"
-		    "  --head int4|int8 forces the embedding/head's type (the daemon's head key; default:\n"
-		    "  the mix rule's); --mix off turns the mix rule off (the daemon's weights_mix key).\n"
+		    "  --head int4|int6|int8 forces the embedding/head's type (the daemon's head key;\n"
+		    "  default: the mix rule's); --mix off turns the mix rule off (the daemon's\n"
+		    "  weights_mix key).\n"
 		    "  --sensitivity: each matrix alone int4 (mix off) in the f32 engine, the rest exact,\n"
 		    "  with what an int8 copy of it would cost in bits (the mix rule's inputs).\n"
 		    "  --label TEXT: a note the JSON carries for the table's row (\"default\").\n"
@@ -135,8 +136,11 @@ static int parse_args(int argc, char **argv, struct fidelity_args *a)
 		} else if (!strcmp(o, "--head-group") && v && !parse_u32(v, 32, 128, &a->head_group) &&
 			   (a->head_group == 32 || a->head_group == 128))
 			i++;
-		else if (!strcmp(o, "--head") && v && (!strcmp(v, "int4") || !strcmp(v, "int8"))) {
-			a->head_bits = !strcmp(v, "int8") ? LOAD_HEAD_INT8 : LOAD_HEAD_INT4;
+		else if (!strcmp(o, "--head") && v &&
+			 (!strcmp(v, "int4") || !strcmp(v, "int6") || !strcmp(v, "int8"))) {
+			a->head_bits = !strcmp(v, "int8")   ? LOAD_HEAD_INT8
+				       : !strcmp(v, "int6") ? LOAD_HEAD_INT6
+							    : LOAD_HEAD_INT4;
 			i++;
 		} else if (!strcmp(o, "--kv") && v &&
 			   (!strcmp(v, "f16") || !strcmp(v, "bf16") || !strcmp(v, "q8"))) {
@@ -273,6 +277,12 @@ static void int4_bpw(const struct model_q4 *m, struct fidelity_bpw *b)
 			b->bytes_mat += q8_matrix_bytes(h8[k]);
 			b->params_mat += (uint64_t)h8[k]->rows * h8[k]->cols;
 		}
+	} else if (m->head_bits == LOAD_HEAD_INT6) {
+		const struct q6_matrix *h6[2] = { &m->embd6, &m->output6 };
+		for (int k = 0; k < 2 && h6[k]->data; k++) {
+			b->bytes_mat += q6_matrix_bytes(h6[k]);
+			b->params_mat += (uint64_t)h6[k]->rows * h6[k]->cols;
+		}
 	} else {
 		mats[n++] = &m->embd;
 		if (m->output.data)
@@ -388,11 +398,22 @@ static const struct gguf_tensor *view_layer(struct fidelity_views *v, const stru
 	return L->w8[i].data ? view_int8(v, &L->w8[i], like, err) : view_int4(v, w4[i], like, err);
 }
 
-/* The model's embedding or head as f32, int4 or int8 (head_bits). */
+static const struct gguf_tensor *view_int6(struct fidelity_views *v, const struct q6_matrix *q,
+					   const struct gguf_tensor *like, struct hearth_error *err)
+{
+	struct gguf_tensor *t = view_new(v, like, err);
+	if (t)
+		q6_unpack_rows(q, 0, q->rows, (float *)t->data, q->cols);
+	return t;
+}
+
+/* The model's embedding or head as f32, int4, int6 or int8 (head_bits). */
 static const struct gguf_tensor *view_head(struct fidelity_views *v, const struct model_q4 *q,
 					   bool output, const struct gguf_tensor *like,
 					   struct hearth_error *err)
 {
+	if (q->head_bits == LOAD_HEAD_INT6)
+		return view_int6(v, output ? &q->output6 : &q->embd6, like, err);
 	if (q->head_bits == LOAD_HEAD_INT8)
 		return view_int8(v, output ? &q->output8 : &q->embd8, like, err);
 	return view_int4(v, output ? &q->output : &q->embd, like, err);

@@ -10,7 +10,7 @@
 static const struct kern_table table_ref = {
 	.isa = KERN_REF, .name = "ref",
 	.acts_prepare = q4_acts_prepare_ref, .matmul = q4_matmul_ref,
-	.q8_matmul = q8_matmul_ref,
+	.q6_matmul = q6_matmul_ref, .q8_matmul = q8_matmul_ref,
 	.rmsnorm = vec_rmsnorm_ref, .rope = vec_rope_ref, .silu_mul = vec_silu_mul_ref,
 	.gelu_mul = vec_gelu_mul_ref,
 	.attn = vec_attn_ref, .to_kv = vec_to_kv_ref, .argmax = vec_argmax_ref,
@@ -20,7 +20,7 @@ static const struct kern_table table_ref = {
 static const struct kern_table table_avx2 = {
 	.isa = KERN_AVX2, .name = "avx2",
 	.acts_prepare = q4_acts_prepare_avx2, .matmul = q4_matmul_avx2,
-	.q8_matmul = q8_matmul_avx2,
+	.q6_matmul = q6_matmul_avx2, .q8_matmul = q8_matmul_avx2,
 	.rmsnorm = vec_rmsnorm_avx2, .rope = vec_rope_avx2, .silu_mul = vec_silu_mul_avx2,
 	.gelu_mul = vec_gelu_mul_avx2,
 	.attn = vec_attn_avx2, .to_kv = vec_to_kv_avx2, .argmax = vec_argmax_avx2,
@@ -30,7 +30,7 @@ static const struct kern_table table_avx2 = {
 static const struct kern_table table_avx512 = {
 	.isa = KERN_AVX512, .name = "avx512",
 	.acts_prepare = q4_acts_prepare_avx512, .matmul = q4_matmul_avx512,
-	.q8_matmul = q8_matmul_avx512,
+	.q6_matmul = q6_matmul_avx512, .q8_matmul = q8_matmul_avx512,
 	.rmsnorm = vec_rmsnorm_avx512, .rope = vec_rope_avx512, .silu_mul = vec_silu_mul_avx512,
 	.gelu_mul = vec_gelu_mul_avx512,
 	.attn = vec_attn_avx512, .to_kv = vec_to_kv_avx512, .argmax = vec_argmax_avx512,

@@ -6,6 +6,7 @@
 #define HEARTH_KERNELS_DISPATCH_H
 
 #include "kernels/q4.h"
+#include "kernels/q6.h"
 #include "kernels/q8.h"
 #include "kernels/vec.h"
 
@@ -16,6 +17,7 @@ struct kern_table {
 	const char *name;               /* "ref", "avx2", "avx512": what stats report */
 	q4_acts_fn acts_prepare;
 	q4_matmul_fn matmul;
+	q6_matmul_fn q6_matmul;         /* int6 embedding/head matrices */
 	q8_matmul_fn q8_matmul;         /* int8 embedding/head matrices */
 	vec_rmsnorm_fn rmsnorm;
 	vec_rope_fn rope;

@@ -1,7 +1,7 @@
 /* Plan, map, repack, release. The reference model (daemon/model.c) reads and validates the
  * file's structure; this file turns its tensor views into the int4 layout (the embedding/head
- * int8 with head_bits 8) inside the arena, 16 rows at a time, and then lets the file go so
- * the settled process holds only the arena. */
+ * int6 or int8 with head_bits 6 or 8) inside the arena, 16 rows at a time, and then lets the
+ * file go so the settled process holds only the arena. */
 #include "daemon/engine/load.h"
 
 #include <errno.h>
@@ -99,11 +99,12 @@ static void load_choose8(enum qtype src, size_t cols, uint32_t want, uint32_t *g
 	*group = *carry || want == LOAD_GROUP_32 || want == LOAD_GROUP_32_ASYM || cols % 128 ? 32 : 128;
 }
 
-/* What one matrix will need, before the arena exists: dst for the int4 layout, or dst8
- * for the int8 one (the other NULL). */
+/* What one matrix will need, before the arena exists: dst for the int4 layout, dst6 for
+ * the int6 one or dst8 for the int8 one (the others NULL). */
 struct load_mat {
 	const struct gguf_tensor *t;
 	struct q4_matrix *dst;
+	struct q6_matrix *dst6;
 	struct q8_matrix *dst8;
 	const char *region;
 	uint32_t group;
@@ -112,12 +113,12 @@ struct load_mat {
 
 static size_t load_mat_rows(const struct load_mat *lm)
 {
-	return lm->dst8 ? lm->dst8->rows : lm->dst->rows;
+	return lm->dst8 ? lm->dst8->rows : lm->dst6 ? lm->dst6->rows : lm->dst->rows;
 }
 
 static size_t load_mat_blocks(const struct load_mat *lm)
 {
-	return lm->dst8 ? lm->dst8->n_row_blocks : lm->dst->n_row_blocks;
+	return lm->dst8 ? lm->dst8->n_row_blocks : lm->dst6 ? lm->dst6->n_row_blocks : lm->dst->n_row_blocks;
 }
 
 /* One model being loaded (the model, or the draft loaded into its arena): its file, the
@@ -219,6 +220,28 @@ static int load_add_mat8(struct load_ctx *c, const struct gguf_tensor *t, struct
 	int rc = q8_matrix_plan(dst, t->ne[1] * t->ne[2] * t->ne[3], t->ne[0], lm->group);
 	if (rc < 0)
 		return hearth_error_set(err, rc, "tensor '%.*s': cannot plan its int8 layout (%s)",
+					(int)t->name.len, t->name.ptr, hearth_strerror(rc));
+	return 0;
+}
+
+/* The embedding/head in the int6 layout (ARENA_REGION_EMBED_HEAD): always quantized from
+ * f32 rows at group 32, whatever the file's type (no 6-bit type is carried over). */
+static int load_add_mat6(struct load_ctx *c, const struct gguf_tensor *t, struct q6_matrix *dst,
+			 struct hearth_error *err)
+{
+	struct load_mat *lm = load_mat_new(c, t, err);
+	if (!lm)
+		return HEARTH_ENOMEM;
+	lm->dst6 = dst;
+	lm->region = ARENA_REGION_EMBED_HEAD;
+	lm->group = Q6_GROUP;
+	if (t->ne[0] % Q6_GROUP)
+		return hearth_error_set(err, HEARTH_EUNSUPPORTED,
+					"tensor '%.*s': rows of %llu are not a multiple of 32, which the int6 layout needs",
+					(int)t->name.len, t->name.ptr, (unsigned long long)t->ne[0]);
+	int rc = q6_matrix_plan(dst, t->ne[1] * t->ne[2] * t->ne[3], t->ne[0]);
+	if (rc < 0)
+		return hearth_error_set(err, rc, "tensor '%.*s': cannot plan its int6 layout (%s)",
 					(int)t->name.len, t->name.ptr, hearth_strerror(rc));
 	return 0;
 }
@@ -325,6 +348,8 @@ static void load_step_run(void *arg, size_t t, size_t nt)
 				quant_dequant_row(tn->type, s + i * st->row_bytes, rows + i * cols, cols);
 			if (lm->dst8)
 				q8_pack_rows_f32(lm->dst8, rows, cols, r0, n);
+			else if (lm->dst6)
+				q6_pack_rows_f32(lm->dst6, rows, cols, r0, n);
 			else
 				q4_pack_rows_f32(q, rows, cols, r0, n);
 		}
@@ -338,8 +363,10 @@ static int load_repack(struct load_ctx *c, struct load_mat *lm, struct hearth_er
 	struct load_region_name region = load_region(c, lm->region);
 	int rc = lm->dst8 ? arena_alloc(c->arena, region.s, q8_matrix_bytes(lm->dst8), Q4_ALIGN,
 					(void **)&lm->dst8->data, err)
-			  : arena_alloc(c->arena, region.s, q4_matrix_bytes(lm->dst), Q4_ALIGN,
-					(void **)&lm->dst->data, err);
+		 : lm->dst6 ? arena_alloc(c->arena, region.s, q6_matrix_bytes(lm->dst6), Q4_ALIGN,
+					  (void **)&lm->dst6->data, err)
+			    : arena_alloc(c->arena, region.s, q4_matrix_bytes(lm->dst), Q4_ALIGN,
+					  (void **)&lm->dst->data, err);
 	if (rc < 0)
 		return rc;
 	size_t n_blocks = load_mat_blocks(lm), rows = load_mat_rows(lm);
@@ -381,7 +408,7 @@ static int load_repack(struct load_ctx *c, struct load_mat *lm, struct hearth_er
 		nt->group = lm->group;
 		nt->carried = lm->carry;
 		nt->asym = lm->asym;
-		nt->bits = lm->dst8 ? 8 : 4;
+		nt->bits = lm->dst8 ? 8 : lm->dst6 ? 6 : 4;
 	}
 	c->done_bytes += t->size;
 	if (c->o->progress)
@@ -503,7 +530,8 @@ static int load_plan_layers(struct load_ctx *c, uint32_t want, struct load_sizes
 	return 0;
 }
 
-/* The embedding and an untied head: int8 (head_bits 8) or int4 at want_head. */
+/* The embedding and an untied head: int8 (head_bits 8), int6 (head_bits 6) or int4 at
+ * want_head. */
 static int load_plan_head(struct load_ctx *c, uint32_t want_head, struct load_sizes *sz,
 			  struct hearth_error *err)
 {
@@ -521,6 +549,17 @@ static int load_plan_head(struct load_ctx *c, uint32_t want_head, struct load_si
 			if ((rc = load_add_mat8(c, ref->output, &m->output8, ARENA_REGION_EMBED_HEAD, want8, err)) < 0)
 				return rc;
 			sz->embed_head += align64(q8_matrix_bytes(&m->output8));
+		}
+		return 0;
+	}
+	if (m->head_bits == LOAD_HEAD_INT6) {
+		if ((rc = load_add_mat6(c, ref->tok_embd, &m->embd6, err)) < 0)
+			return rc;
+		sz->embed_head += align64(q6_matrix_bytes(&m->embd6));
+		if (!ref->hp.tied_output) {
+			if ((rc = load_add_mat6(c, ref->output, &m->output6, err)) < 0)
+				return rc;
+			sz->embed_head += align64(q6_matrix_bytes(&m->output6));
 		}
 		return 0;
 	}
@@ -645,8 +684,16 @@ static uint64_t load_mat_cost(const struct gguf_tensor *t, uint32_t want, bool e
 	return cols % g == 0 && q4_matrix_plan(&q, rows, cols, g, asym) == 0 ? align64(q4_matrix_bytes(&q)) : 0;
 }
 
-/* Whether upgrading t to int8 adds precision: not for codes carried over from a 4-bit
- * file, which int8 would only hold at twice the size. */
+/* Bytes t takes in the int6 layout; 0 when it does not plan. */
+static uint64_t load_mat_cost6(const struct gguf_tensor *t)
+{
+	struct q6_matrix q;
+	size_t rows = (size_t)(t->n_elems / t->ne[0]), cols = (size_t)t->ne[0];
+	return cols % Q6_GROUP == 0 && q6_matrix_plan(&q, rows, cols) == 0 ? align64(q6_matrix_bytes(&q)) : 0;
+}
+
+/* Whether upgrading t (to int6 or int8) adds precision: not for codes carried over from
+ * a 4-bit file, which more bits would only hold at a larger size. */
 static bool load_mix_candidate(const struct gguf_tensor *t)
 {
 	uint32_t g;
@@ -665,18 +712,21 @@ static bool load_mix_take(uint64_t *bits, uint64_t budget, uint64_t int4, uint64
 	return true;
 }
 
-/* Decides, before the plan, which matrices go int8: the embedding/head first when
- * head_bits leaves it to the rule (its error reaches the logits directly, and it is where
- * most of the distance is on both trained models), then layer by layer from the outside in,
- * each layer's matrices in load_mix_order; an upgrade that does not fit is skipped and
- * smaller ones after it may still be taken. Sets m->head_bits and c->mix8. */
+/* Decides, before the plan, which matrices get more bits: the embedding/head first, to
+ * int6, when head_bits leaves it to the rule (its error reaches the logits directly, and
+ * it is where most of the distance is on both trained models; int6 rounds to a quarter of
+ * int4's step for less than half int8's extra bits, and what it saves buys the first
+ * layer's matrices at int8), then layer matrices to int8 layer by layer from the outside
+ * in, each layer's in load_mix_order; an upgrade that does not fit is skipped and smaller
+ * ones after it may still be taken. A forced head (4, 6 or 8) is kept and counted. Sets
+ * m->head_bits and c->mix8. */
 static int load_mix(struct load_ctx *c, uint32_t want, uint32_t want_head, struct hearth_error *err)
 {
 	struct model_q4 *m = c->m;
 	const struct model *ref = c->ref;
 	const struct load_opts *o = c->o;
 	uint32_t want8 = o->head_group ? o->head_group : LOAD_GROUP_128;
-	m->head_bits = o->head_bits == LOAD_HEAD_INT8 ? LOAD_HEAD_INT8 : LOAD_HEAD_INT4;
+	m->head_bits = o->head_bits ? o->head_bits : LOAD_HEAD_INT4;
 	if (o->mix == LOAD_MIX_OFF)
 		return 0;
 	c->mix8 = calloc((size_t)m->n_layer * MQ4_LAYER_MATRICES, sizeof *c->mix8);
@@ -687,15 +737,17 @@ static int load_mix(struct load_ctx *c, uint32_t want, uint32_t want_head, struc
 	uint64_t cbpw = o->mix_budget_cbpw ? o->mix_budget_cbpw : LOAD_MIX_BUDGET_CBPW;
 	uint64_t budget = m->n_params * cbpw / 100, bits = 0;
 	const struct gguf_tensor *heads[2] = { ref->tok_embd, ref->hp.tied_output ? NULL : ref->output };
-	uint64_t h4 = 0, h8 = 0;
+	uint64_t h4 = 0, h6 = 0, h8 = 0;
 	bool head_ok = true;
 	for (int k = 0; k < 2 && heads[k]; k++) {
 		uint64_t c4 = load_mat_cost(heads[k], want_head, false), c8 = load_mat_cost(heads[k], want8, true);
+		uint64_t c6 = load_mat_cost6(heads[k]);
 		h4 += c4;
+		h6 += c6;
 		h8 += c8;
-		head_ok &= load_mix_candidate(heads[k]) && c4 && c8;
+		head_ok &= load_mix_candidate(heads[k]) && c4 && c6;
 	}
-	bits += 8 * (m->head_bits == LOAD_HEAD_INT8 ? h8 : h4);
+	bits += 8 * (m->head_bits == LOAD_HEAD_INT8 ? h8 : m->head_bits == LOAD_HEAD_INT6 ? h6 : h4);
 	bits += 8 * vec_bytes(ref->output_norm);
 	for (uint32_t l = 0; l < m->n_layer; l++) {
 		const struct model_layer *R = &ref->layers[l];
@@ -705,8 +757,8 @@ static int load_mix(struct load_ctx *c, uint32_t want, uint32_t want_head, struc
 		for (int i = 0; i < MQ4_LAYER_MATRICES; i++)
 			bits += 8 * load_mat_cost(ts[i], want, false);
 	}
-	if (o->head_bits == 0 && head_ok && load_mix_take(&bits, budget, h4, h8))
-		m->head_bits = LOAD_HEAD_INT8;
+	if (o->head_bits == 0 && head_ok && load_mix_take(&bits, budget, h4, h6))
+		m->head_bits = LOAD_HEAD_INT6;
 	for (uint32_t k = 0; k < m->n_layer; k++) {
 		uint32_t l = load_mix_layer(m->n_layer, k);
 		const struct model_layer *R = &ref->layers[l];
@@ -851,7 +903,8 @@ static void load_borrow_threads(struct model_q4 *d, const struct model_q4 *m)
 
 /* "q4_g128", "q4_g32" or "q4_mixed" for the int4 layer matrices, then "+head_gN" when they
  * are all at one group and an int4 embedding/head (the notes after the layers') is at
- * another, or "+head_q8" for an int8 one ("+head_q8_g32" when it is at group 32), then
+ * another, "+head_q6" for an int6 one, or "+head_q8" for an int8 one ("+head_q8_g32" when
+ * it is at group 32), then
  * "+mix" when the mix rule made layer matrices int8. */
 static void load_quant_name(struct model_q4 *m)
 {
@@ -870,6 +923,8 @@ static void load_quant_name(struct model_q4 *m)
 		head = h32 ? "+head_g32" : "+head_g128";
 	if (m->head_bits == LOAD_HEAD_INT8)
 		head = h32 ? "+head_q8_g32" : "+head_q8";
+	else if (m->head_bits == LOAD_HEAD_INT6)
+		head = "+head_q6";
 	snprintf(m->quant_name, sizeof m->quant_name, "%s%s%s", layers, head, m->n_mix8 ? "+mix" : "");
 }
 
@@ -892,8 +947,9 @@ static int load_check_opts(const struct load_opts *o, struct hearth_error *err)
 	     o->head_group != LOAD_GROUP_32_ASYM))
 		return hearth_error_set(err, HEARTH_EINVAL, "weights group %u / head group %u: use 128 or 32",
 					o->weights_group, o->head_group);
-	if (o->head_bits && o->head_bits != LOAD_HEAD_INT4 && o->head_bits != LOAD_HEAD_INT8)
-		return hearth_error_set(err, HEARTH_EINVAL, "head bits %u: use 4 or 8", o->head_bits);
+	if (o->head_bits && o->head_bits != LOAD_HEAD_INT4 && o->head_bits != LOAD_HEAD_INT6 &&
+	    o->head_bits != LOAD_HEAD_INT8)
+		return hearth_error_set(err, HEARTH_EINVAL, "head bits %u: use 4, 6 or 8", o->head_bits);
 	if (o->mix != LOAD_MIX_AUTO && o->mix != LOAD_MIX_OFF)
 		return hearth_error_set(err, HEARTH_EINVAL, "weights mix %u: use auto or off", o->mix);
 	return 0;

@@ -22,7 +22,7 @@ struct ledger_load;
  * quantized at load with weights_group 32, for codes carried over from Q4_0, Q4_1 and Q4_K
  * files, and for rows whose width is not a multiple of 128; "q8" for the layer matrices the
  * mix rule made int8. The token embedding and an untied head live in
- * ARENA_REGION_EMBED_HEAD whatever their type (int4 or int8). */
+ * ARENA_REGION_EMBED_HEAD whatever their type (int4, int6 or int8). */
 #define LOAD_REGION_WEIGHTS_G128 ARENA_REGION_WEIGHTS ".q4g128"
 #define LOAD_REGION_WEIGHTS_G32 ARENA_REGION_WEIGHTS ".q4g32"
 #define LOAD_REGION_WEIGHTS_Q8 ARENA_REGION_WEIGHTS ".q8"
@@ -63,22 +63,29 @@ struct load_opts {
 	 * LOAD_GROUP_32 (symmetric) or LOAD_GROUP_32_ASYM forces that layout for it
 	 * (bench/fidelity measures the alternatives with this). */
 	uint32_t head_group;
-	/* 0: as the mix rule decides (int4 with mix off); LOAD_HEAD_INT4 or LOAD_HEAD_INT8
-	 * forces it: the token embedding and the head (once when tied) as int8 (kernels/q8.h),
-	 * where 4 bits cost the most quality. int8 packs F32/F16/BF16 and types it cannot carry
-	 * over at group 128 (head_group 32, or rows not a multiple of 128: group 32) and
-	 * carries Q8_0 over exactly at group 32. */
+	/* 0: as the mix rule decides (int4 with mix off, int6 when it fits the budget);
+	 * LOAD_HEAD_INT4, LOAD_HEAD_INT6 or LOAD_HEAD_INT8 forces it, and the mix rule keeps
+	 * a forced choice and counts it. The token embedding and the head (once when tied) are
+	 * where 4 bits cost the most quality. int6 (kernels/q6.h, 6.5 bits a weight) rounds to
+	 * a quarter of int4's step, nearly int8's accuracy, and packs every type hearth reads
+	 * from f32 rows at group 32 with a scale search. int8 (kernels/q8.h, 8.25 bits) packs
+	 * F32/F16/BF16 and types it cannot carry over at group 128 (head_group 32, or rows not
+	 * a multiple of 128: group 32) and carries Q8_0 over exactly at group 32. */
 	uint32_t head_bits;
 	/* LOAD_MIX_AUTO (0) or LOAD_MIX_OFF. The mix rule spends what the int4 layout leaves of
 	 * a budget of LOAD_MIX_BUDGET_CBPW / 100 bits per parameter (the bits bench/fidelity
 	 * reports: matrices with their scales, norms, over every parameter of the file) on int8
 	 * copies of the matrices where 4 bits cost the most KL per bit, as bench/fidelity
 	 * --sensitivity measured on the trained models (doc/benchmarks.md): the embedding/head
-	 * when head_bits is 0 and it fits whole, then layer by layer from the outside in (the
-	 * first layer, the last, the second, ...), in each layer attn_v, ffn_down, attn_k,
-	 * attn_q, attn_output, ffn_gate, ffn_up, skipping any that would pass the budget.
-	 * Carried-over 4-bit codes are never upgraded. A model already over the budget (a
-	 * forced int8 head on a small model) gets nothing; with room for every matrix, all. */
+	 * at int6 when head_bits is 0 and it fits whole, then layer matrices at int8 layer by
+	 * layer from the outside in (the first layer, the last, the second, ...), in each layer
+	 * attn_v, ffn_down, attn_k, attn_q, attn_output, ffn_gate, ffn_up, skipping any that
+	 * would pass the budget. The head is int6, not int8: an int8 head took the whole budget
+	 * of the larger trained model and left its layers int4, where int6 keeps most of int8's
+	 * gain for less than half its extra bits and the bits saved buy the first layer's most
+	 * sensitive matrices. Carried-over 4-bit codes are never upgraded. A model already over
+	 * the budget (a forced int8 head on a small model) gets nothing; with room for every
+	 * matrix, all. */
 	uint32_t mix;
 	/* The mix rule's budget in hundredths of a bit per parameter; 0 reads as
 	 * LOAD_MIX_BUDGET_CBPW (tests and benches move it to see the rule at its edges). */
@@ -106,6 +113,7 @@ struct load_opts {
  * embedding/head's layout when the layers are at group 128. */
 #define LOAD_GROUP_32_ASYM 33u
 #define LOAD_HEAD_INT4 4u
+#define LOAD_HEAD_INT6 6u
 #define LOAD_HEAD_INT8 8u
 #define LOAD_MIX_AUTO 0u
 #define LOAD_MIX_OFF 1u

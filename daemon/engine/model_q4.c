@@ -170,6 +170,17 @@ static void matmul_phase(struct step *st, size_t *phase, const struct mm_mat *ws
 	}
 }
 
+/* An int6 embedding/head (kernels/q6.h, group 32) reads the same activations as the int4
+ * matrices. */
+static void matmul6(struct step *st, const struct q6_matrix *w, const struct step_acts *a, float *y,
+		    size_t t, size_t nt)
+{
+	size_t b, e;
+	pool_split(w->rows, Q4_ROWS, t, nt, &b, &e);
+	if (b < e)
+		st->m->kern->q6_matmul(w, &a->g32, y, w->rows, b, e);
+}
+
 /* An int8 embedding/head (kernels/q8.h) reads the same activations as the int4 matrices. */
 static void matmul8(struct step *st, const struct q8_matrix *w, const struct step_acts *a, float *y,
 		    size_t t, size_t nt)
@@ -324,12 +335,14 @@ static void step_run(void *arg, size_t t, size_t nt)
 	size_t E = m->hp.n_embd, T = st->T, b, e, phase = 0;
 	struct step_acts a;
 
-	bool int8 = m->head_bits == 8;
+	bool int8 = m->head_bits == 8, int6 = m->head_bits == 6;
 	split(T, t, nt, &b, &e);
 	for (size_t i = b; i < e; i++) {
 		float *x = m->x + i * E;
 		if (int8)
 			q8_unpack_rows(&m->embd8, (size_t)m->step_tokens_buf[i], 1, x, E);
+		else if (int6)
+			q6_unpack_rows(&m->embd6, (size_t)m->step_tokens_buf[i], 1, x, E);
 		else
 			q4_unpack_rows(&m->embd, (size_t)m->step_tokens_buf[i], 1, x, E);
 		if (m->hp.embd_scale != 1.0f)
@@ -399,13 +412,16 @@ static void step_run(void *arg, size_t t, size_t nt)
 				 m->hp.norm_eps);
 	const struct q4_matrix *head = m->output.data ? &m->output : &m->embd;
 	const struct q8_matrix *head8 = m->output8.data ? &m->output8 : &m->embd8;
-	size_t hg = int8 ? head8->group : head->group;
+	const struct q6_matrix *head6 = m->output6.data ? &m->output6 : &m->embd6;
+	size_t hg = int8 ? head8->group : int6 ? Q6_GROUP : head->group;
 	acts_setup(st, &a, st->L, E, hg == 32, hg == 128);
 	pool_barrier(p);
 	acts_fill(st, &a, m->xb, E, st->L, t, nt);
 	pool_barrier(p);
 	if (int8)
 		matmul8(st, head8, &a, m->logits, t, nt);
+	else if (int6)
+		matmul6(st, head6, &a, m->logits, t, nt);
 	else
 		matmul_phase(st, &phase, &(struct mm_mat){ head, NULL }, &m->logits, 1, &a, t, nt);
 	if (m->hp.logit_softcap > 0.0f) {

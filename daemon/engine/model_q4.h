@@ -16,6 +16,7 @@
 #include "kernels/dispatch.h"
 #include "kernels/pool.h"
 #include "kernels/q4.h"
+#include "kernels/q6.h"
 #include "kernels/q8.h"
 
 /* The int4 matrices of one layer: wq, wk, wv, wo, gate, up, down (struct mq4_layer). */
@@ -59,7 +60,7 @@ struct mq4_tensor_note {
 	uint32_t group;
 	bool carried;              /* codes taken over without re-rounding */
 	bool asym;
-	uint8_t bits;              /* 4, or 8 for an int8 matrix */
+	uint8_t bits;              /* 4, 6 for an int6 head or 8 for an int8 matrix */
 };
 
 struct model_q4 {
@@ -69,11 +70,13 @@ struct model_q4 {
 	uint64_t n_params;
 	uint32_t n_layer;
 	struct mq4_layer *layers;
-	/* The embedding and head are int4 (embd, output) or, with head_bits 8, int8 (embd8,
-	 * output8); the other pair is unused (data NULL). */
+	/* The embedding and head are int4 (embd, output), with head_bits 6 int6 (embd6,
+	 * output6) or with head_bits 8 int8 (embd8, output8); the other pairs are unused (data
+	 * NULL). */
 	uint32_t head_bits;
 	struct q4_matrix embd;     /* token_embd: also the head when tied */
 	struct q4_matrix output;   /* untied head; data NULL when tied */
+	struct q6_matrix embd6, output6;
 	struct q8_matrix embd8, output8;
 	const float *output_norm;
 	struct mq4_rope ropes[MQ4_ROPES_MAX];
@@ -112,7 +115,7 @@ struct model_q4 {
 	uint32_t n_notes;
 	uint64_t bytes_weights, bytes_embed_head, bytes_norms, bytes_rope, bytes_scratch;
 	uint32_t n_mix8;           /* layer matrices the mix rule made int8 (load.h) */
-	char quant_name[32];       /* "q4_g128", "q4_g32", "q4_mixed", "q4_g128+head_q8",
+	char quant_name[32];       /* "q4_g128", "q4_g32", "q4_mixed", "q4_g128+head_q6",
 				    * "q4_g128+mix" ... */
 };
 

@@ -58,7 +58,7 @@ static int socket_check(const struct key *k, const char *v, struct hearth_error 
 static const char *const hugepages_words[] = { "auto", "hugetlb", "thp", "none", NULL };
 static const char *const weights_words[] = { "w4a16", "w4a8", NULL };
 static const char *const weights_group_words[] = { "128", "32", NULL };
-static const char *const head_words[] = { "auto", "int4", "int8", NULL };
+static const char *const head_words[] = { "auto", "int4", "int6", "int8", NULL };
 static const char *const weights_mix_words[] = { "auto", "off", NULL };
 static const char *const model_swap_words[] = { "auto", "beside", "drain", NULL };
 static const char *const prefix_share_words[] = { "uid", "group", "all", NULL };
@@ -942,6 +942,7 @@ void config_load_opts(const struct hearth_config *cfg, struct load_opts *o)
 	o->act = cfg->weights == CONFIG_WEIGHTS_W4A8 ? Q4_ACT_A8 : Q4_ACT_A16;
 	o->weights_group = cfg->weights_group == CONFIG_GROUP_32 ? LOAD_GROUP_32 : LOAD_GROUP_128;
 	o->head_bits = cfg->head == CONFIG_HEAD_INT8 ? LOAD_HEAD_INT8
+		       : cfg->head == CONFIG_HEAD_INT6 ? LOAD_HEAD_INT6
 		       : cfg->head == CONFIG_HEAD_INT4 ? LOAD_HEAD_INT4
 						      : 0;
 	o->mix = cfg->weights_mix == CONFIG_MIX_OFF ? LOAD_MIX_OFF : LOAD_MIX_AUTO;

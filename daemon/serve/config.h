@@ -42,8 +42,10 @@ enum config_weights_group {
 
 /* How the token embedding and the output head are stored (head). */
 enum config_head {
-	CONFIG_HEAD_AUTO,          /* as weights_mix decides (int4 with weights_mix off) */
+	CONFIG_HEAD_AUTO,          /* as weights_mix decides (int6 when it fits, else int4;
+				    * int4 with weights_mix off) */
 	CONFIG_HEAD_INT4,          /* the layers' int4 layout */
+	CONFIG_HEAD_INT6,          /* int6 (group 32, 6.5 bits a weight) */
 	CONFIG_HEAD_INT8,          /* int8 (group 128; Q8_0 carried over at group 32) */
 };
 

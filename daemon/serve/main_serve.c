@@ -167,7 +167,10 @@ static void *loader_main(void *arg)
 	log_info(ld->log, "loading %s (max_context %u, kv_budget %llu bytes, %s, weights_group %u, head %s, weights_mix %s)",
 		 cfg->model, cfg->max_context, (unsigned long long)cfg->kv_budget,
 		 cfg->weights == CONFIG_WEIGHTS_W4A8 ? "w4a8" : "w4a16", o.weights_group,
-		 o.head_bits == LOAD_HEAD_INT8 ? "int8" : o.head_bits == LOAD_HEAD_INT4 ? "int4" : "auto",
+		 o.head_bits == LOAD_HEAD_INT8   ? "int8"
+		 : o.head_bits == LOAD_HEAD_INT6 ? "int6"
+		 : o.head_bits == LOAD_HEAD_INT4 ? "int4"
+						 : "auto",
 		 o.mix == LOAD_MIX_OFF ? "off" : "auto");
 	if (o.draft.path)
 		log_info(ld->log, "with the draft model %s in the same arena (draft_kv_budget %llu bytes)",
@@ -279,7 +282,7 @@ static void serve_usage(FILE *to)
 		"  -V, --version\n"
 		"  -h, --help\n"
 		"Keys are those of hearthd.conf(5): model, max_context, kv_budget, weights,\n"
-		"weights_group (128|32), head (int4|int8), threads, ... e.g. --weights-group=32\n"
+		"weights_group (128|32), head (int4|int6|int8), threads, ... e.g. --weights-group=32\n"
 		"In-process modes: hearthd --model M --prompt TEXT [-n N]; hearthd --bench ...\n",
 		config_default_path());
 }

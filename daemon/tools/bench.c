@@ -44,7 +44,7 @@ struct bench_opts {
 	size_t probe_mib;           /* 0: no probe */
 	enum qtype kv_type;
 	uint32_t weights_group;     /* load_opts.weights_group: 128 or 32 */
-	uint32_t head_bits;         /* load_opts.head_bits: 0 (the mix rule's), 4 or 8 */
+	uint32_t head_bits;         /* load_opts.head_bits: 0 (the mix rule's), 4, 6 or 8 */
 	uint32_t mix;               /* load_opts.mix: LOAD_MIX_AUTO or LOAD_MIX_OFF */
 	uint32_t head_group;        /* load_opts.head_group: 0 (the loader's choice) or a layout */
 	bool json;
@@ -237,9 +237,16 @@ static void bench_describe(const struct model_q4 *m, struct bench_model *d)
 			d->kv_bytes_per_pos += row;
 		}
 	}
-	/* The embedding and an untied head, int4 or int8 (head_bits). */
+	/* The embedding and an untied head, int4, int6 or int8 (head_bits). */
 	uint64_t embd_bytes, head_bytes;
-	if (m->head_bits == LOAD_HEAD_INT8) {
+	if (m->head_bits == LOAD_HEAD_INT6) {
+		const struct q6_matrix *head = m->output6.data ? &m->output6 : &m->embd6;
+		embd_bytes = q6_matrix_bytes(&m->embd6);
+		head_bytes = q6_matrix_bytes(head);
+		d->matrix_params += (uint64_t)m->embd6.rows * m->embd6.cols;
+		if (m->output6.data)
+			d->matrix_params += (uint64_t)head->rows * head->cols;
+	} else if (m->head_bits == LOAD_HEAD_INT8) {
 		const struct q8_matrix *head = m->output8.data ? &m->output8 : &m->embd8;
 		embd_bytes = q8_matrix_bytes(&m->embd8);
 		head_bytes = q8_matrix_bytes(head);
@@ -254,7 +261,7 @@ static void bench_describe(const struct model_q4 *m, struct bench_model *d)
 		if (m->output.data)
 			d->matrix_params += (uint64_t)head->rows * head->cols;
 	}
-	bool untied = m->output.data || m->output8.data;
+	bool untied = m->output.data || m->output6.data || m->output8.data;
 	d->matrix_bytes = d->decode_weight_bytes + embd_bytes + (untied ? head_bytes : 0);
 	/* Decode streams every layer matrix and the head once per step; the embedding lookup
 	 * reads one row (counted as nothing). */
@@ -560,10 +567,11 @@ static void bench_usage(FILE *to)
 		"                        with one f32 scale each)\n"
 		"      --weights-group 128|32  layout of matrices quantized at load, as the\n"
 		"                        weights_group key of hearthd.conf(5) (default 128)\n"
-		"      --head auto|int4|int8  embedding/head weights, as the head key of\n"
+		"      --head auto|int4|int6|int8  embedding/head weights, as the head key of\n"
 		"                        hearthd.conf(5) (default auto)\n"
-		"      --mix auto|off    int8 copies of the most sensitive matrices within 4.5\n"
-		"                        bits per weight, as weights_mix of hearthd.conf(5)\n"
+		"      --mix auto|off    more bits for the most sensitive matrices (an int6 head,\n"
+		"                        int8 layer matrices) within 4.5 bits per weight, as\n"
+		"                        weights_mix of hearthd.conf(5)\n"
 		"                        (default auto)\n"
 		"      --head-group 128|32|32a  the int4 embedding/head's layout instead of the\n"
 		"                        loader's (group 128 asym, 32 sym, 32 asym): A/B runs\n"
@@ -692,10 +700,10 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
 			break;
 		}
 		case OPT_HEAD: {
-			static const char *const w[] = { "auto", "int4", "int8" };
-			static const int val[] = { 0, LOAD_HEAD_INT4, LOAD_HEAD_INT8 };
+			static const char *const w[] = { "auto", "int4", "int6", "int8" };
+			static const int val[] = { 0, LOAD_HEAD_INT4, LOAD_HEAD_INT6, LOAD_HEAD_INT8 };
 			int x;
-			if (bench_parse_word("--head", optarg, w, val, 3, &x) < 0)
+			if (bench_parse_word("--head", optarg, w, val, 4, &x) < 0)
 				return -1;
 			o->head_bits = (uint32_t)x;
 			break;

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "daemon/engine/load.h"
 #include "daemon/serve/config.h"
 #include "protocol/units.h"
 
@@ -337,8 +338,8 @@ static const struct bad_line bad_lines[] = {
 	{ "weights_group = 64", HEARTH_EINVAL, "weights_group: bad value '64' (use 128, 32)" },
 	{ "weights_group = g32", HEARTH_EINVAL, "weights_group: bad value 'g32' (use 128, 32)" },
 	{ "weights_groups = 32", HEARTH_ENOTFOUND, "(did you mean 'weights_group'?)" },
-	{ "head = q8", HEARTH_EINVAL, "head: bad value 'q8' (use auto, int4, int8)" },
-	{ "head = 8", HEARTH_EINVAL, "head: bad value '8' (use auto, int4, int8)" },
+	{ "head = q8", HEARTH_EINVAL, "head: bad value 'q8' (use auto, int4, int6, int8)" },
+	{ "head = 8", HEARTH_EINVAL, "head: bad value '8' (use auto, int4, int6, int8)" },
 	{ "weights_mix = on", HEARTH_EINVAL, "weights_mix: bad value 'on' (use auto, off)" },
 	{ "head =", HEARTH_EINVAL, "head: empty value" },
 	{ "hugepages = always", HEARTH_EINVAL, "use auto, hugetlb, thp, none" },
@@ -545,7 +546,7 @@ static void test_config_unknown_enum_word_names_key_and_words(void **state)
 		{ "kv_type", "q4", "kv_type: bad value 'q4' (use f16, bf16, f32, q8)" },
 		{ "weights", "w8a8", "weights: bad value 'w8a8' (use w4a16, w4a8)" },
 		{ "weights_group", "64", "weights_group: bad value '64' (use 128, 32)" },
-		{ "head", "int2", "head: bad value 'int2' (use auto, int4, int8)" },
+		{ "head", "int2", "head: bad value 'int2' (use auto, int4, int6, int8)" },
 		{ "weights_mix", "no", "weights_mix: bad value 'no' (use auto, off)" },
 		{ "hugepages", "always", "hugepages: bad value 'always' (use auto, hugetlb, thp, none)" },
 		{ "model_swap", "swap", "model_swap: bad value 'swap' (use auto, beside, drain)" },
@@ -570,6 +571,39 @@ static void test_config_unknown_enum_word_names_key_and_words(void **state)
 	assert_int_equal(config_set(&c, "hugepages", "none", &err), 0);
 	assert_int_equal(c.hugepages, CONFIG_HUGEPAGES_NONE);
 	assert_int_equal(c.kv_type, d.kv_type);
+}
+
+/* head takes every word the man page lists, int6 among them, and each reaches the loader
+ * as its head_bits (auto: 0, the mix rule's choice); a word it lacks ("int5") is refused
+ * by name. */
+static void test_config_head_words_reach_the_loader(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *word;
+		enum config_head head;
+		uint32_t bits;
+	} cases[] = {
+		{ "auto", CONFIG_HEAD_AUTO, 0 },
+		{ "int4", CONFIG_HEAD_INT4, LOAD_HEAD_INT4 },
+		{ "int6", CONFIG_HEAD_INT6, LOAD_HEAD_INT6 },
+		{ "int8", CONFIG_HEAD_INT8, LOAD_HEAD_INT8 },
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		struct hearth_config c;
+		struct hearth_error err;
+		struct load_opts o;
+		config_defaults(&c);
+		assert_int_equal(config_set(&c, "head", cases[i].word, &err), 0);
+		assert_int_equal(c.head, cases[i].head);
+		config_load_opts(&c, &o);
+		assert_int_equal(o.head_bits, cases[i].bits);
+	}
+	struct hearth_config c;
+	struct hearth_error err;
+	config_defaults(&c);
+	assert_int_equal(config_set(&c, "head", "int5", &err), HEARTH_EINVAL);
+	assert_string_equal(err.msg, "head: bad value 'int5' (use auto, int4, int6, int8)");
 }
 
 /* Each kind at its bounds: the bound is taken, one step past it is refused. */
@@ -871,6 +905,7 @@ int main(void)
 		cmocka_unit_test(test_config_example_shows_the_defaults),
 		cmocka_unit_test(test_config_defaults_come_from_the_table),
 		cmocka_unit_test(test_config_unknown_enum_word_names_key_and_words),
+		cmocka_unit_test(test_config_head_words_reach_the_loader),
 		cmocka_unit_test(test_config_bounds_hold_at_the_boundary),
 		cmocka_unit_test(test_config_reload_difference_follows_the_column),
 		cmocka_unit_test(test_config_man_page_and_example_match_the_table),

@@ -291,17 +291,67 @@ static void test_load_int8_head_sizes_embed_head_exactly(void **state)
 	fixture_path("fx-qwen3.gguf", path, sizeof path);
 	struct load_opts o;
 	small_opts(&o);
-	o.head_bits = 6;
+	o.head_bits = 5;
 	struct model_q4 *m;
 	struct hearth_error e;
 	assert_int_equal(load_path(path, &o, &m, &e), HEARTH_EINVAL);
-	assert_non_null(strstr(e.msg, "use 4 or 8"));
+	assert_non_null(strstr(e.msg, "use 4, 6 or 8"));
 	assert_null(m);
+}
+
+/* Bytes of the int6 layout for rows x cols, from kernels/q6.h's description: per 16-row
+ * block, an fp16 d for each group and row (padded to 64 bytes), then 6 bits a code: 16
+ * rows x cols x 6 / 8 bytes. No code sums. */
+static size_t q6_bytes(size_t rows, size_t cols)
+{
+	return (rows + 15) / 16 * ((cols / 32 * 32 + 63) / 64 * 64 + 16 * cols * 6 / 8);
+}
+
+/* head_bits 6: the embedding (and an untied head) as int6 in embed_head, sized exactly as
+ * the layout says and planned exactly, the tied tensor once, always group 32 and packed
+ * from f32 rows (a Q8_0 tensor too: nothing is carried over); the other heads' fields
+ * left empty; "+head_q6" in the name. */
+static void test_load_int6_head_sizes_embed_head_exactly(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *file;
+		size_t rows, cols, copies;
+	} cases[] = {
+		{ "fx-quant-bf16.gguf", 32000, 256, 1 },
+		{ "fx-quant-q8_0.gguf", 32000, 256, 1 },
+		{ "fx-qwen3.gguf", 50257, 64, 1 },
+		{ "fx-llama.gguf", 32000, 64, 2 },
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		struct load_opts o;
+		small_opts(&o);
+		o.head_bits = LOAD_HEAD_INT6;
+		struct model_q4 *m = load_fixture(cases[i].file, &o);
+		const struct arena_region *r = region(m, ARENA_REGION_EMBED_HEAD);
+		size_t want = cases[i].copies * q6_bytes(cases[i].rows, cases[i].cols);
+		assert_int_equal(m->head_bits, 6);
+		assert_null(m->embd.data);
+		assert_null(m->output.data);
+		assert_null(m->embd8.data);
+		assert_null(m->output8.data);
+		assert_int_equal(m->embd6.rows, cases[i].rows);
+		assert_true((m->output6.data != NULL) == (cases[i].copies == 2));
+		assert_int_equal(r->size, want);
+		assert_int_equal(r->used, r->size);
+		assert_int_equal(m->bytes_embed_head, r->size);
+		assert_true(m->embd6.data >= r->base && m->embd6.data < r->base + r->size);
+		assert_int_equal(m->notes[m->n_notes - 1].bits, 6);
+		assert_int_equal(m->notes[m->n_notes - 1].group, 32);
+		assert_false(m->notes[m->n_notes - 1].carried);
+		assert_non_null(strstr(m->quant_name, "+head_q6"));
+		model_q4_free(m);
+	}
 }
 
 /* The mix rule (load.h) against its own statement, simulated here from the sizes of the
  * all-int4 model (weights_mix off) on fx-quant-bf16 (2 layers, 256-wide rows, the tied
- * embedding/head 87% of the weights): the embedding/head int8 first when it fits whole,
+ * embedding/head 87% of the weights): the embedding/head int6 first when it fits whole,
  * then layer by layer from the outside in, in each attn_v, ffn_down, attn_k, attn_q,
  * attn_output, ffn_gate, ffn_up, skipping what would pass the budget. Budgets where nothing fits (the default
  * 4.5 here, 4.4 and 1.0), some layer matrices, all of them, the head with some, and
@@ -317,17 +367,17 @@ static void test_load_mix_rule_spends_the_budget_in_its_order(void **state)
 	struct model_q4 *off = load_fixture("fx-quant-bf16.gguf", &o);
 	assert_int_equal(off->n_mix8, 0);
 	uint64_t base = 8 * (off->bytes_weights + off->bytes_embed_head + off->bytes_norms);
-	uint64_t h4 = off->bytes_embed_head, h8 = q8_bytes(32000, 256, 128);
+	uint64_t h4 = off->bytes_embed_head, h6 = q6_bytes(32000, 256);
 	static const int order[7] = { MQ4_WV, MQ4_DOWN, MQ4_WK, MQ4_WQ, MQ4_WO, MQ4_GATE, MQ4_UP };
-	static const uint32_t budgets[] = { 0, 100, 440, 520, 600, 800, 900 };
+	static const uint32_t budgets[] = { 0, 100, 440, 520, 600, 640, 800, 900 };
 	bool some_layers_only = false, head_and_some = false;
 	for (size_t b = 0; b < sizeof budgets / sizeof budgets[0]; b++) {
 		uint32_t cbpw = budgets[b] ? budgets[b] : LOAD_MIX_BUDGET_CBPW;
 		uint64_t budget = off->n_params * cbpw / 100, bits = base, q8_region = 0;
-		bool head8 = bits + 8 * (h8 - h4) <= budget, want[2][7] = { { false } };
+		bool head6 = bits + 8 * (h6 - h4) <= budget, want[2][7] = { { false } };
 		uint32_t n_want = 0;
-		if (head8)
-			bits += 8 * (h8 - h4);
+		if (head6)
+			bits += 8 * (h6 - h4);
 		for (uint32_t k = 0; k < off->n_layer; k++)
 			for (int j = 0; j < 7; j++) {
 				uint32_t l = k % 2 ? off->n_layer - 1 - k / 2 : k / 2;
@@ -349,7 +399,9 @@ static void test_load_mix_rule_spends_the_budget_in_its_order(void **state)
 			      cbpw / 100.0, m->head_bits, m->n_mix8,
 			      8.0 * (double)(m->bytes_weights + m->bytes_embed_head + m->bytes_norms) / (double)m->n_params,
 			      m->quant_name);
-		assert_int_equal(m->head_bits, head8 ? LOAD_HEAD_INT8 : LOAD_HEAD_INT4);
+		assert_int_equal(m->head_bits, head6 ? LOAD_HEAD_INT6 : LOAD_HEAD_INT4);
+		assert_true((m->embd6.data != NULL) == head6);
+		assert_null(m->embd8.data);
 		assert_int_equal(m->n_mix8, n_want);
 		for (uint32_t l = 0; l < m->n_layer; l++)
 			for (int i = 0; i < 7; i++) {
@@ -359,7 +411,7 @@ static void test_load_mix_rule_spends_the_budget_in_its_order(void **state)
 			}
 		uint64_t used = 8 * (m->bytes_weights + m->bytes_embed_head + m->bytes_norms);
 		assert_int_equal(used, bits);
-		if (head8 || n_want)
+		if (head6 || n_want)
 			assert_true(used <= budget);
 		const struct arena_region *r = region(m, LOAD_REGION_WEIGHTS_Q8);
 		if (n_want) {
@@ -372,20 +424,22 @@ static void test_load_mix_rule_spends_the_budget_in_its_order(void **state)
 			assert_null(strstr(m->quant_name, "+mix"));
 		}
 		if (budgets[b] == 0 || budgets[b] == 100) /* nothing fits: the layout of mix off */
-			assert_true(!head8 && n_want == 0 && !strcmp(m->quant_name, off->quant_name));
+			assert_true(!head6 && n_want == 0 && !strcmp(m->quant_name, off->quant_name));
 		if (budgets[b] == 900) { /* everything fits */
-			assert_true(head8 && n_want == 14);
-			assert_string_equal(m->quant_name, "q8+head_q8+mix");
+			assert_true(head6 && n_want == 14);
+			assert_string_equal(m->quant_name, "q8+head_q6+mix");
 		}
-		some_layers_only |= !head8 && n_want > 0 && n_want < 14;
-		head_and_some |= head8 && n_want > 0 && n_want < 14;
+		some_layers_only |= !head6 && n_want > 0 && n_want < 14;
+		head_and_some |= head6 && n_want > 0 && n_want < 14;
 		model_q4_free(m);
 	}
 	assert_true(some_layers_only);
 	assert_true(head_and_some);
 	model_q4_free(off);
 
-	/* A forced int4 or int8 head is kept; the layers fill what is left (none here, at 4.5). */
+	/* A forced int4, int6 or int8 head is kept and counted; the layers fill what is left
+	 * (none at 4.5; at 9.0 all of them beside int4 or int6, fewer beside int8, which
+	 * holds the budget). */
 	small_opts(&o);
 	o.head_bits = LOAD_HEAD_INT4;
 	o.mix_budget_cbpw = 900;
@@ -393,11 +447,25 @@ static void test_load_mix_rule_spends_the_budget_in_its_order(void **state)
 	assert_int_equal(m->head_bits, LOAD_HEAD_INT4);
 	assert_int_equal(m->n_mix8, 14);
 	model_q4_free(m);
-	small_opts(&o);
-	o.head_bits = LOAD_HEAD_INT8;
-	m = load_fixture("fx-quant-bf16.gguf", &o);
-	assert_int_equal(m->n_mix8, 0);
-	model_q4_free(m);
+	static const uint32_t forced[] = { LOAD_HEAD_INT6, LOAD_HEAD_INT8 };
+	for (size_t f = 0; f < 2; f++) {
+		small_opts(&o);
+		o.head_bits = forced[f];
+		m = load_fixture("fx-quant-bf16.gguf", &o);
+		assert_int_equal(m->head_bits, forced[f]);
+		assert_int_equal(m->n_mix8, 0);
+		model_q4_free(m);
+		o.mix_budget_cbpw = 900;
+		m = load_fixture("fx-quant-bf16.gguf", &o);
+		uint64_t used = 8 * (m->bytes_weights + m->bytes_embed_head + m->bytes_norms);
+		print_message("forced int%u head at 9.00 bpw: %u of 14 layer matrices int8, %.3f bpw (%s)\n",
+			      forced[f], m->n_mix8, (double)used / (double)m->n_params, m->quant_name);
+		assert_int_equal(m->head_bits, forced[f]);
+		assert_true(used <= m->n_params * 9);
+		if (forced[f] == LOAD_HEAD_INT6)
+			assert_int_equal(m->n_mix8, 14);
+		model_q4_free(m);
+	}
 
 	/* Carried-over 4-bit codes are never upgraded, whatever the budget. */
 	small_opts(&o);
@@ -419,16 +487,17 @@ static void test_load_mix_rule_spends_the_budget_in_its_order(void **state)
 }
 
 /* The repack splits row blocks over the pool's threads: the packed bytes are the same as
- * one thread's, for both layouts (and an int8 head). */
+ * one thread's, for both layouts (and an int8 or int6 head). */
 static void test_load_repack_on_threads_gives_the_same_bytes(void **state)
 {
 	(void)state;
-	static const uint32_t groups[3] = { LOAD_GROUP_128, LOAD_GROUP_32, LOAD_GROUP_128 };
-	for (int g = 0; g < 3; g++) {
+	static const uint32_t groups[4] = { LOAD_GROUP_128, LOAD_GROUP_32, LOAD_GROUP_128, LOAD_GROUP_128 };
+	static const uint32_t heads[4] = { LOAD_HEAD_INT4, LOAD_HEAD_INT4, LOAD_HEAD_INT8, LOAD_HEAD_INT6 };
+	for (int g = 0; g < 4; g++) {
 		struct load_opts o;
 		small_opts(&o);
 		o.weights_group = groups[g];
-		o.head_bits = g == 2 ? LOAD_HEAD_INT8 : LOAD_HEAD_INT4;
+		o.head_bits = heads[g];
 		o.n_threads = 1;
 		struct model_q4 *one = load_fixture("fx-quant-bf16.gguf", &o);
 		o.n_threads = 2;
@@ -933,6 +1002,7 @@ int main(void)
 		cmocka_unit_test(test_load_weights_group_32_packs_layers_sym_group_32),
 		cmocka_unit_test(test_load_default_packs_the_head_at_group_32_asym),
 		cmocka_unit_test(test_load_int8_head_sizes_embed_head_exactly),
+		cmocka_unit_test(test_load_int6_head_sizes_embed_head_exactly),
 		cmocka_unit_test(test_load_repack_on_threads_gives_the_same_bytes),
 		cmocka_unit_test(test_load_sizes_rope_by_max_context),
 		cmocka_unit_test(test_load_peak_is_small_and_the_sampler_sees_a_transient),

@@ -270,6 +270,15 @@ static struct gguf_tensor *unpacked8(const struct q8_matrix *q, const struct ggu
 	return t;
 }
 
+/* The same for an int6 embedding/head (q6_unpack_rows). */
+static struct gguf_tensor *unpacked6(const struct q6_matrix *q, const struct gguf_tensor *like)
+{
+	float *w;
+	struct gguf_tensor *t = f32_like(like, q->rows, q->cols, &w);
+	q6_unpack_rows(q, 0, q->rows, w, q->cols);
+	return t;
+}
+
 static void free_unpacked(const struct gguf_tensor *t)
 {
 	free((void *)t->data);
@@ -309,6 +318,11 @@ static void check_exact_head(const char *file, enum q4_act_kind act, uint32_t gr
 		assert_null(m->embd.data);
 		ref->tok_embd = unpacked8(&m->embd8, ref->tok_embd);
 		ref->output = tied ? ref->tok_embd : unpacked8(&m->output8, ref->output);
+	} else if (m->head_bits == LOAD_HEAD_INT6) {
+		assert_null(m->embd.data);
+		assert_null(m->embd8.data);
+		ref->tok_embd = unpacked6(&m->embd6, ref->tok_embd);
+		ref->output = tied ? ref->tok_embd : unpacked6(&m->output6, ref->output);
 	} else {
 		ref->tok_embd = unpacked(&m->embd, ref->tok_embd);
 		ref->output = tied ? ref->tok_embd : unpacked(&m->output, ref->output);
@@ -476,6 +490,44 @@ static void test_q4_int8_head_is_closer_than_int4(void **state)
 	}
 }
 
+/* An int6 embedding/head (head_bits 6): the lookup (q6_unpack_rows) and the head
+ * (q6_matmul) compute what the model's own int6 weights say, for tied and untied heads,
+ * 256- and 64-wide rows, beside group-128 and group-32 layers, packed from F32/F16 and
+ * requantized from Q8_0 and Q6_K. */
+static void test_q4_int6_head_forward_equals_the_reference_on_its_own_weights(void **state)
+{
+	(void)state;
+	struct model_q4 *m = load_head("fx-quant-f16.gguf", Q4_ACT_A8, 4, 64, 0, LOAD_HEAD_INT6);
+	assert_string_equal(m->quant_name, "q4_g128+head_q6");
+	model_q4_free(m);
+	check_exact_head("fx-quant-f16.gguf", Q4_ACT_A16, 0, LOAD_HEAD_INT6, 0.9, 0.002);
+	check_exact_head("fx-quant-f16.gguf", Q4_ACT_A8, 0, LOAD_HEAD_INT6, 0.8, 0.02);
+	check_exact_head("fx-quant-f16.gguf", Q4_ACT_A8, LOAD_GROUP_32, LOAD_HEAD_INT6, 0.8, 0.02);
+	check_exact_head("fx-qwen3.gguf", Q4_ACT_A16, 0, LOAD_HEAD_INT6, 0.9, 0.002);
+	check_exact_head("fx-llama.gguf", Q4_ACT_A16, 0, LOAD_HEAD_INT6, 0.9, 0.002);
+	check_exact_head("fx-llama.gguf", Q4_ACT_A8, 0, LOAD_HEAD_INT6, 0.8, 0.02);
+	check_exact_head("fx-quant-q8_0.gguf", Q4_ACT_A16, 0, LOAD_HEAD_INT6, 0.9, 0.002);
+	check_exact_head("fx-quant-q4_k_m.gguf", Q4_ACT_A16, 0, LOAD_HEAD_INT6, 0.9, 0.002);
+}
+
+/* Against the unquantized model an int6 embedding/head sits between the int4 (group 32
+ * asymmetric) one and int8: a clearly lower mean KL and a smaller largest logit error than
+ * int4, and not far from int8's (its rounding step is 4x int8's, a quarter of int4's), for
+ * a tied head (fx-quant) and an untied one (fx-llama). */
+static void test_q4_int6_head_is_closer_than_int4(void **state)
+{
+	(void)state;
+	static const char *const files[] = { "fx-quant-f16.gguf", "fx-llama.gguf" };
+	for (int i = 0; i < 2; i++) {
+		struct fidelity h4 = check_fidelity_head(files[i], Q4_ACT_A8, 0, LOAD_HEAD_INT4, 0.2, 0.25);
+		struct fidelity h6 = check_fidelity_head(files[i], Q4_ACT_A8, 0, LOAD_HEAD_INT6, 0.2, 0.25);
+		struct fidelity h8 = check_fidelity_head(files[i], Q4_ACT_A8, 0, LOAD_HEAD_INT8, 0.2, 0.25);
+		assert_true(h6.kl_mean < 0.9 * h4.kl_mean);
+		assert_true(h6.abs_max < h4.abs_max);
+		assert_true(h6.kl_mean - h8.kl_mean < 0.5 * (h4.kl_mean - h8.kl_mean));
+	}
+}
+
 static void check_prefill_batch_equals_one_token_at_a_time(uint32_t head_bits)
 {
 	struct model_q4 *m = load_head("fx-qwen3.gguf", Q4_ACT_A8, 4, 64, 0, head_bits);
@@ -611,6 +663,16 @@ static void test_q4_int8_head_batches_equal_one_at_a_time(void **state)
 	check_decode_rows_equal_each_alone("fx-quant-f16.gguf", LOAD_HEAD_INT8);
 }
 
+/* The same for an int6 embedding/head: W6A8's integer dots keep batching exact. */
+static void test_q4_int6_head_batches_equal_one_at_a_time(void **state)
+{
+	(void)state;
+	check_prefill_batch_equals_one_token_at_a_time(LOAD_HEAD_INT6);
+	check_sequences_in_one_step_equal_each_alone(LOAD_HEAD_INT6);
+	check_decode_rows_equal_each_alone("fx-qwen3.gguf", LOAD_HEAD_INT6);
+	check_decode_rows_equal_each_alone("fx-quant-f16.gguf", LOAD_HEAD_INT6);
+}
+
 static void with_mix(uint32_t cbpw)
 {
 	mix_for_tests = cbpw ? LOAD_MIX_AUTO : LOAD_MIX_OFF;
@@ -631,7 +693,7 @@ static uint32_t count_int8_layers(const char *file, enum q4_act_kind act, uint32
  * int4 ones reading the same activations): the forward computes what the model's own
  * weights say, with the tolerances of the int8-head tests, W4A16 and W4A8, at budgets that
  * upgrade some layer matrices (fx-quant: group 128; fx-qwen3's 64-wide rows: group 32) and
- * every matrix with the head (tied and untied). */
+ * every matrix with the head at int6 (tied and untied). */
 static void test_q4_int8_layer_matrices_forward_equals_the_reference_on_its_own_weights(void **state)
 {
 	(void)state;
@@ -650,7 +712,7 @@ static void test_q4_int8_layer_matrices_forward_equals_the_reference_on_its_own_
 		uint32_t head_bits;
 		uint32_t n = count_int8_layers(cases[i].file, Q4_ACT_A8, &head_bits);
 		if (cases[i].all) {
-			assert_int_equal(head_bits, LOAD_HEAD_INT8);
+			assert_int_equal(head_bits, LOAD_HEAD_INT6);
 		} else {
 			assert_true(n > 0);
 			assert_int_equal(head_bits, LOAD_HEAD_INT4);
@@ -1037,6 +1099,9 @@ int main(void)
 		cmocka_unit_test(test_q4_int8_head_carries_q8_0_over_exactly),
 		cmocka_unit_test(test_q4_int8_head_is_closer_than_int4),
 		cmocka_unit_test(test_q4_int8_head_batches_equal_one_at_a_time),
+		cmocka_unit_test(test_q4_int6_head_forward_equals_the_reference_on_its_own_weights),
+		cmocka_unit_test(test_q4_int6_head_is_closer_than_int4),
+		cmocka_unit_test(test_q4_int6_head_batches_equal_one_at_a_time),
 		cmocka_unit_test(test_q4_int8_layer_matrices_forward_equals_the_reference_on_its_own_weights),
 		cmocka_unit_test(test_q4_int8_layer_matrices_batch_equal_one_at_a_time),
 		cmocka_unit_test(test_q4_int8_layer_matrices_are_closer_than_int4),

@@ -20,6 +20,7 @@
 #include "kernels/ops.h"
 #include "kernels/pool.h"
 #include "kernels/q4.h"
+#include "kernels/q6.h"
 #include "kernels/q8.h"
 #include "kernels/quant.h"
 #include "kernels/vec.h"
@@ -893,6 +894,199 @@ static void test_q4_matmul_on_pool_equals_one_thread(void **state)
 	pool_destroy(test_pool);
 }
 
+/* ---- int6 layout (embedding / head) ---- */
+
+static void test_q6_plan_reports_size_and_rejects_bad_shapes(void **state)
+{
+	struct q6_matrix m;
+
+	(void)state;
+	assert_int_equal(q6_matrix_plan(&m, 100, 2048), 0);
+	assert_int_equal(m.n_row_blocks, 7);
+	assert_true(m.data == NULL);
+	/* 6 bits of code and 16 bits of scale per 32 weights: nothing else is stored. */
+	assert_true(q6_matrix_bpw(&m) == 6.5);
+	assert_int_equal(q6_matrix_bytes(&m), 7 * (16 * 2048 * 6 / 8 + 16 * 64 * 2));
+	assert_int_equal(q6_matrix_plan(&m, 16, 96), 0);
+	assert_int_equal(m.scale_bytes, 128); /* 3 x 32 bytes of d, padded to a line */
+	assert_int_equal(q6_matrix_plan(&m, 0, 64), HEARTH_EINVAL);
+	assert_int_equal(q6_matrix_plan(&m, 4, 48), HEARTH_EINVAL);
+	assert_int_equal(q6_matrix_plan(&m, 4, 32 * (Q6_MAX_GROUPS + 1)), HEARTH_ERANGE);
+	assert_int_equal(q6_matrix_plan(&m, 4, 32 * Q6_MAX_GROUPS), 0);
+}
+
+/* The plain rule the search starts from: d = absmax/31 as fp16, nearest codes. */
+static double q6_absmax_error(const float *x)
+{
+	float amax = 0.0f, d;
+	double e = 0.0;
+
+	for (int i = 0; i < 32; i++)
+		amax = fmaxf(amax, fabsf(x[i]));
+	d = quant_fp16_to_f32(quant_f32_to_fp16(amax / 31.0f));
+	for (int i = 0; i < 32; i++) {
+		float v = d > 0.0f ? nearbyintf(x[i] * (1.0f / d)) : 0.0f;
+		double t = (double)x[i] - (double)(v * d);
+
+		e += t * t;
+	}
+	return e;
+}
+
+static void test_q6_pack_f32_within_half_step_and_never_worse_than_absmax(void **state)
+{
+	uint64_t s = 61;
+	const size_t rows = 37, cols = 160, padded = 48;
+	float *w = random_floats(&s, rows * cols, 2.0f), *u = xalloc(padded * cols * sizeof(float));
+	struct q6_matrix m;
+	double sum_search = 0.0, sum_absmax = 0.0;
+
+	(void)state;
+	/* Outliers, a zero group and a group of one sign: the search's edge cases. */
+	for (size_t r = 0; r < rows; r += 5)
+		w[r * cols + (r * 7) % cols] *= 9.0f;
+	for (size_t k = 0; k < 32; k++) {
+		w[3 * cols + 32 + k] = 0.0f;
+		w[4 * cols + 64 + k] = fabsf(w[4 * cols + 64 + k]);
+	}
+	assert_int_equal(q6_matrix_plan(&m, rows, cols), 0);
+	m.data = xalloc(q6_matrix_bytes(&m));
+	for (size_t r = 0; r < rows; r += 5)
+		q6_pack_rows_f32(&m, w + r * cols, cols, r, rows - r < 5 ? rows - r : 5);
+	q6_unpack_rows(&m, 0, padded, u, cols);
+	for (size_t r = 0; r < rows; r++) {
+		for (size_t g = 0; g < m.n_groups; g++) {
+			float d = q6_scale_d(&m, r, g);
+			double e = 0.0;
+
+			for (size_t k = g * 32; k < g * 32 + 32; k++) {
+				float t = u[r * cols + k] - w[r * cols + k];
+
+				assert_true(q6_code(&m, r, k) >= -32 && q6_code(&m, r, k) <= 31);
+				assert_true(u[r * cols + k] == (float)q6_code(&m, r, k) * d);
+				assert_true(fabsf(t) <= 0.5f * d * 1.001f + 1e-7f);
+				e += (double)t * t;
+			}
+			double e0 = q6_absmax_error(w + r * cols + g * 32);
+
+			assert_true(e <= e0);
+			sum_search += e;
+			sum_absmax += e0;
+		}
+	}
+	for (size_t i = rows * cols; i < padded * cols; i++)
+		assert_true(u[i] == 0.0f);
+	/* The search is worth its time: clearly below the plain rule over the matrix. */
+	assert_true(sum_search < 0.9 * sum_absmax);
+	free(w);
+	free(u);
+	free(m.data);
+}
+
+/* Packing is deterministic and rows packed in any order give the same bytes. */
+static void test_q6_pack_same_bytes_in_any_row_order(void **state)
+{
+	uint64_t s = 62;
+	const size_t rows = 21, cols = 96;
+	float *w = random_floats(&s, rows * cols, 1.0f);
+	struct q6_matrix a, b;
+
+	(void)state;
+	assert_int_equal(q6_matrix_plan(&a, rows, cols), 0);
+	b = a;
+	a.data = xalloc(q6_matrix_bytes(&a));
+	b.data = xalloc(q6_matrix_bytes(&b));
+	q6_pack_rows_f32(&a, w, cols, 0, rows);
+	for (size_t r = rows; r-- > 0;)
+		q6_pack_rows_f32(&b, w + r * cols, cols, r, 1);
+	assert_memory_equal(a.data, b.data, q6_matrix_bytes(&a));
+	free(w);
+	free(a.data);
+	free(b.data);
+}
+
+static void test_q6_matmul_every_isa_matches_reference_and_truth(void **state)
+{
+	uint64_t s = 63;
+
+	(void)state;
+	for (int it = 0; it < 36; it++) {
+		/* The last case has enough groups that the SIMD kernels split the tokens by
+		 * their table of activation sums. */
+		bool wide = it == 35;
+		size_t rows = wide ? 19 : 1 + rng_below(&s, 70);
+		size_t cols = wide ? 32 * 1500 : 32 * (1 + rng_below(&s, 12));
+		size_t n_tok = wide ? 11 : it % 3 == 0 ? 1 : 1 + rng_below(&s, 20);
+		float *w = random_floats(&s, rows * cols, 1.0f);
+		float *x = random_floats(&s, n_tok * cols, 2.0f), *u = xalloc(rows * cols * sizeof(float));
+		struct q6_matrix m;
+
+		assert_int_equal(q6_matrix_plan(&m, rows, cols), 0);
+		m.data = xalloc(q6_matrix_bytes(&m));
+		q6_pack_rows_f32(&m, w, cols, 0, rows);
+		size_t split = Q4_ROWS * rng_below(&s, m.n_row_blocks + 1);
+
+		if (split > rows)
+			split = rows;
+		q6_unpack_rows(&m, 0, rows, u, cols);
+		for (int kind = Q4_ACT_A8; kind <= Q4_ACT_A16; kind += 8) {
+			struct q4_acts a = make_acts((enum q4_act_kind)kind, n_tok, cols, 32);
+			float *ref = nan_filled(n_tok * rows);
+
+			q4_acts_prepare_ref(&a, x, cols, 0, n_tok);
+			q6_matmul_ref(&m, &a, ref, rows, 0, rows);
+			for (size_t t = 0; t < n_tok; t++) {
+				for (size_t r = 0; r < rows; r++) {
+					double dot = 0.0, bound = 1e-6, scale = 0.0;
+
+					for (size_t k = 0; k < cols; k++) {
+						double wk = u[r * cols + k], xk = x[t * cols + k];
+
+						dot += wk * xk;
+						scale += fabs(wk * xk);
+						bound += kind == Q4_ACT_A8 ? fabs(wk) * 0.5 * a.scale[t * a.n_groups + k / 32]
+									   : fabs(wk * xk) / 512.0;
+					}
+					assert_true(fabs(ref[t * rows + r] - dot) <= bound + 1e-4 * scale);
+				}
+			}
+			for (size_t v = 0; v < n_variants; v++) {
+				float *y = nan_filled(n_tok * rows);
+
+				variants[v]->q6_matmul(&m, &a, y, rows, 0, split);
+				variants[v]->q6_matmul(&m, &a, y, rows, split, rows);
+				if (kind == Q4_ACT_A8) {
+					if (memcmp(y, ref, n_tok * rows * sizeof(float)) != 0)
+						fail_msg("%s: W6A8 rows %zu cols %zu tokens %zu differs", variants[v]->name,
+							 rows, cols, n_tok);
+				} else {
+					/* AVX-512 sums (128 + nibble) * x and takes 2208 * sum(x) back out
+					 * per group, so its error scales with 2208 |d| sum|x|. */
+					for (size_t t = 0; t < n_tok; t++) {
+						for (size_t r = 0; r < rows; r++) {
+							double sc = 0.0;
+
+							for (size_t k = 0; k < cols; k++)
+								sc += 2208.0 * fabs(q6_scale_d(&m, r, k / 32)) * fabs(x[t * cols + k]);
+							if (!(fabs(y[t * rows + r] - ref[t * rows + r]) <= 1e-5 * sc + 1e-30))
+								fail_msg("%s: W6A16 rows %zu cols %zu tokens %zu: %g vs %g",
+									 variants[v]->name, rows, cols, n_tok,
+									 (double)y[t * rows + r], (double)ref[t * rows + r]);
+						}
+					}
+				}
+				free(y);
+			}
+			free(a.codes);
+			free(ref);
+		}
+		free(w);
+		free(x);
+		free(u);
+		free(m.data);
+	}
+}
+
 /* ---- int8 layout (embedding / head) ---- */
 
 static struct q8_matrix q8_from_q8_0(uint64_t *s, size_t rows, size_t cols, struct block_q8_0 **blocks)
@@ -1612,6 +1806,10 @@ int main(void)
 		cmocka_unit_test(test_q4_reference_matches_double_truth),
 		cmocka_unit_test(test_q4_matmul_writes_only_its_rows),
 		cmocka_unit_test(test_q4_matmul_on_pool_equals_one_thread),
+		cmocka_unit_test(test_q6_plan_reports_size_and_rejects_bad_shapes),
+		cmocka_unit_test(test_q6_pack_f32_within_half_step_and_never_worse_than_absmax),
+		cmocka_unit_test(test_q6_pack_same_bytes_in_any_row_order),
+		cmocka_unit_test(test_q6_matmul_every_isa_matches_reference_and_truth),
 		cmocka_unit_test(test_q8_0_carry_over_matches_llama_dequant_exactly),
 		cmocka_unit_test(test_q8_pack_f32_round_trips_within_half_step),
 		cmocka_unit_test(test_q8_matmul_every_isa_matches_reference_and_truth),
