@@ -362,6 +362,20 @@ static void check_exact_head(const char *file, enum q4_act_kind act, uint32_t gr
 	model_q4_free(m);
 }
 
+/* check_exact_head over the fixtures every wider head is held on: tied and untied heads,
+ * float, Q8_0 and Q4_K_M sources, group 128 and 32 layers, A16 and A8. */
+static void check_exact_heads(uint32_t head_bits)
+{
+	check_exact_head("fx-quant-f16.gguf", Q4_ACT_A16, 0, head_bits, 0.9, 0.002);
+	check_exact_head("fx-quant-f16.gguf", Q4_ACT_A8, 0, head_bits, 0.8, 0.02);
+	check_exact_head("fx-quant-f16.gguf", Q4_ACT_A8, LOAD_GROUP_32, head_bits, 0.8, 0.02);
+	check_exact_head("fx-qwen3.gguf", Q4_ACT_A16, 0, head_bits, 0.9, 0.002);
+	check_exact_head("fx-llama.gguf", Q4_ACT_A16, 0, head_bits, 0.9, 0.002);
+	check_exact_head("fx-llama.gguf", Q4_ACT_A8, 0, head_bits, 0.8, 0.02);
+	check_exact_head("fx-quant-q8_0.gguf", Q4_ACT_A16, 0, head_bits, 0.9, 0.002);
+	check_exact_head("fx-quant-q4_k_m.gguf", Q4_ACT_A16, 0, head_bits, 0.9, 0.002);
+}
+
 static void check_exact_group(const char *file, enum q4_act_kind act, uint32_t group,
 			      double min_top1, double max_kl)
 {
@@ -435,14 +449,7 @@ static void test_q4_int8_head_forward_equals_the_reference_on_its_own_weights(vo
 	m = load_head("fx-qwen3.gguf", Q4_ACT_A8, 4, 64, 0, LOAD_HEAD_INT8);
 	assert_int_equal(m->embd8.group, 32);
 	model_q4_free(m);
-	check_exact_head("fx-quant-f16.gguf", Q4_ACT_A16, 0, LOAD_HEAD_INT8, 0.9, 0.002);
-	check_exact_head("fx-quant-f16.gguf", Q4_ACT_A8, 0, LOAD_HEAD_INT8, 0.8, 0.02);
-	check_exact_head("fx-quant-f16.gguf", Q4_ACT_A8, LOAD_GROUP_32, LOAD_HEAD_INT8, 0.8, 0.02);
-	check_exact_head("fx-qwen3.gguf", Q4_ACT_A16, 0, LOAD_HEAD_INT8, 0.9, 0.002);
-	check_exact_head("fx-llama.gguf", Q4_ACT_A16, 0, LOAD_HEAD_INT8, 0.9, 0.002);
-	check_exact_head("fx-llama.gguf", Q4_ACT_A8, 0, LOAD_HEAD_INT8, 0.8, 0.02);
-	check_exact_head("fx-quant-q8_0.gguf", Q4_ACT_A16, 0, LOAD_HEAD_INT8, 0.9, 0.002);
-	check_exact_head("fx-quant-q4_k_m.gguf", Q4_ACT_A16, 0, LOAD_HEAD_INT8, 0.9, 0.002);
+	check_exact_heads(LOAD_HEAD_INT8);
 }
 
 /* A Q8_0 embedding is carried over exactly: the int8 layout unpacks to the file's own
@@ -500,14 +507,7 @@ static void test_q4_int6_head_forward_equals_the_reference_on_its_own_weights(vo
 	struct model_q4 *m = load_head("fx-quant-f16.gguf", Q4_ACT_A8, 4, 64, 0, LOAD_HEAD_INT6);
 	assert_string_equal(m->quant_name, "q4_g128+head_q6");
 	model_q4_free(m);
-	check_exact_head("fx-quant-f16.gguf", Q4_ACT_A16, 0, LOAD_HEAD_INT6, 0.9, 0.002);
-	check_exact_head("fx-quant-f16.gguf", Q4_ACT_A8, 0, LOAD_HEAD_INT6, 0.8, 0.02);
-	check_exact_head("fx-quant-f16.gguf", Q4_ACT_A8, LOAD_GROUP_32, LOAD_HEAD_INT6, 0.8, 0.02);
-	check_exact_head("fx-qwen3.gguf", Q4_ACT_A16, 0, LOAD_HEAD_INT6, 0.9, 0.002);
-	check_exact_head("fx-llama.gguf", Q4_ACT_A16, 0, LOAD_HEAD_INT6, 0.9, 0.002);
-	check_exact_head("fx-llama.gguf", Q4_ACT_A8, 0, LOAD_HEAD_INT6, 0.8, 0.02);
-	check_exact_head("fx-quant-q8_0.gguf", Q4_ACT_A16, 0, LOAD_HEAD_INT6, 0.9, 0.002);
-	check_exact_head("fx-quant-q4_k_m.gguf", Q4_ACT_A16, 0, LOAD_HEAD_INT6, 0.9, 0.002);
+	check_exact_heads(LOAD_HEAD_INT6);
 }
 
 /* Against the unquantized model an int6 embedding/head sits between the int4 (group 32
