@@ -80,7 +80,7 @@ static void usage(FILE *to)
 	fprintf(to, "usage: bench_memory MODEL.gguf [--kv-budget SIZE] [--max-context N]\n"
 		    "                    [--hugepages auto|hugetlb|thp|none] [--head int4|int6|int8]\n"
 		    "                    [--json] [--smaps]\n"
-		    "defaults: --kv-budget 192MiB --max-context 2048 --hugepages auto --head int4\n");
+		    "defaults: --kv-budget 192MiB --max-context 2048 --hugepages auto, the head as the mix rule decides\n");
 }
 
 int main(int argc, char **argv)
