@@ -233,6 +233,10 @@ ABLATIONS = {
     "sim g32 Q4_0 rule L+H": "*simulated:* group 32 sym, llama.cpp's Q4_0 rule, everywhere",
     "sim g32 sym search L+H": "*simulated:* group 32 sym with a scale search, everywhere",
     "sim g64a L, q8 H": "*simulated:* group 64 asym layers, Q8_0 embedding/head",
+    "int4 layers+q6 head": "int4 layers, int6 embedding/head",
+    "sim Q4_K L, g32a H": "*simulated:* Q4_K's layout (group 32 asym, 6-bit scales) layers, group 32 asym embedding/head",
+    "sim Q4_K L, q6 H": "*simulated:* Q4_K's layout layers, int6 embedding/head",
+    "sim Q4_K g64 L, q6 H": "*simulated:* the same at group 64 (4.31 bits), int6 embedding/head",
 }
 
 

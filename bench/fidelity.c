@@ -10,6 +10,7 @@
  * show where the distance comes from (layers or the embedding/head) and what an 8-bit head
  * or other int4 layouts (group 64 asym, group 32 sym, simulated in f32) would buy. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,7 @@
 #include "daemon/engine/model_q4.h"
 #include "daemon/engine/tokenizer.h"
 #include "kernels/dispatch.h"
+#include "kernels/q6.h"
 #include "kernels/quant.h"
 #include "protocol/clock.h"
 
@@ -310,8 +312,13 @@ static void int4_bpw(const struct model_q4 *m, struct fidelity_bpw *b)
  * multiplies by (q4_unpack_rows), activations left in f32. */
 enum {
 	ABLATE_LAYERS = 1, ABLATE_HEAD = 2, ABLATE_HEAD_Q8 = 4, ABLATE_LAYERS_G32 = 8,
-	ABLATE_LAYERS_SIM = 16, ABLATE_HEAD_SIM = 32
+	ABLATE_LAYERS_SIM = 16, ABLATE_HEAD_SIM = 32, ABLATE_HEAD_Q6 = 64
 };
+/* A simulated rule beside enum q4_rule: asymmetric groups whose scales and offsets are
+ * themselves quantized to 6 bits against one fp16 scale each per super-block of 256
+ * weights (128 where rows do not divide): at group 32 llama.cpp's Q4_K, 4.5 bits a
+ * weight; at group 64, 4.31. */
+#define SIM_RULE_SUPER6 100u
 #define SIM_BOTH (ABLATE_LAYERS_SIM | ABLATE_HEAD_SIM)
 
 static const struct fidelity_ablation {
@@ -332,6 +339,12 @@ static const struct fidelity_ablation {
 	{ "sim g32 Q4_0 rule L+H", SIM_BOTH, 32, Q4_RULE_SYM_Q4_0, 32, Q4_RULE_SYM_Q4_0 },
 	{ "sim g32 sym search L+H", SIM_BOTH, 32, Q4_RULE_SYM_SEARCH, 32, Q4_RULE_SYM_SEARCH },
 	{ "sim g64a L, q8 H", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q8, 64, Q4_RULE_ASYM, 0, 0 },
+	/* The int6 head with today's layers, and with layers at Q4_K's granularity and bits
+	 * (no kernel): how far a layer layout of 4.5 bpw would go. */
+	{ "int4 layers+q6 head", ABLATE_LAYERS | ABLATE_HEAD_Q6, 0, 0, 0, 0 },
+	{ "sim Q4_K L, g32a H", SIM_BOTH, 32, SIM_RULE_SUPER6, 32, Q4_RULE_ASYM },
+	{ "sim Q4_K L, q6 H", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q6, 32, SIM_RULE_SUPER6, 0, 0 },
+	{ "sim Q4_K g64 L, q6 H", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q6, 64, SIM_RULE_SUPER6, 0, 0 },
 };
 #define N_ABLATIONS (sizeof fidelity_ablations / sizeof fidelity_ablations[0])
 
@@ -473,6 +486,68 @@ static const struct gguf_tensor *view_g32(struct fidelity_views *v, const struct
 	return t;
 }
 
+/* One super-block of n (128 or 256) weights as Q4_K stores it, in place, at groups of g
+ * (32: Q4_K itself; 64: the same at half the scales): per group the asymmetric search's
+ * scale d and offset m (an offset above 0 is moved to 0, as Q4_K can only subtract), then
+ * d and -m as 6-bit multiples of the block's largest (each an fp16 scale over 63 steps),
+ * then every code chosen again against those. */
+static void sim_super6(float *x, size_t n, size_t g)
+{
+	float d[8], m[8], dmax = 0.0f, mmax = 0.0f;
+	uint8_t q[64];
+	size_t ng = n / g;
+	for (size_t j = 0; j < ng; j++) {
+		float *v = x + g * j, hi = v[0];
+		q4_quantize_group_f32(v, g, Q4_RULE_ASYM, q, &d[j], &m[j]);
+		for (size_t k = 1; k < g; k++)
+			hi = v[k] > hi ? v[k] : hi;
+		if (m[j] > 0.0f) {
+			m[j] = 0.0f;
+			d[j] = hi / 15.0f;
+		}
+		dmax = d[j] > dmax ? d[j] : dmax;
+		mmax = -m[j] > mmax ? -m[j] : mmax;
+	}
+	float sd = quant_fp16_to_f32(quant_f32_to_fp16(dmax / 63.0f));
+	float sm = quant_fp16_to_f32(quant_f32_to_fp16(mmax / 63.0f));
+	for (size_t j = 0; j < ng; j++) {
+		float qd = sd > 0.0f ? roundf(d[j] / sd) : 0.0f, qm = sm > 0.0f ? roundf(-m[j] / sm) : 0.0f;
+		float dj = sd * (qd < 63.0f ? qd : 63.0f), mj = -sm * (qm < 63.0f ? qm : 63.0f);
+		for (size_t k = 0; k < g; k++) {
+			float c = dj > 0.0f ? roundf((x[g * j + k] - mj) / dj) : 0.0f;
+			c = c < 0.0f ? 0.0f : c > 15.0f ? 15.0f : c;
+			x[g * j + k] = dj * c + mj;
+		}
+	}
+}
+
+/* The source matrix in the int6 layout's rounding (q6_quantize_group_f32), as f32. */
+static const struct gguf_tensor *view_q6(struct fidelity_views *v, const struct gguf_tensor *src,
+					 struct hearth_error *err)
+{
+	size_t cols = (size_t)src->ne[0], rows = (size_t)(src->n_elems / src->ne[0]), rb;
+	if (cols % Q6_GROUP || !qtype_row_bytes(src->type, cols, &rb)) {
+		hearth_error_set(err, HEARTH_EINVAL, "ablation: %zu columns do not make int6 groups", cols);
+		return NULL;
+	}
+	struct gguf_tensor *t = view_new(v, src, err);
+	if (!t)
+		return NULL;
+	float *w = (float *)t->data;
+	int8_t q[Q6_GROUP];
+	for (size_t r = 0; r < rows; r++) {
+		float *x = w + r * cols;
+		quant_dequant_row(src->type, (const uint8_t *)src->data + r * rb, x, cols);
+		for (size_t g = 0; g < cols; g += Q6_GROUP) {
+			float d;
+			q6_quantize_group_f32(x + g, q, &d);
+			for (size_t k = 0; k < Q6_GROUP; k++)
+				x[g + k] = d * (float)q[k];
+		}
+	}
+	return t;
+}
+
 /* The source matrix quantized by `rule` at `group` (halved while rows do not divide), as
  * f32: a layout the kernels may not have, for comparison only. */
 static const struct gguf_tensor *view_sim(struct fidelity_views *v, const struct gguf_tensor *src,
@@ -481,7 +556,7 @@ static const struct gguf_tensor *view_sim(struct fidelity_views *v, const struct
 	size_t cols = (size_t)src->ne[0], rows = (size_t)(src->n_elems / src->ne[0]), rb;
 	while (group > 32 && cols % group) /* as the loader: narrower groups where rows do not fit */
 		group /= 2;
-	if (!qtype_row_bytes(src->type, cols, &rb) || cols % group) {
+	if (!qtype_row_bytes(src->type, cols, &rb) || cols % group || (rule == SIM_RULE_SUPER6 && cols % 128)) {
 		hearth_error_set(err, HEARTH_EINVAL, "ablation: %zu x %zu at group %u", rows, cols, group);
 		return NULL;
 	}
@@ -493,6 +568,12 @@ static const struct gguf_tensor *view_sim(struct fidelity_views *v, const struct
 	for (size_t r = 0; r < rows; r++) {
 		float *x = w + r * cols;
 		quant_dequant_row(src->type, (const uint8_t *)src->data + r * rb, x, cols);
+		if (rule == SIM_RULE_SUPER6) {
+			size_t sb = cols % 256 == 0 ? 256 : 128;
+			for (size_t k = 0; k + sb <= cols; k += sb)
+				sim_super6(x + k, sb, group);
+			continue;
+		}
 		for (size_t g = 0; g < cols; g += group) {
 			float d, m;
 			q4_quantize_group_f32(x + g, group, (enum q4_rule)rule, q, &d, &m);
@@ -588,6 +669,11 @@ static int ablate_run(const struct model *ref, const struct model_q4 *q,
 		if (!(v.tok_embd = view_head(&views, q, false, ref->tok_embd, err)) ||
 		    !(v.output = tied ? v.tok_embd : view_head(&views, q, true, ref->output, err)))
 			rc = HEARTH_ENOMEM;
+	}
+	if (rc == 0 && (parts & ABLATE_HEAD_Q6)) {
+		if (!(v.tok_embd = view_q6(&views, ref->tok_embd, err)) ||
+		    !(v.output = tied ? v.tok_embd : view_q6(&views, ref->output, err)))
+			rc = HEARTH_EINVAL;
 	}
 	if (rc == 0 && (parts & ABLATE_HEAD_Q8)) {
 		if (!(v.tok_embd = view_q8(&views, ref->tok_embd, err)) ||
