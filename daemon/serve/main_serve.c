@@ -23,6 +23,7 @@
 #include "daemon/serve/systemd.h"
 #include "daemon/engine/tokenizer.h"
 #include "kernels/dispatch.h"
+#include "protocol/clock.h"
 
 /* Exit codes as systemd and LSB read them. */
 #define EXIT_BAD_ARGS 2
@@ -45,6 +46,7 @@ struct loader {
 	/* The draft model's engine (config draft_model): the model is model->draft, loaded
 	 * into the model's arena and freed with it, so a swap replaces both together. */
 	struct engine draft_eng;
+	uint64_t extend_ns;   /* when EXTEND_TIMEOUT_USEC last went out (CLOCK_MONOTONIC) */
 };
 
 static void loader_progress(void *ctx, const char *phase, const char *what, uint64_t done,
@@ -55,8 +57,14 @@ static void loader_progress(void *ctx, const char *phase, const char *what, uint
 	/* "repacking blk.12.attn_q.weight": the tensor's block is what a person looks for. */
 	snprintf(text, sizeof text, "%s %s", phase, what ? what : "");
 	server_progress(ld->srv, text, done, total);
-	/* A large model that keeps making progress gets more start-up time; a hang does not. */
-	systemd_notify_extend_timeout(30ull * 1000000ull, NULL);
+	/* A large model that keeps making progress gets more start-up time; a hang does not.
+	 * Once a second is plenty for a 30 s extension: per tensor, a model of a thousand
+	 * tensors would send the service manager a thousand datagrams. */
+	uint64_t now = hearth_now_ns();
+	if (!ld->extend_ns || now - ld->extend_ns >= 1000000000ull) {
+		ld->extend_ns = now;
+		systemd_notify_extend_timeout(30ull * 1000000ull, NULL);
+	}
 }
 
 static void loader_release(void *owner)
