@@ -237,6 +237,7 @@ ABLATIONS = {
     "sim Q4_K L, g32a H": "*simulated:* Q4_K's layout (group 32 asym, 6-bit scales) layers, group 32 asym embedding/head",
     "sim Q4_K L, q6 H": "*simulated:* Q4_K's layout layers, int6 embedding/head",
     "sim Q4_K g64 L, q6 H": "*simulated:* the same at group 64 (4.31 bits), int6 embedding/head",
+    "sim Q4_K g64 L, q6 H, mix": "*simulated:* the same, the first layer's attn_v and attn_k Q8_0",
 }
 
 

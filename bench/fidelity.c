@@ -312,7 +312,8 @@ static void int4_bpw(const struct model_q4 *m, struct fidelity_bpw *b)
  * multiplies by (q4_unpack_rows), activations left in f32. */
 enum {
 	ABLATE_LAYERS = 1, ABLATE_HEAD = 2, ABLATE_HEAD_Q8 = 4, ABLATE_LAYERS_G32 = 8,
-	ABLATE_LAYERS_SIM = 16, ABLATE_HEAD_SIM = 32, ABLATE_HEAD_Q6 = 64
+	ABLATE_LAYERS_SIM = 16, ABLATE_HEAD_SIM = 32, ABLATE_HEAD_Q6 = 64,
+	ABLATE_FIRST_VK_Q8 = 128   /* the first layer's attn_v and attn_k through Q8_0 */
 };
 /* A simulated rule beside enum q4_rule: asymmetric groups whose scales and offsets are
  * themselves quantized to 6 bits against one fp16 scale each per super-block of 256
@@ -345,6 +346,10 @@ static const struct fidelity_ablation {
 	{ "sim Q4_K L, g32a H", SIM_BOTH, 32, SIM_RULE_SUPER6, 32, Q4_RULE_ASYM },
 	{ "sim Q4_K L, q6 H", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q6, 32, SIM_RULE_SUPER6, 0, 0 },
 	{ "sim Q4_K g64 L, q6 H", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q6, 64, SIM_RULE_SUPER6, 0, 0 },
+	/* ... with what 4.5 bpw leaves on the larger trained model: its first layer's attn_v
+	 * and attn_k at 8 bits, as the mix rule would take them */
+	{ "sim Q4_K g64 L, q6 H, mix", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q6 | ABLATE_FIRST_VK_Q8, 64,
+	  SIM_RULE_SUPER6, 0, 0 },
 };
 #define N_ABLATIONS (sizeof fidelity_ablations / sizeof fidelity_ablations[0])
 
@@ -659,6 +664,12 @@ static int ablate_run(const struct model *ref, const struct model_q4 *q,
 		    !(R->ffn_up = view_sim(&views, R->ffn_up, g, ru, err)) ||
 		    !(R->ffn_down = view_sim(&views, R->ffn_down, g, ru, err)))
 			rc = err->code ? err->code : HEARTH_ENOMEM;
+	}
+	if (rc == 0 && (parts & ABLATE_FIRST_VK_Q8) && ref->hp.n_layer) {
+		struct model_layer *R = &v.layers[0];
+		if (!(R->wv = view_q8(&views, ref->layers[0].wv, err)) ||
+		    !(R->wk = view_q8(&views, ref->layers[0].wk, err)))
+			rc = HEARTH_EINVAL;
 	}
 	if (rc == 0 && (parts & ABLATE_HEAD_SIM)) {
 		if (!(v.tok_embd = view_sim(&views, ref->tok_embd, sim->hg, sim->hrule, err)) ||
