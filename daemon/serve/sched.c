@@ -1676,6 +1676,9 @@ int sched_start(struct sched **out, const struct sched_params *p, const struct e
 		rc = hearth_error_errno(err, HEARTH_EIO, errno, "scheduler: eventfd");
 		goto fail;
 	}
+	/* The counters a client may ask for as soon as the model is announced (kv_total and
+	 * the draft's among them), not only after the compute thread's first turn. */
+	sched_update_stats(s, hearth_now_ns());
 	if ((rc = pthread_create(&s->thread, NULL, sched_main, s)) != 0) {
 		rc = hearth_error_errno(err, HEARTH_EIO, rc, "scheduler: cannot start the compute thread");
 		goto fail;

@@ -256,6 +256,23 @@ static void test_sched_cancel_ends_a_running_request(void **state)
 	harness_stop(&h);
 }
 
+/* The KV counters are published before sched_start returns: a stats request that comes
+ * right after the model is announced reads the pool's size, not 0 (a race before). */
+static void test_sched_publishes_kv_totals_at_start(void **state)
+{
+	struct fixture *fx = *state;
+	for (int round = 0; round < 20; round++) {
+		struct harness h;
+		harness_start(&h, fx, 64, NULL);
+		uint64_t used, total;
+		h.eng.kv_usage(h.eng.impl, &used, &total);
+		assert_true(total > 0);
+		assert_int_equal(atomic_load(&sched_stats(h.s)->kv_total), total);
+		assert_int_equal(atomic_load(&sched_stats(h.s)->kv_used), 0);
+		harness_stop(&h);
+	}
+}
+
 static void test_sched_reports_kv_full_and_queues_within_budget(void **state)
 {
 	struct fixture *fx = *state;
@@ -819,6 +836,7 @@ int main(void)
 		cmocka_unit_test(test_sched_batched_greedy_equals_each_request_alone),
 		cmocka_unit_test(test_sched_seeded_sampling_is_independent_of_batching),
 		cmocka_unit_test(test_sched_cancel_ends_a_running_request),
+		cmocka_unit_test(test_sched_publishes_kv_totals_at_start),
 		cmocka_unit_test(test_sched_reports_kv_full_and_queues_within_budget),
 		cmocka_unit_test(test_sched_full_ring_stalls_only_its_own_sequence),
 		cmocka_unit_test(test_sched_client_gone_returns_its_kv_at_once),
