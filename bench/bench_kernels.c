@@ -196,7 +196,7 @@ int main(int argc, char **argv)
 			mats[i] = proto;
 			mats[i].data = huge_alloc(mbytes);
 			for (size_t r = 0; r < rows; r += 16)
-				q4_pack_rows_f32(&mats[i], w, cols, r, rows - r < 16 ? rows - r : 16);
+				q4_pack_rows_f32(&mats[i], w, cols, NULL, r, rows - r < 16 ? rows - r : 16);
 		}
 		printf("%zux%zu (%.2f MB, %.3f bpw, %zu copies)\n", rows, cols, mbytes / 1e6,
 		       q4_matrix_bpw(&proto), n_mats);

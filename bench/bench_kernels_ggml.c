@@ -131,7 +131,7 @@ int main(int argc, char **argv)
 			q4_pack_rows_q4_0(&hq[c], gw[c], 0, rows);
 			q4_matrix_plan(&hg[c], rows, cols, 128, true);
 			hg[c].data = aligned_alloc(64, q4_matrix_bytes(&hg[c]));
-			q4_pack_rows_f32(&hg[c], w, cols, 0, rows);
+			q4_pack_rows_f32(&hg[c], w, cols, NULL, 0, rows);
 		}
 		q8->from_float(x, xq, (int64_t)cols);
 		q4_acts_init(&a32, Q4_ACT_A8, 1, cols, 32, aligned_alloc(64, q4_acts_bytes(Q4_ACT_A8, 1, cols, 32)));

@@ -30,6 +30,8 @@
 
 struct fidelity_args {
 	const char *corpus;             /* --corpus: one document a line, or NULL */
+	const char *calib;              /* --calib: text for the activation statistics, or NULL */
+	const char *ablate_match;       /* --ablate=TEXT: only the ablations whose label has it */
 	const char *label;              /* --label: a note for the table's row, or NULL */
 	const char *path;
 	uint32_t n_seqs, len, seed, threads;
@@ -106,12 +108,18 @@ static int parse_args(int argc, char **argv, struct fidelity_args *a)
 			a->text = false;
 		else if (!strcmp(o, "--corpus") && v)
 			a->corpus = argv[++i];
+		else if (!strcmp(o, "--calib") && v)
+			a->calib = argv[++i];
 		else if (!strcmp(o, "--label") && v)
 			a->label = argv[++i];
 		else if (!strcmp(o, "--greedy") && v && !parse_u32(v, 1, 1024, &a->greedy))
 			i++;
 		else if (!strcmp(o, "--ablate"))
 			a->ablate = true;
+		else if (!strncmp(o, "--ablate=", 9)) {
+			a->ablate = true;
+			a->ablate_match = o + 9;
+		}
 		else if (!strcmp(o, "--sensitivity"))
 			a->sensitivity = true;
 		else if (!strcmp(o, "--mix") && v && (!strcmp(v, "auto") || !strcmp(v, "off"))) {
@@ -320,36 +328,51 @@ enum {
  * weights (128 where rows do not divide): at group 32 llama.cpp's Q4_K, 4.5 bits a
  * weight; at group 64, 4.31. */
 #define SIM_RULE_SUPER6 100u
+/* Asymmetric groups whose d and m are 8-bit multiples of one fp16 scale each per row
+ * (4.25 bits a weight at group 64, as group 128's fp16 pairs). */
+#define SIM_RULE_ROW8 101u
 #define SIM_BOTH (ABLATE_LAYERS_SIM | ABLATE_HEAD_SIM)
 
 static const struct fidelity_ablation {
 	const char *label;
 	unsigned parts;
 	unsigned lg, lrule, hg, hrule;  /* ABLATE_*_SIM: group and rule of layers / head */
+	unsigned weigh;   /* layers' scale search weighted by: 0 nothing, 1 norms (q k v gate
+			   * up), 2 norms and their proxies for wo and down (sim_weights_make) */
 } fidelity_ablations[] = {
-	{ "int4 all, f32 act", ABLATE_LAYERS | ABLATE_HEAD, 0, 0, 0, 0 },
-	{ "int4 layers only", ABLATE_LAYERS, 0, 0, 0, 0 },
-	{ "int4 embd/head only", ABLATE_HEAD, 0, 0, 0, 0 },
-	{ "int4 layers+q8 head", ABLATE_LAYERS | ABLATE_HEAD_Q8, 0, 0, 0, 0 },
+	{ "int4 all, f32 act", ABLATE_LAYERS | ABLATE_HEAD, 0, 0, 0, 0, 0 },
+	{ "int4 layers only", ABLATE_LAYERS, 0, 0, 0, 0, 0 },
+	{ "int4 embd/head only", ABLATE_HEAD, 0, 0, 0, 0, 0 },
+	{ "int4 layers+q8 head", ABLATE_LAYERS | ABLATE_HEAD_Q8, 0, 0, 0, 0, 0 },
 	/* the same layout at group 32 (4.5 / 5 bits): what finer groups would buy */
-	{ "int4 g32 layers+q8 head", ABLATE_LAYERS_G32 | ABLATE_HEAD_Q8, 0, 0, 0, 0 },
+	{ "int4 g32 layers+q8 head", ABLATE_LAYERS_G32 | ABLATE_HEAD_Q8, 0, 0, 0, 0, 0 },
 	/* Layouts with no kernel, simulated in f32 (q4_quantize_group_f32): what group 64
 	 * asym (4.5 bpw) or sym group 32 with a scale search (4.5 bpw, Q4_0's bits) would buy */
-	{ "sim g64a L, g128a H", SIM_BOTH, 64, Q4_RULE_ASYM, 128, Q4_RULE_ASYM },
-	{ "sim g64a L+H", SIM_BOTH, 64, Q4_RULE_ASYM, 64, Q4_RULE_ASYM },
-	{ "sim g32 Q4_0 rule L+H", SIM_BOTH, 32, Q4_RULE_SYM_Q4_0, 32, Q4_RULE_SYM_Q4_0 },
-	{ "sim g32 sym search L+H", SIM_BOTH, 32, Q4_RULE_SYM_SEARCH, 32, Q4_RULE_SYM_SEARCH },
-	{ "sim g64a L, q8 H", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q8, 64, Q4_RULE_ASYM, 0, 0 },
+	{ "sim g64a L, g128a H", SIM_BOTH, 64, Q4_RULE_ASYM, 128, Q4_RULE_ASYM, 0 },
+	{ "sim g64a L+H", SIM_BOTH, 64, Q4_RULE_ASYM, 64, Q4_RULE_ASYM, 0 },
+	{ "sim g32 Q4_0 rule L+H", SIM_BOTH, 32, Q4_RULE_SYM_Q4_0, 32, Q4_RULE_SYM_Q4_0, 0 },
+	{ "sim g32 sym search L+H", SIM_BOTH, 32, Q4_RULE_SYM_SEARCH, 32, Q4_RULE_SYM_SEARCH, 0 },
+	{ "sim g64a L, q8 H", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q8, 64, Q4_RULE_ASYM, 0, 0, 0 },
 	/* The int6 head with today's layers, and with layers at Q4_K's granularity and bits
 	 * (no kernel): how far a layer layout of 4.5 bpw would go. */
-	{ "int4 layers+q6 head", ABLATE_LAYERS | ABLATE_HEAD_Q6, 0, 0, 0, 0 },
-	{ "sim Q4_K L, g32a H", SIM_BOTH, 32, SIM_RULE_SUPER6, 32, Q4_RULE_ASYM },
-	{ "sim Q4_K L, q6 H", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q6, 32, SIM_RULE_SUPER6, 0, 0 },
-	{ "sim Q4_K g64 L, q6 H", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q6, 64, SIM_RULE_SUPER6, 0, 0 },
+	{ "int4 layers+q6 head", ABLATE_LAYERS | ABLATE_HEAD_Q6, 0, 0, 0, 0, 0 },
+	{ "sim Q4_K L, g32a H", SIM_BOTH, 32, SIM_RULE_SUPER6, 32, Q4_RULE_ASYM, 0 },
+	{ "sim Q4_K L, q6 H", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q6, 32, SIM_RULE_SUPER6, 0, 0, 0 },
+	{ "sim Q4_K g64 L, q6 H", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q6, 64, SIM_RULE_SUPER6, 0, 0, 0 },
 	/* ... with what 4.5 bpw leaves on the larger trained model: its first layer's attn_v
 	 * and attn_k at 8 bits, as the mix rule would take them */
 	{ "sim Q4_K g64 L, q6 H, mix", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q6 | ABLATE_FIRST_VK_Q8, 64,
-	  SIM_RULE_SUPER6, 0, 0 },
+	  SIM_RULE_SUPER6, 0, 0, 0 },
+	/* Today's layer layout with a weighted scale search, weights from the model alone */
+	{ "sim g128a L, q6 H", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q6, 128, Q4_RULE_ASYM, 0, 0, 0 },
+	{ "sim g128a L norm-w, q6 H", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q6, 128, Q4_RULE_ASYM, 0, 0, 1 },
+	{ "sim g128a L all-w, q6 H", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q6, 128, Q4_RULE_ASYM, 0, 0, 2 },
+	{ "sim Q4_K g64 L all-w, q6 H", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q6, 64, SIM_RULE_SUPER6, 0, 0, 2 },
+	{ "sim g64 row8 L, q6 H", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q6, 64, SIM_RULE_ROW8, 0, 0, 0 },
+	{ "sim g64 row8 L calib, q6 H", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q6, 64, SIM_RULE_ROW8, 0, 0, 3 },
+	{ "sim g64a L, q6 H", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q6, 64, Q4_RULE_ASYM, 0, 0, 0 },
+	{ "sim g128a L calib, q6 H", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q6, 128, Q4_RULE_ASYM, 0, 0, 3 },
+	{ "sim Q4_K g64 L calib, q6 H", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q6, 64, SIM_RULE_SUPER6, 0, 0, 3 },
 };
 #define N_ABLATIONS (sizeof fidelity_ablations / sizeof fidelity_ablations[0])
 
@@ -485,39 +508,44 @@ static const struct gguf_tensor *view_g32(struct fidelity_views *v, const struct
 	float *w = (float *)t->data;
 	for (size_t r = 0; r < rows; r++)
 		quant_dequant_row(src->type, (const uint8_t *)src->data + r * rb, w + r * cols, cols);
-	q4_pack_rows_f32(&m, w, cols, 0, rows);
+	q4_pack_rows_f32(&m, w, cols, NULL, 0, rows);
 	q4_unpack_rows(&m, 0, rows, w, cols);
 	free(m.data);
 	return t;
 }
 
-/* One super-block of n (128 or 256) weights as Q4_K stores it, in place, at groups of g
- * (32: Q4_K itself; 64: the same at half the scales): per group the asymmetric search's
- * scale d and offset m (an offset above 0 is moved to 0, as Q4_K can only subtract), then
- * d and -m as 6-bit multiples of the block's largest (each an fp16 scale over 63 steps),
- * then every code chosen again against those. */
-static void sim_super6(float *x, size_t n, size_t g)
+/* One super-block of n weights in a layout whose group scales are themselves quantized,
+ * in place, at groups of g. bits 6 is Q4_K's (g 32: Q4_K itself; 64: the same at half the
+ * scales): per group the asymmetric search's scale d and offset m (an offset above 0 is
+ * moved to 0, as Q4_K can only subtract), then d and -m as 6-bit multiples of the block's
+ * largest (each an fp16 scale over 63 steps). bits 8: d as an 8-bit multiple of the
+ * block's largest d, m signed (-127..127 steps of the largest |m|), so nothing is moved.
+ * Then every code is chosen again against the rounded d and m. */
+static void sim_super(float *x, const float *w, size_t n, size_t g, unsigned bits)
 {
-	float d[8], m[8], dmax = 0.0f, mmax = 0.0f;
-	uint8_t q[64];
+	float d[256], m[256], dmax = 0.0f, mmax = 0.0f;
+	uint8_t q[256];
 	size_t ng = n / g;
+	float dl = bits == 8 ? 255.0f : 63.0f, ml = bits == 8 ? 127.0f : 63.0f;
 	for (size_t j = 0; j < ng; j++) {
 		float *v = x + g * j, hi = v[0];
-		q4_quantize_group_f32(v, g, Q4_RULE_ASYM, q, &d[j], &m[j]);
+		q4_quantize_group_f32(v, w ? w + g * j : NULL, g, Q4_RULE_ASYM, q, &d[j], &m[j]);
 		for (size_t k = 1; k < g; k++)
 			hi = v[k] > hi ? v[k] : hi;
-		if (m[j] > 0.0f) {
+		if (bits != 8 && m[j] > 0.0f) {
 			m[j] = 0.0f;
 			d[j] = hi / 15.0f;
 		}
 		dmax = d[j] > dmax ? d[j] : dmax;
-		mmax = -m[j] > mmax ? -m[j] : mmax;
+		mmax = fabsf(m[j]) > mmax ? fabsf(m[j]) : mmax;
 	}
-	float sd = quant_fp16_to_f32(quant_f32_to_fp16(dmax / 63.0f));
-	float sm = quant_fp16_to_f32(quant_f32_to_fp16(mmax / 63.0f));
+	float sd = quant_fp16_to_f32(quant_f32_to_fp16(dmax / dl));
+	float sm = quant_fp16_to_f32(quant_f32_to_fp16(mmax / ml));
 	for (size_t j = 0; j < ng; j++) {
-		float qd = sd > 0.0f ? roundf(d[j] / sd) : 0.0f, qm = sm > 0.0f ? roundf(-m[j] / sm) : 0.0f;
-		float dj = sd * (qd < 63.0f ? qd : 63.0f), mj = -sm * (qm < 63.0f ? qm : 63.0f);
+		float qd = sd > 0.0f ? roundf(d[j] / sd) : 0.0f, qm = sm > 0.0f ? roundf(m[j] / sm) : 0.0f;
+		qd = qd < dl ? qd : dl;
+		qm = qm < -ml ? -ml : qm > ml ? ml : qm;
+		float dj = sd * qd, mj = sm * qm;
 		for (size_t k = 0; k < g; k++) {
 			float c = dj > 0.0f ? roundf((x[g * j + k] - mj) / dj) : 0.0f;
 			c = c < 0.0f ? 0.0f : c > 15.0f ? 15.0f : c;
@@ -556,7 +584,8 @@ static const struct gguf_tensor *view_q6(struct fidelity_views *v, const struct 
 /* The source matrix quantized by `rule` at `group` (halved while rows do not divide), as
  * f32: a layout the kernels may not have, for comparison only. */
 static const struct gguf_tensor *view_sim(struct fidelity_views *v, const struct gguf_tensor *src,
-					  unsigned group, unsigned rule, struct hearth_error *err)
+					  unsigned group, unsigned rule, const float *col_w,
+					  struct hearth_error *err)
 {
 	size_t cols = (size_t)src->ne[0], rows = (size_t)(src->n_elems / src->ne[0]), rb;
 	while (group > 32 && cols % group) /* as the loader: narrower groups where rows do not fit */
@@ -576,17 +605,191 @@ static const struct gguf_tensor *view_sim(struct fidelity_views *v, const struct
 		if (rule == SIM_RULE_SUPER6) {
 			size_t sb = cols % 256 == 0 ? 256 : 128;
 			for (size_t k = 0; k + sb <= cols; k += sb)
-				sim_super6(x + k, sb, group);
+				sim_super(x + k, col_w ? col_w + k : NULL, sb, group, 6);
+			continue;
+		}
+		if (rule == SIM_RULE_ROW8) {
+			sim_super(x, col_w, cols, group, 8);
 			continue;
 		}
 		for (size_t g = 0; g < cols; g += group) {
 			float d, m;
-			q4_quantize_group_f32(x + g, group, (enum q4_rule)rule, q, &d, &m);
+			q4_quantize_group_f32(x + g, col_w ? col_w + g : NULL, group, (enum q4_rule)rule, q, &d, &m);
 			for (size_t k = 0; k < group; k++)
 				x[g + k] = rule != Q4_RULE_ASYM ? ((float)q[k] - 8.0f) * d : d * (float)q[k] + m;
 		}
 	}
 	return t;
+}
+
+/* Activation statistics from calibration text: per layer and matrix (MQ4_WQ order), the
+ * mean of x_k^2 over every token that reached it. */
+struct calib_stats {
+	const struct model *m;
+	uint32_t n_layer;
+	double *sum[256][7];
+	uint64_t n[256][7];
+};
+
+static void calib_observe(void *arg, const struct gguf_tensor *w, const float *x, size_t n_tok)
+{
+	struct calib_stats *cs = arg;
+	for (uint32_t l = 0; l < cs->n_layer; l++) {
+		const struct model_layer *L = &cs->m->layers[l];
+		const struct gguf_tensor *ts[7] = { L->wq, L->wk, L->wv, L->wo, L->ffn_gate, L->ffn_up, L->ffn_down };
+		for (int i = 0; i < 7; i++) {
+			if (ts[i] != w)
+				continue;
+			size_t cols = (size_t)w->ne[0];
+			for (size_t t = 0; t < n_tok; t++)
+				for (size_t k = 0; k < cols; k++)
+					cs->sum[l][i][k] += (double)x[t * cols + k] * x[t * cols + k];
+			cs->n[l][i] += n_tok;
+			return;
+		}
+	}
+}
+
+static void calib_free(struct calib_stats *cs)
+{
+	for (uint32_t l = 0; l < cs->n_layer; l++)
+		for (int i = 0; i < 7; i++)
+			free(cs->sum[l][i]);
+	cs->n_layer = 0;
+}
+
+static int calib_run(struct calib_stats *cs, const struct model *m, const struct fidelity_corpus *c,
+		     float *scratch, struct hearth_error *err)
+{
+	memset(cs, 0, sizeof *cs);
+	cs->m = m;
+	if (m->hp.n_layer > 256)
+		return hearth_error_set(err, HEARTH_EINVAL, "calibration: more than 256 layers");
+	cs->n_layer = m->hp.n_layer;
+	for (uint32_t l = 0; l < cs->n_layer; l++) {
+		const struct model_layer *L = &m->layers[l];
+		const struct gguf_tensor *ts[7] = { L->wq, L->wk, L->wv, L->wo, L->ffn_gate, L->ffn_up, L->ffn_down };
+		for (int i = 0; i < 7; i++)
+			if (!(cs->sum[l][i] = calloc((size_t)ts[i]->ne[0], sizeof(double)))) {
+				calib_free(cs);
+				return hearth_error_set(err, HEARTH_ENOMEM, "calibration sums");
+			}
+	}
+	struct model_ctx *ctx = NULL;
+	int rc = model_ctx_new(&ctx, m, c->len, err);
+	if (rc == 0)
+		model_ctx_observe(ctx, calib_observe, cs);
+	for (uint32_t s = 0; rc == 0 && s < c->n_seqs; s++) {
+		model_ctx_reset(ctx);
+		rc = model_forward(m, ctx, c->ids + (size_t)s * c->len, c->len, MODEL_LOGITS_LAST, scratch, err);
+	}
+	model_ctx_free(ctx);
+	if (rc < 0)
+		calib_free(cs);
+	return rc;
+}
+
+/* Column weights for a weighted scale search without calibration text (sim only): the
+ * inputs of q, k, v, gate and up are the normalized stream times the norm's gamma, so
+ * E[x_k^2] goes as gamma_k^2; with `all`, wo's inputs are attention's mix of v, whose
+ * variance goes as |row of wv . gamma|^2, and down's the gated product, as the product of
+ * gate's and up's. w holds 7 vectors (MQ4_WQ order), each NULL when unweighted. */
+struct sim_weights {
+	float *w[7];
+};
+
+static void sim_weights_free(struct sim_weights *sw)
+{
+	for (int i = 0; i < 7; i++)
+		free(sw->w[i]);
+	memset(sw, 0, sizeof *sw);
+}
+
+/* Squared norm of each row of t (f32 rows of cols) with column k scaled by g[k]. */
+static float *row_energy(const struct gguf_tensor *t, const float *g)
+{
+	size_t cols = (size_t)t->ne[0], rows = (size_t)(t->n_elems / t->ne[0]), rb;
+	float *x = malloc(cols * sizeof *x), *e = malloc(rows * sizeof *e);
+	if (!x || !e || !qtype_row_bytes(t->type, cols, &rb)) {
+		free(x);
+		free(e);
+		return NULL;
+	}
+	for (size_t r = 0; r < rows; r++) {
+		quant_dequant_row(t->type, (const uint8_t *)t->data + r * rb, x, cols);
+		double s = 0;
+		for (size_t k = 0; k < cols; k++)
+			s += (double)(x[k] * g[k]) * (x[k] * g[k]);
+		e[r] = (float)s;
+	}
+	free(x);
+	return e;
+}
+
+static int sim_weights_make(const struct model_layer *L, bool all, struct sim_weights *sw)
+{
+	memset(sw, 0, sizeof *sw);
+	size_t ne = (size_t)L->attn_norm->ne[0];
+	const float *ga = (const float *)L->attn_norm->data, *gf = (const float *)L->ffn_norm->data;
+	float *wa = malloc(ne * sizeof *wa), *wf = malloc(ne * sizeof *wf);
+	if (!wa || !wf) {
+		free(wa);
+		free(wf);
+		return HEARTH_ENOMEM;
+	}
+	for (size_t k = 0; k < ne; k++) {
+		wa[k] = ga[k] * ga[k];
+		wf[k] = gf[k] * gf[k];
+	}
+	sw->w[0] = wa;
+	sw->w[4] = wf;
+	sw->w[1] = malloc(ne * sizeof(float));
+	sw->w[2] = malloc(ne * sizeof(float));
+	sw->w[5] = malloc(ne * sizeof(float));
+	if (!sw->w[1] || !sw->w[2] || !sw->w[5]) {
+		sim_weights_free(sw);
+		return HEARTH_ENOMEM;
+	}
+	memcpy(sw->w[1], wa, ne * sizeof(float));
+	memcpy(sw->w[2], wa, ne * sizeof(float));
+	memcpy(sw->w[5], wf, ne * sizeof(float));
+	if (!all)
+		return 0;
+	float *ev = row_energy(L->wv, ga), *eg = row_energy(L->ffn_gate, gf), *eu = row_energy(L->ffn_up, gf);
+	size_t nv = (size_t)L->n_head * L->head_dim_v, nff = L->n_ff, group = L->n_head / L->n_head_kv;
+	sw->w[3] = ev ? malloc(nv * sizeof(float)) : NULL;
+	sw->w[6] = eg && eu ? malloc(nff * sizeof(float)) : NULL;
+	if (sw->w[3])
+		for (size_t j = 0; j < nv; j++) /* q head h reads kv head h / group */
+			sw->w[3][j] = ev[(j / L->head_dim_v) / group * L->head_dim_v + j % L->head_dim_v];
+	if (sw->w[6])
+		for (size_t j = 0; j < nff; j++)
+			sw->w[6][j] = eg[j] * eu[j];
+	int rc = sw->w[3] && sw->w[6] ? 0 : HEARTH_ENOMEM;
+	free(ev);
+	free(eg);
+	free(eu);
+	if (rc)
+		sim_weights_free(sw);
+	return rc;
+}
+
+/* The calibrated weights of layer l as sim_weights (mean x^2 per column). */
+static int calib_weights(const struct calib_stats *cs, uint32_t l, struct sim_weights *sw)
+{
+	memset(sw, 0, sizeof *sw);
+	const struct model_layer *L = &cs->m->layers[l];
+	const struct gguf_tensor *ts[7] = { L->wq, L->wk, L->wv, L->wo, L->ffn_gate, L->ffn_up, L->ffn_down };
+	for (int i = 0; i < 7; i++) {
+		size_t cols = (size_t)ts[i]->ne[0];
+		if (!(sw->w[i] = malloc(cols * sizeof(float)))) {
+			sim_weights_free(sw);
+			return HEARTH_ENOMEM;
+		}
+		for (size_t k = 0; k < cols; k++)
+			sw->w[i][k] = (float)(cs->sum[l][i][k] / (double)(cs->n[l][i] ? cs->n[l][i] : 1));
+	}
+	return 0;
 }
 
 /* Runs the variant v over the corpus and adds its distance from ref_logits to acc; with
@@ -621,7 +824,7 @@ static int variant_score(struct model *v, struct fidelity_views *views, int rc,
  * act_acc they are compared with this variant's, which isolates activation rounding when
  * the variant holds exactly the int4 weights. */
 static int ablate_run(const struct model *ref, const struct model_q4 *q,
-		      const struct fidelity_ablation *sim,
+		      const struct fidelity_ablation *sim, const struct calib_stats *calib,
 		      const struct fidelity_corpus *c, const float *ref_logits, float *scratch,
 		      struct fidelity_acc *acc, float *const builds[2], struct fidelity_acc *act_acc,
 		      struct hearth_error *err)
@@ -655,15 +858,19 @@ static int ablate_run(const struct model *ref, const struct model_q4 *q,
 	}
 	for (uint32_t l = 0; (parts & ABLATE_LAYERS_SIM) && l < ref->hp.n_layer && rc == 0; l++) {
 		struct model_layer *R = &v.layers[l];
-		unsigned g = sim->lg, ru = sim->lrule;
-		if (!(R->wq = view_sim(&views, R->wq, g, ru, err)) ||
-		    !(R->wk = view_sim(&views, R->wk, g, ru, err)) ||
-		    !(R->wv = view_sim(&views, R->wv, g, ru, err)) ||
-		    !(R->wo = view_sim(&views, R->wo, g, ru, err)) ||
-		    !(R->ffn_gate = view_sim(&views, R->ffn_gate, g, ru, err)) ||
-		    !(R->ffn_up = view_sim(&views, R->ffn_up, g, ru, err)) ||
-		    !(R->ffn_down = view_sim(&views, R->ffn_down, g, ru, err)))
-			rc = err->code ? err->code : HEARTH_ENOMEM;
+		const struct gguf_tensor **rs[7] = { &R->wq, &R->wk, &R->wv, &R->wo, &R->ffn_gate, &R->ffn_up,
+						     &R->ffn_down };
+		struct sim_weights sw = { { NULL } };
+		if (sim->weigh == 3 && (!calib || (rc = calib_weights(calib, l, &sw)) < 0)) {
+			rc = calib ? rc : hearth_error_set(err, HEARTH_EINVAL, "ablation: no --calib text");
+			break;
+		}
+		if (sim->weigh && sim->weigh < 3 && (rc = sim_weights_make(&ref->layers[l], sim->weigh > 1, &sw)) < 0)
+			break;
+		for (int i = 0; i < 7 && rc == 0; i++)
+			if (!(*rs[i] = view_sim(&views, *rs[i], sim->lg, sim->lrule, sw.w[i], err)))
+				rc = err->code ? err->code : HEARTH_ENOMEM;
+		sim_weights_free(&sw);
 	}
 	if (rc == 0 && (parts & ABLATE_FIRST_VK_Q8) && ref->hp.n_layer) {
 		struct model_layer *R = &v.layers[0];
@@ -672,8 +879,8 @@ static int ablate_run(const struct model *ref, const struct model_q4 *q,
 			rc = HEARTH_EINVAL;
 	}
 	if (rc == 0 && (parts & ABLATE_HEAD_SIM)) {
-		if (!(v.tok_embd = view_sim(&views, ref->tok_embd, sim->hg, sim->hrule, err)) ||
-		    !(v.output = tied ? v.tok_embd : view_sim(&views, ref->output, sim->hg, sim->hrule, err)))
+		if (!(v.tok_embd = view_sim(&views, ref->tok_embd, sim->hg, sim->hrule, NULL, err)) ||
+		    !(v.output = tied ? v.tok_embd : view_sim(&views, ref->output, sim->hg, sim->hrule, NULL, err)))
 			rc = HEARTH_EINVAL;
 	}
 	if (rc == 0 && (parts & ABLATE_HEAD)) {
@@ -958,10 +1165,24 @@ int main(int argc, char **argv)
 		rc = sens_all(&a, ref, &corpus, ref_logits, q_logits, &e);
 		goto out;
 	}
+	struct calib_stats calib;
+	bool calib_ok = false;
+	if (a.ablate && a.calib) {
+		struct fidelity_corpus cc = { 0 };
+		if ((rc = fidelity_corpus_read(&cc, tok, a.calib, a.n_seqs, a.len, &e)) < 0 ||
+		    (rc = calib_run(&calib, ref, &cc, q_logits, &e)) < 0) {
+			fidelity_corpus_free(&cc);
+			goto out;
+		}
+		fidelity_corpus_free(&cc);
+		calib_ok = true;
+	}
 	if (a.ablate) {
 		double t0 = ((double)hearth_now_ns() * 1e-6);
 		for (size_t i = 0; i < N_ABLATIONS; i++) {
-			if ((rc = ablate_run(ref, q[0] ? q[0] : q[1], &fidelity_ablations[i], &corpus,
+			if (a.ablate_match && i && !strstr(fidelity_ablations[i].label, a.ablate_match))
+				continue;
+			if ((rc = ablate_run(ref, q[0] ? q[0] : q[1], &fidelity_ablations[i], calib_ok ? &calib : NULL, &corpus,
 					     ref_logits, q_logits, &abl_acc[i], q_all, i == 0 ? act_acc : NULL,
 					     &e)) < 0)
 				goto out;

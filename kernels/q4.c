@@ -139,8 +139,9 @@ static inline double pairs_sum8(const double e[8])
 
 /* The nearest code for each x against the stored d and m (clamped to 0..15) into q, and
  * the squared error of exactly the values the kernels multiply by (d*q + m, in float).
- * x lies in [lo, hi]. */
-static double group_codes(const float *x, size_t n, float lo, float hi, float d, float m, uint8_t *q)
+ * x lies in [lo, hi]. Each squared error counts w[i] times (all ones: plain least squares). */
+static double group_codes(const float *x, const float *w, size_t n, float lo, float hi, float d, float m,
+			  uint8_t *q)
 {
 	float id = d != 0.0f ? 1.0f / d : 0.0f;
 	float vlo = (lo - m) * id, vhi = (hi - m) * id;
@@ -169,7 +170,7 @@ static double group_codes(const float *x, size_t n, float lo, float hi, float d,
 		for (size_t j = 0; j < 8; j++) {
 			double t = (double)x[i + j] - (double)(d * (float)q[i + j] + m);
 
-			e[j] += t * t;
+			e[j] += (t * t) * w[i + j];
 		}
 	return pairs_sum8(e);
 }
@@ -185,21 +186,24 @@ static inline double lanes_sum(const float l[8])
 	return s;
 }
 
-/* Least squares x ~ d*q + m over fixed codes. False when that gives no positive d. */
-static bool group_refit(const float *x, size_t n, const uint8_t *q, float *d, float *m)
+/* Least squares x ~ d*q + m over fixed codes, each term weighted by w. False when that
+ * gives no positive d. */
+static bool group_refit(const float *x, const float *w, size_t n, const uint8_t *q, float *d, float *m)
 {
-	float lq[8] = { 0 }, lqq[8] = { 0 }, lx[8] = { 0 }, lxq[8] = { 0 };
+	float lw[8] = { 0 }, lq[8] = { 0 }, lqq[8] = { 0 }, lx[8] = { 0 }, lxq[8] = { 0 };
 
 	for (size_t i = 0; i < n; i += 8)
 		for (size_t j = 0; j < 8; j++) {
-			float l = q[i + j];
+			float l = q[i + j], wi = w[i + j];
 
-			lq[j] += l;
-			lqq[j] += l * l;
-			lx[j] += x[i + j];
-			lxq[j] += x[i + j] * l;
+			lw[j] += wi;
+			lq[j] += l * wi;
+			lqq[j] += (l * l) * wi;
+			lx[j] += x[i + j] * wi;
+			lxq[j] += (x[i + j] * l) * wi;
 		}
-	double sq = lanes_sum(lq), sqq = lanes_sum(lqq), sx = lanes_sum(lx), sxq = lanes_sum(lxq), cn = (double)n;
+	double sq = lanes_sum(lq), sqq = lanes_sum(lqq), sx = lanes_sum(lx), sxq = lanes_sum(lxq);
+	double cn = lanes_sum(lw);
 	double den = cn * sqq - sq * sq;
 	if (!(den > 0.0))
 		return false;
@@ -209,15 +213,15 @@ static bool group_refit(const float *x, size_t n, const uint8_t *q, float *d, fl
 }
 
 /* Keeps (dh, mh, codes) of the candidate when its fp16-rounded scales give less error. */
-static void group_try(const float *x, size_t n, float lo, float hi, float d, float m, uint8_t *q,
-		      uint8_t *tmp, qfp16 *dh, qfp16 *mh, double *best)
+static void group_try(const float *x, const float *w, size_t n, float lo, float hi, float d, float m,
+		      uint8_t *q, uint8_t *tmp, qfp16 *dh, qfp16 *mh, double *best)
 {
 	qfp16 cd = quant_f32_to_fp16(d), cm = quant_f32_to_fp16(m);
 	float fd = quant_fp16_to_f32(cd), fm = quant_fp16_to_f32(cm);
 
 	if (!isfinite(fd) || !isfinite(fm))
 		return;
-	double e = group_codes(x, n, lo, hi, fd, fm, tmp);
+	double e = group_codes(x, w, n, lo, hi, fd, fm, tmp);
 	if (e < *best) {
 		*best = e;
 		*dh = cd;
@@ -231,8 +235,11 @@ static void group_try(const float *x, size_t n, float lo, float hi, float d, flo
  * squared error: for a few step counts around 15 over the range, the least-squares d and
  * m of the grid's codes (the idea of llama.cpp's make_qkx2_quants); the best fit is
  * rounded to fp16, its codes re-chosen and refit in turn. A candidate replaces min/max
- * only when its error, measured on the fp16 values, is lower: never worse, deterministic. */
-static void quantize_group_asym(const float *x, size_t n, uint8_t *q, qfp16 *dh, qfp16 *mh)
+ * only when its error, measured on the fp16 values, is lower: never worse, deterministic.
+ * Every error and fit weighs column i by w[i] (ones: plain least squares, the same bits as
+ * an unweighted search, since each product with 1.0f is exact). */
+static void quantize_group_asym(const float *x, const float *w, size_t n, uint8_t *q, qfp16 *dh,
+				qfp16 *mh)
 {
 	float lo = x[0], hi = x[0];
 	uint8_t tmp[256];
@@ -243,19 +250,20 @@ static void quantize_group_asym(const float *x, size_t n, uint8_t *q, qfp16 *dh,
 	}
 	*dh = quant_f32_to_fp16((hi - lo) / 15.0f);
 	*mh = quant_f32_to_fp16(lo);
-	double best = group_codes(x, n, lo, hi, quant_fp16_to_f32(*dh), quant_fp16_to_f32(*mh), q);
+	double best = group_codes(x, w, n, lo, hi, quant_fp16_to_f32(*dh), quant_fp16_to_f32(*mh), q);
 	/* Nothing to search when all values are equal, or when the range is too small (or
 	 * too large) for a grid's step to be a float. */
 	if (!(hi > lo) || !isfinite(16.0f / (hi - lo)) || !isfinite(hi - lo))
 		return;
 	/* Sums in 8 independent lanes: the compiler vectorizes them without reordering. */
-	float lx[8] = { 0 }, lxx[8] = { 0 };
+	float lw[8] = { 0 }, lx[8] = { 0 }, lxx[8] = { 0 };
 	for (size_t i = 0; i < n; i += 8)
 		for (size_t j = 0; j < 8; j++) {
-			lx[j] += x[i + j];
-			lxx[j] += x[i + j] * x[i + j];
+			lw[j] += w[i + j];
+			lx[j] += x[i + j] * w[i + j];
+			lxx[j] += (x[i + j] * x[i + j]) * w[i + j];
 		}
-	double sx = lanes_sum(lx), sxx = lanes_sum(lxx), cn = (double)n;
+	double sx = lanes_sum(lx), sxx = lanes_sum(lxx), cn = lanes_sum(lw);
 	double best_res = INFINITY, bd = 0, bm = 0;
 	for (int k = 0; k < Q4_SEARCH_STEPS; k++) {
 		float is = (15.0f + Q4_SEARCH_RMIN + Q4_SEARCH_RDELTA * (float)k) / (hi - lo);
@@ -270,9 +278,9 @@ static void quantize_group_asym(const float *x, size_t n, uint8_t *q, qfp16 *dh,
 				c = c < 15 ? c : 15;
 				float l = (float)c;
 
-				ll[j] += l;
-				lll[j] += l * l;
-				lxl[j] += x[i + j] * l;
+				ll[j] += l * w[i + j];
+				lll[j] += (l * l) * w[i + j];
+				lxl[j] += (x[i + j] * l) * w[i + j];
 			}
 		double sl = lanes_sum(ll), sll = lanes_sum(lll), sxl = lanes_sum(lxl);
 		double den = cn * sll - sl * sl;
@@ -288,13 +296,13 @@ static void quantize_group_asym(const float *x, size_t n, uint8_t *q, qfp16 *dh,
 		}
 	}
 	float d = (float)bd, m = (float)bm;
-	if (!(best_res < INFINITY) && !group_refit(x, n, q, &d, &m))
+	if (!(best_res < INFINITY) && !group_refit(x, w, n, q, &d, &m))
 		return;
 	for (int r = 0; r <= Q4_SEARCH_REFITS; r++) {
 		double before = best;
 
-		group_try(x, n, lo, hi, d, m, q, tmp, dh, mh, &best);
-		if (!(best < before) || !group_refit(x, n, q, &d, &m))
+		group_try(x, w, n, lo, hi, d, m, q, tmp, dh, mh, &best);
+		if (!(best < before) || !group_refit(x, w, n, q, &d, &m))
 			break;
 	}
 }
@@ -469,12 +477,22 @@ static void quantize_group_sym_search(const float *x, size_t n, uint8_t *q, qfp1
 	}
 }
 
-void q4_quantize_group_f32(const float *x, size_t n, enum q4_rule rule, uint8_t *q, float *d, float *m)
+/* The weights of an unweighted search: every column counts once. */
+static const float q4_ones[256] = {
+#define Q4_ONE8 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f
+#define Q4_ONE64 Q4_ONE8, Q4_ONE8, Q4_ONE8, Q4_ONE8, Q4_ONE8, Q4_ONE8, Q4_ONE8, Q4_ONE8
+	Q4_ONE64, Q4_ONE64, Q4_ONE64, Q4_ONE64
+#undef Q4_ONE64
+#undef Q4_ONE8
+};
+
+void q4_quantize_group_f32(const float *x, const float *w, size_t n, enum q4_rule rule, uint8_t *q,
+			   float *d, float *m)
 {
 	qfp16 dh, mh;
 
 	if (rule == Q4_RULE_ASYM) {
-		quantize_group_asym(x, n, q, &dh, &mh);
+		quantize_group_asym(x, w ? w : q4_ones, n, q, &dh, &mh);
 		*d = quant_fp16_to_f32(dh);
 		*m = quant_fp16_to_f32(mh);
 		return;
@@ -487,7 +505,8 @@ void q4_quantize_group_f32(const float *x, size_t n, enum q4_rule rule, uint8_t 
 	*m = -8.0f * *d;
 }
 
-void q4_pack_rows_f32(struct q4_matrix *m, const float *src, size_t ld, size_t row0, size_t n_rows)
+void q4_pack_rows_f32(struct q4_matrix *m, const float *src, size_t ld, const float *col_w, size_t row0,
+		      size_t n_rows)
 {
 	uint8_t q[256];
 
@@ -499,7 +518,8 @@ void q4_pack_rows_f32(struct q4_matrix *m, const float *src, size_t ld, size_t r
 			const float *xg = x + g * m->group;
 
 			if (m->asym)
-				quantize_group_asym(xg, m->group, q, d_slot(m, row, g), m_slot(m, row, g));
+				quantize_group_asym(xg, col_w ? col_w + g * m->group : q4_ones, m->group, q,
+						    d_slot(m, row, g), m_slot(m, row, g));
 			else
 				quantize_group_sym_search(xg, m->group, q, d_slot(m, row, g));
 			put_codes(m, row, g * m->group, q, m->group);

@@ -54,16 +54,20 @@ double q4_matrix_bpw(const struct q4_matrix *m);
  * measured on the fp16 d as stored, so never worse than Q4_0's rule. Rows can be
  * packed in any order and any number per call; the call that packs the last row zeroes
  * the pad rows. Only the rows named are touched, so the loader streams a few rows at a
- * time. */
-void q4_pack_rows_f32(struct q4_matrix *m, const float *src, size_t ld, size_t row0, size_t n_rows);
+ * time. col_w (NULL, or cols weights >= 0): asym errors and fits weigh column k by col_w[k],
+ * the importance of the activation it multiplies (E[x_k^2]: llama.cpp's imatrix idea), so
+ * the search spends its precision where the output feels it; sym ignores it. */
+void q4_pack_rows_f32(struct q4_matrix *m, const float *src, size_t ld, const float *col_w, size_t row0,
+		      size_t n_rows);
 
 /* One group of n values (a multiple of 8, at most 256) by a rule, for tools that simulate
  * other layouts in f32 (bench/fidelity --ablate): codes into q, d and m as stored (fp16
  * values; sym: m = -8d, value (q-8)*d). ASYM and SYM_SEARCH are the rules
  * q4_pack_rows_f32 uses for asym and sym matrices; SYM_Q4_0 is llama.cpp's Q4_0 rule (for
- * comparison). */
+ * comparison). w (NULL or n weights) as col_w above, for ASYM. */
 enum q4_rule { Q4_RULE_ASYM, Q4_RULE_SYM_Q4_0, Q4_RULE_SYM_SEARCH };
-void q4_quantize_group_f32(const float *x, size_t n, enum q4_rule rule, uint8_t *q, float *d, float *m);
+void q4_quantize_group_f32(const float *x, const float *w, size_t n, enum q4_rule rule, uint8_t *q,
+			   float *d, float *m);
 
 /* Carry-over from pre-quantized files without re-rounding the codes. src holds n_rows
  * rows of cols/32 (Q4_0, Q4_1) or cols/256 (Q4_K) blocks each, row after row.

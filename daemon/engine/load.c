@@ -351,7 +351,7 @@ static void load_step_run(void *arg, size_t t, size_t nt)
 			else if (lm->dst6)
 				q6_pack_rows_f32(lm->dst6, rows, cols, r0, n);
 			else
-				q4_pack_rows_f32(q, rows, cols, r0, n);
+				q4_pack_rows_f32(q, rows, cols, NULL, r0, n);
 		}
 		if (rc < 0)
 			__atomic_store_n(&st->rc, rc, __ATOMIC_RELAXED);

@@ -108,7 +108,7 @@ static struct q4_matrix packed_random(uint64_t *s, const struct case_shape *c, f
 
 	assert_int_equal(q4_matrix_plan(&m, c->rows, c->cols, c->group, c->asym), 0);
 	m.data = xalloc(q4_matrix_bytes(&m));
-	q4_pack_rows_f32(&m, w, c->cols, 0, c->rows);
+	q4_pack_rows_f32(&m, w, c->cols, NULL, 0, c->rows);
 	if (w_out)
 		*w_out = w;
 	else
@@ -276,7 +276,7 @@ static void test_q4_pack_f32_asym_search_never_worse_than_min_max(void **state)
 				fill_group(&s, (enum group_kind)((r + (size_t)it) % GROUP_KINDS), w + r * cols, group);
 				fill_group(&s, it % 2 ? GROUP_NORMALISH : GROUP_UNIFORM, w + r * cols + group, group);
 			}
-			q4_pack_rows_f32(&m, w, cols, 0, rows);
+			q4_pack_rows_f32(&m, w, cols, NULL, 0, rows);
 			q4_unpack_rows(&m, 0, rows, u, cols);
 			for (size_t r = 0; r < rows; r++) {
 				for (size_t g = 0; g < 2; g++) {
@@ -316,12 +316,12 @@ static void test_q4_quantize_group_matches_pack(void **state)
 	(void)state;
 	assert_int_equal(q4_matrix_plan(&m, rows, cols, 128, true), 0);
 	m.data = xalloc(q4_matrix_bytes(&m));
-	q4_pack_rows_f32(&m, w, cols, 0, rows);
+	q4_pack_rows_f32(&m, w, cols, NULL, 0, rows);
 	for (size_t r = 0; r < rows; r++) {
 		for (size_t g = 0; g < 2; g++) {
 			float d, mn;
 
-			q4_quantize_group_f32(w + r * cols + g * 128, 128, Q4_RULE_ASYM, q, &d, &mn);
+			q4_quantize_group_f32(w + r * cols + g * 128, NULL, 128, Q4_RULE_ASYM, q, &d, &mn);
 			assert_true(d == q4_scale_d(&m, r, g) && mn == q4_scale_m(&m, r, g));
 			for (size_t k = 0; k < 128; k++)
 				assert_int_equal(q[k], q4_code(&m, r, g * 128 + k));
@@ -331,12 +331,12 @@ static void test_q4_quantize_group_matches_pack(void **state)
 	struct q4_matrix ms;
 	assert_int_equal(q4_matrix_plan(&ms, rows, cols, 32, false), 0);
 	ms.data = xalloc(q4_matrix_bytes(&ms));
-	q4_pack_rows_f32(&ms, w, cols, 0, rows);
+	q4_pack_rows_f32(&ms, w, cols, NULL, 0, rows);
 	for (size_t r = 0; r < rows; r++) {
 		for (size_t g = 0; g < cols / 32; g++) {
 			float d, mn;
 
-			q4_quantize_group_f32(w + r * cols + g * 32, 32, Q4_RULE_SYM_SEARCH, q, &d, &mn);
+			q4_quantize_group_f32(w + r * cols + g * 32, NULL, 32, Q4_RULE_SYM_SEARCH, q, &d, &mn);
 			assert_true(d == q4_scale_d(&ms, r, g) && mn == q4_scale_m(&ms, r, g));
 			for (size_t k = 0; k < 32; k++)
 				assert_int_equal(q[k], q4_code(&ms, r, g * 32 + k));
@@ -349,7 +349,7 @@ static void test_q4_quantize_group_matches_pack(void **state)
 
 	assert_true(quant_quantize_row(QTYPE_Q4_0, w, &blk, 32));
 	quant_dequant_row(QTYPE_Q4_0, &blk, truth, 32);
-	q4_quantize_group_f32(w, 32, Q4_RULE_SYM_Q4_0, q, &d, &mn);
+	q4_quantize_group_f32(w, NULL, 32, Q4_RULE_SYM_Q4_0, q, &d, &mn);
 	for (size_t k = 0; k < 32; k++)
 		assert_true(((float)q[k] - 8.0f) * d == truth[k]);
 	free(m.data);
@@ -396,7 +396,7 @@ static void test_q4_pack_f32_sym_search_never_worse_than_q4_0(void **state)
 				for (size_t k = 0; k < cols; k++)
 					w[r * cols + k] = -w[r * cols + k];
 		}
-		q4_pack_rows_f32(&m, w, cols, 0, rows);
+		q4_pack_rows_f32(&m, w, cols, NULL, 0, rows);
 		q4_unpack_rows(&m, 0, rows, u, cols);
 		for (size_t r = 0; r < rows; r++) {
 			for (size_t g = 0; g < 4; g++) {
@@ -556,10 +556,10 @@ static void test_q4_pack_rows_in_pieces_gives_same_bytes(void **state)
 	b = a;
 	a.data = xalloc(q4_matrix_bytes(&a));
 	b.data = xalloc(q4_matrix_bytes(&b));
-	q4_pack_rows_f32(&a, w, cols, 0, rows);
+	q4_pack_rows_f32(&a, w, cols, NULL, 0, rows);
 	static const size_t order[][2] = { { 40, 5 }, { 3, 10 }, { 0, 3 }, { 13, 27 } };
 	for (size_t i = 0; i < 4; i++)
-		q4_pack_rows_f32(&b, w + order[i][0] * cols, cols, order[i][0], order[i][1]);
+		q4_pack_rows_f32(&b, w + order[i][0] * cols, cols, NULL, order[i][0], order[i][1]);
 	assert_memory_equal(a.data, b.data, q4_matrix_bytes(&a));
 	free(w);
 	free(a.data);

@@ -43,6 +43,8 @@ struct model_ctx {
 	float *head_q;          /* one query head     max head_dim */
 	float *head_acc;        /* one head's output  max head_dim_v */
 	float *row;             /* one dequantized weight row: max row length */
+	model_observe_fn observe;
+	void *observe_arg;
 };
 
 static float to_f16(float x)
@@ -190,6 +192,12 @@ void model_ctx_reset(struct model_ctx *c)
 	c->n_past = 0;
 }
 
+void model_ctx_observe(struct model_ctx *c, model_observe_fn fn, void *arg)
+{
+	c->observe = fn;
+	c->observe_arg = arg;
+}
+
 void model_ctx_truncate(struct model_ctx *c, uint32_t n_past)
 {
 	if (n_past < c->n_past)
@@ -220,6 +228,8 @@ static size_t row_bytes_of(const struct gguf_tensor *t)
 static void matmul(struct model_ctx *c, const struct gguf_tensor *w, const float *x, size_t n_tok,
 		   float *y)
 {
+	if (c->observe)
+		c->observe(c->observe_arg, w, x, n_tok);
 	ops_ref_matmul(w->type, w->data, row_bytes_of(w), w->ne[0], w->ne[1], x, n_tok, y, c->row);
 }
 

@@ -29,6 +29,12 @@ uint32_t model_ctx_n_past(const struct model_ctx *c);
 void model_ctx_truncate(struct model_ctx *c, uint32_t n_past);
 uint32_t model_ctx_max(const struct model_ctx *c);
 
+/* Called with every weight matrix's input before the product (n_tok rows of w->ne[0]
+ * floats): how a quantizer measures which columns the activations lean on (the
+ * importance a calibration pass collects). NULL turns it off; off by default. */
+typedef void (*model_observe_fn)(void *arg, const struct gguf_tensor *w, const float *x, size_t n_tok);
+void model_ctx_observe(struct model_ctx *c, model_observe_fn fn, void *arg);
+
 /* Runs tokens[0..n) at positions n_past.. and appends them to the KV cache. Fails with
  * HEARTH_EKVFULL (and changes nothing) when they do not fit, HEARTH_EINVAL for a token
  * outside the vocabulary. The result does not depend on how a sequence is split into
