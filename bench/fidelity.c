@@ -32,6 +32,7 @@ struct fidelity_args {
 	const char *corpus;             /* --corpus: one document a line, or NULL */
 	const char *calib;              /* --calib: text for the activation statistics, or NULL */
 	const char *ablate_match;       /* --ablate=TEXT: only the ablations whose label has it */
+	const char *imatrix;            /* --imatrix: the loader's imatrix for the int4 builds */
 	const char *label;              /* --label: a note for the table's row, or NULL */
 	const char *path;
 	uint32_t n_seqs, len, seed, threads;
@@ -51,7 +52,7 @@ enum { GREEDY_PROMPT = 16, GREEDY_GEN = 64 };
 /* One int4 build's results. */
 struct fidelity_build {
 	const char *label;
-	char quant[32];
+	char quant[48];
 	struct fidelity_bpw bpw;
 	struct fidelity_summary sum;
 	double ms;
@@ -63,8 +64,9 @@ static void usage(FILE *to)
 {
 	fprintf(to, "usage: bench/fidelity [--seqs N] [--len L] [--seed S] [--no-text] [--corpus FILE] [--threads T]\n"
 		    "                      [--act a16|a8|both] [--weights-group 128|32] [--head-group 128|32|32a]\n"
-		    "                      [--head int4|int6|int8] [--mix auto|off] [--kv f16|bf16|q8] [--ablate]\n"
-		    "                      [--sensitivity] [--label TEXT] [--json] MODEL.gguf\n"
+		    "                      [--head int4|int6|int8] [--mix auto|off] [--kv f16|bf16|q8] [--imatrix FILE]\n"
+		    "                      [--ablate[=MATCH]] [--calib FILE] [--sensitivity] [--label TEXT] [--json]\n"
+		    "                      MODEL.gguf\n"
 		    "  MODEL is an unquantized GGUF (F32, F16 or BF16 matrices).\n"
 		    "  --weights-group is the daemon's weights_group key (the loader's layout for it);\n"
 		    "  --head-group overrides the loader's choice for the embedding/head (128 asymmetric,\n"
@@ -76,6 +78,11 @@ static void usage(FILE *to)
 		    "  with what an int8 copy of it would cost in bits (the mix rule's inputs).\n"
 		    "  --label TEXT: a note the JSON carries for the table's row (\"default\").\n"
 		    "  --kv is the int4 builds' KV cache type (the daemon's kv_type key; default f16).\n"
+		    "  --imatrix FILE: llama-imatrix's statistics steer the int4 builds' scale search\n"
+		    "  (the daemon's imatrix key).\n"
+		    "  --ablate=MATCH runs only the ablations whose label contains MATCH (and the first);\n"
+		    "  --calib FILE (text, one document a line) gives the simulated layouts of the\n"
+		    "  'calib' rows their activation statistics, collected by the f32 engine.\n"
 		    "  Defaults: 4 sequences x 64 positions (the built-in paragraph, then random ids\n"
 		    "  from seed 1), 2 threads, both activation paths.\n"
 		    "  --greedy N: also count, over the first N sequences' first 16 tokens as prompts,\n"
@@ -110,6 +117,8 @@ static int parse_args(int argc, char **argv, struct fidelity_args *a)
 			a->corpus = argv[++i];
 		else if (!strcmp(o, "--calib") && v)
 			a->calib = argv[++i];
+		else if (!strcmp(o, "--imatrix") && v)
+			a->imatrix = argv[++i];
 		else if (!strcmp(o, "--label") && v)
 			a->label = argv[++i];
 		else if (!strcmp(o, "--greedy") && v && !parse_u32(v, 1, 1024, &a->greedy))
@@ -186,6 +195,7 @@ static int load_int4(struct model_q4 **m, const struct fidelity_args *a, enum q4
 	o.head_bits = a->head_bits;
 	o.mix = a->mix;
 	o.kv_type = a->kv_type;
+	o.imatrix = a->imatrix;
 	struct tok *tok;
 	int rc = load_q4(m, &tok, a->path, &o, err);
 	if (rc == 0)

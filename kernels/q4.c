@@ -486,13 +486,25 @@ static const float q4_ones[256] = {
 #undef Q4_ONE8
 };
 
+/* A group's weights: col_w's, or every column alike when there are none or they sum to 0
+ * (columns no calibration token reached: nothing to prefer among them). */
+static const float *group_weights(const float *col_w, size_t col0, size_t n)
+{
+	if (!col_w)
+		return q4_ones;
+	float sum = 0.0f;
+	for (size_t i = 0; i < n; i++)
+		sum += col_w[col0 + i];
+	return sum > 0.0f ? col_w + col0 : q4_ones;
+}
+
 void q4_quantize_group_f32(const float *x, const float *w, size_t n, enum q4_rule rule, uint8_t *q,
 			   float *d, float *m)
 {
 	qfp16 dh, mh;
 
 	if (rule == Q4_RULE_ASYM) {
-		quantize_group_asym(x, w ? w : q4_ones, n, q, &dh, &mh);
+		quantize_group_asym(x, group_weights(w, 0, n), n, q, &dh, &mh);
 		*d = quant_fp16_to_f32(dh);
 		*m = quant_fp16_to_f32(mh);
 		return;
@@ -518,7 +530,7 @@ void q4_pack_rows_f32(struct q4_matrix *m, const float *src, size_t ld, const fl
 			const float *xg = x + g * m->group;
 
 			if (m->asym)
-				quantize_group_asym(xg, col_w ? col_w + g * m->group : q4_ones, m->group, q,
+				quantize_group_asym(xg, group_weights(col_w, g * m->group, m->group), m->group, q,
 						    d_slot(m, row, g), m_slot(m, row, g));
 			else
 				quantize_group_sym_search(xg, m->group, q, d_slot(m, row, g));

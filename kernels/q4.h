@@ -54,9 +54,11 @@ double q4_matrix_bpw(const struct q4_matrix *m);
  * measured on the fp16 d as stored, so never worse than Q4_0's rule. Rows can be
  * packed in any order and any number per call; the call that packs the last row zeroes
  * the pad rows. Only the rows named are touched, so the loader streams a few rows at a
- * time. col_w (NULL, or cols weights >= 0): asym errors and fits weigh column k by col_w[k],
- * the importance of the activation it multiplies (E[x_k^2]: llama.cpp's imatrix idea), so
- * the search spends its precision where the output feels it; sym ignores it. */
+ * time. col_w (NULL, or cols finite weights >= 0): asym errors and fits weigh column k by
+ * col_w[k], the importance of the activation it multiplies (E[x_k^2]: llama.cpp's imatrix
+ * idea), so the search spends its precision where the output feels it; a group whose
+ * weights sum to 0 is searched unweighted, and weights of 1 give the same bytes as NULL.
+ * Sym ignores it. */
 void q4_pack_rows_f32(struct q4_matrix *m, const float *src, size_t ld, const float *col_w, size_t row0,
 		      size_t n_rows);
 

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "daemon/engine/gguf.h"
+#include "daemon/engine/imatrix.h"
 #include "daemon/engine/ledger.h"
 #include "daemon/engine/model.h"
 #include "daemon/engine/tokenizer.h"
@@ -109,6 +110,7 @@ struct load_mat {
 	const char *region;
 	uint32_t group;
 	bool asym, carry;
+	const float *col_w;     /* importance of each column (the imatrix), or NULL */
 };
 
 static size_t load_mat_rows(const struct load_mat *lm)
@@ -146,6 +148,7 @@ struct load_ctx {
 	size_t repack_threads;          /* pool threads that take part in the repack */
 	size_t acts_total;              /* both activation buffers (group 32, group 128) */
 	bool *mix8;                     /* n_layer x MQ4_LAYER_MATRICES: int8 by the mix rule */
+	struct imatrix *imat;           /* opts.imatrix while the model is planned and filled */
 	size_t threads_max;             /* compute threads the scratch is planned for */
 };
 
@@ -199,6 +202,12 @@ static int load_add_mat(struct load_ctx *c, const struct gguf_tensor *t, struct 
 	if (rc < 0)
 		return hearth_error_set(err, rc, "tensor '%.*s': cannot plan its int4 layout (%s)",
 					(int)t->name.len, t->name.ptr, hearth_strerror(rc));
+	/* Only a requantized asymmetric matrix has a scale search to steer. */
+	if (c->imat && lm->asym && !lm->carry) {
+		if ((rc = imatrix_weights(c->imat, t->name.ptr, t->name.len, t->ne[0], &lm->col_w, err)) < 0)
+			return rc;
+		c->m->n_imatrix += lm->col_w != NULL;
+	}
 	return 0;
 }
 
@@ -351,7 +360,7 @@ static void load_step_run(void *arg, size_t t, size_t nt)
 			else if (lm->dst6)
 				q6_pack_rows_f32(lm->dst6, rows, cols, r0, n);
 			else
-				q4_pack_rows_f32(q, rows, cols, NULL, r0, n);
+				q4_pack_rows_f32(q, rows, cols, lm->col_w, r0, n);
 		}
 		if (rc < 0)
 			__atomic_store_n(&st->rc, rc, __ATOMIC_RELAXED);
@@ -905,7 +914,8 @@ static void load_borrow_threads(struct model_q4 *d, const struct model_q4 *m)
  * are all at one group and an int4 embedding/head (the notes after the layers') is at
  * another, "+head_q6" for an int6 one, or "+head_q8" for an int8 one ("+head_q8_g32" when
  * it is at group 32), then
- * "+mix" when the mix rule made layer matrices int8. */
+ * "+mix" when the mix rule made layer matrices int8, then "+imatrix" when an imatrix
+ * steered the scale search of any matrix. */
 static void load_quant_name(struct model_q4 *m)
 {
 	uint32_t n_layer_notes = m->n_layer * MQ4_LAYER_MATRICES;
@@ -925,7 +935,8 @@ static void load_quant_name(struct model_q4 *m)
 		head = h32 ? "+head_q8_g32" : "+head_q8";
 	else if (m->head_bits == LOAD_HEAD_INT6)
 		head = "+head_q6";
-	snprintf(m->quant_name, sizeof m->quant_name, "%s%s%s", layers, head, m->n_mix8 ? "+mix" : "");
+	snprintf(m->quant_name, sizeof m->quant_name, "%s%s%s%s", layers, head, m->n_mix8 ? "+mix" : "",
+		 m->n_imatrix ? "+imatrix" : "");
 }
 
 static uint64_t load_count_params(const struct model *ref)
@@ -1075,6 +1086,7 @@ static void load_draft_ctx_init(struct load_ctx *c, const struct load_opts *o)
 	c->opts.load_record = NULL;
 	c->opts.placement = NULL;
 	memset(&c->opts.draft, 0, sizeof c->opts.draft);
+	c->opts.imatrix = NULL; /* statistics of the model's matrices, not the draft's */
 	c->prefix = ARENA_DRAFT_PREFIX;
 	c->phase = "repacking the draft";
 }
@@ -1085,6 +1097,7 @@ static void load_ctx_close(struct load_ctx *c)
 	free(c->rows);
 	free(c->mats);
 	free(c->mix8);
+	imatrix_close(c->imat);
 	free((void *)c->kvc.layer_shapes);
 	model_q4_free(c->m);
 	tok_free(c->tok);
@@ -1107,6 +1120,8 @@ static void load_ctx_settle(struct load_ctx *c)
 	c->mats = NULL;
 	free(c->mix8);
 	c->mix8 = NULL;
+	imatrix_close(c->imat);
+	c->imat = NULL;
 }
 
 /* Reads path's structure and tokenizer and makes its model, without an arena. A draft is
@@ -1129,6 +1144,8 @@ static int load_open(struct load_ctx *c, const char *path, bool draft, struct he
 		c->opts.max_context = trained;
 	}
 	if ((rc = tok_load(&c->tok, c->file, err)) < 0)
+		return rc;
+	if (c->opts.imatrix && c->opts.imatrix[0] && (rc = imatrix_open(&c->imat, c->opts.imatrix, err)) < 0)
 		return rc;
 	return load_model_new(&c->m, c->ref, c->file, c->o, err);
 }

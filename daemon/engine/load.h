@@ -90,6 +90,13 @@ struct load_opts {
 	/* The mix rule's budget in hundredths of a bit per parameter; 0 reads as
 	 * LOAD_MIX_BUDGET_CBPW (tests and benches move it to see the rule at its edges). */
 	uint32_t mix_budget_cbpw;
+	/* Optional (NULL or ""): an imatrix file (llama-imatrix's GGUF; daemon/engine/imatrix.h)
+	 * whose per-column activation statistics weigh the scale search of every int4 matrix
+	 * requantized from F32/F16/BF16/Q8_0..., so each group's scale and offset fit the
+	 * columns the activations lean on. Matrices it has no statistics for are packed as
+	 * without it; a file that is not an imatrix, or whose row lengths disagree with the
+	 * model's, fails the load before anything is mapped. The draft does not use it. */
+	const char *imatrix;
 	/* Called between tensors; phase is "repacking" etc., what names the tensor. */
 	void (*progress)(void *ctx, const char *phase, const char *what, uint64_t done,
 			 uint64_t total);

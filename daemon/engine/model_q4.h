@@ -115,7 +115,8 @@ struct model_q4 {
 	uint32_t n_notes;
 	uint64_t bytes_weights, bytes_embed_head, bytes_norms, bytes_rope, bytes_scratch;
 	uint32_t n_mix8;           /* layer matrices the mix rule made int8 (load.h) */
-	char quant_name[32];       /* "q4_g128", "q4_g32", "q4_mixed", "q4_g128+head_q6",
+	uint32_t n_imatrix;        /* int4 matrices whose scale search an imatrix steered */
+	char quant_name[48];       /* "q4_g128", "q4_g32", "q4_mixed", "q4_g128+head_q6",
 				    * "q4_g128+mix" ... */
 };
 

@@ -83,6 +83,7 @@ struct hearth_config {
 	char model[PATH_MAX];          /* GGUF file; required ("" until set) */
 	char chat_template[PATH_MAX];  /* a Jinja file for chat instead of the model's own; "" none */
 	char draft_model[PATH_MAX];    /* speculative decoding's draft model (same vocabulary); "" none */
+	char imatrix[PATH_MAX];        /* llama-imatrix statistics for the int4 scale search; "" none */
 	uint64_t draft_kv_budget;      /* bytes for the draft model's KV cache */
 	uint32_t max_context;          /* tokens per sequence; sizes RoPE and per-seq KV */
 	uint64_t kv_budget;            /* bytes for the whole KV cache */

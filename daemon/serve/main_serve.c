@@ -180,6 +180,8 @@ static void *loader_main(void *arg)
 		 : o.head_bits == LOAD_HEAD_INT4 ? "int4"
 						 : "auto",
 		 o.mix == LOAD_MIX_OFF ? "off" : "auto");
+	if (o.imatrix)
+		log_info(ld->log, "with the imatrix %s steering the int4 scale search", o.imatrix);
 	if (o.draft.path)
 		log_info(ld->log, "with the draft model %s in the same arena (draft_kv_budget %llu bytes)",
 			 o.draft.path, (unsigned long long)o.draft.kv_budget);

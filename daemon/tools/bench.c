@@ -47,6 +47,7 @@ struct bench_opts {
 	uint32_t head_bits;         /* load_opts.head_bits: 0 (the mix rule's), 4, 6 or 8 */
 	uint32_t mix;               /* load_opts.mix: LOAD_MIX_AUTO or LOAD_MIX_OFF */
 	uint32_t head_group;        /* load_opts.head_group: 0 (the loader's choice) or a layout */
+	const char *imatrix;        /* load_opts.imatrix, or NULL */
 	bool json;
 };
 
@@ -70,7 +71,7 @@ struct bench_run {
 
 /* Facts of the loaded model that do not depend on the activation path. */
 struct bench_model {
-	char arch[16], name[64], quant[32], backing[16];
+	char arch[16], name[64], quant[48], backing[16];
 	const char *isa;
 	uint64_t n_params, matrix_params, matrix_bytes, decode_weight_bytes, kv_bytes_per_pos;
 	uint64_t kv_sliding_bytes_per_pos; /* sliding layers: read for the last `window` only */
@@ -343,6 +344,7 @@ static int bench_act(const struct bench_opts *o, enum q4_act_kind act, struct be
 	lo.head_bits = o->head_bits;
 	lo.mix = o->mix;
 	lo.head_group = o->head_group;
+	lo.imatrix = o->imatrix;
 	lo.max_seqs = 2;
 	lo.step_tokens = o->pp > BENCH_WARM_TOKENS ? o->pp : BENCH_WARM_TOKENS;
 	lo.max_context = (o->pp + o->tg + 15) / 16 * 16;
@@ -575,6 +577,8 @@ static void bench_usage(FILE *to)
 		"                        (default auto)\n"
 		"      --head-group 128|32|32a  the int4 embedding/head's layout instead of the\n"
 		"                        loader's (group 128 asym, 32 sym, 32 asym): A/B runs\n"
+		"      --imatrix FILE    llama-imatrix statistics for the int4 scale search, as the\n"
+		"                        imatrix key of hearthd.conf(5)\n"
 		"      --kernels NAME    auto|ref|avx2|avx512 (default auto)\n"
 		"      --json            one JSON object instead of the table\n");
 }
@@ -611,7 +615,7 @@ static int bench_parse_word(const char *name, const char *s, const char *const *
 static int bench_parse(int argc, char **argv, struct bench_opts *o)
 {
 	enum { OPT_BENCH = 256, OPT_PP, OPT_TG, OPT_ACT, OPT_PROBE, OPT_KV, OPT_KERNELS, OPT_JSON, OPT_GROUP,
-	       OPT_HEAD, OPT_HEAD_GROUP, OPT_MIX };
+	       OPT_HEAD, OPT_HEAD_GROUP, OPT_MIX, OPT_IMATRIX };
 	static const struct option longopts[] = {
 		{ "bench", no_argument, NULL, OPT_BENCH },
 		{ "model", required_argument, NULL, 'm' },
@@ -626,6 +630,7 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
 		{ "weights-group", required_argument, NULL, OPT_GROUP },
 		{ "head", required_argument, NULL, OPT_HEAD },
 		{ "head-group", required_argument, NULL, OPT_HEAD_GROUP },
+		{ "imatrix", required_argument, NULL, OPT_IMATRIX },
 		{ "mix", required_argument, NULL, OPT_MIX },
 		{ "json", no_argument, NULL, OPT_JSON },
 		{ "help", no_argument, NULL, 'h' },
@@ -726,6 +731,7 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
 			o->head_group = (uint32_t)x;
 			break;
 		}
+		case OPT_IMATRIX: o->imatrix = optarg; break;
 		case OPT_JSON: o->json = true; break;
 		case 'h': bench_usage(stdout); return 1;
 		default: bench_usage(stderr); return -1;

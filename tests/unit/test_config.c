@@ -435,7 +435,8 @@ static void test_config_format_reads_back_every_key(void **state)
 		{ "draft_model", "/srv/d.gguf" }, { "draft_kv_budget", "3MiB" },
 		{ "max_context", "777" }, { "kv_budget", "1536KiB" },
 		{ "kv_type", "q8" }, { "weights", "w4a16" }, { "weights_group", "32" },
-		{ "head", "int8" }, { "weights_mix", "off" }, { "threads", "3" }, { "numa_node", "1" },
+		{ "head", "int8" }, { "weights_mix", "off" }, { "imatrix", "/srv/m.imatrix.gguf" },
+		{ "threads", "3" }, { "numa_node", "1" },
 		{ "hugepages", "none" }, { "lock_memory", "on" }, { "socket", "/tmp/x.sock" },
 		{ "socket_mode", "666" }, { "allow_users", "0,4242,nobody" },
 		{ "allow_groups", "nogroup,777" }, { "max_requests_per_client", "2" },
@@ -693,6 +694,7 @@ static void test_config_reload_difference_follows_the_column(void **state)
 		{ "weights_group", "32", CONFIG_RELOAD_MODEL },
 		{ "head", "int8", CONFIG_RELOAD_MODEL },
 		{ "weights_mix", "off", CONFIG_RELOAD_MODEL },
+		{ "imatrix", "/srv/m.imatrix.gguf", CONFIG_RELOAD_MODEL },
 		{ "threads", "3", CONFIG_RELOAD_MODEL },
 		{ "numa_node", "0", CONFIG_RELOAD_MODEL },
 		{ "hugepages", "thp", CONFIG_RELOAD_MODEL },
@@ -799,7 +801,7 @@ static void test_config_example_shows_the_defaults(void **state)
 			fail_msg("example line '#%s = %s': %s", key, value, err.msg);
 		checked++;
 		if (!strcmp(key, "model") || !strcmp(key, "chat_template") || !strcmp(key, "draft_model") ||
-		    !strcmp(key, "allow_users") ||
+		    !strcmp(key, "imatrix") || !strcmp(key, "allow_users") ||
 		    !strcmp(key, "allow_groups"))
 			continue;
 		char a[512], b[512];
@@ -875,7 +877,7 @@ static void test_config_man_page_and_example_match_the_table(void **state)
 			continue;
 		*eq = '\0';
 		if (!config_key_default(line + 1) && strcmp(line + 1, "model") && strcmp(line + 1, "chat_template") &&
-		    strcmp(line + 1, "draft_model"))
+		    strcmp(line + 1, "draft_model") && strcmp(line + 1, "imatrix"))
 			fail_msg("hearthd.conf.example shows '%s', which is not a key", line + 1);
 		n_example++;
 	}

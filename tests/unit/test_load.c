@@ -4,7 +4,8 @@
  * sampler measures (and a large transient it does see), KV budget errors that say what
  * would fit, the page kind and NUMA placement reported, the file let go after loading, and a
  * draft model loaded into the model's one arena (its regions by name, refused before
- * anything is mapped when its vocabulary or KV budget will not do, freed with the model). */
+ * anything is mapped when its vocabulary or KV budget will not do, freed with the model),
+ * and an imatrix steering the scale search (refused before mapping when it cannot serve). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,6 +19,8 @@
 #include <unistd.h>
 
 #include "daemon/engine/arena.h"
+#include "daemon/engine/gguf.h"
+#include "daemon/engine/imatrix.h"
 #include "daemon/engine/kv.h"
 #include "daemon/engine/ledger.h"
 #include "daemon/engine/load.h"
@@ -959,6 +962,139 @@ static void test_load_refuses_a_draft_before_mapping_anything(void **state)
 	assert_false(file_mapped(dpath));
 }
 
+static void imatrix_fixture(const char *name, char *buf, size_t cap)
+{
+	const char *src = getenv("HEARTH_SRCDIR");
+	if (!src)
+		fail_msg("HEARTH_SRCDIR is not set: run through make check");
+	snprintf(buf, cap, "%s/tests/fixtures/imatrix/%s", src, name);
+}
+
+/* Sum over rows and columns of w[k] * (x - x')^2: the error an imatrix asks the search to
+ * make small, of the int4 matrix q against the file's f32 rows. */
+static double weighted_error(const struct q4_matrix *q, const float *x, const float *w)
+{
+	float *row = malloc(q->cols * sizeof *row);
+	assert_non_null(row);
+	double e = 0;
+	for (size_t r = 0; r < q->rows; r++) {
+		q4_unpack_rows(q, r, 1, row, q->cols);
+		for (size_t k = 0; k < q->cols; k++) {
+			double d = (double)x[r * q->cols + k] - row[k];
+			e += w[k] * d * d;
+		}
+	}
+	free(row);
+	return e;
+}
+
+/* llama.cpp's imatrix of fx-llama (llama-imatrix's own file) steers the scale search of
+ * every layer matrix: the layout is named for it, each matrix comes out closer to the
+ * file's weights in the error the imatrix weighs (the search minimizes it; without the
+ * imatrix it minimizes the plain one), the file is let go after the load, and the draft
+ * (the same file here) is packed without it. */
+static void test_load_imatrix_steers_the_scale_search(void **state)
+{
+	(void)state;
+	char path[4096], ipath[4096];
+	fixture_path("fx-llama.gguf", path, sizeof path);
+	imatrix_fixture("fx-llama.imatrix.gguf", ipath, sizeof ipath);
+	struct load_opts o;
+	small_opts(&o);
+	o.mix = LOAD_MIX_OFF;
+	struct model_q4 *plain = load_fixture("fx-llama.gguf", &o);
+	o.imatrix = ipath;
+	o.draft = (struct load_draft_opts){ path, 1u << 20, false, NULL };
+	struct model_q4 *m = load_fixture("fx-llama.gguf", &o);
+	assert_false(file_mapped(ipath));
+	assert_string_equal(plain->quant_name, "q4_g32");
+	assert_string_equal(m->quant_name, "q4_g32+imatrix");
+	assert_int_equal(m->n_imatrix, m->n_layer * MQ4_LAYER_MATRICES);
+	assert_int_equal(plain->n_imatrix, 0);
+	assert_non_null(m->draft);
+	assert_int_equal(m->draft->n_imatrix, 0);
+	assert_string_equal(m->draft->quant_name, "q4_g32");
+
+	struct gguf_file *f;
+	struct imatrix *im;
+	struct hearth_error e;
+	assert_int_equal(gguf_open(&f, path, &e), 0);
+	assert_int_equal(imatrix_open(&im, ipath, &e), 0);
+	static const char *const names[MQ4_LAYER_MATRICES] = { "attn_q", "attn_k", "attn_v", "attn_output",
+								"ffn_gate", "ffn_up", "ffn_down" };
+	int better = 0, n = 0;
+	for (uint32_t l = 0; l < m->n_layer; l++) {
+		const struct q4_matrix *a[MQ4_LAYER_MATRICES] = { &plain->layers[l].wq, &plain->layers[l].wk,
+			&plain->layers[l].wv, &plain->layers[l].wo, &plain->layers[l].gate, &plain->layers[l].up,
+			&plain->layers[l].down };
+		const struct q4_matrix *b[MQ4_LAYER_MATRICES] = { &m->layers[l].wq, &m->layers[l].wk,
+			&m->layers[l].wv, &m->layers[l].wo, &m->layers[l].gate, &m->layers[l].up,
+			&m->layers[l].down };
+		for (int i = 0; i < MQ4_LAYER_MATRICES; i++) {
+			char name[64];
+			snprintf(name, sizeof name, "blk.%u.%s.weight", l, names[i]);
+			const struct gguf_tensor *t = gguf_tensor_find(f, name);
+			const float *w;
+			assert_non_null(t);
+			assert_int_equal(t->type, QTYPE_F32);
+			assert_int_equal(imatrix_weights(im, name, strlen(name), a[i]->cols, &w, &e), 0);
+			assert_non_null(w);
+			double ea = weighted_error(a[i], t->data, w), eb = weighted_error(b[i], t->data, w);
+			better += eb < ea;
+			n++;
+			/* never much worse on any one matrix, and (below) better on nearly all */
+			if (!(eb <= ea * 1.02))
+				fail_msg("%s: weighted error %g with the imatrix, %g without", name, eb, ea);
+		}
+	}
+	if (better < n - 1)
+		fail_msg("the imatrix lowered the weighted error of only %d of %d matrices", better, n);
+	imatrix_close(im);
+	gguf_close(f);
+	model_q4_free(m);
+	model_q4_free(plain);
+}
+
+/* An imatrix that cannot serve the model fails the load before anything is mapped, and a
+ * swap's plan says the same: a legacy file, and another model's statistics (fx-llama's
+ * 64-wide rows against fx-quant-bf16's 256). */
+static void test_load_refuses_a_bad_imatrix_before_mapping(void **state)
+{
+	(void)state;
+	char path[4096], ipath[4096];
+	struct load_opts o;
+	small_opts(&o);
+	o.arena.pages = ARENA_PAGES_NONE;
+	int before = arena_mappings();
+	struct model_q4 *m = NULL;
+	struct hearth_error e;
+	size_t planned = 1;
+
+	fixture_path("fx-llama.gguf", path, sizeof path);
+	imatrix_fixture("fx-llama.imatrix.dat", ipath, sizeof ipath);
+	o.imatrix = ipath;
+	assert_int_equal(load_path(path, &o, &m, &e), HEARTH_EFORMAT);
+	assert_null(m);
+	assert_non_null(strstr(e.msg, "fx-llama.imatrix.dat"));
+	assert_non_null(strstr(e.msg, "--in-file"));
+	assert_int_equal(arena_mappings(), before);
+	assert_false(file_mapped(path));
+
+	fixture_path("fx-quant-bf16.gguf", path, sizeof path);
+	imatrix_fixture("fx-llama.imatrix.gguf", ipath, sizeof ipath);
+	assert_int_equal(load_path(path, &o, &m, &e), HEARTH_EINVAL);
+	assert_null(m);
+	assert_non_null(strstr(e.msg, "blk.0.attn_q.weight"));
+	assert_non_null(strstr(e.msg, "64 columns"));
+	assert_non_null(strstr(e.msg, "256"));
+	assert_int_equal(arena_mappings(), before);
+	assert_false(file_mapped(path));
+	assert_false(file_mapped(ipath));
+	assert_int_equal(load_plan_size(path, &o, &planned, &e), HEARTH_EINVAL);
+	assert_int_equal(planned, 0);
+	assert_non_null(strstr(e.msg, "64 columns"));
+}
+
 /* fx-quant-f16 is 256 wide: its layers pack at group 128 and the default embedding/head at
  * group 32, so the group-32 activations are the head's alone, and the head reads only the
  * rows whose logits are wanted (at most max_seqs): that buffer holds max_seqs rows, not a
@@ -1014,6 +1150,8 @@ int main(void)
 		cmocka_unit_test(test_load_refuses_a_draft_before_mapping_anything),
 		cmocka_unit_test(test_load_sizes_the_heads_activations_for_the_logit_rows),
 		cmocka_unit_test(test_load_mix_rule_spends_the_budget_in_its_order),
+		cmocka_unit_test(test_load_imatrix_steers_the_scale_search),
+		cmocka_unit_test(test_load_refuses_a_bad_imatrix_before_mapping),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

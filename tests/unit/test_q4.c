@@ -205,7 +205,8 @@ static void test_q4_pack_f32_asym_codes_nearest_for_stored_scales(void **state)
 /* Plain min/max asym quantization of one group, computed here as the rule was before the
  * search: d = (max-min)/15, m = min, both rounded to fp16, nearest codes against them.
  * Returns the sum of squared errors of d*q + m (float) against x, in double. */
-static double minmax_group_sse(const float *x, size_t n)
+/* The min/max fit's squared error, each column's counted w[i] times (w NULL: once). */
+static double minmax_group_wsse(const float *x, const float *w, size_t n)
 {
 	float lo = x[0], hi = x[0];
 
@@ -223,9 +224,14 @@ static double minmax_group_sse(const float *x, size_t n)
 		float q = v < 0.0f ? 0.0f : v > 15.0f ? 15.0f : v;
 		double t = (double)x[i] - (double)(d * q + m);
 
-		e += t * t;
+		e += t * t * (w ? w[i] : 1.0f);
 	}
 	return e;
+}
+
+static double minmax_group_sse(const float *x, size_t n)
+{
+	return minmax_group_wsse(x, NULL, n);
 }
 
 enum group_kind {
@@ -302,6 +308,72 @@ static void test_q4_pack_f32_asym_search_never_worse_than_min_max(void **state)
 	/* And it does find better fits: most random groups improve, the total clearly. */
 	assert_true(better > groups / 2);
 	assert_true(sse_search < 0.95 * sse_plain);
+}
+
+/* Column weights (an imatrix's): weights of 1 give the bytes of no weights; skewed
+ * ones are never fitted worse than min/max in the error they weigh, and fit that error
+ * better than the unweighted search does; a group whose weights are all 0 is searched as
+ * if unweighted. */
+static void test_q4_pack_f32_weighted_search(void **state)
+{
+	uint64_t s = 77;
+	double wsse_weighted = 0, wsse_plain = 0;
+
+	(void)state;
+	for (size_t gi = 0; gi < 2; gi++) {
+		const size_t group = gi ? 128 : 32, rows = 32, cols = 4 * group;
+		float *x = xalloc(rows * cols * sizeof(float)), *u = xalloc(rows * cols * sizeof(float));
+		float *v = xalloc(rows * cols * sizeof(float)), *w = xalloc(cols * sizeof(float));
+		struct q4_matrix a, b;
+
+		assert_int_equal(q4_matrix_plan(&a, rows, cols, group, true), 0);
+		assert_int_equal(q4_matrix_plan(&b, rows, cols, group, true), 0);
+		a.data = xalloc(q4_matrix_bytes(&a));
+		b.data = xalloc(q4_matrix_bytes(&b));
+		for (size_t r = 0; r < rows; r++)
+			for (size_t g = 0; g < 4; g++)
+				fill_group(&s, (enum group_kind)((r + g) % GROUP_KINDS), x + r * cols + g * group, group);
+		for (size_t k = 0; k < cols; k++)
+			w[k] = 1.0f;
+		q4_pack_rows_f32(&a, x, cols, NULL, 0, rows);
+		q4_pack_rows_f32(&b, x, cols, w, 0, rows);
+		assert_memory_equal(a.data, b.data, q4_matrix_bytes(&a));
+		/* the last group's weights all 0: as unweighted */
+		for (size_t k = 0; k < cols; k++)
+			w[k] = k >= 3 * group ? 0.0f : (float)(1.0 + 50.0 * pow((double)(rng_next(&s) >> 11) * 0x1p-53, 8.0));
+		q4_pack_rows_f32(&b, x, cols, w, 0, rows);
+		q4_unpack_rows(&a, 0, rows, u, cols);
+		q4_unpack_rows(&b, 0, rows, v, cols);
+		for (size_t r = 0; r < rows; r++) {
+			for (size_t g = 0; g < 4; g++) {
+				const float *xg = x + r * cols + g * group, *wg = w + g * group;
+				double ew = 0, ep = 0;
+				if (g == 3) {
+					assert_memory_equal(u + r * cols + g * group, v + r * cols + g * group,
+							    group * sizeof(float));
+					continue;
+				}
+				for (size_t i = 0; i < group; i++) {
+					double tw = (double)xg[i] - v[r * cols + g * group + i];
+					double tp = (double)xg[i] - u[r * cols + g * group + i];
+					ew += wg[i] * tw * tw;
+					ep += wg[i] * tp * tp;
+				}
+				double mm = minmax_group_wsse(xg, wg, group);
+				if (!(ew <= mm * (1.0 + 1e-12)))
+					fail_msg("group %zu row %zu half %zu: weighted %.9g > min/max %.9g", group, r, g, ew, mm);
+				wsse_weighted += ew;
+				wsse_plain += ep;
+			}
+		}
+		free(a.data);
+		free(b.data);
+		free(x);
+		free(u);
+		free(v);
+		free(w);
+	}
+	assert_true(wsse_weighted < 0.97 * wsse_plain);
 }
 
 /* The per-group entry bench/fidelity simulates layouts with is the packer's own rule. */
@@ -1785,6 +1857,7 @@ int main(void)
 		cmocka_unit_test(test_q4_plan_reports_size_and_rejects_bad_shapes),
 		cmocka_unit_test(test_q4_pack_f32_asym_codes_nearest_for_stored_scales),
 		cmocka_unit_test(test_q4_pack_f32_asym_search_never_worse_than_min_max),
+		cmocka_unit_test(test_q4_pack_f32_weighted_search),
 		cmocka_unit_test(test_q4_quantize_group_matches_pack),
 		cmocka_unit_test(test_q4_pack_f32_sym_search_never_worse_than_q4_0),
 		cmocka_unit_test(test_q4_0_carry_over_matches_llama_dequant_exactly),

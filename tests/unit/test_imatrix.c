@@ -1,0 +1,194 @@
+/* The imatrix reader against files llama.cpp's llama-imatrix wrote (tests/fixtures/imatrix:
+ * its GGUF output and its legacy .dat on the fx-llama fixture) and against hostile files
+ * built here: every defect is refused with a message that names the file and what is
+ * wrong, and the weights handed out are the file's own values. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon/engine/gguf.h"
+#include "daemon/engine/imatrix.h"
+#include "tests/support/gguf_build.h"
+
+static void fixture(const char *name, char *buf, size_t cap)
+{
+	const char *src = getenv("HEARTH_SRCDIR");
+	if (!src)
+		fail_msg("HEARTH_SRCDIR is not set: run through make check");
+	snprintf(buf, cap, "%s/tests/fixtures/imatrix/%s", src, name);
+}
+
+static void open_ok(const char *name, struct imatrix **im)
+{
+	char path[4096];
+	struct hearth_error e = { 0 };
+	fixture(name, path, sizeof path);
+	if (imatrix_open(im, path, &e) < 0)
+		fail_msg("imatrix_open %s: %s", name, e.msg);
+}
+
+/* llama-imatrix's statistics of fx-llama (2 layers): one entry per layer matrix, each as
+ * wide as the matrix's rows; q, k and v read the same normed input, so their sums of
+ * squares are the same numbers. */
+static void test_imatrix_reads_llama_imatrix_output(void **state)
+{
+	(void)state;
+	struct imatrix *im;
+	struct hearth_error e = { 0 };
+	open_ok("fx-llama.imatrix.gguf", &im);
+	assert_int_equal(imatrix_entries(im), 2 * 7);
+	const float *q, *k, *v, *down, *none;
+	const char *nq = "blk.1.attn_q.weight", *nk = "blk.1.attn_k.weight", *nv = "blk.1.attn_v.weight";
+	assert_int_equal(imatrix_weights(im, nq, strlen(nq), 64, &q, &e), 0);
+	assert_int_equal(imatrix_weights(im, nk, strlen(nk), 64, &k, &e), 0);
+	assert_int_equal(imatrix_weights(im, nv, strlen(nv), 64, &v, &e), 0);
+	assert_non_null(q);
+	assert_memory_equal(q, k, 64 * sizeof(float));
+	assert_memory_equal(q, v, 64 * sizeof(float));
+	double sum = 0;
+	for (int i = 0; i < 64; i++) {
+		assert_true(q[i] >= 0.0f && isfinite(q[i]));
+		sum += q[i];
+	}
+	assert_true(sum > 0.0);
+	/* ffn_down reads the 160-wide gated product: statistics of that width */
+	const char *nd = "blk.0.ffn_down.weight";
+	assert_int_equal(imatrix_weights(im, nd, strlen(nd), 160, &down, &e), 0);
+	assert_non_null(down);
+	/* a matrix it has nothing for: no weights, no error (the name is a prefix of one it has) */
+	assert_int_equal(imatrix_weights(im, "blk.0.attn_q", 12, 64, &none, &e), 0);
+	assert_null(none);
+	assert_int_equal(imatrix_weights(im, "token_embd.weight", 17, 64, &none, &e), 0);
+	assert_null(none);
+	/* another model's row length */
+	assert_int_equal(imatrix_weights(im, nd, strlen(nd), 256, &none, &e), HEARTH_EINVAL);
+	assert_null(none);
+	assert_non_null(strstr(e.msg, "blk.0.ffn_down.weight"));
+	assert_non_null(strstr(e.msg, "160 columns"));
+	assert_non_null(strstr(e.msg, "256"));
+	imatrix_close(im);
+}
+
+static void expect_refused(const char *path, int code, const char *words)
+{
+	struct imatrix *im = (struct imatrix *)1;
+	struct hearth_error e = { 0 };
+	int rc = imatrix_open(&im, path, &e);
+	if (rc != code || !strstr(e.msg, words) || !strstr(e.msg, path))
+		fail_msg("%s: rc %d (want %d), message '%s' (want '%s' and the path)", path, rc, code, e.msg, words);
+	assert_null(im);
+}
+
+static void test_imatrix_refuses_legacy_model_and_missing_files(void **state)
+{
+	(void)state;
+	char path[4096];
+	fixture("fx-llama.imatrix.dat", path, sizeof path);
+	expect_refused(path, HEARTH_EFORMAT, "--in-file");
+	const char *sh = getenv("HEARTH_SHARED");
+	assert_non_null(sh);
+	snprintf(path, sizeof path, "%s/fixtures/fx-llama.gguf", sh);
+	expect_refused(path, HEARTH_EFORMAT, "a model file, not an imatrix");
+	expect_refused("/nonexistent/hearth.imatrix.gguf", HEARTH_ENOTFOUND, "/nonexistent/hearth.imatrix.gguf");
+}
+
+/* One hostile imatrix: a base entry (blk.0.attn_q.weight, 64 columns) changed by `kind`. */
+enum bad { BAD_NAN, BAD_NEGATIVE, BAD_NO_COUNTS, BAD_COUNTS_SHAPE, BAD_F16, BAD_STRAY, BAD_EMPTY,
+	   BAD_TYPE, BAD_TRUNCATED, GOOD_EXPERTS };
+
+static void write_imatrix(const char *path, enum bad kind)
+{
+	struct gguf_build *b;
+	struct hearth_error e = { 0 };
+	assert_int_equal(gguf_build_new(&b, 3, &e), 0);
+	assert_int_equal(gguf_build_kv_str(b, "general.type", kind == BAD_TYPE ? "model" : "imatrix"), 0);
+	uint64_t experts = kind == GOOD_EXPERTS ? 2 : 1;
+	uint64_t ne_sum[2] = { 64, experts }, ne_cnt[2] = { 1, experts }, ne_bad[2] = { 2, experts };
+	int s = -1, c = -1, x = -1;
+	if (kind != BAD_EMPTY)
+		s = gguf_build_tensor(b, "blk.0.attn_q.weight.in_sum2", kind == BAD_F16 ? QTYPE_F16 : QTYPE_F32, 2,
+				      ne_sum);
+	if (kind != BAD_EMPTY && kind != BAD_NO_COUNTS)
+		c = gguf_build_tensor(b, "blk.0.attn_q.weight.counts", QTYPE_F32, 2,
+				      kind == BAD_COUNTS_SHAPE ? ne_bad : ne_cnt);
+	if (kind == BAD_STRAY)
+		x = gguf_build_tensor(b, "blk.0.attn_q.weight", QTYPE_F32, 2, ne_sum);
+	FILE *fp = fopen(path, "wb");
+	assert_non_null(fp);
+	assert_int_equal(gguf_build_write_header(b, fp, &e), 0);
+	float vals[128], cnt[4] = { 100, 100, 100, 100 };
+	for (int i = 0; i < 128; i++)
+		vals[i] = (float)(i % 64) + 1.0f;
+	if (kind == BAD_NAN)
+		vals[37] = NAN;
+	if (kind == BAD_NEGATIVE)
+		vals[5] = -2.0f;
+	if (s >= 0)
+		assert_int_equal(gguf_build_write_tensor(b, fp, s, vals, gguf_build_tensor_size(b, s), &e), 0);
+	if (c >= 0)
+		assert_int_equal(gguf_build_write_tensor(b, fp, c, cnt, gguf_build_tensor_size(b, c), &e), 0);
+	if (x >= 0)
+		assert_int_equal(gguf_build_write_tensor(b, fp, x, vals, gguf_build_tensor_size(b, x), &e), 0);
+	fclose(fp);
+	gguf_build_free(b);
+	if (kind == BAD_TRUNCATED)
+		assert_int_equal(truncate(path, 200), 0);
+}
+
+static void test_imatrix_refuses_hostile_files_by_name(void **state)
+{
+	(void)state;
+	static const struct {
+		enum bad kind;
+		int code;
+		const char *words;
+	} cases[] = {
+		{ BAD_NAN, HEARTH_EFORMAT, "blk.0.attn_q.weight.in_sum2[37] is nan" },
+		{ BAD_NEGATIVE, HEARTH_EFORMAT, "blk.0.attn_q.weight.in_sum2[5] is -2" },
+		{ BAD_NO_COUNTS, HEARTH_EFORMAT, "has no blk.0.attn_q.weight.counts beside it" },
+		{ BAD_COUNTS_SHAPE, HEARTH_EFORMAT, "blk.0.attn_q.weight.counts holds 2 values for 1 experts" },
+		{ BAD_F16, HEARTH_EFORMAT, "blk.0.attn_q.weight.in_sum2 is not an F32 matrix" },
+		{ BAD_STRAY, HEARTH_EFORMAT, "tensor blk.0.attn_q.weight is neither" },
+		{ BAD_EMPTY, HEARTH_EFORMAT, "holds no statistics" },
+		{ BAD_TYPE, HEARTH_EFORMAT, "general.type is not 'imatrix'" },
+		{ BAD_TRUNCATED, HEARTH_EFORMAT, "imatrix" },
+	};
+	char path[256];
+	snprintf(path, sizeof path, "%s/hearth-test-imatrix-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+	int fd = mkstemp(path);
+	assert_true(fd >= 0);
+	close(fd);
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		write_imatrix(path, cases[i].kind);
+		expect_refused(path, cases[i].code, cases[i].words);
+	}
+	/* Statistics per expert are a valid file, but not for a dense matrix. */
+	write_imatrix(path, GOOD_EXPERTS);
+	struct imatrix *im;
+	struct hearth_error e = { 0 };
+	assert_int_equal(imatrix_open(&im, path, &e), 0);
+	const float *w = (const float *)1;
+	assert_int_equal(imatrix_weights(im, "blk.0.attn_q.weight", 19, 64, &w, &e), HEARTH_EINVAL);
+	assert_null(w);
+	assert_non_null(strstr(e.msg, "2 experts"));
+	imatrix_close(im);
+	unlink(path);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_imatrix_reads_llama_imatrix_output),
+		cmocka_unit_test(test_imatrix_refuses_legacy_model_and_missing_files),
+		cmocka_unit_test(test_imatrix_refuses_hostile_files_by_name),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
