@@ -1,7 +1,7 @@
 # Sourced by the speculative-decoding tests (test_speculate.sh, test_draft_model.sh) and
 # test_imatrix.sh: a hearthd on $SOCK, generations through `hearth generate --json`
-# ($GEN_TOKENS tokens), the daemon's draft counters, and TAP lines. The caller sets B (the build directory), TMP and
-# SOCK, and HPID= before its EXIT trap.
+# ($GEN_TOKENS tokens), the daemon's draft counters, and TAP lines. The caller sets B (the
+# build directory), TMP and SOCK, and HPID= before its EXIT trap.
 GEN_TOKENS=${GEN_TOKENS:-64}
 n=0
 fails=0
