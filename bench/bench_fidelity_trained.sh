@@ -8,6 +8,10 @@
 # (else bench/llama_quantize on the node-llama-cpp libllama). HEARTH_FIDELITY_RESULTS: a
 # directory for the --json results (bench/doc_tables.py fidelity-trained).
 # HEARTH_FIDELITY_SHORT=1 leaves out the weights_group 32 builds (the larger model's run).
+# HEARTH_LLAMA_BIN (a native llama.cpp build's bin/, ../shared/anchors/build-llama.sh) adds
+# the importance-matrix rows: llama-imatrix over training chapters (bench/train/calib_text.py,
+# never the held-out ones), then hearth's default with that imatrix (the daemon's imatrix
+# key) beside llama.cpp Q4_K_M and IQ4_XS quantized with the same file.
 set -eu
 builddir=${HEARTH_BUILDDIR:-.}
 srcdir=${HEARTH_SRCDIR:-.}
@@ -48,6 +52,19 @@ echo "== hearth, weights_mix off, int8 embedding/head"
 save 04-hearth-g128-q8 "$builddir/bench/fidelity" $c --greedy 12 --mix off --head int8 "$model"
 echo "== hearth, weights_mix off, int6 embedding/head"
 save 04a-hearth-g128-q6 "$builddir/bench/fidelity" $c --greedy 12 --mix off --head int6 "$model"
+imatrix=
+if [ -n "${HEARTH_LLAMA_BIN:-}" ] && [ -x "$HEARTH_LLAMA_BIN/llama-imatrix" ]; then
+	echo "== importance matrix: llama-imatrix over training chapters"
+	/usr/bin/python3 "$srcdir/bench/train/calib_text.py" "$work/calib.txt"
+	"$HEARTH_LLAMA_BIN/llama-imatrix" -m "$model" -f "$work/calib.txt" -o "$work/imatrix.gguf" -c 128 \
+		>"$work/imatrix.log" 2>&1 || { cat "$work/imatrix.log"; exit 1; }
+	imatrix=$work/imatrix.gguf
+	echo "== hearth, default layout with the imatrix"
+	save 01a-hearth-default-imatrix "$builddir/bench/fidelity" $c --greedy 12 --label "default, imatrix" \
+		--imatrix "$imatrix" "$model"
+else
+	echo "bench_fidelity_trained: no llama-imatrix (set HEARTH_LLAMA_BIN to a llama.cpp build's bin/): imatrix rows skipped"
+fi
 if [ -z "${HEARTH_FIDELITY_SHORT:-}" ]; then
 	echo "== hearth, weights_group 32"
 	save 05-hearth-g32 "$builddir/bench/fidelity" $c --greedy 12 --weights-group 32 --mix off "$model"
@@ -81,3 +98,17 @@ for t in q4_0 q4_k_m iq4_xs; do
 		$chk $c "$model"
 	i=$((i + 1))
 done
+# The same quantizer steered by the same imatrix (llama-quantize --imatrix: the C API cannot
+# pass one, so this needs the native build).
+if [ -n "$imatrix" ] && [ -x "$HEARTH_LLAMA_BIN/llama-quantize" ]; then
+	for t in q4_k_m iq4_xs; do
+		q="$work/model-$t-imatrix.gguf"
+		"$HEARTH_LLAMA_BIN/llama-quantize" --imatrix "$imatrix" "$model" "$q" "$t" 2 >"$work/quantize.log" 2>&1 ||
+			{ cat "$work/quantize.log"; exit 1; }
+		label=$(echo "$t" | tr a-z A-Z)
+		echo "== llama.cpp $label with the imatrix"
+		save "$i-llama-$t-imatrix" "$builddir/bench/fidelity_llama" --lib "$lib" --q4 "$q" \
+			--label "llama.cpp $label, imatrix" --greedy 12 $c "$model"
+		i=$((i + 1))
+	done
+fi

@@ -146,7 +146,7 @@ struct load_ctx {
 					 * big transient */
 	size_t rows_cap;
 	size_t repack_threads;          /* pool threads that take part in the repack */
-	size_t acts_total;              /* both activation buffers (group 32, group 128) */
+	size_t acts_total;              /* every group's activation buffer (model_q4.h acts_off) */
 	bool *mix8;                     /* n_layer x MQ4_LAYER_MATRICES: int8 by the mix rule */
 	struct imatrix *imat;           /* opts.imatrix while the model is planned and filled */
 	size_t threads_max;             /* compute threads the scratch is planned for */
@@ -627,27 +627,30 @@ static int load_plan_scratch(struct load_ctx *c, struct load_sizes *sz, struct h
 	size_t nq = w.q, nk = w.k, nv = w.v, na = w.a, ff = w.ff, widest = E;
 	widest = ff > widest ? ff : widest;
 	widest = na > widest ? na : widest;
-	/* Activations are quantized once per group size the matrices use: the group-32 buffer
-	 * first, the group-128 one at acts_mem + acts_bytes (model_q4.c). A buffer no matrix
-	 * reads is not planned (3 MiB for a 1.7B model at 256 tokens): acts_bytes is then 0 or
-	 * the group-128 buffer is empty. The head reads only the rows whose logits are wanted,
-	 * at most max_seqs (the logits buffer's rows), so a group only the head uses is sized
-	 * for those (the default layout's group-32 head). Group 128 is sized for the widest
-	 * row rounded up to 128, which bounds every row a group-128 matrix can have. */
+	/* Activations are quantized once per group size the matrices use, one buffer each in
+	 * acts_mem (at m->acts_off[mq4_group_slot(group)]). A buffer no matrix reads is not
+	 * planned (3 MiB for a 1.7B model at 256 tokens). The head reads only the rows whose
+	 * logits are wanted, at most max_seqs (the logits buffer's rows), so a group only the
+	 * head uses is sized for those (the default layout's group-32 head). Each buffer is
+	 * sized for the widest row rounded up to its group, which bounds every row a matrix of
+	 * that group can have. */
+	static const size_t groups[MQ4_GROUP_SLOTS] = { 32, 64, 128 };
 	size_t head_rows = o->max_seqs < T ? o->max_seqs : T;
-	size_t r32 = 0, r128 = 0;
+	size_t rows_of[MQ4_GROUP_SLOTS] = { 0 };
 	for (size_t i = 0; i < c->n_mats; i++) {
 		size_t rows = strcmp(c->mats[i].region, ARENA_REGION_EMBED_HEAD) == 0 ? head_rows : T;
-		size_t *r = c->mats[i].group == 32 ? &r32 : &r128;
+		size_t *r = &rows_of[mq4_group_slot(c->mats[i].group)];
 		*r = rows > *r ? rows : *r;
 	}
-	bool g32 = r32 > 0, g128 = r128 > 0;
-	size_t a32 = g32 ? q4_acts_bytes(o->act, r32, widest, 32) : 0;
-	size_t a128 = g128 ? q4_acts_bytes(o->act, r128, (widest + 127) / 128 * 128, 128) : 0;
-	if ((g32 && !a32) || (g128 && !a128))
-		return hearth_error_set(err, HEARTH_ERANGE, "scratch for %zu tokens overflows", T);
-	m->acts_bytes = align64(a32);
-	c->acts_total = m->acts_bytes + align64(a128);
+	c->acts_total = 0;
+	for (int g = 0; g < MQ4_GROUP_SLOTS; g++) {
+		size_t cols = (widest + groups[g] - 1) / groups[g] * groups[g];
+		size_t bytes = rows_of[g] ? q4_acts_bytes(o->act, rows_of[g], cols, groups[g]) : 0;
+		if (rows_of[g] && !bytes)
+			return hearth_error_set(err, HEARTH_ERANGE, "scratch for %zu tokens overflows", T);
+		m->acts_off[g] = c->acts_total;
+		c->acts_total += align64(bytes);
+	}
 	m->attn_state_stride = align64(2 * w.heads * sizeof(float)) / sizeof(float);
 	c->threads_max = load_threads_max(o);
 	size_t scratch = 0;

@@ -23,10 +23,11 @@ struct engine_seq {
 };
 
 /* Activations of one input, prepared once per distinct weight group among the matrices
- * that read it (a file that mixes carried-over g32 and requantized g128 tensors). */
+ * that read it (a file that mixes carried-over g32 and requantized g64/g128 tensors), in
+ * mq4_group_slot order. */
 struct step_acts {
-	struct q4_acts g32, g128;
-	bool have32, have128;
+	struct q4_acts g[MQ4_GROUP_SLOTS];
+	unsigned have;             /* bit s: slot s is prepared */
 };
 
 /* The shared tail of a matmul phase (matmul_phase), one cache line each. */
@@ -40,7 +41,7 @@ struct step {
 	size_t n_spans;
 	uint32_t T;                /* rows (tokens) in the step */
 	uint32_t L;                /* rows whose logits are wanted */
-	uint8_t *acts_mem32, *acts_mem128;
+	uint8_t *acts_mem[MQ4_GROUP_SLOTS];
 	bool row_per_seq;          /* every row is the only row of its sequence */
 	bool want_embd;            /* a span wants its rows' final hidden states */
 	enum vec_kv_type kv_type;  /* the cache's element type, as the vec kernels name it */
@@ -54,16 +55,22 @@ static void split(size_t n, size_t t, size_t nt, size_t *b, size_t *e)
 	pool_split(n, 1, t, nt, b, e);
 }
 
-static void acts_setup(struct step *st, struct step_acts *a, size_t n_tok, size_t cols,
-		       bool need32, bool need128)
+static void acts_setup(struct step *st, struct step_acts *a, size_t n_tok, size_t cols, unsigned need)
 {
-	struct model_q4 *m = st->m;
-	a->have32 = need32;
-	a->have128 = need128;
-	if (need32)
-		q4_acts_init(&a->g32, m->act, n_tok, cols, 32, st->acts_mem32);
-	if (need128)
-		q4_acts_init(&a->g128, m->act, n_tok, cols, 128, st->acts_mem128);
+	static const size_t groups[MQ4_GROUP_SLOTS] = { 32, 64, 128 };
+	a->have = need;
+	for (int s = 0; s < MQ4_GROUP_SLOTS; s++)
+		if (need & 1u << s)
+			q4_acts_init(&a->g[s], st->m->act, n_tok, cols, groups[s], st->acts_mem[s]);
+}
+
+/* Prepares a's prepared slots for rows [b, e) of x. */
+static void acts_rows(const struct model_q4 *m, struct step_acts *a, const float *x, size_t ldx, size_t b,
+		      size_t e)
+{
+	for (int s = 0; s < MQ4_GROUP_SLOTS; s++)
+		if (a->have & 1u << s)
+			m->kern->acts_prepare(&a->g[s], x, ldx, b, e);
 }
 
 static void acts_fill(struct step *st, struct step_acts *a, const float *x, size_t ldx,
@@ -71,12 +78,8 @@ static void acts_fill(struct step *st, struct step_acts *a, const float *x, size
 {
 	size_t b, e;
 	split(n_tok, t, nt, &b, &e);
-	if (b >= e)
-		return;
-	if (a->have32)
-		st->m->kern->acts_prepare(&a->g32, x, ldx, b, e);
-	if (a->have128)
-		st->m->kern->acts_prepare(&a->g128, x, ldx, b, e);
+	if (b < e)
+		acts_rows(st->m, a, x, ldx, b, e);
 }
 
 /* One matrix of a matmul phase: int4, or int8 where the loader's mix rule (or head_bits)
@@ -136,7 +139,7 @@ static void mm_rows(struct step *st, const struct mm_mat *w, const struct step_a
 {
 	size_t rows = mm_rows_of(w);
 	size_t r1 = b1 * Q4_ROWS < rows ? b1 * Q4_ROWS : rows;
-	const struct q4_acts *acts = mm_group(w) == 32 ? &a->g32 : &a->g128;
+	const struct q4_acts *acts = &a->g[mq4_group_slot(mm_group(w))];
 	if (b0 >= b1)
 		return;
 	if (w->w8)
@@ -178,7 +181,7 @@ static void matmul6(struct step *st, const struct q6_matrix *w, const struct ste
 	size_t b, e;
 	pool_split(w->rows, Q4_ROWS, t, nt, &b, &e);
 	if (b < e)
-		st->m->kern->q6_matmul(w, &a->g32, y, w->rows, b, e);
+		st->m->kern->q6_matmul(w, &a->g[mq4_group_slot(Q6_GROUP)], y, w->rows, b, e);
 }
 
 /* An int8 embedding/head (kernels/q8.h) reads the same activations as the int4 matrices. */
@@ -188,15 +191,16 @@ static void matmul8(struct step *st, const struct q8_matrix *w, const struct ste
 	size_t b, e;
 	pool_split(w->rows, Q4_ROWS, t, nt, &b, &e);
 	if (b < e)
-		st->m->kern->q8_matmul(w, w->group == 32 ? &a->g32 : &a->g128, y, w->rows, b, e);
+		st->m->kern->q8_matmul(w, &a->g[mq4_group_slot(w->group)], y, w->rows, b, e);
 }
 
-static bool any_group(const struct mm_mat *ws, size_t n, size_t group)
+/* The slots (acts_setup's need) the matrices ws[0..n) read. */
+static unsigned groups_of(const struct mm_mat *ws, size_t n)
 {
+	unsigned need = 0;
 	for (size_t i = 0; i < n; i++)
-		if (mm_group(&ws[i]) == group)
-			return true;
-	return false;
+		need |= 1u << mq4_group_slot(mm_group(&ws[i]));
+	return need;
 }
 
 /* Bias, per-head q/k norm and RoPE at row i's position for KV heads [h0, h1) and the
@@ -290,12 +294,8 @@ static void step_attention(struct step *st, const struct mq4_layer *L, uint32_t 
 		if (st->row_per_seq)
 			qkv_post(st, L, l, i, h0, h1);
 		attend(st, L, l, i, h0, h1, mx, sm);
-		if (groups == 1) {
-			if (o->have32)
-				m->kern->acts_prepare(&o->g32, m->att, na, i, i + 1);
-			if (o->have128)
-				m->kern->acts_prepare(&o->g128, m->att, na, i, i + 1);
-		}
+		if (groups == 1)
+			acts_rows(m, o, m->att, na, i, i + 1);
 	}
 }
 
@@ -357,7 +357,7 @@ static void step_run(void *arg, size_t t, size_t nt)
 
 		step_rows_norm(st, L->attn_norm, l > 0, prev_post, t, nt);
 		const struct mm_mat qkv[3] = { layer_mat(L, MQ4_WQ), layer_mat(L, MQ4_WK), layer_mat(L, MQ4_WV) };
-		acts_setup(st, &a, T, E, any_group(qkv, 3, 32), any_group(qkv, 3, 128));
+		acts_setup(st, &a, T, E, groups_of(qkv, 3));
 		acts_fill(st, &a, m->xb, E, T, t, nt);
 		pool_barrier(p);
 		matmul_phase(st, &phase, qkv, (float *const[]){ m->q, m->k, m->v }, 3, &a, t, nt);
@@ -369,7 +369,7 @@ static void step_run(void *arg, size_t t, size_t nt)
 			pool_barrier(p);
 		}
 		const struct mm_mat o[1] = { layer_mat(L, MQ4_WO) };
-		acts_setup(st, &a, T, na, any_group(o, 1, 32), any_group(o, 1, 128));
+		acts_setup(st, &a, T, na, groups_of(o, 1));
 		step_attention(st, L, l, &a, t, nt);
 		pool_barrier(p);
 		if (attn_groups(st, L, nt) > 1) {
@@ -380,7 +380,7 @@ static void step_run(void *arg, size_t t, size_t nt)
 		pool_barrier(p);
 		step_rows_norm(st, L->ffn_norm, true, L->attn_post_norm, t, nt);
 		const struct mm_mat gu[2] = { layer_mat(L, MQ4_GATE), layer_mat(L, MQ4_UP) };
-		acts_setup(st, &a, T, E, any_group(gu, 2, 32), any_group(gu, 2, 128));
+		acts_setup(st, &a, T, E, groups_of(gu, 2));
 		acts_fill(st, &a, m->xb, E, T, t, nt);
 		pool_barrier(p);
 		matmul_phase(st, &phase, gu, (float *const[]){ m->hb, m->hb2 }, 2, &a, t, nt);
@@ -390,7 +390,7 @@ static void step_run(void *arg, size_t t, size_t nt)
 		for (size_t i = b; i < e; i++)
 			act(m->hb + i * L->n_ff, m->hb2 + i * L->n_ff, L->n_ff);
 		const struct mm_mat d[1] = { layer_mat(L, MQ4_DOWN) };
-		acts_setup(st, &a, T, L->n_ff, any_group(d, 1, 32), any_group(d, 1, 128));
+		acts_setup(st, &a, T, L->n_ff, groups_of(d, 1));
 		acts_fill(st, &a, m->hb, L->n_ff, T, t, nt);
 		pool_barrier(p);
 		matmul_phase(st, &phase, d, &m->xb, 1, &a, t, nt);
@@ -414,7 +414,7 @@ static void step_run(void *arg, size_t t, size_t nt)
 	const struct q8_matrix *head8 = m->output8.data ? &m->output8 : &m->embd8;
 	const struct q6_matrix *head6 = m->output6.data ? &m->output6 : &m->embd6;
 	size_t hg = int8 ? head8->group : int6 ? Q6_GROUP : head->group;
-	acts_setup(st, &a, st->L, E, hg == 32, hg == 128);
+	acts_setup(st, &a, st->L, E, 1u << mq4_group_slot(hg));
 	pool_barrier(p);
 	acts_fill(st, &a, m->xb, E, st->L, t, nt);
 	pool_barrier(p);
@@ -482,8 +482,8 @@ int model_q4_forward(struct model_q4 *m, const struct engine_span *spans, size_t
 	}
 	struct step st = {
 		.m = m, .spans = spans, .n_spans = n_spans, .T = T, .L = L,
-		.acts_mem32 = m->acts_mem,
-		.acts_mem128 = (uint8_t *)m->acts_mem + m->acts_bytes,
+		.acts_mem = { (uint8_t *)m->acts_mem + m->acts_off[0], (uint8_t *)m->acts_mem + m->acts_off[1],
+			      (uint8_t *)m->acts_mem + m->acts_off[2] },
 		.row_per_seq = row_per_seq,
 		.want_embd = want_embd,
 		.kv_type = kv_elem_type(&m->kv) == QTYPE_BF16    ? VEC_KV_BF16

@@ -38,6 +38,14 @@ struct mq4_rope {
 	float *cos, *sin;          /* max_context x n_rot/2, in the arena */
 };
 
+/* The weight groups a step prepares activations for, one slot each: 32 (carried-over codes,
+ * the int4/int6 head), 64 and 128 (layers requantized at load). */
+#define MQ4_GROUP_SLOTS 3
+static inline int mq4_group_slot(size_t group)
+{
+	return group == 32 ? 0 : group == 64 ? 1 : 2;
+}
+
 struct mq4_layer {
 	uint32_t n_head, n_head_kv, head_dim, head_dim_v, n_ff, n_rot;
 	uint32_t window;
@@ -102,7 +110,9 @@ struct model_q4 {
 	/* scratch for one step of step_tokens tokens (in the arena's scratch region) */
 	float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *logits;
 	void *acts_mem;
-	size_t acts_bytes;
+	/* where each weight group's activations start in acts_mem (mq4_group_slot order: 32,
+	 * 64, 128); a group no matrix reads gets no bytes */
+	size_t acts_off[MQ4_GROUP_SLOTS];
 	float *attn_state;         /* per thread: max[n_head], sum[n_head] of the online softmax */
 	size_t attn_state_stride;
 	int32_t *step_tokens_buf;  /* token, position and sequence of every batch row */
