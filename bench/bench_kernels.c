@@ -1,6 +1,8 @@
 /* Micro-benchmark that steers kernel work (not a test): GEMV GB/s for 2048x6144 and
  * 6144x2048 q4 matrices with 1 and 2 threads against a plain streaming read, and GEMM
- * GOP/s at 512 tokens (from cache) and at 8 (weights from memory), for W4A8 and W4A16. Usage: bench_kernels [ref|avx2|avx512] [ms]. */
+ * GOP/s at 512 tokens (from cache) and at 8 (weights from memory), for W4A8 and W4A16.
+ * Usage: bench_kernels [ref|avx2|avx512] [ms] [g128|g64r8] (the layout: group 128 with fp16
+ * scales, the default, or group 64 with row8's 8-bit scale codes). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,7 +155,8 @@ int main(int argc, char **argv)
 	const char *isa = argc > 1 ? argv[1] : "auto";
 	double budget = (argc > 2 ? atof(argv[2]) : 300.0) / 1000.0;
 	static const size_t shapes[][2] = { { 2048, 6144 }, { 6144, 2048 } };
-	const size_t group = 128, gemm_tok = 512;
+	const bool row8 = argc > 3 && !strcmp(argv[3], "g64r8");
+	const size_t group = row8 ? 64 : 128, gemm_tok = 512;
 	struct pool *pools[2];
 	int cpus[2] = { 0, 1 };
 
@@ -167,8 +170,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "bench_kernels: pool_create failed\n");
 		return 1;
 	}
-	printf("kernels %s, group %zu asym, budget %.0f ms per number (shared machine: noisy)\n", k->name,
-	       group, budget * 1000);
+	printf("kernels %s, group %zu asym%s, budget %.0f ms per number (shared machine: noisy)\n", k->name,
+	       group, row8 ? " row8" : "", budget * 1000);
 	for (int th = 0; th < 2; th++) {
 		double cpu_gbs, gbs = bench_stream(pools[th], budget, &cpu_gbs);
 
@@ -179,7 +182,10 @@ int main(int argc, char **argv)
 		size_t rows = shapes[si][0], cols = shapes[si][1];
 		struct q4_matrix proto;
 
-		q4_matrix_plan(&proto, rows, cols, group, true);
+		if (row8)
+			q4_matrix_plan_row8(&proto, rows, cols, group);
+		else
+			q4_matrix_plan(&proto, rows, cols, group, true);
 		size_t mbytes = q4_matrix_bytes(&proto);
 		size_t n_mats = COPIES_BYTES / mbytes + 1;
 		struct q4_matrix *mats = calloc(n_mats, sizeof(*mats));

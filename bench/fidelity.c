@@ -2,7 +2,7 @@
  * away from the unquantized model, measured against the f32 scalar reference over a corpus
  * of positions (top-1 agreement, mean / p99 / max KL), with the bits per weight each spends.
  * usage: bench/fidelity [--seqs N] [--len L] [--seed S] [--no-text] [--corpus FILE] [--threads T]
- *                       [--act a16|a8|both] [--weights-group 128|32] [--head-group 128|32|32a]
+ *                       [--act a16|a8|both] [--weights-group 128|64|32] [--head-group 128|32|32a]
  *                       [--head int4|int6|int8] [--kv f16|bf16|q8]
  *                       [--ablate] [--json] MODEL.gguf   (F32/F16/BF16)
  * The int4 builds come from the daemon's loader with the same options (weights_group).
@@ -63,7 +63,7 @@ struct fidelity_build {
 static void usage(FILE *to)
 {
 	fprintf(to, "usage: bench/fidelity [--seqs N] [--len L] [--seed S] [--no-text] [--corpus FILE] [--threads T]\n"
-		    "                      [--act a16|a8|both] [--weights-group 128|32] [--head-group 128|32|32a]\n"
+		    "                      [--act a16|a8|both] [--weights-group 128|64|32] [--head-group 128|32|32a]\n"
 		    "                      [--head int4|int6|int8] [--mix auto|off] [--kv f16|bf16|q8] [--imatrix FILE]\n"
 		    "                      [--ablate[=MATCH]] [--calib FILE] [--sensitivity] [--label TEXT] [--json]\n"
 		    "                      MODEL.gguf\n"
@@ -147,7 +147,7 @@ static int parse_args(int argc, char **argv, struct fidelity_args *a)
 		else if (!strcmp(o, "--threads") && v && !parse_u32(v, 1, 256, &a->threads))
 			i++;
 		else if (!strcmp(o, "--weights-group") && v && !parse_u32(v, 32, 128, &a->group) &&
-			 (a->group == 32 || a->group == 128))
+			 (a->group == 32 || a->group == 64 || a->group == 128))
 			i++;
 		else if (!strcmp(o, "--head-group") && v && !strcmp(v, "32a")) {
 			a->head_group = LOAD_GROUP_32_ASYM;

@@ -11,29 +11,48 @@ static size_t align64(size_t n)
 	return (n + 63) & ~(size_t)63;
 }
 
-int q4_matrix_plan(struct q4_matrix *m, size_t rows, size_t cols, size_t group, bool asym)
+static bool group_ok(size_t group)
 {
-	size_t codes, total;
+	return group == 32 || group == 64 || group == 128;
+}
+
+/* Shared by both scale encodings: per row block, `head` bytes, then per group 16 d and
+ * (asym) 16 m of `each` bytes, padded to 64; cols/2 code bytes per row. */
+static int plan_geometry(struct q4_matrix *m, size_t rows, size_t cols, size_t group, bool asym, bool row8)
+{
+	size_t codes, total, head = row8 ? Q4_ROW8_HEAD : 0, each = row8 ? 1 : 2;
 
 	memset(m, 0, sizeof(*m));
-	if (rows == 0 || cols == 0 || (group != 32 && group != 128) || cols % group != 0)
+	if (rows == 0 || cols == 0 || !group_ok(group) || cols % group != 0 || (row8 && !asym))
 		return HEARTH_EINVAL;
+	if (row8 && cols / group > Q4_ROW8_MAX_GROUPS)
+		return HEARTH_ERANGE;
 	m->rows = rows;
 	m->cols = cols;
 	m->group = group;
 	m->asym = asym;
+	m->row8 = row8;
 	m->n_groups = cols / group;
 	m->n_row_blocks = (rows + Q4_ROWS - 1) / Q4_ROWS;
-	/* 16 fp16 per group for d, as many again for m; cols/2 code bytes per row. */
-	if (__builtin_mul_overflow(m->n_groups, (size_t)(asym ? 64 : 32), &m->scale_bytes) ||
-	    m->scale_bytes > SIZE_MAX - 64)
+	if (__builtin_mul_overflow(m->n_groups, (size_t)Q4_ROWS * each * (asym ? 2 : 1), &m->scale_bytes) ||
+	    m->scale_bytes > SIZE_MAX - 64 - head)
 		return HEARTH_ERANGE;
-	m->scale_bytes = align64(m->scale_bytes);
+	m->scale_bytes = align64(m->scale_bytes + head);
 	if (__builtin_mul_overflow(cols, (size_t)(Q4_ROWS / 2), &codes) ||
 	    __builtin_add_overflow(codes, m->scale_bytes, &m->block_bytes) ||
 	    __builtin_mul_overflow(m->block_bytes, m->n_row_blocks, &total))
 		return HEARTH_ERANGE;
 	return 0;
+}
+
+int q4_matrix_plan(struct q4_matrix *m, size_t rows, size_t cols, size_t group, bool asym)
+{
+	return plan_geometry(m, rows, cols, group, asym, false);
+}
+
+int q4_matrix_plan_row8(struct q4_matrix *m, size_t rows, size_t cols, size_t group)
+{
+	return plan_geometry(m, rows, cols, group, true, true);
 }
 
 size_t q4_matrix_bytes(const struct q4_matrix *m)
@@ -59,6 +78,27 @@ static qfp16 *d_slot(const struct q4_matrix *m, size_t row, size_t g)
 static qfp16 *m_slot(const struct q4_matrix *m, size_t row, size_t g)
 {
 	return (qfp16 *)block_of(m, row) + (m->n_groups + g) * Q4_ROWS + row % Q4_ROWS;
+}
+
+/* row8: the row's two fp16 scales, and its 8-bit d and m codes of group g. */
+static qfp16 *sd_slot(const struct q4_matrix *m, size_t row)
+{
+	return (qfp16 *)block_of(m, row) + row % Q4_ROWS;
+}
+
+static qfp16 *sm_slot(const struct q4_matrix *m, size_t row)
+{
+	return (qfp16 *)block_of(m, row) + Q4_ROWS + row % Q4_ROWS;
+}
+
+static uint8_t *dcode_slot(const struct q4_matrix *m, size_t row, size_t g)
+{
+	return block_of(m, row) + Q4_ROW8_HEAD + g * Q4_ROWS + row % Q4_ROWS;
+}
+
+static int8_t *mcode_slot(const struct q4_matrix *m, size_t row, size_t g)
+{
+	return (int8_t *)block_of(m, row) + Q4_ROW8_HEAD + (m->n_groups + g) * Q4_ROWS + row % Q4_ROWS;
 }
 
 /* The 4 bytes row `row` owns in the chunk holding column col (col a multiple of 8). */
@@ -87,8 +127,11 @@ unsigned q4_code(const struct q4_matrix *m, size_t row, size_t col)
 	return j < 4 ? b[j] & 15u : b[j - 4] >> 4;
 }
 
+/* row8's d and m are one float product each, the kernels' own, so every path agrees. */
 float q4_scale_d(const struct q4_matrix *m, size_t row, size_t g)
 {
+	if (m->row8)
+		return quant_fp16_to_f32(*sd_slot(m, row)) * (float)*dcode_slot(m, row, g);
 	return quant_fp16_to_f32(*d_slot(m, row, g));
 }
 
@@ -96,6 +139,8 @@ float q4_scale_m(const struct q4_matrix *m, size_t row, size_t g)
 {
 	if (!m->asym)
 		return -8.0f * q4_scale_d(m, row, g);
+	if (m->row8)
+		return quant_fp16_to_f32(*sm_slot(m, row)) * (float)*mcode_slot(m, row, g);
 	return quant_fp16_to_f32(*m_slot(m, row, g));
 }
 
@@ -105,10 +150,17 @@ static void zero_pad_rows(struct q4_matrix *m, size_t row0, size_t n_rows)
 	if (row0 + n_rows != m->rows)
 		return;
 	for (size_t r = m->rows; r < m->n_row_blocks * Q4_ROWS; r++) {
+		if (m->row8)
+			*sd_slot(m, r) = *sm_slot(m, r) = 0;
 		for (size_t g = 0; g < m->n_groups; g++) {
-			*d_slot(m, r, g) = 0;
-			if (m->asym)
-				*m_slot(m, r, g) = 0;
+			if (m->row8) {
+				*dcode_slot(m, r, g) = 0;
+				*mcode_slot(m, r, g) = 0;
+			} else {
+				*d_slot(m, r, g) = 0;
+				if (m->asym)
+					*m_slot(m, r, g) = 0;
+			}
 		}
 		for (size_t c = 0; c < m->cols; c += Q4_CHUNK_COLS)
 			memset(code_slot(m, r, c), 0, 4);
@@ -517,6 +569,69 @@ void q4_quantize_group_f32(const float *x, const float *w, size_t n, enum q4_rul
 	*m = -8.0f * *d;
 }
 
+/* An fp16 scale that makes `top` (>= 0) about `steps` of it: rounded to fp16, never 0
+ * while top is not (the smallest subnormal instead), never infinite (65504 instead). */
+static qfp16 row8_scale(float top, float steps)
+{
+	qfp16 h = quant_f32_to_fp16(top / steps);
+	float f = quant_fp16_to_f32(h);
+
+	if (!(f > 0.0f) && top > 0.0f)
+		return 0x0001;
+	return isfinite(f) ? h : 0x7bff;
+}
+
+/* One row in the row8 encoding: each group's d and m from the asym search, then the row's
+ * fp16 scales sd (its largest d over 255) and sm (its largest |m| over 127); each group's
+ * d becomes the nearest 8-bit multiple of sd or one either side, whichever fits the group
+ * best once its codes are chosen again against it (weighted as the search was), and its m
+ * the nearest multiple of sm in -127..127. */
+static void pack_row_row8(struct q4_matrix *m, size_t row, const float *x, const float *col_w)
+{
+	float d[Q4_ROW8_MAX_GROUPS], mn[Q4_ROW8_MAX_GROUPS], dmax = 0.0f, mmax = 0.0f;
+	uint8_t q[256], tmp[256];
+
+	for (size_t g = 0; g < m->n_groups; g++) {
+		qfp16 dh, mh;
+
+		quantize_group_asym(x + g * m->group, group_weights(col_w, g * m->group, m->group), m->group, q,
+				    &dh, &mh);
+		d[g] = quant_fp16_to_f32(dh);
+		mn[g] = quant_fp16_to_f32(mh);
+		dmax = d[g] > dmax ? d[g] : dmax;
+		mmax = fabsf(mn[g]) > mmax ? fabsf(mn[g]) : mmax;
+	}
+	*sd_slot(m, row) = row8_scale(dmax, 255.0f);
+	*sm_slot(m, row) = row8_scale(mmax, 127.0f);
+	float sd = quant_fp16_to_f32(*sd_slot(m, row)), sm = quant_fp16_to_f32(*sm_slot(m, row));
+	for (size_t g = 0; g < m->n_groups; g++) {
+		const float *xg = x + g * m->group, *w = group_weights(col_w, g * m->group, m->group);
+		float lo = xg[0], hi = xg[0];
+
+		for (size_t i = 1; i < m->group; i++) {
+			lo = xg[i] < lo ? xg[i] : lo;
+			hi = xg[i] > hi ? xg[i] : hi;
+		}
+		float qd = sd > 0.0f ? roundf(d[g] / sd) : 0.0f, qm = sm > 0.0f ? roundf(mn[g] / sm) : 0.0f;
+		int mc = qm < -127.0f ? -127 : qm > 127.0f ? 127 : (int)qm;
+		int dc0 = qd > 255.0f ? 255 : (int)qd, best_dc = dc0;
+		double best = INFINITY;
+		for (int dc = dc0 - 1; dc <= dc0 + 1; dc++) {
+			if (dc < 0 || dc > 255)
+				continue;
+			double e = group_codes(xg, w, m->group, lo, hi, sd * (float)dc, sm * (float)mc, tmp);
+			if (e < best) {
+				best = e;
+				best_dc = dc;
+				memcpy(q, tmp, m->group);
+			}
+		}
+		*dcode_slot(m, row, g) = (uint8_t)best_dc;
+		*mcode_slot(m, row, g) = (int8_t)mc;
+		put_codes(m, row, g * m->group, q, m->group);
+	}
+}
+
 void q4_pack_rows_f32(struct q4_matrix *m, const float *src, size_t ld, const float *col_w, size_t row0,
 		      size_t n_rows)
 {
@@ -526,6 +641,10 @@ void q4_pack_rows_f32(struct q4_matrix *m, const float *src, size_t ld, const fl
 		const float *x = src + i * ld;
 		size_t row = row0 + i;
 
+		if (m->row8) {
+			pack_row_row8(m, row, x, col_w);
+			continue;
+		}
 		for (size_t g = 0; g < m->n_groups; g++) {
 			const float *xg = x + g * m->group;
 
@@ -545,7 +664,7 @@ int q4_pack_rows_q4_0(struct q4_matrix *m, const void *src, size_t row0, size_t 
 	const struct block_q4_0 *b = src;
 	uint8_t q[QK4_0];
 
-	if (m->group != QK4_0 || m->asym)
+	if (m->row8 || m->group != QK4_0 || m->asym)
 		return HEARTH_EINVAL;
 	for (size_t i = 0; i < n_rows; i++) {
 		size_t row = row0 + i;
@@ -568,7 +687,7 @@ int q4_pack_rows_q4_1(struct q4_matrix *m, const void *src, size_t row0, size_t 
 	const struct block_q4_1 *b = src;
 	uint8_t q[QK4_1];
 
-	if (m->group != QK4_1 || !m->asym)
+	if (m->row8 || m->group != QK4_1 || !m->asym)
 		return HEARTH_EINVAL;
 	for (size_t i = 0; i < n_rows; i++) {
 		size_t row = row0 + i;
@@ -604,7 +723,7 @@ int q4_pack_rows_q4_k(struct q4_matrix *m, const void *src, size_t row0, size_t 
 	const struct block_q4_K *b = src;
 	uint8_t q[QK_K];
 
-	if (m->group != 32 || !m->asym || m->cols % QK_K != 0)
+	if (m->row8 || m->group != 32 || !m->asym || m->cols % QK_K != 0)
 		return HEARTH_EINVAL;
 	for (size_t i = 0; i < n_rows; i++) {
 		size_t row = row0 + i;
@@ -657,8 +776,8 @@ static int acts_layout(enum q4_act_kind kind, size_t n_tok, size_t cols, size_t 
 {
 	size_t elem = kind == Q4_ACT_A16 ? 2 : 1, n, ng;
 
-	if ((kind != Q4_ACT_A16 && kind != Q4_ACT_A8) || n_tok == 0 || cols == 0 ||
-	    (group != 32 && group != 128) || cols % group != 0)
+	if ((kind != Q4_ACT_A16 && kind != Q4_ACT_A8) || n_tok == 0 || cols == 0 || !group_ok(group) ||
+	    cols % group != 0)
 		return HEARTH_EINVAL;
 	if (__builtin_mul_overflow(n_tok, cols, &n) || __builtin_mul_overflow(n, elem, codes) ||
 	    __builtin_mul_overflow(n_tok, cols / group, &ng) ||

@@ -31,12 +31,23 @@ struct q4_matrix {
 	size_t scale_bytes;     /* per row block, a multiple of 64 */
 	size_t block_bytes;     /* per row block: scale_bytes + 8 * group * n_groups */
 	bool asym;
+	bool row8;              /* asym, with d and m as 8-bit codes against per-row scales */
 	uint8_t *data;
 };
 
-/* Fills the geometry for rows x cols at `group` (32 or 128; cols a multiple of it) and
+/* row8 (q4_matrix_plan_row8): the scale region of a row block is 16 fp16 sd (one per row),
+ * 16 fp16 sm, then n_groups x 16 uint8 d codes, then n_groups x 16 int8 m codes, padded to
+ * 64 bytes: d = sd * dcode, m = sm * mcode, each one float product. At group 64 that is the
+ * bytes of group 128's fp16 pairs plus 4 bytes a row (4.28 bits a weight at 2048 columns
+ * against 4.25), for twice the groups. */
+#define Q4_ROW8_HEAD 64
+#define Q4_ROW8_MAX_GROUPS 2048
+
+/* Fills the geometry for rows x cols at `group` (32, 64 or 128; cols a multiple of it) and
  * sets data to NULL. Returns 0, HEARTH_EINVAL for a bad shape, HEARTH_ERANGE when the size overflows. */
 int q4_matrix_plan(struct q4_matrix *m, size_t rows, size_t cols, size_t group, bool asym);
+/* The same for the row8 encoding (asymmetric; at most Q4_ROW8_MAX_GROUPS groups a row). */
+int q4_matrix_plan_row8(struct q4_matrix *m, size_t rows, size_t cols, size_t group);
 size_t q4_matrix_bytes(const struct q4_matrix *m);
 /* Bits per weight the layout spends, scales included (4.125 sym g128, 4.25 asym g128). */
 double q4_matrix_bpw(const struct q4_matrix *m);

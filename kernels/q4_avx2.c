@@ -23,10 +23,20 @@ static inline __m256 load_ph8(const uint8_t *p)
 	return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
 
-/* d and m of rows 8h..8h+7 for group g. */
+/* d and m of rows 8h..8h+7 for group g (row8: the rows' fp16 scales times the group's
+ * 8-bit codes, one product each as in q4_scale_d/m). */
 static inline void group_scales(const struct q4_matrix *w, const uint8_t *blk, size_t g, int h,
 				__m256 *d, __m256 *m)
 {
+	if (w->row8) {
+		const uint8_t *c = blk + Q4_ROW8_HEAD + g * Q4_ROWS + h * 8;
+		__m128i dc = _mm_loadl_epi64((const __m128i *)c);
+		__m128i mc = _mm_loadl_epi64((const __m128i *)(c + w->n_groups * Q4_ROWS));
+
+		*d = _mm256_mul_ps(load_ph8(blk + h * 16), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(dc)));
+		*m = _mm256_mul_ps(load_ph8(blk + 32 + h * 16), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(mc)));
+		return;
+	}
 	*d = load_ph8(blk + g * 32 + h * 16);
 	*m = w->asym ? load_ph8(blk + (w->n_groups + g) * 32 + h * 16)
 		     : _mm256_mul_ps(*d, _mm256_set1_ps(-8.0f));

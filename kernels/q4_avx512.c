@@ -31,10 +31,21 @@ static inline __m512 load_ph16(const uint8_t *p)
 	return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
 }
 
-/* d and m of 16 rows for group g; sym matrices carry m = -8d (exact in float). */
+/* d and m of 16 rows for group g; sym matrices carry m = -8d (exact in float); row8 ones
+ * are the rows' fp16 scales times the group's 8-bit codes, one product each as in
+ * q4_scale_d/m, so W4A8 stays bit for bit the reference's. */
 static inline void group_scales(const struct q4_matrix *w, const uint8_t *blk, size_t g, __m512 *d,
 				__m512 *m)
 {
+	if (w->row8) {
+		const uint8_t *c = blk + Q4_ROW8_HEAD + g * Q4_ROWS;
+		__m128i dc = _mm_loadu_si128((const __m128i *)c);
+		__m128i mc = _mm_loadu_si128((const __m128i *)(c + w->n_groups * Q4_ROWS));
+
+		*d = _mm512_mul_ps(load_ph16(blk), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(dc)));
+		*m = _mm512_mul_ps(load_ph16(blk + 32), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(mc)));
+		return;
+	}
 	*d = load_ph16(blk + g * 32);
 	*m = w->asym ? load_ph16(blk + (w->n_groups + g) * 32) : _mm512_mul_ps(*d, _mm512_set1_ps(-8.0f));
 }

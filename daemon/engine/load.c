@@ -43,7 +43,7 @@ void load_opts_default(struct load_opts *o)
 	o->step_tokens = LOAD_DEFAULT_STEP_TOKENS;
 	o->arena = (struct arena_config)ARENA_CONFIG_DEFAULT;
 	o->act = Q4_ACT_A16;
-	o->weights_group = LOAD_GROUP_128;
+	o->weights_group = LOAD_GROUP_64;
 }
 
 /* The embedding/head is where 4 bits cost the most (a tied one serves as both, and its
@@ -58,13 +58,15 @@ uint32_t load_head_group(uint32_t weights_group)
 
 /* How a source tensor enters the layout: carried-over codes where the layout holds them
  * exactly (or, for Q4_K, with only its scales rounded to fp16), else quantized afresh at
- * `want`: group 128 asymmetric (group 32 asymmetric where rows are not a multiple of
- * 128), group 32 symmetric, or group 32 asymmetric (LOAD_GROUP_32_ASYM). */
+ * `want`: group 128 asymmetric, group 64 asymmetric with 8-bit scale codes (row8; either
+ * at group 32 asymmetric where rows are not a multiple of the group), group 32 symmetric,
+ * or group 32 asymmetric (LOAD_GROUP_32_ASYM). */
 static void load_choose(enum qtype src, size_t cols, uint32_t want, uint32_t *group, bool *asym,
-			bool *carry)
+			bool *carry, bool *row8)
 {
 	*carry = false;
 	*asym = true;
+	*row8 = false;
 	switch (src) {
 	case QTYPE_Q4_0:
 		*group = 32;
@@ -86,9 +88,21 @@ static void load_choose(enum qtype src, size_t cols, uint32_t want, uint32_t *gr
 			*asym = false;
 			return;
 		}
-		*group = cols % 128 == 0 ? 128 : 32;
+		if (want == LOAD_GROUP_64 && cols % 64 == 0) {
+			*group = 64;
+			*row8 = true;
+			return;
+		}
+		*group = want == LOAD_GROUP_128 && cols % 128 == 0 ? 128 : 32;
 		return;
 	}
+}
+
+/* Plans dst for t as load_choose said. */
+static int load_plan_q4(struct q4_matrix *dst, const struct gguf_tensor *t, uint32_t group, bool asym, bool row8)
+{
+	size_t rows = (size_t)(t->n_elems / t->ne[0]), cols = (size_t)t->ne[0];
+	return row8 ? q4_matrix_plan_row8(dst, rows, cols, group) : q4_matrix_plan(dst, rows, cols, group, asym);
 }
 
 /* How a source tensor enters the int8 layout (an int8 embedding/head): Q8_0 carried over
@@ -109,7 +123,7 @@ struct load_mat {
 	struct q8_matrix *dst8;
 	const char *region;
 	uint32_t group;
-	bool asym, carry;
+	bool asym, carry, row8;
 	const float *col_w;     /* importance of each column (the imatrix), or NULL */
 };
 
@@ -191,14 +205,17 @@ static int load_add_mat(struct load_ctx *c, const struct gguf_tensor *t, struct 
 	if (!lm)
 		return HEARTH_ENOMEM;
 	lm->dst = dst;
-	load_choose(t->type, t->ne[0], want, &lm->group, &lm->asym, &lm->carry);
+	load_choose(t->type, t->ne[0], want, &lm->group, &lm->asym, &lm->carry, &lm->row8);
 	/* Layer matrices go to one region per packed type, so the ledger shows them apart. */
-	lm->region = region ? region : lm->group == 128 ? LOAD_REGION_WEIGHTS_G128 : LOAD_REGION_WEIGHTS_G32;
+	lm->region = region                ? region
+		     : lm->group == 128 ? LOAD_REGION_WEIGHTS_G128
+		     : lm->group == 64  ? LOAD_REGION_WEIGHTS_G64
+					: LOAD_REGION_WEIGHTS_G32;
 	if (t->ne[0] % lm->group)
 		return hearth_error_set(err, HEARTH_EUNSUPPORTED,
 					"tensor '%.*s': rows of %llu are not a multiple of 32, which the int4 layout needs",
 					(int)t->name.len, t->name.ptr, (unsigned long long)t->ne[0]);
-	int rc = q4_matrix_plan(dst, t->ne[1] * t->ne[2] * t->ne[3], t->ne[0], lm->group, lm->asym);
+	int rc = load_plan_q4(dst, t, lm->group, lm->asym, lm->row8);
 	if (rc < 0)
 		return hearth_error_set(err, rc, "tensor '%.*s': cannot plan its int4 layout (%s)",
 					(int)t->name.len, t->name.ptr, hearth_strerror(rc));
@@ -465,7 +482,7 @@ static void load_widths(const struct model_q4 *m, struct load_widths *w)
 
 /* Bytes each arena region will hold, summed while the plan walks the model. */
 struct load_sizes {
-	size_t w_g128, w_g32, w_q8; /* layer matrices, by packed type */
+	size_t w_g128, w_g64, w_g32, w_q8; /* layer matrices, by packed type */
 	size_t embed_head, norms, rope, scratch;
 };
 
@@ -513,7 +530,8 @@ static int load_plan_layers(struct load_ctx *c, uint32_t want, struct load_sizes
 			}
 			if ((rc = load_add_mat(c, ts[i], ds[i], NULL, want, err)) < 0)
 				return rc;
-			*(ds[i]->group == 128 ? &sz->w_g128 : &sz->w_g32) += align64(q4_matrix_bytes(ds[i]));
+			*(ds[i]->group == 128 ? &sz->w_g128 : ds[i]->group == 64 ? &sz->w_g64 : &sz->w_g32) +=
+				align64(q4_matrix_bytes(ds[i]));
 		}
 		sz->norms += load_layer_vec_bytes(R);
 		if (R->bo)
@@ -692,8 +710,9 @@ static uint64_t load_mat_cost(const struct gguf_tensor *t, uint32_t want, bool e
 		return cols % g == 0 && q8_matrix_plan(&q, rows, cols, g) == 0 ? align64(q8_matrix_bytes(&q)) : 0;
 	}
 	struct q4_matrix q;
-	load_choose(t->type, cols, want, &g, &asym, &carry);
-	return cols % g == 0 && q4_matrix_plan(&q, rows, cols, g, asym) == 0 ? align64(q4_matrix_bytes(&q)) : 0;
+	bool row8;
+	load_choose(t->type, cols, want, &g, &asym, &carry, &row8);
+	return cols % g == 0 && load_plan_q4(&q, t, g, asym, row8) == 0 ? align64(q4_matrix_bytes(&q)) : 0;
 }
 
 /* Bytes t takes in the int6 layout; 0 when it does not plan. */
@@ -709,8 +728,8 @@ static uint64_t load_mat_cost6(const struct gguf_tensor *t)
 static bool load_mix_candidate(const struct gguf_tensor *t)
 {
 	uint32_t g;
-	bool asym, carry;
-	load_choose(t->type, (size_t)t->ne[0], LOAD_GROUP_128, &g, &asym, &carry);
+	bool asym, carry, row8;
+	load_choose(t->type, (size_t)t->ne[0], LOAD_GROUP_128, &g, &asym, &carry, &row8);
 	return !carry;
 }
 
@@ -813,7 +832,7 @@ static int load_plan(struct load_ctx *c, struct arena_plan *plan, struct hearth_
 		sz.rope += 2 * align64((size_t)o->max_context * (m->ropes[i].n_rot / 2) * sizeof(float));
 	if ((rc = load_plan_kv(c, kvc, &geo, err)) < 0 || (rc = load_plan_scratch(c, &sz, err)) < 0)
 		return rc;
-	m->bytes_weights = sz.w_g128 + sz.w_g32 + sz.w_q8;
+	m->bytes_weights = sz.w_g128 + sz.w_g64 + sz.w_g32 + sz.w_q8;
 	m->bytes_embed_head = sz.embed_head;
 	m->bytes_norms = sz.norms;
 	m->bytes_rope = sz.rope;
@@ -825,6 +844,7 @@ static int load_plan(struct load_ctx *c, struct arena_plan *plan, struct hearth_
 		bool planned;
 	} regions[] = {
 		{ LOAD_REGION_WEIGHTS_G128, sz.w_g128, Q4_ALIGN, sz.w_g128 > 0 },
+		{ LOAD_REGION_WEIGHTS_G64, sz.w_g64, Q4_ALIGN, sz.w_g64 > 0 },
 		{ LOAD_REGION_WEIGHTS_G32, sz.w_g32, Q4_ALIGN, sz.w_g32 > 0 },
 		{ LOAD_REGION_WEIGHTS_Q8, sz.w_q8, Q4_ALIGN, sz.w_q8 > 0 },
 		{ ARENA_REGION_EMBED_HEAD, sz.embed_head, Q4_ALIGN, true },
@@ -913,31 +933,36 @@ static void load_borrow_threads(struct model_q4 *d, const struct model_q4 *m)
 	memcpy(d->cpus, m->cpus, m->n_threads * sizeof *m->cpus);
 }
 
-/* "q4_g128", "q4_g32" or "q4_mixed" for the int4 layer matrices, then "+head_gN" when they
- * are all at one group and an int4 embedding/head (the notes after the layers') is at
- * another, "+head_q6" for an int6 one, or "+head_q8" for an int8 one ("+head_q8_g32" when
- * it is at group 32), then
- * "+mix" when the mix rule made layer matrices int8, then "+imatrix" when an imatrix
- * steered the scale search of any matrix. */
+/* "q4_g128", "q4_g64", "q4_g32" or "q4_mixed" for the int4 layer matrices, then
+ * "+head_gN" when they are all at one group and an int4 embedding/head (the notes after the
+ * layers') is at another, "+head_q6" for an int6 one, or "+head_q8" for an int8 one
+ * ("+head_q8_g32" when it is at group 32), then "+mix" when the mix rule made layer matrices
+ * int8, then "+imatrix" when an imatrix steered the scale search of any matrix. */
 static void load_quant_name(struct model_q4 *m)
 {
+	static const char *const names[MQ4_GROUP_SLOTS] = { "32", "64", "128" };
 	uint32_t n_layer_notes = m->n_layer * MQ4_LAYER_MATRICES;
-	bool g32 = false, g128 = false, h32 = false, h128 = false;
+	unsigned layer_groups = 0, head_groups = 0;
 	for (uint32_t i = 0; i < m->n_notes; i++) {
 		bool head = i >= n_layer_notes;
 		if (!head && m->notes[i].bits == 8)
 			continue;
-		*(head ? &h32 : &g32) |= m->notes[i].group == 32;
-		*(head ? &h128 : &g128) |= m->notes[i].group == 128;
+		*(head ? &head_groups : &layer_groups) |= 1u << mq4_group_slot(m->notes[i].group);
 	}
-	const char *layers = g32 && g128 ? "q4_mixed" : g32 ? "q4_g32" : g128 ? "q4_g128" : "q8";
-	const char *head = g128 && !g32 && h32 ? "+head_g32" : g32 && !g128 && h128 ? "+head_g128" : "";
-	if (!g32 && !g128) /* every layer matrix int8 */
-		head = h32 ? "+head_g32" : "+head_g128";
+	int lg = layer_groups ? __builtin_ctz(layer_groups) : -1, hg = head_groups ? __builtin_ctz(head_groups) : 2;
+	char layers[16], head[24] = "";
+	if (layer_groups & (layer_groups - 1))
+		snprintf(layers, sizeof layers, "q4_mixed");
+	else if (lg < 0) /* every layer matrix int8 */
+		snprintf(layers, sizeof layers, "q8");
+	else
+		snprintf(layers, sizeof layers, "q4_g%s", names[lg]);
 	if (m->head_bits == LOAD_HEAD_INT8)
-		head = h32 ? "+head_q8_g32" : "+head_q8";
+		snprintf(head, sizeof head, "+head_q8%s", hg == 0 ? "_g32" : "");
 	else if (m->head_bits == LOAD_HEAD_INT6)
-		head = "+head_q6";
+		snprintf(head, sizeof head, "+head_q6");
+	else if (lg < 0 || (!(layer_groups & (layer_groups - 1)) && hg != lg))
+		snprintf(head, sizeof head, "+head_g%s", names[hg]);
 	snprintf(m->quant_name, sizeof m->quant_name, "%s%s%s%s", layers, head, m->n_mix8 ? "+mix" : "",
 		 m->n_imatrix ? "+imatrix" : "");
 }
@@ -956,10 +981,11 @@ static int load_check_opts(const struct load_opts *o, struct hearth_error *err)
 	if (o->kv_type != QTYPE_F16 && o->kv_type != QTYPE_BF16 && o->kv_type != QTYPE_KV_Q8)
 		return hearth_error_set(err, HEARTH_EINVAL,
 					"kv_type must be f16, bf16 or q8 for the int4 engine");
-	if ((o->weights_group && o->weights_group != LOAD_GROUP_128 && o->weights_group != LOAD_GROUP_32) ||
+	if ((o->weights_group && o->weights_group != LOAD_GROUP_128 && o->weights_group != LOAD_GROUP_64 &&
+	     o->weights_group != LOAD_GROUP_32) ||
 	    (o->head_group && o->head_group != LOAD_GROUP_128 && o->head_group != LOAD_GROUP_32 &&
 	     o->head_group != LOAD_GROUP_32_ASYM))
-		return hearth_error_set(err, HEARTH_EINVAL, "weights group %u / head group %u: use 128 or 32",
+		return hearth_error_set(err, HEARTH_EINVAL, "weights group %u / head group %u: use 128, 64 or 32",
 					o->weights_group, o->head_group);
 	if (o->head_bits && o->head_bits != LOAD_HEAD_INT4 && o->head_bits != LOAD_HEAD_INT6 &&
 	    o->head_bits != LOAD_HEAD_INT8)

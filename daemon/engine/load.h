@@ -18,13 +18,14 @@ struct tok;
 struct ledger_load;
 
 /* The layer matrices' arena regions, one per packed type (arena.h's "weights.<type>"):
- * group 128 for weights quantized at load (weights_group 128), group 32 for weights
- * quantized at load with weights_group 32, for codes carried over from Q4_0, Q4_1 and Q4_K
- * files, and for rows whose width is not a multiple of 128; "q8" for the layer matrices the
- * mix rule made int8. The token embedding and an untied head live in
+ * group 64 (row8) or 128 for weights quantized at load (weights_group 64, 128), group 32
+ * for weights quantized at load with weights_group 32, for codes carried over from Q4_0,
+ * Q4_1 and Q4_K files, and for rows whose width is not a multiple of the group; "q8" for
+ * the layer matrices the mix rule made int8. The token embedding and an untied head live in
  * ARENA_REGION_EMBED_HEAD whatever their type (int4, int6 or int8). */
 #define LOAD_REGION_WEIGHTS_G128 ARENA_REGION_WEIGHTS ".q4g128"
 #define LOAD_REGION_WEIGHTS_G32 ARENA_REGION_WEIGHTS ".q4g32"
+#define LOAD_REGION_WEIGHTS_G64 ARENA_REGION_WEIGHTS ".q4g64"
 #define LOAD_REGION_WEIGHTS_Q8 ARENA_REGION_WEIGHTS ".q8"
 
 /* Speculative decoding's draft model, loaded with the model into the model's arena: the
@@ -55,9 +56,13 @@ struct load_opts {
 	enum q4_act_kind act;          /* Q4_ACT_A16 (W4A16) or Q4_ACT_A8 (W4A8) */
 	size_t n_threads;              /* 0: every CPU of the arena's NUMA node */
 	/* How matrices read from F32/F16/BF16 are quantized (carried-over Q4_0/Q4_1/Q4_K codes
-	 * keep their own layout): LOAD_GROUP_128, asymmetric group 128 with the scale search
-	 * (4.25 bpw), or LOAD_GROUP_32, symmetric group 32 with the scale search (4.5 bpw,
-	 * Q4_0's format). 0 reads as 128. The embedding/head follows load_head_group(). */
+	 * keep their own layout): LOAD_GROUP_64 (load_opts_default's), asymmetric group 64
+	 * with the scale search and its d and m as 8-bit codes per row (kernels/q4.h row8,
+	 * 4.27 bpw at 2048 columns: a fifth less KL than group 128 on the trained models, at
+	 * group 128's decode speed; doc/benchmarks.md), LOAD_GROUP_128, asymmetric group 128
+	 * with fp16 d and m (4.25 bpw), or LOAD_GROUP_32, symmetric group 32 (4.5 bpw, Q4_0's
+	 * format). Rows not a multiple of the group go to group 32 asymmetric. 0 reads as
+	 * 128. The embedding/head follows load_head_group(). */
 	uint32_t weights_group;
 	/* 0: the embedding/head as load_head_group() says; LOAD_GROUP_128 (asymmetric),
 	 * LOAD_GROUP_32 (symmetric) or LOAD_GROUP_32_ASYM forces that layout for it
@@ -115,6 +120,7 @@ struct load_opts {
 };
 
 #define LOAD_GROUP_128 128u
+#define LOAD_GROUP_64 64u
 #define LOAD_GROUP_32 32u
 /* Not a weights_group: group 32 asymmetric (Q4_1's format, 5.0 bits per weight), the
  * embedding/head's layout when the layers are at group 128. */

@@ -57,7 +57,7 @@ static int socket_check(const struct key *k, const char *v, struct hearth_error 
 
 static const char *const hugepages_words[] = { "auto", "hugetlb", "thp", "none", NULL };
 static const char *const weights_words[] = { "w4a16", "w4a8", NULL };
-static const char *const weights_group_words[] = { "128", "32", NULL };
+static const char *const weights_group_words[] = { "128", "32", "64", NULL };
 static const char *const head_words[] = { "auto", "int4", "int6", "int8", NULL };
 static const char *const weights_mix_words[] = { "auto", "off", NULL };
 static const char *const model_swap_words[] = { "auto", "beside", "drain", NULL };
@@ -89,7 +89,7 @@ static const struct key keys[] = {
 	  .reload = CONFIG_RELOAD_MODEL },
 	{ "weights", &kind_enum, F(weights), "w4a8", .words = weights_words,
 	  .reload = CONFIG_RELOAD_MODEL },
-	{ "weights_group", &kind_enum, F(weights_group), "128", .words = weights_group_words,
+	{ "weights_group", &kind_enum, F(weights_group), "64", .words = weights_group_words,
 	  .reload = CONFIG_RELOAD_MODEL },
 	{ "head", &kind_enum, F(head), "auto", .words = head_words,
 	  .reload = CONFIG_RELOAD_MODEL },
@@ -941,7 +941,9 @@ void config_load_opts(const struct hearth_config *cfg, struct load_opts *o)
 		     : cfg->kv_type == CONFIG_KV_F32 ? QTYPE_F32 /* the loader refuses it, by name */
 						    : QTYPE_F16;
 	o->act = cfg->weights == CONFIG_WEIGHTS_W4A8 ? Q4_ACT_A8 : Q4_ACT_A16;
-	o->weights_group = cfg->weights_group == CONFIG_GROUP_32 ? LOAD_GROUP_32 : LOAD_GROUP_128;
+	o->weights_group = cfg->weights_group == CONFIG_GROUP_32   ? LOAD_GROUP_32
+			   : cfg->weights_group == CONFIG_GROUP_64 ? LOAD_GROUP_64
+								   : LOAD_GROUP_128;
 	o->head_bits = cfg->head == CONFIG_HEAD_INT8 ? LOAD_HEAD_INT8
 		       : cfg->head == CONFIG_HEAD_INT6 ? LOAD_HEAD_INT6
 		       : cfg->head == CONFIG_HEAD_INT4 ? LOAD_HEAD_INT4

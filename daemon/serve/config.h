@@ -38,6 +38,8 @@ enum config_weights_group {
 	CONFIG_GROUP_128,          /* asymmetric group 128, searched scales: 4.25 bpw */
 	CONFIG_GROUP_32,           /* symmetric group 32, searched scales: 4.5 bpw (Q4_0's format),
 				    * embedding/head included */
+	CONFIG_GROUP_64,           /* asymmetric group 64, searched scales as 8-bit codes per
+				    * row: 4.28 bpw at 2048 columns */
 };
 
 /* How the token embedding and the output head are stored (head). */

@@ -43,7 +43,7 @@ struct bench_opts {
 	bool act_a16, act_a8;
 	size_t probe_mib;           /* 0: no probe */
 	enum qtype kv_type;
-	uint32_t weights_group;     /* load_opts.weights_group: 128 or 32 */
+	uint32_t weights_group;     /* load_opts.weights_group: 128, 64 or 32 */
 	uint32_t head_bits;         /* load_opts.head_bits: 0 (the mix rule's), 4, 6 or 8 */
 	uint32_t mix;               /* load_opts.mix: LOAD_MIX_AUTO or LOAD_MIX_OFF */
 	uint32_t head_group;        /* load_opts.head_group: 0 (the loader's choice) or a layout */
@@ -567,8 +567,8 @@ static void bench_usage(FILE *to)
 		"      --probe-mib N     streaming-read probe buffer, 0 = no probe (default 1024)\n"
 		"      --kv f16|bf16|q8  KV cache type (default f16, as llama.cpp's; q8: int8 rows\n"
 		"                        with one f32 scale each)\n"
-		"      --weights-group 128|32  layout of matrices quantized at load, as the\n"
-		"                        weights_group key of hearthd.conf(5) (default 128)\n"
+		"      --weights-group 128|64|32  layout of matrices quantized at load, as the\n"
+		"                        weights_group key of hearthd.conf(5) (default 64)\n"
 		"      --head auto|int4|int6|int8  embedding/head weights, as the head key of\n"
 		"                        hearthd.conf(5) (default auto)\n"
 		"      --mix auto|off    more bits for the most sensitive matrices (an int6 head,\n"
@@ -646,7 +646,7 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
 	o->act_a16 = o->act_a8 = true;
 	o->probe_mib = 1024;
 	o->kv_type = QTYPE_F16;
-	o->weights_group = LOAD_GROUP_128;
+	o->weights_group = LOAD_GROUP_64;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "m:t:r:h", longopts, NULL)) != -1) {
 		switch (c) {
@@ -696,10 +696,10 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
 		}
 		case OPT_KERNELS: o->kernels = optarg; break;
 		case OPT_GROUP: {
-			static const char *const w[] = { "128", "32" };
-			static const int val[] = { LOAD_GROUP_128, LOAD_GROUP_32 };
+			static const char *const w[] = { "128", "64", "32" };
+			static const int val[] = { LOAD_GROUP_128, LOAD_GROUP_64, LOAD_GROUP_32 };
 			int x;
-			if (bench_parse_word("--weights-group", optarg, w, val, 2, &x) < 0)
+			if (bench_parse_word("--weights-group", optarg, w, val, 3, &x) < 0)
 				return -1;
 			o->weights_group = (uint32_t)x;
 			break;

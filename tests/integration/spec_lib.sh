@@ -20,6 +20,23 @@ start() {
 	done
 }
 
+# refused_at_load WORDS DESCRIPTION HEARTHD-OPTION...: a hearthd that must exit on its own
+# (its load refused) with WORDS in its log; one TAP line (check, from the caller).
+refused_at_load() {
+	words=$1 desc=$2
+	shift 2
+	"$B/hearthd" --socket="$SOCK" --threads=2 "$@" >"$TMP/refused.log" 2>&1 &
+	rpid=$!
+	for _ in $(seq 100); do kill -0 $rpid 2>/dev/null || break; sleep 0.1; done
+	kill $rpid 2>/dev/null
+	wait $rpid
+	rc=$?
+	grep -q -- "$words" "$TMP/refused.log" && [ $rc != 0 ]
+	refused=$?
+	[ $refused = 0 ] || sed 's/^/# /' "$TMP/refused.log"
+	check $refused "$desc"
+}
+
 stop() {
 	kill $HPID
 	wait $HPID 2>/dev/null

@@ -133,17 +133,8 @@ check $? "stats: the draft's KV apart from the model's; the welcome names the dr
 stop
 
 # Another vocabulary (Llama 2's SentencePiece against GPT-2 BPE) is refused at load.
-"$B/hearthd" --socket="$SOCK" --threads=2 --model="$FX/fx-qwen3.gguf" --draft-model="$FX/fx-llama.gguf" \
-	--max-context=256 --kv-budget=4MiB >"$TMP/refused.log" 2>&1 &
-rpid=$!
-for _ in $(seq 100); do kill -0 $rpid 2>/dev/null || break; sleep 0.1; done
-kill $rpid 2>/dev/null
-wait $rpid
-rc=$?
-grep -q "vocabularies must be the same" "$TMP/refused.log" && [ $rc != 0 ]
-refused=$?
-[ $refused = 0 ] || sed 's/^/# /' "$TMP/refused.log"
-check $refused "a draft of another vocabulary is refused at load, by name"
+refused_at_load "vocabularies must be the same" "a draft of another vocabulary is refused at load, by name" \
+	--model="$FX/fx-qwen3.gguf" --draft-model="$FX/fx-llama.gguf" --max-context=256 --kv-budget=4MiB
 
 # A swap takes the draft with its model: qwen3 + qwen2 (GPT-2 BPE), then llama + a Llama 2
 # SentencePiece qwen3 (the fx-quant fixture).

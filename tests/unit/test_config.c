@@ -140,7 +140,7 @@ static void test_config_defaults_match_documentation(void **state)
 	assert_false(c.kv_budget_set); /* so a sliding-window model's rings come on top */
 	assert_int_equal(c.kv_type, CONFIG_KV_F16);
 	assert_int_equal(c.weights, CONFIG_WEIGHTS_W4A8);
-	assert_int_equal(c.weights_group, CONFIG_GROUP_128);
+	assert_int_equal(c.weights_group, CONFIG_GROUP_64);
 	assert_int_equal(c.head, CONFIG_HEAD_AUTO);
 	assert_int_equal(c.weights_mix, CONFIG_MIX_AUTO);
 	assert_int_equal(c.threads, 0);
@@ -274,7 +274,7 @@ static void test_config_build_applies_defaults_file_then_flags(void **state)
 	assert_memory_equal(&c, &before, sizeof c);
 	const char *bad_group[] = { "weights-group=16" };
 	assert_int_equal(config_build(&c, path, bad_group, 1, &err), HEARTH_EINVAL);
-	assert_string_equal(err.msg, "command line: weights_group: bad value '16' (use 128, 32)");
+	assert_string_equal(err.msg, "command line: weights_group: bad value '16' (use 128, 32, 64)");
 	assert_memory_equal(&c, &before, sizeof c);
 	path = write_conf("kv_budget = 1GiB\n");
 	assert_int_equal(config_build(&c, path, NULL, 0, &err), HEARTH_EINVAL);
@@ -335,8 +335,8 @@ static const struct bad_line bad_lines[] = {
 	{ "kv_type = q8_0", HEARTH_EINVAL, "kv_type: bad value 'q8_0' (use f16, bf16, f32, q8)" },
 	{ "kv_type = int8", HEARTH_EINVAL, "kv_type: bad value 'int8' (use f16, bf16, f32, q8)" },
 	{ "weights = w8a8", HEARTH_EINVAL, "use w4a16, w4a8" },
-	{ "weights_group = 64", HEARTH_EINVAL, "weights_group: bad value '64' (use 128, 32)" },
-	{ "weights_group = g32", HEARTH_EINVAL, "weights_group: bad value 'g32' (use 128, 32)" },
+	{ "weights_group = 96", HEARTH_EINVAL, "weights_group: bad value '96' (use 128, 32, 64)" },
+	{ "weights_group = g32", HEARTH_EINVAL, "weights_group: bad value 'g32' (use 128, 32, 64)" },
 	{ "weights_groups = 32", HEARTH_ENOTFOUND, "(did you mean 'weights_group'?)" },
 	{ "head = q8", HEARTH_EINVAL, "head: bad value 'q8' (use auto, int4, int6, int8)" },
 	{ "head = 8", HEARTH_EINVAL, "head: bad value '8' (use auto, int4, int6, int8)" },
@@ -546,7 +546,7 @@ static void test_config_unknown_enum_word_names_key_and_words(void **state)
 	const struct { const char *key, *bad, *msg; } cases[] = {
 		{ "kv_type", "q4", "kv_type: bad value 'q4' (use f16, bf16, f32, q8)" },
 		{ "weights", "w8a8", "weights: bad value 'w8a8' (use w4a16, w4a8)" },
-		{ "weights_group", "64", "weights_group: bad value '64' (use 128, 32)" },
+		{ "weights_group", "96", "weights_group: bad value '96' (use 128, 32, 64)" },
 		{ "head", "int2", "head: bad value 'int2' (use auto, int4, int6, int8)" },
 		{ "weights_mix", "no", "weights_mix: bad value 'no' (use auto, off)" },
 		{ "hugepages", "always", "hugepages: bad value 'always' (use auto, hugetlb, thp, none)" },
@@ -605,6 +605,19 @@ static void test_config_head_words_reach_the_loader(void **state)
 	config_defaults(&c);
 	assert_int_equal(config_set(&c, "head", "int5", &err), HEARTH_EINVAL);
 	assert_string_equal(err.msg, "head: bad value 'int5' (use auto, int4, int6, int8)");
+	/* and weights_group's words, the default first */
+	static const struct {
+		const char *word;
+		uint32_t group;
+	} groups[] = { { NULL, LOAD_GROUP_64 }, { "128", LOAD_GROUP_128 }, { "64", LOAD_GROUP_64 }, { "32", LOAD_GROUP_32 } };
+	for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++) {
+		struct load_opts o;
+		config_defaults(&c);
+		if (groups[i].word)
+			assert_int_equal(config_set(&c, "weights_group", groups[i].word, &err), 0);
+		config_load_opts(&c, &o);
+		assert_int_equal(o.weights_group, groups[i].group);
+	}
 }
 
 /* Each kind at its bounds: the bound is taken, one step past it is refused. */

@@ -113,9 +113,10 @@ static void test_load_stores_tied_embedding_once(void **state)
 	model_q4_free(m);
 }
 
-/* One region per packed type: F32/BF16 rows that are a multiple of 128 are quantized at
- * group 128 (at group 32 with weights_group 32); carried-over Q4_0/Q4_K codes stay at group
- * 32; Q4_K_M mixes both unless its Q6_K matrices go to group 32 too. */
+/* One region per packed type: F32/BF16 rows are quantized at group 64 row8 by default, at
+ * group 128 with weights_group 128 (at group 32 where rows do not divide), at group 32 with
+ * weights_group 32; carried-over Q4_0/Q4_K codes stay at group 32; Q4_K_M mixes both
+ * unless its Q6_K matrices go to group 32 too. */
 static void test_load_puts_weights_in_one_region_per_type(void **state)
 {
 	(void)state;
@@ -124,33 +125,39 @@ static void test_load_puts_weights_in_one_region_per_type(void **state)
 	static const struct {
 		const char *file;
 		uint32_t group;
-		bool g128, g32;
+		bool g128, g32, g64;
 	} cases[] = {
-		{ "fx-quant-bf16.gguf", 0, true, false },  /* 256 / 512 wide: group 128 */
-		{ "fx-quant-q4_0.gguf", 0, false, true },  /* carried over */
-		{ "fx-quant-q4_k_m.gguf", 0, true, true }, /* Q4_K carried, Q6_K requantized */
-		{ "fx-llama.gguf", 0, false, true },       /* 64 wide: group 32 */
-		{ "fx-quant-bf16.gguf", LOAD_GROUP_32, false, true },
-		{ "fx-quant-q4_k_m.gguf", LOAD_GROUP_32, false, true },
-		{ "fx-quant-q4_0.gguf", LOAD_GROUP_32, false, true },
+		{ "fx-quant-bf16.gguf", LOAD_GROUP_64, false, false, true }, /* the default: row8 */
+		{ "fx-llama.gguf", LOAD_GROUP_64, false, true, true },       /* ffn_down 160 wide */
+		{ "fx-quant-q4_0.gguf", LOAD_GROUP_64, false, true, false }, /* carried over */
+		{ "fx-quant-bf16.gguf", 0, true, false, false },  /* 256 / 512 wide: group 128 */
+		{ "fx-quant-q4_0.gguf", 0, false, true, false },  /* carried over */
+		{ "fx-quant-q4_k_m.gguf", 0, true, true, false }, /* Q4_K carried, Q6_K requantized */
+		{ "fx-llama.gguf", 0, false, true, false },       /* 64 wide: group 32 */
+		{ "fx-quant-bf16.gguf", LOAD_GROUP_32, false, true, false },
+		{ "fx-quant-q4_k_m.gguf", LOAD_GROUP_32, false, true, false },
+		{ "fx-quant-q4_0.gguf", LOAD_GROUP_32, false, true, false },
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
 		o.weights_group = cases[i].group;
 		struct model_q4 *m = load_fixture(cases[i].file, &o);
 		const struct arena_region *a = region(m, LOAD_REGION_WEIGHTS_G128);
 		const struct arena_region *b = region(m, LOAD_REGION_WEIGHTS_G32);
+		const struct arena_region *c = region(m, LOAD_REGION_WEIGHTS_G64);
 		assert_true((a != NULL) == cases[i].g128);
 		assert_true((b != NULL) == cases[i].g32);
+		assert_true((c != NULL) == cases[i].g64);
 		assert_null(region(m, ARENA_REGION_WEIGHTS));
-		size_t sum = (a ? a->size : 0) + (b ? b->size : 0);
+		size_t sum = (a ? a->size : 0) + (b ? b->size : 0) + (c ? c->size : 0);
 		assert_int_equal(sum, m->bytes_weights);
 		/* every planned byte was carved: the plan was exact */
 		assert_true(!a || a->used == a->size);
 		assert_true(!b || b->used == b->size);
+		assert_true(!c || c->used == c->size);
 		/* each layer matrix sits in its type's region */
 		for (uint32_t l = 0; l < m->n_layer; l++) {
 			const struct q4_matrix *q = &m->layers[l].wq;
-			const struct arena_region *want = q->group == 128 ? a : b;
+			const struct arena_region *want = q->group == 128 ? a : q->group == 64 ? c : b;
 			assert_non_null(want);
 			assert_true(q->data >= want->base && q->data < want->base + want->size);
 		}
@@ -196,15 +203,16 @@ static void test_load_weights_group_32_packs_layers_sym_group_32(void **state)
 	char path[4096];
 	fixture_path("fx-quant-bf16.gguf", path, sizeof path);
 	struct hearth_error e;
-	o.weights_group = 64;
+	o.weights_group = 96;
 	assert_int_equal(load_path(path, &o, &m, &e), HEARTH_EINVAL);
-	assert_non_null(strstr(e.msg, "use 128 or 32"));
+	assert_non_null(strstr(e.msg, "use 128, 64 or 32"));
 	assert_null(m);
 }
 
-/* The default layout on a BF16 file whose rows take group 128: every layer matrix at
- * group 128 asymmetric, the tied embedding/head at group 32 asymmetric (load_head_group,
- * 5.0 bits per weight); head_group puts it back at group 128 or at group 32 symmetric. */
+/* The default layout on a BF16 file whose rows are multiples of 128: every layer matrix at
+ * group 64 in the row8 encoding (weights_group 128: group 128 with fp16 scales), the tied
+ * embedding/head at group 32 asymmetric (load_head_group, 5.0 bits per weight); head_group
+ * puts it back at group 128 or at group 32 symmetric. */
 static void test_load_default_packs_the_head_at_group_32_asym(void **state)
 {
 	(void)state;
@@ -222,20 +230,29 @@ static void test_load_default_packs_the_head_at_group_32_asym(void **state)
 		{ LOAD_GROUP_32, 32, false, 4.5 },
 		{ LOAD_GROUP_128, 128, true, 4.25 },
 	};
-	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-		o.head_group = cases[i].head_group;
+	assert_int_equal(load_head_group(LOAD_GROUP_64), LOAD_GROUP_32_ASYM);
+	struct load_opts d;
+	load_opts_default(&d);
+	assert_int_equal(d.weights_group, LOAD_GROUP_64);
+	for (size_t i = 0; i < 2 * sizeof cases / sizeof cases[0]; i++) {
+		size_t c = i % (sizeof cases / sizeof cases[0]);
+		bool g128 = i >= sizeof cases / sizeof cases[0];
+		o.head_group = cases[c].head_group;
+		o.weights_group = g128 ? LOAD_GROUP_128 : LOAD_GROUP_64;
 		struct model_q4 *m = load_fixture("fx-quant-bf16.gguf", &o);
 		for (uint32_t l = 0; l < m->n_layer; l++) {
 			const struct mq4_layer *L = &m->layers[l];
 			const struct q4_matrix *ws[7] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down };
 			for (int k = 0; k < 7; k++) {
-				assert_int_equal(ws[k]->group, 128);
+				assert_int_equal(ws[k]->group, g128 ? 128 : 64);
 				assert_true(ws[k]->asym);
+				assert_true(ws[k]->row8 == !g128);
 			}
 		}
-		assert_int_equal(m->embd.group, cases[i].group);
-		assert_true(m->embd.asym == cases[i].asym);
-		assert_true(q4_matrix_bpw(&m->embd) == cases[i].bpw);
+		assert_int_equal(m->embd.group, cases[c].group);
+		assert_true(m->embd.asym == cases[c].asym);
+		assert_false(m->embd.row8);
+		assert_true(q4_matrix_bpw(&m->embd) == cases[c].bpw);
 		assert_null(region(m, LOAD_REGION_WEIGHTS_G32));
 		size_t eh = (q4_matrix_bytes(&m->embd) + 63) / 64 * 64;
 		if (m->output.data)
@@ -874,7 +891,8 @@ static void test_load_puts_the_draft_in_the_models_one_arena(void **state)
 		n_draft++;
 	}
 	assert_true(n_draft >= 6);
-	assert_true(region(m, "draft.weights.q4g32") || region(m, "draft.weights.q4g128"));
+	assert_true(region(m, "draft.weights.q4g32") || region(m, "draft.weights.q4g64") ||
+		    region(m, "draft.weights.q4g128"));
 	assert_inside(m->draft->embd.data, region(m, "draft.embed_head"));
 	assert_inside(m->draft->layers[0].attn_norm, region(m, "draft.norms"));
 	assert_inside(m->draft->ropes[0].cos, region(m, "draft.rope"));
@@ -914,6 +932,25 @@ static bool file_mapped(const char *path)
 	return mapped;
 }
 
+/* load_q4 of path with o must fail with code, leaving nothing mapped (before: the arena
+ * mappings there were) and path let go; e holds the message. */
+static void load_refused(const char *path, const struct load_opts *o, int code, int before, struct hearth_error *e)
+{
+	struct model_q4 *m = NULL;
+	assert_int_equal(load_path(path, o, &m, e), code);
+	assert_null(m);
+	assert_int_equal(arena_mappings(), before);
+	assert_false(file_mapped(path));
+}
+
+/* load_plan_size refuses alike, planning nothing. */
+static void plan_refused(const char *path, const struct load_opts *o, int code, struct hearth_error *e)
+{
+	size_t planned = 1;
+	assert_int_equal(load_plan_size(path, o, &planned, e), code);
+	assert_int_equal(planned, 0);
+}
+
 /* A draft of another vocabulary (fx-llama's SentencePiece against GPT-2 BPE) is refused
  * before the arena is mapped, naming both files; so is a draft KV budget that holds no
  * block (naming the draft's budget and region); nothing is left mapped either way, and the
@@ -931,32 +968,24 @@ static void test_load_refuses_a_draft_before_mapping_anything(void **state)
 	struct ledger_load rec;
 	o.load_record = &rec;
 	int before = arena_mappings();
-	struct model_q4 *m = NULL;
 	struct hearth_error e;
 	g_vocab_calls = 0;
 	g_vocab_mappings = -1;
-	assert_int_equal(load_path(path, &o, &m, &e), HEARTH_EINVAL);
-	assert_null(m);
+	load_refused(path, &o, HEARTH_EINVAL, before, &e);
 	assert_false(rec.valid);
 	assert_int_equal(g_vocab_calls, 1);
 	assert_int_equal(g_vocab_mappings, before);
-	assert_int_equal(arena_mappings(), before);
-	assert_false(file_mapped(path));
 	assert_false(file_mapped(dpath));
 	assert_non_null(strstr(e.msg, "draft_model"));
 	assert_non_null(strstr(e.msg, "cannot draft for"));
 	assert_non_null(strstr(e.msg, "32000"));
-	size_t planned = 1;
-	assert_int_equal(load_plan_size(path, &o, &planned, &e), HEARTH_EINVAL);
-	assert_int_equal(planned, 0);
+	plan_refused(path, &o, HEARTH_EINVAL, &e);
 	assert_non_null(strstr(e.msg, "cannot draft for"));
 
 	/* the same vocabulary, but a draft KV budget below one of its blocks */
 	fixture_path("fx-qwen2.gguf", dpath, sizeof dpath);
 	o.draft.kv_budget = 100;
-	assert_int_equal(load_path(path, &o, &m, &e), HEARTH_EINVAL);
-	assert_null(m);
-	assert_int_equal(arena_mappings(), before);
+	load_refused(path, &o, HEARTH_EINVAL, before, &e);
 	assert_non_null(strstr(e.msg, "draft_kv_budget"));
 	assert_non_null(strstr(e.msg, "draft.kv_pool"));
 	assert_false(file_mapped(dpath));
@@ -1007,13 +1036,15 @@ static void test_load_imatrix_steers_the_scale_search(void **state)
 	o.draft = (struct load_draft_opts){ path, 1u << 20, false, NULL };
 	struct model_q4 *m = load_fixture("fx-llama.gguf", &o);
 	assert_false(file_mapped(ipath));
-	assert_string_equal(plain->quant_name, "q4_g32");
-	assert_string_equal(m->quant_name, "q4_g32+imatrix");
+	/* 64 wide but ffn_down (160): group 64 row8 and group 32 */
+	assert_string_equal(plain->quant_name, "q4_mixed");
+	assert_string_equal(m->quant_name, "q4_mixed+imatrix");
+	assert_true(m->layers[0].wq.row8 && !m->layers[0].down.row8);
 	assert_int_equal(m->n_imatrix, m->n_layer * MQ4_LAYER_MATRICES);
 	assert_int_equal(plain->n_imatrix, 0);
 	assert_non_null(m->draft);
 	assert_int_equal(m->draft->n_imatrix, 0);
-	assert_string_equal(m->draft->quant_name, "q4_g32");
+	assert_string_equal(m->draft->quant_name, "q4_mixed");
 
 	struct gguf_file *f;
 	struct imatrix *im;
@@ -1066,32 +1097,23 @@ static void test_load_refuses_a_bad_imatrix_before_mapping(void **state)
 	small_opts(&o);
 	o.arena.pages = ARENA_PAGES_NONE;
 	int before = arena_mappings();
-	struct model_q4 *m = NULL;
 	struct hearth_error e;
-	size_t planned = 1;
 
 	fixture_path("fx-llama.gguf", path, sizeof path);
 	imatrix_fixture("fx-llama.imatrix.dat", ipath, sizeof ipath);
 	o.imatrix = ipath;
-	assert_int_equal(load_path(path, &o, &m, &e), HEARTH_EFORMAT);
-	assert_null(m);
+	load_refused(path, &o, HEARTH_EFORMAT, before, &e);
 	assert_non_null(strstr(e.msg, "fx-llama.imatrix.dat"));
 	assert_non_null(strstr(e.msg, "--in-file"));
-	assert_int_equal(arena_mappings(), before);
-	assert_false(file_mapped(path));
 
 	fixture_path("fx-quant-bf16.gguf", path, sizeof path);
 	imatrix_fixture("fx-llama.imatrix.gguf", ipath, sizeof ipath);
-	assert_int_equal(load_path(path, &o, &m, &e), HEARTH_EINVAL);
-	assert_null(m);
+	load_refused(path, &o, HEARTH_EINVAL, before, &e);
 	assert_non_null(strstr(e.msg, "blk.0.attn_q.weight"));
 	assert_non_null(strstr(e.msg, "64 columns"));
 	assert_non_null(strstr(e.msg, "256"));
-	assert_int_equal(arena_mappings(), before);
-	assert_false(file_mapped(path));
 	assert_false(file_mapped(ipath));
-	assert_int_equal(load_plan_size(path, &o, &planned, &e), HEARTH_EINVAL);
-	assert_int_equal(planned, 0);
+	plan_refused(path, &o, HEARTH_EINVAL, &e);
 	assert_non_null(strstr(e.msg, "64 columns"));
 }
 
@@ -1107,22 +1129,24 @@ static void test_load_sizes_the_heads_activations_for_the_logit_rows(void **stat
 	o.max_seqs = 2;
 	o.step_tokens = 64;
 	o.act = Q4_ACT_A8;
+	o.weights_group = LOAD_GROUP_128;
 	struct model_q4 *m = load_fixture("fx-quant-f16.gguf", &o);
 	size_t E = m->hp.n_embd;
 	assert_int_equal(E % 128, 0);
 	assert_int_equal(m->layers[0].wq.group, 128);
 	assert_int_equal(m->embd.group, 32);
-	assert_true(m->acts_bytes > 0);
-	assert_true(m->acts_bytes < q4_acts_bytes(o.act, o.step_tokens, E, 32));
+	size_t g32 = m->acts_off[1] - m->acts_off[0]; /* the group-32 slot's bytes */
+	assert_true(g32 > 0);
+	assert_true(g32 < q4_acts_bytes(o.act, o.step_tokens, E, 32));
+	assert_int_equal(m->acts_off[2], m->acts_off[1]); /* no group-64 matrix: no bytes */
 	uint64_t scratch = m->bytes_scratch;
-	size_t head_acts = m->acts_bytes;
 	model_q4_free(m);
 
 	o.head_group = LOAD_GROUP_128;
 	m = load_fixture("fx-quant-f16.gguf", &o);
 	assert_int_equal(m->embd.group, 128);
-	assert_int_equal(m->acts_bytes, 0);
-	assert_int_equal(scratch - m->bytes_scratch, head_acts);
+	assert_int_equal(m->acts_off[1] - m->acts_off[0], 0);
+	assert_int_equal(scratch - m->bytes_scratch, g32);
 	model_q4_free(m);
 }
 

@@ -85,19 +85,20 @@ static int setup_variants(void **state)
 
 struct case_shape {
 	size_t rows, cols, group, n_tok;
-	bool asym;
+	bool asym, row8;
 };
 
 static struct case_shape random_shape(uint64_t *s)
 {
 	struct case_shape c;
 
-	c.group = rng_below(s, 2) ? 128 : 32;
+	c.group = (size_t)32 << rng_below(s, 3);     /* 32, 64, 128 */
 	c.rows = 1 + rng_below(s, 80);             /* mostly not a multiple of 16 */
-	c.cols = c.group * (1 + rng_below(s, c.group == 32 ? 12 : 4));
+	c.cols = c.group * (1 + rng_below(s, 384 / c.group));
 	/* A quarter are single tokens: the decode GEMV paths differ from the GEMM tiles. */
 	c.n_tok = rng_below(s, 4) == 0 ? 1 : 1 + rng_below(s, 33);
 	c.asym = rng_below(s, 2);
+	c.row8 = c.asym && rng_below(s, 2); /* the 8-bit scale codes of row8 */
 	return c;
 }
 
@@ -106,7 +107,10 @@ static struct q4_matrix packed_random(uint64_t *s, const struct case_shape *c, f
 	struct q4_matrix m;
 	float *w = random_floats(s, c->rows * c->cols, 1.0f);
 
-	assert_int_equal(q4_matrix_plan(&m, c->rows, c->cols, c->group, c->asym), 0);
+	if (c->row8)
+		assert_int_equal(q4_matrix_plan_row8(&m, c->rows, c->cols, c->group), 0);
+	else
+		assert_int_equal(q4_matrix_plan(&m, c->rows, c->cols, c->group, c->asym), 0);
 	m.data = xalloc(q4_matrix_bytes(&m));
 	q4_pack_rows_f32(&m, w, c->cols, NULL, 0, c->rows);
 	if (w_out)
@@ -144,8 +148,21 @@ static void test_q4_plan_reports_size_and_rejects_bad_shapes(void **state)
 	assert_int_equal(m.n_row_blocks, 3);
 	assert_int_equal(m.block_bytes % Q4_ALIGN, 0);
 
+	/* row8 at group 64: 64 bytes of per-row fp16 scales a block, then a byte each for d and
+	 * m per (row, group): 2048 x 2048 is 4.25 + 32/2048 = 4.265625 bits a weight. */
+	assert_int_equal(q4_matrix_plan_row8(&m, 2048, 2048, 64), 0);
+	assert_true(m.row8 && m.asym);
+	assert_int_equal(m.scale_bytes, 64 + 32 * 32);
+	assert_true(fabs(q4_matrix_bpw(&m) - 4.265625) < 1e-12);
+	assert_int_equal(q4_matrix_plan_row8(&m, 17, 192, 64), 0);
+	assert_int_equal(m.scale_bytes, 192); /* 64 + 3 x 32 = 160, padded */
+	assert_int_equal(m.block_bytes, 192 + 16 * 96);
+	assert_int_equal(q4_matrix_plan(&m, 16, 128, 64, true), 0);
+	assert_true(fabs(q4_matrix_bpw(&m) - 4.5) < 1e-12);
+	assert_int_equal(q4_matrix_plan_row8(&m, 16, 96, 64), HEARTH_EINVAL); /* cols % group */
+	assert_int_equal(q4_matrix_plan_row8(&m, 16, 64 * (Q4_ROW8_MAX_GROUPS + 1), 64), HEARTH_ERANGE);
 	assert_int_equal(q4_matrix_plan(&m, 16, 100, 32, true), HEARTH_EINVAL);  /* cols % group */
-	assert_int_equal(q4_matrix_plan(&m, 16, 128, 64, true), HEARTH_EINVAL);  /* group */
+	assert_int_equal(q4_matrix_plan(&m, 16, 192, 96, true), HEARTH_EINVAL);  /* group */
 	assert_int_equal(q4_matrix_plan(&m, 0, 128, 32, true), HEARTH_EINVAL);
 	assert_int_equal(q4_matrix_plan(&m, SIZE_MAX / 4, 1u << 20, 128, true), HEARTH_ERANGE);
 	{
@@ -624,18 +641,84 @@ static void test_q4_pack_rows_in_pieces_gives_same_bytes(void **state)
 	struct q4_matrix a, b;
 
 	(void)state;
-	assert_int_equal(q4_matrix_plan(&a, rows, cols, 128, true), 0);
-	b = a;
+	for (int row8 = 0; row8 < 2; row8++) {
+		if (row8)
+			assert_int_equal(q4_matrix_plan_row8(&a, rows, cols, 64), 0);
+		else
+			assert_int_equal(q4_matrix_plan(&a, rows, cols, 128, true), 0);
+		b = a;
+		a.data = xalloc(q4_matrix_bytes(&a));
+		b.data = xalloc(q4_matrix_bytes(&b));
+		memset(b.data, 0xA5, q4_matrix_bytes(&b));
+		q4_pack_rows_f32(&a, w, cols, NULL, 0, rows);
+		static const size_t order[][2] = { { 40, 5 }, { 3, 10 }, { 0, 3 }, { 13, 27 } };
+		for (size_t i = 0; i < 4; i++)
+			q4_pack_rows_f32(&b, w + order[i][0] * cols, cols, NULL, order[i][0], order[i][1]);
+		/* only the bytes the layout defines: scale padding is never read */
+		for (size_t r = 0; r < a.n_row_blocks * Q4_ROWS; r++) {
+			for (size_t g = 0; g < a.n_groups; g++) {
+				assert_true(q4_scale_d(&a, r, g) == q4_scale_d(&b, r, g));
+				assert_true(q4_scale_m(&a, r, g) == q4_scale_m(&b, r, g));
+			}
+			for (size_t k = 0; k < cols; k++)
+				assert_int_equal(q4_code(&a, r, k), q4_code(&b, r, k));
+		}
+		free(a.data);
+		free(b.data);
+	}
+	free(w);
+}
+
+/* row8 keeps the search's fit but for rounding each group's d and m to 8-bit multiples of
+ * the row's scales: on every kind of group its squared error stays within a few percent
+ * of the same search with fp16 d and m at group 64 (the bound the encoding was chosen
+ * for), pad rows read as zero, and carried-over codes are refused (they have their own
+ * fp16 scales). */
+static void test_q4_row8_close_to_fp16_scales(void **state)
+{
+	uint64_t s = 88;
+	const size_t rows = 40, cols = 1024;
+	float *w = xalloc(rows * cols * sizeof(float)), *u = xalloc(16 * 3 * cols * sizeof(float));
+	float *v = xalloc(16 * 3 * cols * sizeof(float));
+	struct q4_matrix a, b;
+	double ea = 0, eb = 0;
+
+	(void)state;
+	for (size_t r = 0; r < rows; r++)
+		for (size_t g = 0; g < cols / 64; g++)
+			fill_group(&s, r % 4 == 3 ? GROUP_OUTLIER : GROUP_NORMALISH, w + r * cols + g * 64, 64);
+	assert_int_equal(q4_matrix_plan(&a, rows, cols, 64, true), 0);
+	assert_int_equal(q4_matrix_plan_row8(&b, rows, cols, 64), 0);
+	assert_true(b.block_bytes < a.block_bytes);
 	a.data = xalloc(q4_matrix_bytes(&a));
 	b.data = xalloc(q4_matrix_bytes(&b));
 	q4_pack_rows_f32(&a, w, cols, NULL, 0, rows);
-	static const size_t order[][2] = { { 40, 5 }, { 3, 10 }, { 0, 3 }, { 13, 27 } };
-	for (size_t i = 0; i < 4; i++)
-		q4_pack_rows_f32(&b, w + order[i][0] * cols, cols, NULL, order[i][0], order[i][1]);
-	assert_memory_equal(a.data, b.data, q4_matrix_bytes(&a));
-	free(w);
+	q4_pack_rows_f32(&b, w, cols, NULL, 0, rows);
+	q4_unpack_rows(&a, 0, 48, u, cols);
+	q4_unpack_rows(&b, 0, 48, v, cols);
+	for (size_t i = 0; i < rows * cols; i++) {
+		ea += ((double)w[i] - u[i]) * ((double)w[i] - u[i]);
+		eb += ((double)w[i] - v[i]) * ((double)w[i] - v[i]);
+	}
+	for (size_t i = rows * cols; i < 48 * cols; i++)
+		assert_true(v[i] == 0.0f);
+	if (!(eb <= 1.05 * ea))
+		fail_msg("row8 squared error %g against fp16 scales' %g", eb, ea);
+	assert_true(eb > 0.0);
+	fprintf(stderr, "# row8 / fp16-scale squared error at group 64: %.4f\n", eb / ea);
+	struct block_q4_1 blk[1024 / 32];
+	struct q4_matrix c;
+	memset(blk, 0, sizeof blk);
+	assert_int_equal(q4_matrix_plan_row8(&c, 1, 1024, 32), 0); /* Q4_1's own group and kind */
+	c.data = xalloc(q4_matrix_bytes(&c));
+	assert_int_equal(q4_pack_rows_q4_1(&c, blk, 0, 1), HEARTH_EINVAL);
+	assert_int_equal(q4_pack_rows_q4_k(&c, blk, 0, 1), HEARTH_EINVAL);
+	free(c.data);
 	free(a.data);
 	free(b.data);
+	free(w);
+	free(u);
+	free(v);
 }
 
 /* ---- activations ---- */
@@ -755,8 +838,8 @@ static void test_q4_w4a8_every_isa_bit_exact_vs_reference(void **state)
 
 			matmul_split(variants[v], &m, &a, y, split);
 			if (memcmp(y, ref, c.n_tok * c.rows * sizeof(float)) != 0)
-				fail_msg("%s: rows %zu cols %zu group %zu tokens %zu asym %d differs", variants[v]->name,
-					 c.rows, c.cols, c.group, c.n_tok, c.asym);
+				fail_msg("%s: rows %zu cols %zu group %zu tokens %zu asym %d row8 %d differs",
+					 variants[v]->name, c.rows, c.cols, c.group, c.n_tok, c.asym, c.row8);
 			free(y);
 		}
 		free(m.data);
@@ -1864,6 +1947,7 @@ int main(void)
 		cmocka_unit_test(test_q4_1_carry_over_matches_llama_dequant_exactly),
 		cmocka_unit_test(test_q4_k_carry_over_within_fp16_scale_rounding),
 		cmocka_unit_test(test_q4_pack_rows_in_pieces_gives_same_bytes),
+		cmocka_unit_test(test_q4_row8_close_to_fp16_scales),
 		cmocka_unit_test(test_q4_acts_a8_every_isa_matches_reference_bytes),
 		cmocka_unit_test(test_q4_acts_a16_every_isa_matches_reference),
 		cmocka_unit_test(test_q4_w4a8_every_isa_bit_exact_vs_reference),
