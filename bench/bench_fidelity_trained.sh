@@ -42,16 +42,18 @@ save() { # save TAG COMMAND...: the command's text, or its --json into the resul
 
 c="--corpus $corpus --seqs $seqs --len $len"
 # Tags sort in the table's order (two digits: doc_tables.py sorts the file names).
-echo "== hearth, default layout (weights_mix auto: an int6 embedding/head, then int8 layer matrices, where 4.5 bpw allows, in the rule's order)"
+echo "== hearth, default layout (weights_group 64: row8 layers; weights_mix auto: an int6 embedding/head, then int8 layer matrices, where 4.5 bpw allows)"
 save 01-hearth-default "$builddir/bench/fidelity" $c --greedy 12 --label default "$model"
-echo "== hearth, weights_mix off: layers group 128, embedding/head group 32 asym (the previous default)"
+echo "== hearth, weights_mix off: layers group 64 row8, embedding/head group 32 asym"
 save 02-hearth-mix-off "$builddir/bench/fidelity" $c --greedy 12 --mix off "$model"
-echo "== hearth, weights_mix off, embedding/head at group 128 too (the default before that)"
-save 03-hearth-g128-h128 "$builddir/bench/fidelity" $c --greedy 12 --mix off --head-group 128 "$model"
+echo "== hearth, weights_group 128 (the previous default)"
+save 03-hearth-g128 "$builddir/bench/fidelity" $c --greedy 12 --weights-group 128 "$model"
+echo "== hearth, weights_group 128, weights_mix off (the default before that)"
+save 03a-hearth-g128-mix-off "$builddir/bench/fidelity" $c --greedy 12 --weights-group 128 --mix off "$model"
 echo "== hearth, weights_mix off, int8 embedding/head"
-save 04-hearth-g128-q8 "$builddir/bench/fidelity" $c --greedy 12 --mix off --head int8 "$model"
+save 04-hearth-q8 "$builddir/bench/fidelity" $c --greedy 12 --mix off --head int8 "$model"
 echo "== hearth, weights_mix off, int6 embedding/head"
-save 04a-hearth-g128-q6 "$builddir/bench/fidelity" $c --greedy 12 --mix off --head int6 "$model"
+save 04a-hearth-q6 "$builddir/bench/fidelity" $c --greedy 12 --mix off --head int6 "$model"
 imatrix=
 if [ -n "${HEARTH_LLAMA_BIN:-}" ] && [ -x "$HEARTH_LLAMA_BIN/llama-imatrix" ]; then
 	echo "== importance matrix: llama-imatrix over training chapters"

@@ -238,6 +238,12 @@ ABLATIONS = {
     "sim Q4_K L, q6 H": "*simulated:* Q4_K's layout layers, int6 embedding/head",
     "sim Q4_K g64 L, q6 H": "*simulated:* the same at group 64 (4.31 bits), int6 embedding/head",
     "sim Q4_K g64 L, q6 H, mix": "*simulated:* the same, the first layer's attn_v and attn_k Q8_0",
+    "sim g128a L, q6 H": "*simulated:* group 128 asym layers (fp16 scales), int6 embedding/head",
+    "sim g64a L, q6 H": "*simulated:* group 64 asym layers (fp16 scales), int6 embedding/head",
+    "sim g64 row8 L, q6 H": "*simulated:* group 64 row8 layers (8-bit scale codes), int6 embedding/head",
+    "sim g128a L calib, q6 H": "*simulated:* group 128 asym layers weighted by calibration statistics, int6 embedding/head",
+    "sim g64 row8 L calib, q6 H": "*simulated:* group 64 row8 layers weighted by calibration statistics, int6 embedding/head",
+    "sim Q4_K g64 L calib, q6 H": "*simulated:* Q4_K's layout at group 64 weighted by calibration statistics, int6 embedding/head",
 }
 
 

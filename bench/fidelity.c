@@ -3,12 +3,13 @@
  * of positions (top-1 agreement, mean / p99 / max KL), with the bits per weight each spends.
  * usage: bench/fidelity [--seqs N] [--len L] [--seed S] [--no-text] [--corpus FILE] [--threads T]
  *                       [--act a16|a8|both] [--weights-group 128|64|32] [--head-group 128|32|32a]
- *                       [--head int4|int6|int8] [--kv f16|bf16|q8]
- *                       [--ablate] [--json] MODEL.gguf   (F32/F16/BF16)
+ *                       [--head int4|int6|int8] [--kv f16|bf16|q8] [--imatrix FILE]
+ *                       [--ablate[=MATCH]] [--calib FILE] [--json] MODEL.gguf   (F32/F16/BF16)
  * The int4 builds come from the daemon's loader with the same options (weights_group).
  * --ablate also runs the f32 reference on the int4 model's own weights, part by part, to
  * show where the distance comes from (layers or the embedding/head) and what an 8-bit head
- * or other int4 layouts (group 64 asym, group 32 sym, simulated in f32) would buy. */
+ * or other int4 layouts (simulated in f32) would buy; --calib gives the simulated layouts an
+ * activation-weighted scale search (the f32 engine's statistics over that text). */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -190,7 +191,8 @@ static int load_int4(struct model_q4 **m, const struct fidelity_args *a, enum q4
 	o.step_tokens = 16;
 	o.act = act;
 	o.n_threads = a->threads;
-	o.weights_group = a->group;
+	if (a->group)
+		o.weights_group = a->group;
 	o.head_group = a->head_group;
 	o.head_bits = a->head_bits;
 	o.mix = a->mix;
@@ -347,8 +349,7 @@ static const struct fidelity_ablation {
 	const char *label;
 	unsigned parts;
 	unsigned lg, lrule, hg, hrule;  /* ABLATE_*_SIM: group and rule of layers / head */
-	unsigned weigh;   /* layers' scale search weighted by: 0 nothing, 1 norms (q k v gate
-			   * up), 2 norms and their proxies for wo and down (sim_weights_make) */
+	unsigned calib;   /* 1: the layers' scale search weighted by --calib's statistics */
 } fidelity_ablations[] = {
 	{ "int4 all, f32 act", ABLATE_LAYERS | ABLATE_HEAD, 0, 0, 0, 0, 0 },
 	{ "int4 layers only", ABLATE_LAYERS, 0, 0, 0, 0, 0 },
@@ -373,16 +374,15 @@ static const struct fidelity_ablation {
 	 * and attn_k at 8 bits, as the mix rule would take them */
 	{ "sim Q4_K g64 L, q6 H, mix", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q6 | ABLATE_FIRST_VK_Q8, 64,
 	  SIM_RULE_SUPER6, 0, 0, 0 },
-	/* Today's layer layout with a weighted scale search, weights from the model alone */
+	/* Layer layouts side by side with the int6 head: group 128 and 64 with fp16 scales, 64
+	 * with row8's 8-bit codes (the default's encoding, here without its d-code choice), and
+	 * with --calib, each weighted by activation statistics as an imatrix would */
 	{ "sim g128a L, q6 H", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q6, 128, Q4_RULE_ASYM, 0, 0, 0 },
-	{ "sim g128a L norm-w, q6 H", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q6, 128, Q4_RULE_ASYM, 0, 0, 1 },
-	{ "sim g128a L all-w, q6 H", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q6, 128, Q4_RULE_ASYM, 0, 0, 2 },
-	{ "sim Q4_K g64 L all-w, q6 H", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q6, 64, SIM_RULE_SUPER6, 0, 0, 2 },
-	{ "sim g64 row8 L, q6 H", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q6, 64, SIM_RULE_ROW8, 0, 0, 0 },
-	{ "sim g64 row8 L calib, q6 H", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q6, 64, SIM_RULE_ROW8, 0, 0, 3 },
 	{ "sim g64a L, q6 H", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q6, 64, Q4_RULE_ASYM, 0, 0, 0 },
-	{ "sim g128a L calib, q6 H", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q6, 128, Q4_RULE_ASYM, 0, 0, 3 },
-	{ "sim Q4_K g64 L calib, q6 H", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q6, 64, SIM_RULE_SUPER6, 0, 0, 3 },
+	{ "sim g64 row8 L, q6 H", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q6, 64, SIM_RULE_ROW8, 0, 0, 0 },
+	{ "sim g128a L calib, q6 H", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q6, 128, Q4_RULE_ASYM, 0, 0, 1 },
+	{ "sim g64 row8 L calib, q6 H", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q6, 64, SIM_RULE_ROW8, 0, 0, 1 },
+	{ "sim Q4_K g64 L calib, q6 H", ABLATE_LAYERS_SIM | ABLATE_HEAD_Q6, 64, SIM_RULE_SUPER6, 0, 0, 1 },
 };
 #define N_ABLATIONS (sizeof fidelity_ablations / sizeof fidelity_ablations[0])
 
@@ -699,11 +699,8 @@ static int calib_run(struct calib_stats *cs, const struct model *m, const struct
 	return rc;
 }
 
-/* Column weights for a weighted scale search without calibration text (sim only): the
- * inputs of q, k, v, gate and up are the normalized stream times the norm's gamma, so
- * E[x_k^2] goes as gamma_k^2; with `all`, wo's inputs are attention's mix of v, whose
- * variance goes as |row of wv . gamma|^2, and down's the gated product, as the product of
- * gate's and up's. w holds 7 vectors (MQ4_WQ order), each NULL when unweighted. */
+/* Per-column weights of one layer's matrices for a weighted scale search (MQ4_WQ order),
+ * each NULL when unweighted. */
 struct sim_weights {
 	float *w[7];
 };
@@ -713,75 +710,6 @@ static void sim_weights_free(struct sim_weights *sw)
 	for (int i = 0; i < 7; i++)
 		free(sw->w[i]);
 	memset(sw, 0, sizeof *sw);
-}
-
-/* Squared norm of each row of t (f32 rows of cols) with column k scaled by g[k]. */
-static float *row_energy(const struct gguf_tensor *t, const float *g)
-{
-	size_t cols = (size_t)t->ne[0], rows = (size_t)(t->n_elems / t->ne[0]), rb;
-	float *x = malloc(cols * sizeof *x), *e = malloc(rows * sizeof *e);
-	if (!x || !e || !qtype_row_bytes(t->type, cols, &rb)) {
-		free(x);
-		free(e);
-		return NULL;
-	}
-	for (size_t r = 0; r < rows; r++) {
-		quant_dequant_row(t->type, (const uint8_t *)t->data + r * rb, x, cols);
-		double s = 0;
-		for (size_t k = 0; k < cols; k++)
-			s += (double)(x[k] * g[k]) * (x[k] * g[k]);
-		e[r] = (float)s;
-	}
-	free(x);
-	return e;
-}
-
-static int sim_weights_make(const struct model_layer *L, bool all, struct sim_weights *sw)
-{
-	memset(sw, 0, sizeof *sw);
-	size_t ne = (size_t)L->attn_norm->ne[0];
-	const float *ga = (const float *)L->attn_norm->data, *gf = (const float *)L->ffn_norm->data;
-	float *wa = malloc(ne * sizeof *wa), *wf = malloc(ne * sizeof *wf);
-	if (!wa || !wf) {
-		free(wa);
-		free(wf);
-		return HEARTH_ENOMEM;
-	}
-	for (size_t k = 0; k < ne; k++) {
-		wa[k] = ga[k] * ga[k];
-		wf[k] = gf[k] * gf[k];
-	}
-	sw->w[0] = wa;
-	sw->w[4] = wf;
-	sw->w[1] = malloc(ne * sizeof(float));
-	sw->w[2] = malloc(ne * sizeof(float));
-	sw->w[5] = malloc(ne * sizeof(float));
-	if (!sw->w[1] || !sw->w[2] || !sw->w[5]) {
-		sim_weights_free(sw);
-		return HEARTH_ENOMEM;
-	}
-	memcpy(sw->w[1], wa, ne * sizeof(float));
-	memcpy(sw->w[2], wa, ne * sizeof(float));
-	memcpy(sw->w[5], wf, ne * sizeof(float));
-	if (!all)
-		return 0;
-	float *ev = row_energy(L->wv, ga), *eg = row_energy(L->ffn_gate, gf), *eu = row_energy(L->ffn_up, gf);
-	size_t nv = (size_t)L->n_head * L->head_dim_v, nff = L->n_ff, group = L->n_head / L->n_head_kv;
-	sw->w[3] = ev ? malloc(nv * sizeof(float)) : NULL;
-	sw->w[6] = eg && eu ? malloc(nff * sizeof(float)) : NULL;
-	if (sw->w[3])
-		for (size_t j = 0; j < nv; j++) /* q head h reads kv head h / group */
-			sw->w[3][j] = ev[(j / L->head_dim_v) / group * L->head_dim_v + j % L->head_dim_v];
-	if (sw->w[6])
-		for (size_t j = 0; j < nff; j++)
-			sw->w[6][j] = eg[j] * eu[j];
-	int rc = sw->w[3] && sw->w[6] ? 0 : HEARTH_ENOMEM;
-	free(ev);
-	free(eg);
-	free(eu);
-	if (rc)
-		sim_weights_free(sw);
-	return rc;
 }
 
 /* The calibrated weights of layer l as sim_weights (mean x^2 per column). */
@@ -871,11 +799,7 @@ static int ablate_run(const struct model *ref, const struct model_q4 *q,
 		const struct gguf_tensor **rs[7] = { &R->wq, &R->wk, &R->wv, &R->wo, &R->ffn_gate, &R->ffn_up,
 						     &R->ffn_down };
 		struct sim_weights sw = { { NULL } };
-		if (sim->weigh == 3 && (!calib || (rc = calib_weights(calib, l, &sw)) < 0)) {
-			rc = calib ? rc : hearth_error_set(err, HEARTH_EINVAL, "ablation: no --calib text");
-			break;
-		}
-		if (sim->weigh && sim->weigh < 3 && (rc = sim_weights_make(&ref->layers[l], sim->weigh > 1, &sw)) < 0)
+		if (sim->calib && (rc = calib_weights(calib, l, &sw)) < 0)
 			break;
 		for (int i = 0; i < 7 && rc == 0; i++)
 			if (!(*rs[i] = view_sim(&views, *rs[i], sim->lg, sim->lrule, sw.w[i], err)))
@@ -1059,6 +983,7 @@ int main(int argc, char **argv)
 	struct fidelity_summary act_sum[2];
 	struct fidelity_acc abl_acc[N_ABLATIONS];
 	struct fidelity_summary abl_sum[N_ABLATIONS];
+	bool abl_ran[N_ABLATIONS] = { false };
 	double abl_ms = 0;
 	struct model_ctx *ctx = NULL;
 	struct fidelity_bpw src_bpw;
@@ -1192,11 +1117,14 @@ int main(int argc, char **argv)
 		for (size_t i = 0; i < N_ABLATIONS; i++) {
 			if (a.ablate_match && i && !strstr(fidelity_ablations[i].label, a.ablate_match))
 				continue;
+			if (fidelity_ablations[i].calib && !calib_ok)
+				continue; /* needs --calib: left out of the table */
 			if ((rc = ablate_run(ref, q[0] ? q[0] : q[1], &fidelity_ablations[i], calib_ok ? &calib : NULL, &corpus,
 					     ref_logits, q_logits, &abl_acc[i], q_all, i == 0 ? act_acc : NULL,
 					     &e)) < 0)
 				goto out;
 			abl_sum[i] = fidelity_acc_summary(&abl_acc[i]);
+			abl_ran[i] = true;
 			if (i == 0)
 				for (int k = 0; k < 2; k++)
 					act_sum[k] = fidelity_acc_summary(&act_acc[k]);
@@ -1239,10 +1167,11 @@ int main(int argc, char **argv)
 		printf("]");
 		if (a.ablate) {
 			printf(",\"ablations\":[");
-			for (size_t i = 0; i < N_ABLATIONS; i++)
-				printf("%s{\"weights\":\"%s\",\"top1\":%.6f,\"kl_mean\":%.8f,\"kl_p99\":%.8f,"
-				       "\"kl_max\":%.8f}", i ? "," : "", fidelity_ablations[i].label,
-				       abl_sum[i].top1, abl_sum[i].kl_mean, abl_sum[i].kl_p99, abl_sum[i].kl_max);
+			for (size_t i = 0, n = 0; i < N_ABLATIONS; i++)
+				if (abl_ran[i])
+					printf("%s{\"weights\":\"%s\",\"top1\":%.6f,\"kl_mean\":%.8f,\"kl_p99\":%.8f,"
+					       "\"kl_max\":%.8f}", n++ ? "," : "", fidelity_ablations[i].label,
+					       abl_sum[i].top1, abl_sum[i].kl_mean, abl_sum[i].kl_p99, abl_sum[i].kl_max);
 			printf("],\"activation_only\":[");
 			bool first_a = true;
 			for (int k = 0; k < 2; k++) {
@@ -1277,8 +1206,9 @@ int main(int argc, char **argv)
 		if (a.ablate) {
 			printf("\nablation (f32 reference engine, f32 activations, weights swapped):\n");
 			for (size_t i = 0; i < N_ABLATIONS; i++)
-				printf("%-27s %24s  %6.4f  %9.6f  %9.6f  %9.6f\n", fidelity_ablations[i].label, "",
-				       abl_sum[i].top1, abl_sum[i].kl_mean, abl_sum[i].kl_p99, abl_sum[i].kl_max);
+				if (abl_ran[i])
+					printf("%-27s %24s  %6.4f  %9.6f  %9.6f  %9.6f\n", fidelity_ablations[i].label, "",
+					       abl_sum[i].top1, abl_sum[i].kl_mean, abl_sum[i].kl_p99, abl_sum[i].kl_max);
 			printf("activation rounding alone (build vs the f32 engine on the same int4 weights):\n");
 			for (int k = 0; k < 2; k++)
 				if (want[k])

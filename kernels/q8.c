@@ -10,7 +10,7 @@ int q8_matrix_plan(struct q8_matrix *m, size_t rows, size_t cols, size_t group)
 	size_t codes, total;
 
 	memset(m, 0, sizeof(*m));
-	if (rows == 0 || cols == 0 || (group != 32 && group != 128) || cols % group != 0)
+	if (rows == 0 || cols == 0 || (group != 32 && group != 64 && group != 128) || cols % group != 0)
 		return HEARTH_EINVAL;
 	m->rows = rows;
 	m->cols = cols;

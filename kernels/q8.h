@@ -22,7 +22,7 @@ struct q8_matrix {
 	uint8_t *data;
 };
 
-/* group 32 or 128, cols a multiple of it. 0, HEARTH_EINVAL or HEARTH_ERANGE. */
+/* group 32, 64 or 128, cols a multiple of it. 0, HEARTH_EINVAL or HEARTH_ERANGE. */
 int q8_matrix_plan(struct q8_matrix *m, size_t rows, size_t cols, size_t group);
 size_t q8_matrix_bytes(const struct q8_matrix *m);
 

@@ -105,13 +105,26 @@ static int load_plan_q4(struct q4_matrix *dst, const struct gguf_tensor *t, uint
 	return row8 ? q4_matrix_plan_row8(dst, rows, cols, group) : q4_matrix_plan(dst, rows, cols, group, asym);
 }
 
-/* How a source tensor enters the int8 layout (an int8 embedding/head): Q8_0 carried over
- * exactly at group 32; anything else dequantized and packed at `want` (group 32 where rows
- * are not a multiple of 128). */
+/* How a source tensor enters the int8 layout (an int8 embedding/head or a layer matrix the
+ * mix rule upgrades): Q8_0 carried over exactly at group 32; anything else dequantized and
+ * packed at `want` (group 32 where rows are not a multiple of it). */
 static void load_choose8(enum qtype src, size_t cols, uint32_t want, uint32_t *group, bool *carry)
 {
 	*carry = src == QTYPE_Q8_0;
-	*group = *carry || want == LOAD_GROUP_32 || want == LOAD_GROUP_32_ASYM || cols % 128 ? 32 : 128;
+	if (*carry || want == LOAD_GROUP_32 || want == LOAD_GROUP_32_ASYM)
+		*group = 32;
+	else if (want == LOAD_GROUP_64)
+		*group = cols % 64 ? 32 : 64;
+	else
+		*group = cols % 128 ? 32 : 128;
+}
+
+/* The group of the mix rule's int8 layer copies beside layers at weights group want: the
+ * layers' own group 64, so one activation buffer serves both (a third would cost a step's
+ * worth of scratch), else 128. */
+static uint32_t load_group8(uint32_t want)
+{
+	return want == LOAD_GROUP_64 ? LOAD_GROUP_64 : LOAD_GROUP_128;
 }
 
 /* What one matrix will need, before the arena exists: dst for the int4 layout, dst6 for
@@ -522,7 +535,7 @@ static int load_plan_layers(struct load_ctx *c, uint32_t want, struct load_sizes
 							     &L->gate, &L->up, &L->down };
 		for (int i = 0; i < MQ4_LAYER_MATRICES; i++) {
 			if (c->mix8 && c->mix8[(size_t)l * MQ4_LAYER_MATRICES + i]) {
-				if ((rc = load_add_mat8(c, ts[i], &L->w8[i], LOAD_REGION_WEIGHTS_Q8, LOAD_GROUP_128,
+				if ((rc = load_add_mat8(c, ts[i], &L->w8[i], LOAD_REGION_WEIGHTS_Q8, load_group8(want),
 							err)) < 0)
 					return rc;
 				sz->w_q8 += align64(q8_matrix_bytes(&L->w8[i]));
@@ -799,7 +812,7 @@ static int load_mix(struct load_ctx *c, uint32_t want, uint32_t want_head, struc
 			int i = load_mix_order[j];
 			if (load_mix_candidate(ts[i]) &&
 			    load_mix_take(&bits, budget, load_mat_cost(ts[i], want, false),
-					  load_mat_cost(ts[i], LOAD_GROUP_128, true))) {
+					  load_mat_cost(ts[i], load_group8(want), true))) {
 				c->mix8[(size_t)l * MQ4_LAYER_MATRICES + i] = true;
 				m->n_mix8++;
 			}
@@ -817,7 +830,7 @@ static int load_plan(struct load_ctx *c, struct arena_plan *plan, struct hearth_
 	struct model_q4 *m = c->m;
 	const struct load_opts *o = c->o;
 	struct load_sizes sz = { 0 };
-	uint32_t want = o->weights_group ? o->weights_group : LOAD_GROUP_128;
+	uint32_t want = o->weights_group ? o->weights_group : LOAD_GROUP_64;
 	uint32_t want_head = o->head_group ? o->head_group : load_head_group(want);
 	struct kv_geometry geo;
 	int rc;

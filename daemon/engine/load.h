@@ -62,7 +62,7 @@ struct load_opts {
 	 * group 128's decode speed; doc/benchmarks.md), LOAD_GROUP_128, asymmetric group 128
 	 * with fp16 d and m (4.25 bpw), or LOAD_GROUP_32, symmetric group 32 (4.5 bpw, Q4_0's
 	 * format). Rows not a multiple of the group go to group 32 asymmetric. 0 reads as
-	 * 128. The embedding/head follows load_head_group(). */
+	 * LOAD_GROUP_64. The embedding/head follows load_head_group(). */
 	uint32_t weights_group;
 	/* 0: the embedding/head as load_head_group() says; LOAD_GROUP_128 (asymmetric),
 	 * LOAD_GROUP_32 (symmetric) or LOAD_GROUP_32_ASYM forces that layout for it

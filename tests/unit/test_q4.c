@@ -1160,8 +1160,9 @@ static void test_q6_pack_same_bytes_in_any_row_order(void **state)
 	free(b.data);
 }
 
-/* A group-32 reference matmul (int6 or int8 weights u, unpacked) against the double-precision
- * dot: within half an activation step per weight for A8, bf16 rounding for A16. */
+/* A reference matmul (int6 or int8 weights u, unpacked; activations at a's group) against
+ * the double-precision dot: within half an activation step per weight for A8, bf16
+ * rounding for A16. */
 static void assert_ref_near_truth(const float *ref, const float *u, const float *x, const struct q4_acts *a,
 				  size_t n_tok, size_t rows, size_t cols)
 {
@@ -1174,7 +1175,7 @@ static void assert_ref_near_truth(const float *ref, const float *u, const float 
 
 				dot += wk * xk;
 				scale += fabs(wk * xk);
-				bound += a->kind == Q4_ACT_A8 ? fabs(wk) * 0.5 * a->scale[t * a->n_groups + k / 32]
+				bound += a->kind == Q4_ACT_A8 ? fabs(wk) * 0.5 * a->scale[t * a->n_groups + k / a->group]
 							      : fabs(wk * xk) / 512.0;
 			}
 			assert_true(fabs(ref[t * rows + r] - dot) <= bound + 1e-4 * scale);
@@ -1323,11 +1324,23 @@ static void test_q8_matmul_every_isa_matches_reference_and_truth(void **state)
 	uint64_t s = 53;
 
 	(void)state;
-	for (int it = 0; it < 30; it++) {
-		size_t rows = 1 + rng_below(&s, 70), cols = 32 * (1 + rng_below(&s, 8));
-		size_t n_tok = it % 3 == 0 ? 1 : 1 + rng_below(&s, 20);
-		struct block_q8_0 *b;
-		struct q8_matrix m = q8_from_q8_0(&s, rows, cols, &b);
+	for (int it = 0; it < 45; it++) {
+		/* group 32 carried over from Q8_0 (codes include -128), 64 and 128 packed from f32
+		 * (the mix rule's layer copies, the int8 head) */
+		size_t group = (size_t)32 << (it % 3);
+		size_t rows = 1 + rng_below(&s, 70), cols = group * (1 + rng_below(&s, 256 / group));
+		size_t n_tok = it % 4 == 0 ? 1 : 1 + rng_below(&s, 20);
+		struct block_q8_0 *b = NULL;
+		struct q8_matrix m;
+		if (group == 32) {
+			m = q8_from_q8_0(&s, rows, cols, &b);
+		} else {
+			float *w = random_floats(&s, rows * cols, 1.5f);
+			assert_int_equal(q8_matrix_plan(&m, rows, cols, group), 0);
+			m.data = xalloc(q8_matrix_bytes(&m));
+			q8_pack_rows_f32(&m, w, cols, 0, rows);
+			free(w);
+		}
 		float *x = random_floats(&s, n_tok * cols, 2.0f), *u = xalloc(rows * cols * sizeof(float));
 		size_t split = Q4_ROWS * rng_below(&s, m.n_row_blocks + 1);
 
@@ -1335,7 +1348,7 @@ static void test_q8_matmul_every_isa_matches_reference_and_truth(void **state)
 			split = rows;
 		q8_unpack_rows(&m, 0, rows, u, cols);
 		for (int kind = Q4_ACT_A8; kind <= Q4_ACT_A16; kind += 8) {
-			struct q4_acts a = make_acts((enum q4_act_kind)kind, n_tok, cols, 32);
+			struct q4_acts a = make_acts((enum q4_act_kind)kind, n_tok, cols, group);
 			float *ref = nan_filled(n_tok * rows);
 
 			q4_acts_prepare_ref(&a, x, cols, 0, n_tok);
@@ -1348,8 +1361,8 @@ static void test_q8_matmul_every_isa_matches_reference_and_truth(void **state)
 				variants[v]->q8_matmul(&m, &a, y, rows, split, rows);
 				if (kind == Q4_ACT_A8) {
 					if (memcmp(y, ref, n_tok * rows * sizeof(float)) != 0)
-						fail_msg("%s: W8A8 rows %zu cols %zu tokens %zu differs", variants[v]->name,
-							 rows, cols, n_tok);
+						fail_msg("%s: W8A8 rows %zu cols %zu group %zu tokens %zu differs",
+							 variants[v]->name, rows, cols, group, n_tok);
 				} else {
 					/* Float sums in other orders. AVX-512 sums (128 + nibble) * x and
 					 * takes 2304 * sum(x) back out per group, so its error scales with
@@ -1359,7 +1372,7 @@ static void test_q8_matmul_every_isa_matches_reference_and_truth(void **state)
 							double sc = 0.0;
 
 							for (size_t k = 0; k < cols; k++)
-								sc += 2304.0 * fabs(q8_scale_d(&m, r, k / 32)) * fabs(x[t * cols + k]);
+								sc += 2304.0 * fabs(q8_scale_d(&m, r, k / group)) * fabs(x[t * cols + k]);
 							assert_true(fabs(y[t * rows + r] - ref[t * rows + r]) <= 1e-5 * sc + 1e-30);
 						}
 					}
