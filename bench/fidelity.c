@@ -337,7 +337,7 @@ enum {
 };
 /* A simulated rule beside enum q4_rule: asymmetric groups whose scales and offsets are
  * themselves quantized to 6 bits against one fp16 scale each per super-block of 256
- * weights (128 where rows do not divide): at group 32 llama.cpp's Q4_K, 4.5 bits a
+ * weights (narrower where rows do not hold one): at group 32 llama.cpp's Q4_K, 4.5 bits a
  * weight; at group 64, 4.31. */
 #define SIM_RULE_SUPER6 100u
 /* Asymmetric groups whose d and m are 8-bit multiples of one fp16 scale each per row
@@ -600,7 +600,7 @@ static const struct gguf_tensor *view_sim(struct fidelity_views *v, const struct
 	size_t cols = (size_t)src->ne[0], rows = (size_t)(src->n_elems / src->ne[0]), rb;
 	while (group > 32 && cols % group) /* as the loader: narrower groups where rows do not fit */
 		group /= 2;
-	if (!qtype_row_bytes(src->type, cols, &rb) || cols % group || (rule == SIM_RULE_SUPER6 && cols % 128)) {
+	if (!qtype_row_bytes(src->type, cols, &rb) || cols % group) {
 		hearth_error_set(err, HEARTH_EINVAL, "ablation: %zu x %zu at group %u", rows, cols, group);
 		return NULL;
 	}
@@ -613,7 +613,9 @@ static const struct gguf_tensor *view_sim(struct fidelity_views *v, const struct
 		float *x = w + r * cols;
 		quant_dequant_row(src->type, (const uint8_t *)src->data + r * rb, x, cols);
 		if (rule == SIM_RULE_SUPER6) {
-			size_t sb = cols % 256 == 0 ? 256 : 128;
+			size_t sb = 256; /* Q4_K's super-block, narrower where rows do not hold one */
+			while (sb > group && cols % sb)
+				sb /= 2;
 			for (size_t k = 0; k + sb <= cols; k += sb)
 				sim_super(x + k, col_w ? col_w + k : NULL, sb, group, 6);
 			continue;
