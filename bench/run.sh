@@ -95,7 +95,7 @@ date -u +%Y-%m-%dT%H:%M:%SZ >"$res/date"
 cut -d' ' -f1-3 /proc/loadavg >"$res/load_before"
 
 # hearth and llama.cpp back to back, in one run, same thread count.
-say "hearthd-tool bench on the BF16 file (quantized at load: group 128)"
+say "hearthd-tool bench on the BF16 file (quantized at load: the default layout, group 64 row8)"
 "$builddir/hearthd-tool" bench --json -m "$bf16" -t "$threads" -r "$reps" \
 	--pp "$pp" --tg "$tg" >"$res/hearth_bf16.json"
 say "hearthd-tool bench on the BF16 file with weights_group 32 (searched group 32 sym, head included)"
