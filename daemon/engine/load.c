@@ -56,6 +56,13 @@ uint32_t load_head_group(uint32_t weights_group)
 	return weights_group == LOAD_GROUP_32 ? LOAD_GROUP_32 : LOAD_GROUP_32_ASYM;
 }
 
+/* The group matrices of cols columns are quantized at for want: 32 for either group-32
+ * layout, else want's group where it divides the rows, else 32. */
+static uint32_t load_fit_group(uint32_t want, size_t cols)
+{
+	return (want == LOAD_GROUP_64 || want == LOAD_GROUP_128) && cols % want == 0 ? want : 32;
+}
+
 /* How a source tensor enters the layout: carried-over codes where the layout holds them
  * exactly (or, for Q4_K, with only its scales rounded to fp16), else quantized afresh at
  * `want`: group 128 asymmetric, group 64 asymmetric with 8-bit scale codes (row8; either
@@ -79,21 +86,9 @@ static void load_choose(enum qtype src, size_t cols, uint32_t want, uint32_t *gr
 		*carry = true;
 		return;
 	default:
-		if (want == LOAD_GROUP_32_ASYM) {
-			*group = 32;
-			return;
-		}
-		if (want == LOAD_GROUP_32) {
-			*group = 32;
-			*asym = false;
-			return;
-		}
-		if (want == LOAD_GROUP_64 && cols % 64 == 0) {
-			*group = 64;
-			*row8 = true;
-			return;
-		}
-		*group = want == LOAD_GROUP_128 && cols % 128 == 0 ? 128 : 32;
+		*group = load_fit_group(want, cols);
+		*asym = want != LOAD_GROUP_32;
+		*row8 = *group == 64;
 		return;
 	}
 }
@@ -111,12 +106,7 @@ static int load_plan_q4(struct q4_matrix *dst, const struct gguf_tensor *t, uint
 static void load_choose8(enum qtype src, size_t cols, uint32_t want, uint32_t *group, bool *carry)
 {
 	*carry = src == QTYPE_Q8_0;
-	if (*carry || want == LOAD_GROUP_32 || want == LOAD_GROUP_32_ASYM)
-		*group = 32;
-	else if (want == LOAD_GROUP_64)
-		*group = cols % 64 ? 32 : 64;
-	else
-		*group = cols % 128 ? 32 : 128;
+	*group = *carry ? 32 : load_fit_group(want, cols);
 }
 
 /* The group of the mix rule's int8 layer copies beside layers at weights group want: the
@@ -665,7 +655,6 @@ static int load_plan_scratch(struct load_ctx *c, struct load_sizes *sz, struct h
 	 * head uses is sized for those (the default layout's group-32 head). Each buffer is
 	 * sized for the widest row rounded up to its group, which bounds every row a matrix of
 	 * that group can have. */
-	static const size_t groups[MQ4_GROUP_SLOTS] = { 32, 64, 128 };
 	size_t head_rows = o->max_seqs < T ? o->max_seqs : T;
 	size_t rows_of[MQ4_GROUP_SLOTS] = { 0 };
 	for (size_t i = 0; i < c->n_mats; i++) {
@@ -675,8 +664,8 @@ static int load_plan_scratch(struct load_ctx *c, struct load_sizes *sz, struct h
 	}
 	c->acts_total = 0;
 	for (int g = 0; g < MQ4_GROUP_SLOTS; g++) {
-		size_t cols = (widest + groups[g] - 1) / groups[g] * groups[g];
-		size_t bytes = rows_of[g] ? q4_acts_bytes(o->act, rows_of[g], cols, groups[g]) : 0;
+		size_t group = mq4_slot_group(g), cols = (widest + group - 1) / group * group;
+		size_t bytes = rows_of[g] ? q4_acts_bytes(o->act, rows_of[g], cols, group) : 0;
 		if (rows_of[g] && !bytes)
 			return hearth_error_set(err, HEARTH_ERANGE, "scratch for %zu tokens overflows", T);
 		m->acts_off[g] = c->acts_total;
@@ -953,7 +942,6 @@ static void load_borrow_threads(struct model_q4 *d, const struct model_q4 *m)
  * int8, then "+imatrix" when an imatrix steered the scale search of any matrix. */
 static void load_quant_name(struct model_q4 *m)
 {
-	static const char *const names[MQ4_GROUP_SLOTS] = { "32", "64", "128" };
 	uint32_t n_layer_notes = m->n_layer * MQ4_LAYER_MATRICES;
 	unsigned layer_groups = 0, head_groups = 0;
 	for (uint32_t i = 0; i < m->n_notes; i++) {
@@ -969,13 +957,13 @@ static void load_quant_name(struct model_q4 *m)
 	else if (lg < 0) /* every layer matrix int8 */
 		snprintf(layers, sizeof layers, "q8");
 	else
-		snprintf(layers, sizeof layers, "q4_g%s", names[lg]);
+		snprintf(layers, sizeof layers, "q4_g%zu", mq4_slot_group(lg));
 	if (m->head_bits == LOAD_HEAD_INT8)
 		snprintf(head, sizeof head, "+head_q8%s", hg == 0 ? "_g32" : "");
 	else if (m->head_bits == LOAD_HEAD_INT6)
 		snprintf(head, sizeof head, "+head_q6");
 	else if (lg < 0 || (!(layer_groups & (layer_groups - 1)) && hg != lg))
-		snprintf(head, sizeof head, "+head_g%s", names[hg]);
+		snprintf(head, sizeof head, "+head_g%zu", mq4_slot_group(hg));
 	snprintf(m->quant_name, sizeof m->quant_name, "%s%s%s%s", layers, head, m->n_mix8 ? "+mix" : "",
 		 m->n_imatrix ? "+imatrix" : "");
 }

@@ -57,11 +57,10 @@ static void split(size_t n, size_t t, size_t nt, size_t *b, size_t *e)
 
 static void acts_setup(struct step *st, struct step_acts *a, size_t n_tok, size_t cols, unsigned need)
 {
-	static const size_t groups[MQ4_GROUP_SLOTS] = { 32, 64, 128 };
 	a->have = need;
 	for (int s = 0; s < MQ4_GROUP_SLOTS; s++)
 		if (need & 1u << s)
-			q4_acts_init(&a->g[s], st->m->act, n_tok, cols, groups[s], st->acts_mem[s]);
+			q4_acts_init(&a->g[s], st->m->act, n_tok, cols, mq4_slot_group(s), st->acts_mem[s]);
 }
 
 /* Prepares a's prepared slots for rows [b, e) of x. */

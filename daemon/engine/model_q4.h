@@ -46,6 +46,11 @@ static inline int mq4_group_slot(size_t group)
 	return group == 32 ? 0 : group == 64 ? 1 : 2;
 }
 
+static inline size_t mq4_slot_group(int slot)
+{
+	return (size_t)32 << slot;
+}
+
 struct mq4_layer {
 	uint32_t n_head, n_head_kv, head_dim, head_dim_v, n_ff, n_rot;
 	uint32_t window;
