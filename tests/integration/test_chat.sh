@@ -26,12 +26,14 @@ not_ok() { n=$((n + 1)); fails=$((fails + 1)); echo "not ok $n - $1"; }
 expect() { if [ "$2" -eq 0 ]; then ok "$1"; else not_ok "$1"; fi; }
 jget() { /usr/bin/python3 -c 'import json,sys; v=json.load(open(sys.argv[1])); print(v[sys.argv[2]])' "$@"; }
 
-start_daemon() { # start_daemon MODEL SOCKET
-	"$B/hearthd" --model="$1" --socket="$2" --max-context=512 --kv-budget=8MiB --threads=2 \
-		--log-level=notice >"$2.log" 2>&1 &
+start_daemon() { # start_daemon MODEL SOCKET [OPTION...]: later options override the defaults
+	m=$1 s=$2
+	shift 2
+	"$B/hearthd" --model="$m" --socket="$s" --max-context=512 --kv-budget=8MiB --threads=2 \
+		--log-level=notice "$@" >"$s.log" 2>&1 &
 	PIDS="$PIDS $!"
 	i=0
-	until "$B/hearth" --socket "$2" ping >/dev/null 2>&1 || [ $i -ge 300 ]; do sleep 0.1; i=$((i + 1)); done
+	until "$B/hearth" --socket "$s" ping >/dev/null 2>&1 || [ $i -ge 300 ]; do sleep 0.1; i=$((i + 1)); done
 }
 
 "$B/tests/mkmodel" -o "$TMP/q3.gguf" --arch qwen3 --n-embd 64 --n-layer 2 --n-head 4 --n-head-kv 2 \
@@ -90,7 +92,7 @@ expect "the template's raise_exception comes back as the error ($(head -c 150 "$
 
 # The interactive session, as a person uses it.
 T="tmux -L hearth-test-$$"
-$T new-session -d -s chat -x 120 -y 40 "HOME=$TMP $B/hearth --socket $TMP/q3.sock chat -n 6 --temp 0 --seed 1"
+$T new-session -d -s chat -x 120 -y 40 "HOME=$TMP exec $B/hearth --socket $TMP/q3.sock chat -n 6 --temp 0 --seed 1"
 screen() { $T capture-pane -p -t chat -S -200; }
 wait_for() { # wait_for TEXT: up to 15 s
 	i=0
@@ -123,15 +125,26 @@ wait_for "saved2.json"
 /usr/bin/python3 -c 'import json,sys; m=json.load(open(sys.argv[1])); assert any(x["content"]=="first line\nsecond line" for x in m)' "$TMP/saved2.json"
 expect "a \"\"\" block sends several lines as one message" $?
 $T kill-session -t chat 2>/dev/null
-$T new-session -d -s chat -x 120 -y 40 "HOME=$TMP $B/hearth --socket $TMP/q3.sock chat -n 4000 --temp 1 --seed 2"
+# ^C must land inside a reply: the tiny model writes thousands of tokens a second, so this
+# one is a wider model whose grammar admits no end before the context is full (about 2000
+# tokens: seconds here), and the key goes in as soon as the reply is seen streaming.
+"$B/tests/mkmodel" -o "$TMP/wide.gguf" --type q4_0 --arch qwen3 --n-embd 1024 --n-layer 8 --n-head 16 \
+	--n-head-kv 4 --head-dim 64 --n-ff 3072 --chat-template "$TEMPLATE" >/dev/null 2>&1
+start_daemon "$TMP/wide.gguf" "$TMP/wide.sock" --max-context=2048 --kv-budget=64MiB
+printf 'root ::= [a-z ]{6000}\n' >"$TMP/endless.gbnf"
+$T new-session -d -s chat -x 120 -y 40 \
+	"HOME=$TMP exec $B/hearth --socket $TMP/wide.sock -v chat -n 4000 --temp 1 --seed 2 --grammar $TMP/endless.gbnf"
 wait_for "/help for commands"
 $T send-keys -t chat "Tell me everything" Enter
-sleep 1.5
+streaming() { screen | grep -A1 -F -- "> Tell me everything" | tail -n 1 | grep -q '[a-z]'; }
+i=0
+until streaming || [ $i -ge 300 ]; do sleep 0.02; i=$((i + 1)); done
 $T send-keys -t chat C-c
-sleep 1
+wait_for "hearth: cancel;"
+got=$(screen | sed -n 's/.*hearth: cancel; prompt .* tok\/s, \([0-9]*\) tokens at .*/\1/p' | tail -n 1)
 $T send-keys -t chat "/reset" Enter
-wait_for "(conversation cleared)"
-expect "^C stops a long reply and the session goes on" $?
+wait_for "(conversation cleared)" && [ -n "$got" ] && [ "$got" -lt 2000 ]
+expect "^C stops a long reply ($got of about 2000 tokens) and the session goes on" $?
 $T send-keys -t chat C-d
 i=0
 while $T has-session -t chat 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
