@@ -641,17 +641,18 @@ static void mq4_thread_init(void *impl)
 
 void model_q4_facts(const struct model_q4 *m, struct model_q4_facts *out)
 {
-	uint32_t carried = 0, int8 = 0;
+	uint32_t carried = 0, int8 = 0, int6 = 0;
 	for (uint32_t i = 0; i < m->n_notes; i++) {
 		carried += m->notes[i].carried;
 		int8 += m->notes[i].bits == 8;
+		int6 += m->notes[i].bits == 6;
 	}
 	*out = (struct model_q4_facts){
 		.arch = m->arch_name, .name = m->name, .quant = m->quant_name, .n_params = m->n_params,
 		.max_context = m->max_context, .n_ctx_train = m->hp.n_ctx_train, .n_vocab = m->hp.n_vocab,
 		.n_layer = m->n_layer, .n_embd = m->hp.n_embd, .arena = m->arena, .arena_bytes = m->arena->size,
 		.arena_backing = arena_backing_name(m->arena->backing), .arena_note = m->arena->note,
-		.n_matrices = m->n_notes, .n_carried = carried, .n_int8 = int8, .kernels = m->kern->name,
+		.n_matrices = m->n_notes, .n_carried = carried, .n_int8 = int8, .n_int6 = int6, .kernels = m->kern->name,
 		.n_threads = m->n_threads,
 	};
 }

@@ -154,6 +154,7 @@ struct model_q4_facts {
 	const char *arena_backing, *arena_note;
 	uint32_t n_matrices, n_carried;  /* matrices repacked; of them, carried without re-rounding */
 	uint32_t n_int8;                 /* of them, int8 (the head, the mix rule's choices) */
+	uint32_t n_int6;                 /* of them, int6 (the head) */
 	const char *kernels;
 	size_t n_threads;
 };

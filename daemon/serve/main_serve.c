@@ -196,8 +196,8 @@ static void *loader_main(void *arg)
 	log_notice(ld->log, "arena: %zu bytes, %s pages%s; %s", f.arena_bytes, f.arena_backing,
 		   m->draft ? ", the draft model's regions included" : "", f.arena_note);
 	loader_log_regions(ld, m->arena);
-	log_notice(ld->log, "weights: %s, %u of %u matrices carried over without re-rounding, %u int8; kernels %s, %zu threads",
-		   f.quant, f.n_carried, f.n_matrices, f.n_int8, f.kernels, f.n_threads);
+	log_notice(ld->log, "weights: %s, %u of %u matrices carried over without re-rounding, %u int8, %u int6; kernels %s, "
+		   "%zu threads", f.quant, f.n_carried, f.n_matrices, f.n_int8, f.n_int6, f.kernels, f.n_threads);
 
 	server_progress(ld->srv, "warming up", 0, 1);
 	model_q4_engine(m, &ld->sm.eng);
