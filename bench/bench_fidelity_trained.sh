@@ -8,10 +8,11 @@
 # (else bench/llama_quantize on the node-llama-cpp libllama). HEARTH_FIDELITY_RESULTS: a
 # directory for the --json results (bench/doc_tables.py fidelity-trained).
 # HEARTH_FIDELITY_SHORT=1 leaves out the weights_group 32 builds (the larger model's run).
-# HEARTH_LLAMA_BIN (a native llama.cpp build's bin/, ../shared/anchors/build-llama.sh) adds
-# the importance-matrix rows: llama-imatrix over training chapters (bench/train/calib_text.py,
-# never the held-out ones), then hearth's default with that imatrix (the daemon's imatrix
-# key) beside llama.cpp Q4_K_M and IQ4_XS quantized with the same file.
+# Importance matrices over training chapters (bench/train/calib_text.py, never the held-out
+# ones): hearthd-tool imatrix's, with hearth's default steered by it (the daemon's imatrix
+# key); HEARTH_LLAMA_BIN (a native llama.cpp build's bin/, ../shared/anchors/build-llama.sh)
+# adds llama-imatrix's over the same text, hearth's default with that one, and llama.cpp
+# Q4_K_M and IQ4_XS quantized with it.
 set -eu
 builddir=${HEARTH_BUILDDIR:-.}
 srcdir=${HEARTH_SRCDIR:-.}
@@ -54,18 +55,25 @@ echo "== hearth, weights_mix off, int8 embedding/head"
 save 04-hearth-q8 "$builddir/bench/fidelity" $c --greedy 12 --mix off --head int8 "$model"
 echo "== hearth, weights_mix off, int6 embedding/head"
 save 04a-hearth-q6 "$builddir/bench/fidelity" $c --greedy 12 --mix off --head int6 "$model"
+# Importance matrices over training chapters (never held-out ones): hearth's own
+# (hearthd-tool imatrix), and llama-imatrix's when a native llama.cpp build is named.
+echo "== importance matrix: hearthd-tool imatrix over training chapters"
+/usr/bin/python3 "$srcdir/bench/train/calib_text.py" "$work/calib.txt"
+"$builddir/hearthd-tool" imatrix -q -m "$model" -f "$work/calib.txt" -o "$work/imatrix-hearth.gguf" -c 128
+echo "== hearth, default layout with hearth's imatrix"
+save 01b-hearth-default-imatrix-hearth "$builddir/bench/fidelity" $c --greedy 12 \
+	--label "default, hearthd-tool imatrix" --imatrix "$work/imatrix-hearth.gguf" "$model"
 imatrix=
 if [ -n "${HEARTH_LLAMA_BIN:-}" ] && [ -x "$HEARTH_LLAMA_BIN/llama-imatrix" ]; then
-	echo "== importance matrix: llama-imatrix over training chapters"
-	/usr/bin/python3 "$srcdir/bench/train/calib_text.py" "$work/calib.txt"
+	echo "== importance matrix: llama-imatrix over the same chapters"
 	"$HEARTH_LLAMA_BIN/llama-imatrix" -m "$model" -f "$work/calib.txt" -o "$work/imatrix.gguf" -c 128 \
 		>"$work/imatrix.log" 2>&1 || { cat "$work/imatrix.log"; exit 1; }
 	imatrix=$work/imatrix.gguf
-	echo "== hearth, default layout with the imatrix"
+	echo "== hearth, default layout with llama-imatrix's imatrix"
 	save 01a-hearth-default-imatrix "$builddir/bench/fidelity" $c --greedy 12 --label "default, imatrix" \
 		--imatrix "$imatrix" "$model"
 else
-	echo "bench_fidelity_trained: no llama-imatrix (set HEARTH_LLAMA_BIN to a llama.cpp build's bin/): imatrix rows skipped"
+	echo "bench_fidelity_trained: no llama-imatrix (set HEARTH_LLAMA_BIN to a llama.cpp build's bin/): its rows skipped"
 fi
 if [ -z "${HEARTH_FIDELITY_SHORT:-}" ]; then
 	echo "== hearth, weights_group 32"

@@ -5,7 +5,9 @@
 #define HEARTH_ENGINE_IMATRIX_H
 
 #include <stddef.h>
+#include <stdint.h>
 
+#include "daemon/engine/ref/forward.h"
 #include "protocol/error.h"
 
 struct imatrix;
@@ -27,5 +29,40 @@ int imatrix_weights(const struct imatrix *im, const char *name, size_t name_len,
 
 /* How many matrices the file has statistics for. */
 size_t imatrix_entries(const struct imatrix *im);
+
+/* ---- making one (imatrix_stats.c) ----
+ * Statistics collected as llama-imatrix collects them: every layer matrix ("blk.*") of the
+ * f32 reference engine, for every token of every calibration chunk, adds each input
+ * column's square to its sums (in double) and one to its count. Matrices appear in the
+ * order the forward pass first multiplies by them. */
+struct imatrix_stats;
+
+int imatrix_stats_new(struct imatrix_stats **out, struct hearth_error *err);
+void imatrix_stats_free(struct imatrix_stats *s);
+/* One chunk: ctx is reset, ids[0..n) run from position 0 (logits: n_vocab floats of
+ * scratch), and their matrix inputs are added. */
+int imatrix_stats_run(struct imatrix_stats *s, const struct model *m, struct model_ctx *ctx, const int32_t *ids,
+		      size_t n, float *logits, struct hearth_error *err);
+/* Calibration text run as llama-imatrix -f runs it: tokenized whole with the model's BOS
+ * (special tokens not parsed), cut into chunks of `chunk` tokens (the tail short of one is
+ * left out; at most max_chunks of them, 0: all), each run from position 0 with BOS in its
+ * first token's place. ctx holds at least chunk positions; progress (may be NULL) is called
+ * after each chunk. *n_chunks is how many ran. Fewer tokens than one chunk is HEARTH_EINVAL. */
+struct tok;
+int imatrix_stats_text(struct imatrix_stats *s, const struct model *m, struct model_ctx *ctx, const struct tok *t,
+		       const char *text, size_t len, size_t chunk, size_t max_chunks, float *logits,
+		       void (*progress)(void *arg, size_t done, size_t total), void *progress_arg, size_t *n_chunks,
+		       struct hearth_error *err);
+/* The model_observe_fn behind imatrix_stats_run (arg: the stats), for callers that run the
+ * forward pass themselves. */
+void imatrix_stats_observe(void *arg, const struct gguf_tensor *w, const float *x, size_t n_tok);
+/* w's column sums and *count, or NULL (count 0) when w never ran. */
+const double *imatrix_stats_sums(const struct imatrix_stats *s, const struct gguf_tensor *w, uint64_t *count);
+size_t imatrix_stats_entries(const struct imatrix_stats *s);
+/* Writes llama-imatrix's GGUF: general.type "imatrix", imatrix.datasets [dataset],
+ * imatrix.chunk_count, imatrix.chunk_size, then per matrix NAME.in_sum2 (F32, cols)
+ * and NAME.counts (F32, 1), data aligned to 32. A failed write removes the file. */
+int imatrix_stats_write(const struct imatrix_stats *s, const char *path, const char *dataset, uint32_t chunk_size,
+			uint32_t n_chunks, struct hearth_error *err);
 
 #endif

@@ -583,19 +583,6 @@ static void bench_usage(FILE *to)
 		"      --json            one JSON object instead of the table\n");
 }
 
-static int bench_parse_num(const char *name, const char *s, long lo, long hi, long *out)
-{
-	char *end;
-	errno = 0;
-	long v = strtol(s, &end, 10);
-	if (errno || end == s || *end || v < lo || v > hi) {
-		fprintf(stderr, "hearthd-tool bench: %s '%s' is not an integer in %ld..%ld\n", name, s, lo, hi);
-		return -1;
-	}
-	*out = v;
-	return 0;
-}
-
 /* One of n words (words[i] gives values[i]); else says which words the option takes. */
 static int bench_parse_word(const char *name, const char *s, const char *const *words, const int *values,
 			    size_t n, int *out)
@@ -653,22 +640,22 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
 		case OPT_BENCH: break;
 		case 'm': o->model = optarg; break;
 		case 't':
-			if (bench_parse_num("--threads", optarg, 1, MQ4_THREADS_MAX, &v) < 0)
+			if (tool_parse_long("bench", "--threads", optarg, 1, MQ4_THREADS_MAX, &v) < 0)
 				return -1;
 			o->threads = (size_t)v;
 			break;
 		case 'r':
-			if (bench_parse_num("--reps", optarg, 1, BENCH_MAX_REPS, &v) < 0)
+			if (tool_parse_long("bench", "--reps", optarg, 1, BENCH_MAX_REPS, &v) < 0)
 				return -1;
 			o->reps = (int)v;
 			break;
 		case OPT_PP:
-			if (bench_parse_num("--pp", optarg, 1, 1 << 16, &v) < 0)
+			if (tool_parse_long("bench", "--pp", optarg, 1, 1 << 16, &v) < 0)
 				return -1;
 			o->pp = (uint32_t)v;
 			break;
 		case OPT_TG:
-			if (bench_parse_num("--tg", optarg, 1, 1 << 16, &v) < 0)
+			if (tool_parse_long("bench", "--tg", optarg, 1, 1 << 16, &v) < 0)
 				return -1;
 			o->tg = (uint32_t)v;
 			break;
@@ -681,7 +668,7 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
 			}
 			break;
 		case OPT_PROBE:
-			if (bench_parse_num("--probe-mib", optarg, 0, 1 << 16, &v) < 0)
+			if (tool_parse_long("bench", "--probe-mib", optarg, 0, 1 << 16, &v) < 0)
 				return -1;
 			o->probe_mib = (size_t)v;
 			break;

@@ -15,6 +15,7 @@ struct tool {
 static const struct tool tools[] = {
 	{ "run", tool_run, "generate in-process with the f32 reference engine" },
 	{ "bench", tool_bench, "measure the int4 engine in-process (prefill, decode, probe)" },
+	{ "imatrix", tool_imatrix, "an importance matrix from calibration text (llama-imatrix's GGUF)" },
 	{ "render-template", tool_render, "render a chat template over a conversation (JSON)" },
 };
 

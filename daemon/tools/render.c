@@ -22,34 +22,6 @@ static void usage(FILE *to)
 		"--var sets any template variable, those two included. --now fixes strftime_now (UTC).\n");
 }
 
-static char *read_file(const char *path, size_t *len)
-{
-	FILE *f = fopen(path, "rb");
-	if (!f)
-		return NULL;
-	size_t cap = 4096, n = 0;
-	char *buf = malloc(cap);
-	while (buf) {
-		if (n == cap) {
-			char *nb = cap < ((size_t)64 << 20) ? realloc(buf, cap * 2) : NULL;
-			if (!nb) {
-				free(buf);
-				buf = NULL;
-				break;
-			}
-			buf = nb;
-			cap *= 2;
-		}
-		size_t k = fread(buf + n, 1, cap - n, f);
-		if (!k)
-			break;
-		n += k;
-	}
-	fclose(f);
-	*len = n;
-	return buf;
-}
-
 static json_t *load_json(const char *path, const char *what)
 {
 	json_error_t je;
@@ -161,8 +133,8 @@ int tool_render(int argc, char **argv)
 	if (tools_path && !(tools = load_json(tools_path, "tools")))
 		goto out;
 	if (tpl_path) {
-		if (!(src = read_file(tpl_path, &src_len))) {
-			fprintf(stderr, "render-template: cannot read %s\n", tpl_path);
+		if (tool_read_file(tpl_path, (size_t)64 << 20, &src, &src_len, &err) < 0) {
+			fprintf(stderr, "render-template: %s\n", err.msg);
 			goto out;
 		}
 		snprintf(origin, sizeof origin, "%s", tpl_path);

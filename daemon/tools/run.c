@@ -55,21 +55,6 @@ static void usage(FILE *to)
 		DEFAULT_N_PREDICT, DEFAULT_MAX_CONTEXT);
 }
 
-static int parse_long(const char *name, const char *s, long lo, long hi, long *out)
-{
-	char *end;
-	long v;
-
-	errno = 0;
-	v = strtol(s, &end, 10);
-	if (errno || end == s || *end || v < lo || v > hi) {
-		fprintf(stderr, "hearthd-tool run: %s '%s' is not an integer in %ld..%ld\n", name, s, lo, hi);
-		return -1;
-	}
-	*out = v;
-	return 0;
-}
-
 enum {
 	OPT_MAX_CONTEXT = 256, OPT_TEMP, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_REPEAT_PENALTY,
 	OPT_REPEAT_LAST_N, OPT_SEED, OPT_KV,
@@ -142,11 +127,11 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
 		case 'm': o->model = optarg; break;
 		case 'p': o->prompt = optarg; break;
 		case 'n':
-			if (parse_long("-n", optarg, 0, MODEL_MAX_CTX_LIMIT, &o->n_predict) < 0)
+			if (tool_parse_long("run", "-n", optarg, 0, MODEL_MAX_CTX_LIMIT, &o->n_predict) < 0)
 				return -1;
 			break;
 		case OPT_MAX_CONTEXT:
-			if (parse_long("--max-context", optarg, 1, MODEL_MAX_CTX_LIMIT, &v) < 0)
+			if (tool_parse_long("run", "--max-context", optarg, 1, MODEL_MAX_CTX_LIMIT, &v) < 0)
 				return -1;
 			o->max_context = (uint32_t)v;
 			break;

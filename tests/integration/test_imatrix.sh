@@ -2,7 +2,9 @@
 # The imatrix key through a real hearthd: llama.cpp's imatrix of fx-llama steers the load
 # (the layout named for it in stats and the log) and the model serves; an imatrix of another
 # model is refused at load by name; a SIGHUP onto a legacy .dat imatrix is refused while the
-# model keeps serving, and a SIGHUP without the key reloads the model without it. TAP.
+# model keeps serving, and a SIGHUP without the key reloads the model without it. And
+# hearthd-tool imatrix: its own file steers the load the same way; too short a text is
+# refused. TAP.
 set -u
 : "${HEARTH_BUILDDIR:?HEARTH_BUILDDIR is not set (make check sets it)}"
 : "${HEARTH_SHARED:?HEARTH_SHARED is not set (make check sets it)}"
@@ -16,7 +18,7 @@ FX=$HEARTH_SHARED/fixtures
 IM=$HEARTH_SRCDIR/tests/fixtures/imatrix
 . "$HEARTH_SRCDIR/tests/integration/spec_lib.sh"
 
-echo "1..4"
+echo "1..6"
 check() { # status description
 	if [ "$1" = 0 ]; then ok "$2"; else not_ok "$2"; fi
 }
@@ -59,6 +61,30 @@ for _ in $(seq 100); do [ "$(quant)" = "q4_mixed+head_q6" ] && break; sleep 0.1;
 check $? "SIGHUP without the imatrix: the model reloads without it, its int6 head counted in the log"
 sed 's/^/# /' "$TMP/err1"
 stop
+
+# hearth's own imatrix (hearthd-tool imatrix over a text in the repository) steers a real
+# hearthd as llama-imatrix's does.
+"$B/hearthd-tool" imatrix -q -m "$FX/fx-llama.gguf" -f "$HEARTH_SRCDIR/bench/spec_passage.txt" -c 64 \
+	-o "$TMP/own.imatrix.gguf" 2>"$TMP/tool.err"
+rc=$?
+start own.log --model="$FX/fx-llama.gguf" -o imatrix="$TMP/own.imatrix.gguf" --max-context=256 --kv-budget=4MiB \
+	-o weights_mix=off --log-level=info
+"$B/hearth" --socket "$SOCK" generate --temp 0 -n 8 "hello hello" >"$TMP/out4" 2>>"$TMP/tool.err"
+[ $rc = 0 ] && [ "$(quant)" = "q4_mixed+imatrix" ] && [ -s "$TMP/out4" ] &&
+	grep -q "with the imatrix .*own.imatrix.gguf steering the int4 scale search" "$TMP/own.log"
+check $? "hearthd-tool imatrix: its file steers a real hearthd's load, which serves"
+sed 's/^/# /' "$TMP/tool.err"
+stop
+
+# Text shorter than one chunk: refused naming the text and both counts, nothing written.
+printf 'In the beginning' >"$TMP/short.txt"
+"$B/hearthd-tool" imatrix -q -m "$FX/fx-llama.gguf" -f "$TMP/short.txt" -c 64 -o "$TMP/short.imatrix.gguf" \
+	2>"$TMP/short.err"
+rc=$?
+[ $rc = 1 ] && grep -q "short.txt: [0-9]* tokens, fewer than one chunk of 64" "$TMP/short.err" &&
+	[ ! -e "$TMP/short.imatrix.gguf" ]
+check $? "hearthd-tool imatrix: text shorter than a chunk is refused by name, nothing left behind"
+sed 's/^/# /' "$TMP/short.err"
 
 # An imatrix of another model (fx-llama's 64-wide statistics for a 256-wide model).
 refused_at_load "blk.0.attn_q.weight has statistics for 64 columns, the model's matrix has 256" \

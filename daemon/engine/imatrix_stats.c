@@ -1,0 +1,288 @@
+/* Importance statistics made here: the f32 reference engine runs calibration text and every
+ * layer matrix's input columns are summed squared, as llama-imatrix sums them, then written
+ * in llama-imatrix's GGUF so that hearth (imatrix =) and llama-quantize both read the file. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/engine/imatrix.h"
+#include "daemon/engine/tokenizer.h"
+
+struct imatrix_entry {
+	const struct gguf_tensor *w;
+	double *sum;                   /* w->ne[0] sums of x^2 */
+	uint64_t count;                /* tokens (matrix input rows) behind them */
+};
+
+struct imatrix_stats {
+	struct imatrix_entry *e;
+	size_t n, cap;
+	bool failed;                   /* an allocation in the observer failed */
+};
+
+int imatrix_stats_new(struct imatrix_stats **out, struct hearth_error *err)
+{
+	*out = calloc(1, sizeof **out);
+	return *out ? 0 : hearth_error_set(err, HEARTH_ENOMEM, "imatrix: out of memory");
+}
+
+void imatrix_stats_free(struct imatrix_stats *s)
+{
+	if (!s)
+		return;
+	for (size_t i = 0; i < s->n; i++)
+		free(s->e[i].sum);
+	free(s->e);
+	free(s);
+}
+
+/* Layer matrices only ("blk."), as llama-imatrix collects by default: the embedding is a
+ * lookup and the head's input is one token's here. */
+static bool stats_wanted(const struct gguf_tensor *w)
+{
+	return w->name.len > 4 && !memcmp(w->name.ptr, "blk.", 4) && w->n_dims == 2;
+}
+
+static struct imatrix_entry *stats_entry(struct imatrix_stats *s, const struct gguf_tensor *w)
+{
+	for (size_t i = 0; i < s->n; i++)
+		if (s->e[i].w == w)
+			return &s->e[i];
+	if (s->n == s->cap) {
+		size_t cap = s->cap ? 2 * s->cap : 64;
+		struct imatrix_entry *e = realloc(s->e, cap * sizeof *e);
+		if (!e)
+			return NULL;
+		s->e = e;
+		s->cap = cap;
+	}
+	double *sum = calloc((size_t)w->ne[0], sizeof *sum);
+	if (!sum)
+		return NULL;
+	s->e[s->n] = (struct imatrix_entry){ .w = w, .sum = sum };
+	return &s->e[s->n++];
+}
+
+void imatrix_stats_observe(void *arg, const struct gguf_tensor *w, const float *x, size_t n_tok)
+{
+	struct imatrix_stats *s = arg;
+	if (s->failed || !stats_wanted(w))
+		return;
+	struct imatrix_entry *e = stats_entry(s, w);
+	if (!e) {
+		s->failed = true;
+		return;
+	}
+	size_t cols = (size_t)w->ne[0];
+	for (size_t t = 0; t < n_tok; t++)
+		for (size_t k = 0; k < cols; k++)
+			e->sum[k] += (double)x[t * cols + k] * x[t * cols + k];
+	e->count += n_tok;
+}
+
+int imatrix_stats_run(struct imatrix_stats *s, const struct model *m, struct model_ctx *ctx, const int32_t *ids,
+		      size_t n, float *logits, struct hearth_error *err)
+{
+	model_ctx_reset(ctx);
+	model_ctx_observe(ctx, imatrix_stats_observe, s);
+	int rc = model_forward(m, ctx, ids, n, MODEL_LOGITS_LAST, logits, err);
+	model_ctx_observe(ctx, NULL, NULL);
+	if (rc == 0 && s->failed)
+		rc = hearth_error_set(err, HEARTH_ENOMEM, "imatrix: out of memory for the statistics");
+	return rc;
+}
+
+/* The text's tokens with the model's BOS first, as llama-imatrix tokenizes (no special
+ * tokens parsed): *out is the caller's to free. */
+static int stats_tokenize(const struct tok *t, const char *text, size_t len, int32_t **out, size_t *n,
+			  struct hearth_error *err)
+{
+	size_t cap = len + 2;
+	int32_t *ids = malloc(cap * sizeof *ids);
+	if (!ids)
+		return hearth_error_set(err, HEARTH_ENOMEM, "imatrix: out of memory for the tokens");
+	int rc = tok_encode(t, text, len, tok_add_bos(t), false, ids, cap, n, err);
+	if (rc == HEARTH_ERANGE) {
+		int32_t *more = realloc(ids, *n * sizeof *ids);
+		if (!more) {
+			free(ids);
+			return hearth_error_set(err, HEARTH_ENOMEM, "imatrix: out of memory for the tokens");
+		}
+		ids = more;
+		rc = tok_encode(t, text, len, tok_add_bos(t), false, ids, *n, n, err);
+	}
+	if (rc < 0) {
+		free(ids);
+		return rc;
+	}
+	*out = ids;
+	return 0;
+}
+
+int imatrix_stats_text(struct imatrix_stats *s, const struct model *m, struct model_ctx *ctx, const struct tok *t,
+		       const char *text, size_t len, size_t chunk, size_t max_chunks, float *logits,
+		       void (*progress)(void *arg, size_t done, size_t total), void *progress_arg, size_t *n_chunks,
+		       struct hearth_error *err)
+{
+	int32_t *ids = NULL;
+	size_t n = 0;
+	int rc = stats_tokenize(t, text, len, &ids, &n, err);
+	if (rc < 0)
+		return rc;
+	if (chunk == 0 || n < chunk) {
+		free(ids);
+		return hearth_error_set(err, HEARTH_EINVAL, "%zu tokens, fewer than one chunk of %zu",
+					n, chunk);
+	}
+	size_t total = n / chunk;
+	if (max_chunks && max_chunks < total)
+		total = max_chunks;
+	int32_t bos = tok_bos(t);
+	for (size_t c = 0; c < total && rc == 0; c++) {
+		int32_t *ck = ids + c * chunk;
+		/* As llama-imatrix: every chunk a document of its own, BOS in its first token's place. */
+		if (tok_add_bos(t) && bos != TOK_NULL)
+			ck[0] = bos;
+		rc = imatrix_stats_run(s, m, ctx, ck, chunk, logits, err);
+		if (rc == 0 && progress)
+			progress(progress_arg, c + 1, total);
+	}
+	free(ids);
+	*n_chunks = rc == 0 ? total : 0;
+	return rc;
+}
+
+const double *imatrix_stats_sums(const struct imatrix_stats *s, const struct gguf_tensor *w, uint64_t *count)
+{
+	for (size_t i = 0; i < s->n; i++)
+		if (s->e[i].w == w) {
+			*count = s->e[i].count;
+			return s->e[i].sum;
+		}
+	*count = 0;
+	return NULL;
+}
+
+size_t imatrix_stats_entries(const struct imatrix_stats *s)
+{
+	return s->n;
+}
+
+/* ---- the GGUF llama-imatrix writes (version 3, little-endian, alignment 32) ---- */
+
+#define IMATRIX_ALIGN 32
+
+struct gguf_out {
+	FILE *fp;
+	uint64_t at;                   /* bytes written: where the next padding counts from */
+	bool bad;
+};
+
+static void out_bytes(struct gguf_out *o, const void *p, size_t n)
+{
+	if (!o->bad && n && fwrite(p, 1, n, o->fp) != n)
+		o->bad = true;
+	o->at += n;
+}
+
+static void out_u32(struct gguf_out *o, uint32_t v)
+{
+	uint8_t b[4] = { (uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24) };
+	out_bytes(o, b, 4);
+}
+
+static void out_u64(struct gguf_out *o, uint64_t v)
+{
+	out_u32(o, (uint32_t)v);
+	out_u32(o, (uint32_t)(v >> 32));
+}
+
+static void out_str(struct gguf_out *o, const char *p, size_t n)
+{
+	out_u64(o, n);
+	out_bytes(o, p, n);
+}
+
+static void out_key(struct gguf_out *o, const char *key, enum gguf_vtype type)
+{
+	out_str(o, key, strlen(key));
+	out_u32(o, (uint32_t)type);
+}
+
+static void out_f32(struct gguf_out *o, float f)
+{
+	uint32_t v;
+	memcpy(&v, &f, sizeof v);
+	out_u32(o, v);
+}
+
+static void out_pad(struct gguf_out *o)
+{
+	static const uint8_t zero[IMATRIX_ALIGN];
+	out_bytes(o, zero, (size_t)((IMATRIX_ALIGN - o->at % IMATRIX_ALIGN) % IMATRIX_ALIGN));
+}
+
+/* Bytes of a tensor's data with its padding: in_sum2 (cols floats) or counts (one). */
+static uint64_t padded(uint64_t bytes)
+{
+	return (bytes + IMATRIX_ALIGN - 1) / IMATRIX_ALIGN * IMATRIX_ALIGN;
+}
+
+int imatrix_stats_write(const struct imatrix_stats *s, const char *path, const char *dataset, uint32_t chunk_size,
+			uint32_t n_chunks, struct hearth_error *err)
+{
+	if (s->n == 0)
+		return hearth_error_set(err, HEARTH_EINVAL, "imatrix: no statistics to write (no layer matrix ran)");
+	FILE *fp = fopen(path, "wb");
+	if (!fp)
+		return hearth_error_errno(err, HEARTH_EIO, errno, "cannot write %s", path);
+	struct gguf_out o = { .fp = fp };
+	out_u32(&o, 0x46554747u); /* "GGUF" */
+	out_u32(&o, 3);
+	out_u64(&o, 2 * (uint64_t)s->n);
+	out_u64(&o, 4);
+	out_key(&o, "general.type", GGUF_VT_STRING);
+	out_str(&o, "imatrix", 7);
+	out_key(&o, "imatrix.datasets", GGUF_VT_ARRAY);
+	out_u32(&o, GGUF_VT_STRING);
+	out_u64(&o, 1);
+	out_str(&o, dataset, strlen(dataset));
+	out_key(&o, "imatrix.chunk_count", GGUF_VT_UINT32);
+	out_u32(&o, n_chunks);
+	out_key(&o, "imatrix.chunk_size", GGUF_VT_UINT32);
+	out_u32(&o, chunk_size);
+	uint64_t off = 0;
+	for (size_t i = 0; i < s->n; i++) {
+		const struct gguf_tensor *w = s->e[i].w;
+		char name[288];
+		for (int k = 0; k < 2; k++) {
+			int len = snprintf(name, sizeof name, "%.*s.%s", (int)(w->name.len > 255 ? 255 : w->name.len),
+					   w->name.ptr, k ? "counts" : "in_sum2");
+			out_str(&o, name, (size_t)len);
+			/* One dimension: ggml drops the trailing 1 of cols x 1 and 1 x 1. */
+			out_u32(&o, 1);
+			out_u64(&o, k ? 1 : w->ne[0]);
+			out_u32(&o, QTYPE_F32);
+			out_u64(&o, off);
+			off += padded(k ? 4 : 4 * w->ne[0]);
+		}
+	}
+	/* The data section starts aligned, and so does every tensor in it. */
+	out_pad(&o);
+	for (size_t i = 0; i < s->n; i++) {
+		const struct imatrix_entry *e = &s->e[i];
+		for (uint64_t k = 0; k < e->w->ne[0]; k++)
+			out_f32(&o, (float)e->sum[k]);
+		out_pad(&o);
+		out_f32(&o, (float)e->count);
+		out_pad(&o);
+	}
+	if (fclose(fp) != 0)
+		o.bad = true;
+	if (o.bad) {
+		remove(path);
+		return hearth_error_set(err, HEARTH_EIO, "cannot write %s (disk full?)", path);
+	}
+	return 0;
+}
