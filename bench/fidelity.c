@@ -19,6 +19,7 @@
 
 #include "bench/fidelity_metrics.h"
 #include "daemon/engine/gguf.h"
+#include "daemon/engine/imatrix.h"
 #include "daemon/engine/load.h"
 #include "daemon/engine/model.h"
 #include "daemon/engine/ref/forward.h"
@@ -634,67 +635,31 @@ static const struct gguf_tensor *view_sim(struct fidelity_views *v, const struct
 	return t;
 }
 
-/* Activation statistics from calibration text: per layer and matrix (MQ4_WQ order), the
- * mean of x_k^2 over every token that reached it. */
+/* Activation statistics from calibration text: every layer matrix's input columns summed
+ * squared over the calibration windows (the engine's imatrix collector, as hearthd-tool
+ * imatrix and llama-imatrix collect them). */
 struct calib_stats {
 	const struct model *m;
-	uint32_t n_layer;
-	double *sum[256][7];
-	uint64_t n[256][7];
+	struct imatrix_stats *s;
 };
-
-static void calib_observe(void *arg, const struct gguf_tensor *w, const float *x, size_t n_tok)
-{
-	struct calib_stats *cs = arg;
-	for (uint32_t l = 0; l < cs->n_layer; l++) {
-		const struct model_layer *L = &cs->m->layers[l];
-		const struct gguf_tensor *ts[7] = { L->wq, L->wk, L->wv, L->wo, L->ffn_gate, L->ffn_up, L->ffn_down };
-		for (int i = 0; i < 7; i++) {
-			if (ts[i] != w)
-				continue;
-			size_t cols = (size_t)w->ne[0];
-			for (size_t t = 0; t < n_tok; t++)
-				for (size_t k = 0; k < cols; k++)
-					cs->sum[l][i][k] += (double)x[t * cols + k] * x[t * cols + k];
-			cs->n[l][i] += n_tok;
-			return;
-		}
-	}
-}
 
 static void calib_free(struct calib_stats *cs)
 {
-	for (uint32_t l = 0; l < cs->n_layer; l++)
-		for (int i = 0; i < 7; i++)
-			free(cs->sum[l][i]);
-	cs->n_layer = 0;
+	imatrix_stats_free(cs->s);
+	cs->s = NULL;
 }
 
 static int calib_run(struct calib_stats *cs, const struct model *m, const struct fidelity_corpus *c,
 		     float *scratch, struct hearth_error *err)
 {
-	memset(cs, 0, sizeof *cs);
 	cs->m = m;
-	if (m->hp.n_layer > 256)
-		return hearth_error_set(err, HEARTH_EINVAL, "calibration: more than 256 layers");
-	cs->n_layer = m->hp.n_layer;
-	for (uint32_t l = 0; l < cs->n_layer; l++) {
-		const struct model_layer *L = &m->layers[l];
-		const struct gguf_tensor *ts[7] = { L->wq, L->wk, L->wv, L->wo, L->ffn_gate, L->ffn_up, L->ffn_down };
-		for (int i = 0; i < 7; i++)
-			if (!(cs->sum[l][i] = calloc((size_t)ts[i]->ne[0], sizeof(double)))) {
-				calib_free(cs);
-				return hearth_error_set(err, HEARTH_ENOMEM, "calibration sums");
-			}
-	}
+	cs->s = NULL;
 	struct model_ctx *ctx = NULL;
-	int rc = model_ctx_new(&ctx, m, c->len, err);
+	int rc = imatrix_stats_new(&cs->s, err);
 	if (rc == 0)
-		model_ctx_observe(ctx, calib_observe, cs);
-	for (uint32_t s = 0; rc == 0 && s < c->n_seqs; s++) {
-		model_ctx_reset(ctx);
-		rc = model_forward(m, ctx, c->ids + (size_t)s * c->len, c->len, MODEL_LOGITS_LAST, scratch, err);
-	}
+		rc = model_ctx_new(&ctx, m, c->len, err);
+	for (uint32_t i = 0; rc == 0 && i < c->n_seqs; i++)
+		rc = imatrix_stats_run(cs->s, m, ctx, c->ids + (size_t)i * c->len, c->len, scratch, err);
 	model_ctx_free(ctx);
 	if (rc < 0)
 		calib_free(cs);
@@ -726,8 +691,10 @@ static int calib_weights(const struct calib_stats *cs, uint32_t l, struct sim_we
 			sim_weights_free(sw);
 			return HEARTH_ENOMEM;
 		}
+		uint64_t n;
+		const double *sum = imatrix_stats_sums(cs->s, ts[i], &n);
 		for (size_t k = 0; k < cols; k++)
-			sw->w[i][k] = (float)(cs->sum[l][i][k] / (double)(cs->n[l][i] ? cs->n[l][i] : 1));
+			sw->w[i][k] = sum ? (float)(sum[k] / (double)(n ? n : 1)) : 0.0f;
 	}
 	return 0;
 }
