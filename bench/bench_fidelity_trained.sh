@@ -59,7 +59,8 @@ save 04a-hearth-q6 "$builddir/bench/fidelity" $c --greedy 12 --mix off --head in
 # (hearthd-tool imatrix), and llama-imatrix's when a native llama.cpp build is named.
 echo "== importance matrix: hearthd-tool imatrix over training chapters"
 /usr/bin/python3 "$srcdir/bench/train/calib_text.py" "$work/calib.txt"
-"$builddir/hearthd-tool" imatrix -q -m "$model" -f "$work/calib.txt" -o "$work/imatrix-hearth.gguf" -c 128
+"$builddir/hearthd-tool" imatrix -q --engine ref -m "$model" -f "$work/calib.txt" -o "$work/imatrix-hearth.gguf" \
+	-c 128
 echo "== hearth, default layout with hearth's imatrix"
 save 01b-hearth-default-imatrix-hearth "$builddir/bench/fidelity" $c --greedy 12 \
 	--label "default, hearthd-tool imatrix" --imatrix "$work/imatrix-hearth.gguf" "$model"

@@ -692,7 +692,7 @@ static int calib_weights(const struct calib_stats *cs, uint32_t l, struct sim_we
 			return HEARTH_ENOMEM;
 		}
 		uint64_t n;
-		const double *sum = imatrix_stats_sums(cs->s, ts[i], &n);
+		const double *sum = imatrix_stats_sums(cs->s, ts[i]->name.ptr, (size_t)ts[i]->name.len, &n);
 		for (size_t k = 0; k < cols; k++)
 			sw->w[i][k] = sum ? (float)(sum[k] / (double)(n ? n : 1)) : 0.0f;
 	}

@@ -4,6 +4,7 @@
 #ifndef HEARTH_ENGINE_IMATRIX_H
 #define HEARTH_ENGINE_IMATRIX_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -45,19 +46,42 @@ int imatrix_stats_run(struct imatrix_stats *s, const struct model *m, struct mod
 		      size_t n, float *logits, struct hearth_error *err);
 /* Calibration text run as llama-imatrix -f runs it: tokenized whole with the model's BOS
  * (special tokens not parsed), cut into chunks of `chunk` tokens (the tail short of one is
- * left out; at most max_chunks of them, 0: all), each run from position 0 with BOS in its
- * first token's place. ctx holds at least chunk positions; progress (may be NULL) is called
- * after each chunk. *n_chunks is how many ran. Fewer tokens than one chunk is HEARTH_EINVAL. */
+ * left out; at most max_chunks of them, 0: all), each handed to run as a sequence of its
+ * own with BOS in its first token's place; progress (may be NULL) is called after each
+ * chunk. *n_chunks is how many ran. Fewer tokens than one chunk is HEARTH_EINVAL. */
 struct tok;
-int imatrix_stats_text(struct imatrix_stats *s, const struct model *m, struct model_ctx *ctx, const struct tok *t,
-		       const char *text, size_t len, size_t chunk, size_t max_chunks, float *logits,
-		       void (*progress)(void *arg, size_t done, size_t total), void *progress_arg, size_t *n_chunks,
-		       struct hearth_error *err);
-/* The model_observe_fn behind imatrix_stats_run (arg: the stats), for callers that run the
- * forward pass themselves. */
+typedef int (*imatrix_run_fn)(void *arg, const int32_t *ids, size_t n, struct hearth_error *err);
+int imatrix_stats_text(const struct tok *t, const char *text, size_t len, size_t chunk, size_t max_chunks,
+		       imatrix_run_fn run, void *run_arg, void (*progress)(void *arg, size_t done, size_t total),
+		       void *progress_arg, size_t *n_chunks, struct hearth_error *err);
+/* The two engines a chunk runs on: the f32 reference (exact, slow: ctx holds a chunk,
+ * logits n_vocab floats of scratch) and the resident int4 engine (its float activations,
+ * at its prefill speed; a model of one sequence of at least a chunk). */
+struct imatrix_ref_run {
+	struct imatrix_stats *s;
+	const struct model *m;
+	struct model_ctx *ctx;
+	float *logits;
+};
+int imatrix_run_ref(void *arg, const int32_t *ids, size_t n, struct hearth_error *err);
+struct model_q4;
+struct imatrix_q4_run {
+	struct imatrix_stats *s;
+	struct model_q4 *m;
+};
+int imatrix_run_q4(void *arg, const int32_t *ids, size_t n, struct hearth_error *err);
+/* The model_observe_fn behind imatrix_stats_run (arg: the stats): a "blk.*" matrix's input
+ * added under its tensor name. */
 void imatrix_stats_observe(void *arg, const struct gguf_tensor *w, const float *x, size_t n_tok);
-/* w's column sums and *count, or NULL (count 0) when w never ran. */
-const double *imatrix_stats_sums(const struct imatrix_stats *s, const struct gguf_tensor *w, uint64_t *count);
+/* n_tok rows of cols floats added to matrix `name` (len bytes), for callers that run
+ * another engine (the int4 engine's model_q4_observe). A name seen before with another
+ * width, or memory that runs out, marks the stats failed: imatrix_stats_ok says so. */
+void imatrix_stats_add(struct imatrix_stats *s, const char *name, size_t len, const float *x, size_t n_tok,
+		       size_t cols);
+/* False, with the error set, when an add failed. */
+bool imatrix_stats_ok(const struct imatrix_stats *s, struct hearth_error *err);
+/* Matrix name's column sums and *count, or NULL (count 0) when it never ran. */
+const double *imatrix_stats_sums(const struct imatrix_stats *s, const char *name, size_t len, uint64_t *count);
 size_t imatrix_stats_entries(const struct imatrix_stats *s);
 /* Writes llama-imatrix's GGUF: general.type "imatrix", imatrix.datasets [dataset],
  * imatrix.chunk_count, imatrix.chunk_size, then per matrix NAME.in_sum2 (F32, cols)

@@ -7,18 +7,20 @@
 #include <string.h>
 
 #include "daemon/engine/imatrix.h"
+#include "daemon/engine/model_q4.h"
 #include "daemon/engine/tokenizer.h"
 
 struct imatrix_entry {
-	const struct gguf_tensor *w;
-	double *sum;                   /* w->ne[0] sums of x^2 */
+	char *name;                    /* the weight's tensor name */
+	size_t cols;
+	double *sum;                   /* cols sums of x^2 */
 	uint64_t count;                /* tokens (matrix input rows) behind them */
 };
 
 struct imatrix_stats {
 	struct imatrix_entry *e;
 	size_t n, cap;
-	bool failed;                   /* an allocation in the observer failed */
+	bool failed;                   /* an allocation or a width in the observer failed */
 };
 
 int imatrix_stats_new(struct imatrix_stats **out, struct hearth_error *err)
@@ -31,54 +33,80 @@ void imatrix_stats_free(struct imatrix_stats *s)
 {
 	if (!s)
 		return;
-	for (size_t i = 0; i < s->n; i++)
+	for (size_t i = 0; i < s->n; i++) {
+		free(s->e[i].name);
 		free(s->e[i].sum);
+	}
 	free(s->e);
 	free(s);
 }
 
-/* Layer matrices only ("blk."), as llama-imatrix collects by default: the embedding is a
- * lookup and the head's input is one token's here. */
-static bool stats_wanted(const struct gguf_tensor *w)
-{
-	return w->name.len > 4 && !memcmp(w->name.ptr, "blk.", 4) && w->n_dims == 2;
-}
-
-static struct imatrix_entry *stats_entry(struct imatrix_stats *s, const struct gguf_tensor *w)
+static struct imatrix_entry *stats_find(const struct imatrix_stats *s, const char *name, size_t len)
 {
 	for (size_t i = 0; i < s->n; i++)
-		if (s->e[i].w == w)
+		if (strlen(s->e[i].name) == len && !memcmp(s->e[i].name, name, len))
 			return &s->e[i];
+	return NULL;
+}
+
+static struct imatrix_entry *stats_entry(struct imatrix_stats *s, const char *name, size_t len, size_t cols)
+{
+	struct imatrix_entry *e = stats_find(s, name, len);
+	if (e)
+		return e->cols == cols ? e : NULL;
+	if (len > 255)
+		return NULL;
 	if (s->n == s->cap) {
 		size_t cap = s->cap ? 2 * s->cap : 64;
-		struct imatrix_entry *e = realloc(s->e, cap * sizeof *e);
-		if (!e)
+		struct imatrix_entry *grown = realloc(s->e, cap * sizeof *grown);
+		if (!grown)
 			return NULL;
-		s->e = e;
+		s->e = grown;
 		s->cap = cap;
 	}
-	double *sum = calloc((size_t)w->ne[0], sizeof *sum);
-	if (!sum)
+	double *sum = calloc(cols, sizeof *sum);
+	char *copy = malloc(len + 1);
+	if (!sum || !copy) {
+		free(sum);
+		free(copy);
 		return NULL;
-	s->e[s->n] = (struct imatrix_entry){ .w = w, .sum = sum };
+	}
+	memcpy(copy, name, len);
+	copy[len] = '\0';
+	s->e[s->n] = (struct imatrix_entry){ .name = copy, .cols = cols, .sum = sum };
 	return &s->e[s->n++];
 }
 
-void imatrix_stats_observe(void *arg, const struct gguf_tensor *w, const float *x, size_t n_tok)
+void imatrix_stats_add(struct imatrix_stats *s, const char *name, size_t len, const float *x, size_t n_tok,
+		       size_t cols)
 {
-	struct imatrix_stats *s = arg;
-	if (s->failed || !stats_wanted(w))
+	if (s->failed)
 		return;
-	struct imatrix_entry *e = stats_entry(s, w);
+	struct imatrix_entry *e = stats_entry(s, name, len, cols);
 	if (!e) {
 		s->failed = true;
 		return;
 	}
-	size_t cols = (size_t)w->ne[0];
 	for (size_t t = 0; t < n_tok; t++)
 		for (size_t k = 0; k < cols; k++)
 			e->sum[k] += (double)x[t * cols + k] * x[t * cols + k];
 	e->count += n_tok;
+}
+
+/* Layer matrices only ("blk."), as llama-imatrix collects by default: the embedding is a
+ * lookup and the head's input is one token's here. */
+void imatrix_stats_observe(void *arg, const struct gguf_tensor *w, const float *x, size_t n_tok)
+{
+	if (w->name.len > 4 && !memcmp(w->name.ptr, "blk.", 4) && w->n_dims == 2)
+		imatrix_stats_add(arg, w->name.ptr, (size_t)w->name.len, x, n_tok, (size_t)w->ne[0]);
+}
+
+bool imatrix_stats_ok(const struct imatrix_stats *s, struct hearth_error *err)
+{
+	if (!s->failed)
+		return true;
+	hearth_error_set(err, HEARTH_ENOMEM, "imatrix: out of memory for the statistics");
+	return false;
 }
 
 int imatrix_stats_run(struct imatrix_stats *s, const struct model *m, struct model_ctx *ctx, const int32_t *ids,
@@ -88,8 +116,8 @@ int imatrix_stats_run(struct imatrix_stats *s, const struct model *m, struct mod
 	model_ctx_observe(ctx, imatrix_stats_observe, s);
 	int rc = model_forward(m, ctx, ids, n, MODEL_LOGITS_LAST, logits, err);
 	model_ctx_observe(ctx, NULL, NULL);
-	if (rc == 0 && s->failed)
-		rc = hearth_error_set(err, HEARTH_ENOMEM, "imatrix: out of memory for the statistics");
+	if (rc == 0 && !imatrix_stats_ok(s, err))
+		rc = HEARTH_ENOMEM;
 	return rc;
 }
 
@@ -120,10 +148,9 @@ static int stats_tokenize(const struct tok *t, const char *text, size_t len, int
 	return 0;
 }
 
-int imatrix_stats_text(struct imatrix_stats *s, const struct model *m, struct model_ctx *ctx, const struct tok *t,
-		       const char *text, size_t len, size_t chunk, size_t max_chunks, float *logits,
-		       void (*progress)(void *arg, size_t done, size_t total), void *progress_arg, size_t *n_chunks,
-		       struct hearth_error *err)
+int imatrix_stats_text(const struct tok *t, const char *text, size_t len, size_t chunk, size_t max_chunks,
+		       imatrix_run_fn run, void *run_arg, void (*progress)(void *arg, size_t done, size_t total),
+		       void *progress_arg, size_t *n_chunks, struct hearth_error *err)
 {
 	int32_t *ids = NULL;
 	size_t n = 0;
@@ -132,8 +159,7 @@ int imatrix_stats_text(struct imatrix_stats *s, const struct model *m, struct mo
 		return rc;
 	if (chunk == 0 || n < chunk) {
 		free(ids);
-		return hearth_error_set(err, HEARTH_EINVAL, "%zu tokens, fewer than one chunk of %zu",
-					n, chunk);
+		return hearth_error_set(err, HEARTH_EINVAL, "%zu tokens, fewer than one chunk of %zu", n, chunk);
 	}
 	size_t total = n / chunk;
 	if (max_chunks && max_chunks < total)
@@ -144,7 +170,7 @@ int imatrix_stats_text(struct imatrix_stats *s, const struct model *m, struct mo
 		/* As llama-imatrix: every chunk a document of its own, BOS in its first token's place. */
 		if (tok_add_bos(t) && bos != TOK_NULL)
 			ck[0] = bos;
-		rc = imatrix_stats_run(s, m, ctx, ck, chunk, logits, err);
+		rc = run(run_arg, ck, chunk, err);
 		if (rc == 0 && progress)
 			progress(progress_arg, c + 1, total);
 	}
@@ -153,15 +179,53 @@ int imatrix_stats_text(struct imatrix_stats *s, const struct model *m, struct mo
 	return rc;
 }
 
-const double *imatrix_stats_sums(const struct imatrix_stats *s, const struct gguf_tensor *w, uint64_t *count)
+int imatrix_run_ref(void *arg, const int32_t *ids, size_t n, struct hearth_error *err)
 {
-	for (size_t i = 0; i < s->n; i++)
-		if (s->e[i].w == w) {
-			*count = s->e[i].count;
-			return s->e[i].sum;
-		}
-	*count = 0;
-	return NULL;
+	struct imatrix_ref_run *r = arg;
+	return imatrix_stats_run(r->s, r->m, r->ctx, ids, n, r->logits, err);
+}
+
+static const char *const q4_mat_names[MQ4_LAYER_MATRICES] = {
+	[MQ4_WQ] = "attn_q", [MQ4_WK] = "attn_k", [MQ4_WV] = "attn_v", [MQ4_WO] = "attn_output",
+	[MQ4_GATE] = "ffn_gate", [MQ4_UP] = "ffn_up", [MQ4_DOWN] = "ffn_down",
+};
+
+/* model_q4_observe's callback: the input under the GGUF name of the matrix it feeds. */
+static void q4_observe(void *arg, uint32_t layer, int mat, const float *x, size_t n_tok, size_t cols)
+{
+	char name[64];
+	int len = snprintf(name, sizeof name, "blk.%u.%s.weight", layer, q4_mat_names[mat]);
+	imatrix_stats_add(arg, name, (size_t)len, x, n_tok, cols);
+}
+
+int imatrix_run_q4(void *arg, const int32_t *ids, size_t n, struct hearth_error *err)
+{
+	struct imatrix_q4_run *r = arg;
+	struct engine eng;
+	struct engine_seq *seq;
+	uint32_t cached;
+	model_q4_engine(r->m, &eng);
+	int rc = eng.seq_open(eng.impl, ids, (uint32_t)n, (uint32_t)n, ENGINE_SHARE_PRIVATE, &seq, &cached, err);
+	if (rc < 0)
+		return rc;
+	model_q4_observe(r->m, q4_observe, r->s);
+	for (size_t at = 0; rc == 0 && at < n; at += r->m->step_tokens) {
+		size_t k = n - at < r->m->step_tokens ? n - at : r->m->step_tokens;
+		struct engine_span sp = { .seq = seq, .tokens = ids + at, .n = (uint32_t)k };
+		rc = eng.forward(eng.impl, &sp, 1, err);
+	}
+	model_q4_observe(r->m, NULL, NULL);
+	eng.seq_close(eng.impl, seq);
+	if (rc == 0 && !imatrix_stats_ok(r->s, err))
+		rc = HEARTH_ENOMEM;
+	return rc;
+}
+
+const double *imatrix_stats_sums(const struct imatrix_stats *s, const char *name, size_t len, uint64_t *count)
+{
+	const struct imatrix_entry *e = stats_find(s, name, len);
+	*count = e ? e->count : 0;
+	return e ? e->sum : NULL;
 }
 
 size_t imatrix_stats_entries(const struct imatrix_stats *s)
@@ -254,25 +318,24 @@ int imatrix_stats_write(const struct imatrix_stats *s, const char *path, const c
 	out_u32(&o, chunk_size);
 	uint64_t off = 0;
 	for (size_t i = 0; i < s->n; i++) {
-		const struct gguf_tensor *w = s->e[i].w;
+		const struct imatrix_entry *e = &s->e[i];
 		char name[288];
 		for (int k = 0; k < 2; k++) {
-			int len = snprintf(name, sizeof name, "%.*s.%s", (int)(w->name.len > 255 ? 255 : w->name.len),
-					   w->name.ptr, k ? "counts" : "in_sum2");
+			int len = snprintf(name, sizeof name, "%s.%s", e->name, k ? "counts" : "in_sum2");
 			out_str(&o, name, (size_t)len);
 			/* One dimension: ggml drops the trailing 1 of cols x 1 and 1 x 1. */
 			out_u32(&o, 1);
-			out_u64(&o, k ? 1 : w->ne[0]);
+			out_u64(&o, k ? 1 : e->cols);
 			out_u32(&o, QTYPE_F32);
 			out_u64(&o, off);
-			off += padded(k ? 4 : 4 * w->ne[0]);
+			off += padded(k ? 4 : 4 * e->cols);
 		}
 	}
 	/* The data section starts aligned, and so does every tensor in it. */
 	out_pad(&o);
 	for (size_t i = 0; i < s->n; i++) {
 		const struct imatrix_entry *e = &s->e[i];
-		for (uint64_t k = 0; k < e->w->ne[0]; k++)
+		for (size_t k = 0; k < e->cols; k++)
 			out_f32(&o, (float)e->sum[k]);
 		out_pad(&o);
 		out_f32(&o, (float)e->count);

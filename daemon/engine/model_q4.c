@@ -202,6 +202,19 @@ static unsigned groups_of(const struct mm_mat *ws, size_t n)
 	return need;
 }
 
+/* model_q4_observe's call for matrices mats[0..n) of layer l reading x: thread 0 only, after
+ * the barrier that completed x and before its share of their product (x is read-only
+ * until the phase's closing barrier). */
+static void observe_input(const struct step *st, uint32_t l, const int *mats, size_t n, const float *x,
+			  size_t cols, size_t t)
+{
+	const struct model_q4 *m = st->m;
+	if (!m->observe || t != 0)
+		return;
+	for (size_t i = 0; i < n; i++)
+		m->observe(m->observe_arg, l, mats[i], x, st->T, cols);
+}
+
 /* Bias, per-head q/k norm and RoPE at row i's position for KV heads [h0, h1) and the
  * query heads that share them, then their K and V into the row's sequence's cache. */
 static void qkv_post(struct step *st, const struct mq4_layer *L, uint32_t l, size_t i, size_t h0,
@@ -359,6 +372,7 @@ static void step_run(void *arg, size_t t, size_t nt)
 		acts_setup(st, &a, T, E, groups_of(qkv, 3));
 		acts_fill(st, &a, m->xb, E, T, t, nt);
 		pool_barrier(p);
+		observe_input(st, l, (const int[]){ MQ4_WQ, MQ4_WK, MQ4_WV }, 3, m->xb, E, t);
 		matmul_phase(st, &phase, qkv, (float *const[]){ m->q, m->k, m->v }, 3, &a, t, nt);
 		pool_barrier(p);
 		if (!st->row_per_seq) {
@@ -371,6 +385,7 @@ static void step_run(void *arg, size_t t, size_t nt)
 		acts_setup(st, &a, T, na, groups_of(o, 1));
 		step_attention(st, L, l, &a, t, nt);
 		pool_barrier(p);
+		observe_input(st, l, (const int[]){ MQ4_WO }, 1, m->att, na, t);
 		if (attn_groups(st, L, nt) > 1) {
 			acts_fill(st, &a, m->att, na, T, t, nt);
 			pool_barrier(p);
@@ -382,6 +397,7 @@ static void step_run(void *arg, size_t t, size_t nt)
 		acts_setup(st, &a, T, E, groups_of(gu, 2));
 		acts_fill(st, &a, m->xb, E, T, t, nt);
 		pool_barrier(p);
+		observe_input(st, l, (const int[]){ MQ4_GATE, MQ4_UP }, 2, m->xb, E, t);
 		matmul_phase(st, &phase, gu, (float *const[]){ m->hb, m->hb2 }, 2, &a, t, nt);
 		pool_barrier(p);
 		split(T, t, nt, &b, &e);
@@ -392,6 +408,7 @@ static void step_run(void *arg, size_t t, size_t nt)
 		acts_setup(st, &a, T, L->n_ff, groups_of(d, 1));
 		acts_fill(st, &a, m->hb, L->n_ff, T, t, nt);
 		pool_barrier(p);
+		observe_input(st, l, (const int[]){ MQ4_DOWN }, 1, m->hb, L->n_ff, t);
 		matmul_phase(st, &phase, d, &m->xb, 1, &a, t, nt);
 		pool_barrier(p);
 	}
@@ -655,6 +672,14 @@ void model_q4_facts(const struct model_q4 *m, struct model_q4_facts *out)
 		.n_matrices = m->n_notes, .n_carried = carried, .n_int8 = int8, .n_int6 = int6, .kernels = m->kern->name,
 		.n_threads = m->n_threads,
 	};
+}
+
+void model_q4_observe(struct model_q4 *m,
+		      void (*fn)(void *arg, uint32_t layer, int mat, const float *x, size_t n_tok, size_t cols),
+		      void *arg)
+{
+	m->observe = fn;
+	m->observe_arg = arg;
 }
 
 void model_q4_engine(struct model_q4 *m, struct engine *out)

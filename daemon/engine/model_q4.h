@@ -126,6 +126,11 @@ struct model_q4 {
 	uint32_t *logit_rows;      /* batch rows whose logits are wanted */
 	struct engine_seq *seqs;   /* max_seqs slots, indexed by KV sequence id */
 
+	/* Optional (model_q4_observe): called with every layer matrix's input before the
+	 * product, as the reference engine's model_ctx_observe. NULL: off. */
+	void (*observe)(void *arg, uint32_t layer, int mat, const float *x, size_t n_tok, size_t cols);
+	void *observe_arg;
+
 	struct mq4_tensor_note *notes;
 	uint32_t n_notes;
 	uint64_t bytes_weights, bytes_embed_head, bytes_norms, bytes_rope, bytes_scratch;
@@ -159,6 +164,15 @@ struct model_q4_facts {
 	size_t n_threads;
 };
 void model_q4_facts(const struct model_q4 *m, struct model_q4_facts *out);
+
+/* Calls fn(arg, layer, MQ4_WQ.., x, n_tok, cols) with every layer matrix's float input
+ * (n_tok rows of cols, the step's rows of every span) before each product, on the stepping
+ * thread, while the other threads multiply: how a calibration pass (hearthd-tool imatrix)
+ * measures the columns the activations lean on at the int4 engine's speed. NULL turns it
+ * off; off by default, and a step without it costs nothing more. */
+void model_q4_observe(struct model_q4 *m,
+		      void (*fn)(void *arg, uint32_t layer, int mat, const float *x, size_t n_tok, size_t cols),
+		      void *arg);
 
 /* Runs spans (several sequences, prefill chunks and decode tokens) as one batched step.
  * Total tokens must not exceed step_tokens. */

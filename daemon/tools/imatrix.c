@@ -11,17 +11,22 @@
 
 #include "daemon/engine/gguf.h"
 #include "daemon/engine/imatrix.h"
+#include "daemon/engine/load.h"
+#include "daemon/engine/model_q4.h"
 #include "daemon/engine/model.h"
 #include "daemon/engine/ref/forward.h"
 #include "daemon/engine/tokenizer.h"
 #include "protocol/error.h"
 
 #define IMATRIX_DEFAULT_CHUNK 512
-#define IMATRIX_TEXT_MAX (256u << 20)
+#define IMATRIX_TEXT_MAX ((size_t)256 << 20)
+#define IMATRIX_STEP_TOKENS 512u       /* tokens per int4 step: a chunk runs in steps of it */
 
 struct imatrix_opts {
 	const char *model, *text, *out;
 	long chunk, chunks;          /* tokens per chunk; chunks to run (0: all) */
+	long threads;                /* int4 engine's compute threads (0: hearthd's default) */
+	bool ref;                    /* the f32 reference engine instead of the int4 one */
 	bool quiet;
 };
 
@@ -37,11 +42,15 @@ static void usage(FILE *to)
 		"                      sequence at position 0 with BOS first; the text's tail short\n"
 		"                      of a chunk is not used\n"
 		"      --chunks N      run only the first N chunks (default: all)\n"
+		"      --engine int4|ref  int4 (default): the resident engine as hearthd loads it,\n"
+		"                      with float activations, at its prefill speed; ref: the f32\n"
+		"                      reference engine, exact and slow (about the model's size in\n"
+		"                      GFLOP per token), llama-imatrix's figures on an F32 file\n"
+		"  -t, --threads N     the int4 engine's threads (default: hearthd's)\n"
 		"  -q, --quiet         no progress on stderr\n"
 		"  -h, --help\n"
 		"Every layer matrix's input columns are summed squared over every token, as\n"
-		"llama-imatrix sums them; the f32 reference engine runs the text (exact, and slow\n"
-		"on large models: about the model's size in GFLOP per token).\n",
+		"llama-imatrix sums them.\n",
 		IMATRIX_DEFAULT_CHUNK);
 }
 
@@ -51,12 +60,13 @@ static int parse_args(int argc, char **argv, struct imatrix_opts *o)
 		{ "model", required_argument, NULL, 'm' },  { "text", required_argument, NULL, 'f' },
 		{ "output", required_argument, NULL, 'o' }, { "chunk", required_argument, NULL, 'c' },
 		{ "chunks", required_argument, NULL, 'C' }, { "quiet", no_argument, NULL, 'q' },
+		{ "engine", required_argument, NULL, 'E' }, { "threads", required_argument, NULL, 't' },
 		{ "help", no_argument, NULL, 'h' },         { NULL, 0, NULL, 0 },
 	};
 	int c;
 	memset(o, 0, sizeof *o);
 	o->chunk = IMATRIX_DEFAULT_CHUNK;
-	while ((c = getopt_long(argc, argv, "m:f:o:c:qh", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "m:f:o:c:t:qh", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'm': o->model = optarg; break;
 		case 'f': o->text = optarg; break;
@@ -68,6 +78,17 @@ static int parse_args(int argc, char **argv, struct imatrix_opts *o)
 			break;
 		case 'C':
 			if (tool_parse_long("imatrix", "--chunks", optarg, 1, 1L << 30, &o->chunks) < 0)
+				return -1;
+			break;
+		case 'E':
+			if (strcmp(optarg, "int4") && strcmp(optarg, "ref")) {
+				fprintf(stderr, "hearthd-tool imatrix: --engine '%s' is not int4 or ref\n", optarg);
+				return -1;
+			}
+			o->ref = !strcmp(optarg, "ref");
+			break;
+		case 't':
+			if (tool_parse_long("imatrix", "--threads", optarg, 1, MQ4_THREADS_MAX, &o->threads) < 0)
 				return -1;
 			break;
 		case 'q': o->quiet = true; break;
@@ -93,22 +114,19 @@ static void progress(void *arg, size_t done, size_t total)
 	fprintf(stderr, "hearthd-tool imatrix: chunk %zu of %zu\n", done, total);
 }
 
-static int make_imatrix(const struct imatrix_opts *o, struct hearth_error *err)
+/* The chunks on the f32 reference engine. */
+static int run_ref(const struct imatrix_opts *o, struct imatrix_stats *s, const char *text, size_t len,
+		   size_t *n_chunks, struct hearth_error *err)
 {
 	struct gguf_file *f = NULL;
 	struct model *m = NULL;
 	struct tok *t = NULL;
 	struct model_ctx *ctx = NULL;
-	struct imatrix_stats *s = NULL;
-	char *text = NULL;
 	float *logits = NULL;
-	size_t len = 0, n_chunks = 0;
-	bool probed = false;
-	int rc;
 	struct model_opts mo = { .max_ctx = (uint32_t)o->chunk, .kv_type = MODEL_KV_F16 };
-
+	int rc;
 	if ((rc = gguf_open(&f, o->model, err)) < 0 || (rc = model_load(&m, f, &mo, err)) < 0 ||
-	    (rc = tok_load(&t, f, err)) < 0 || (rc = tool_read_file(o->text, IMATRIX_TEXT_MAX, &text, &len, err)) < 0)
+	    (rc = tok_load(&t, f, err)) < 0 || (rc = model_ctx_new(&ctx, m, (uint32_t)o->chunk, err)) < 0)
 		goto out;
 	if (tok_n_vocab(t) > (int32_t)m->hp.n_vocab) {
 		rc = hearth_error_set(err, HEARTH_EFORMAT, "%s: tokenizer has %d tokens, the model %u", o->model,
@@ -119,6 +137,59 @@ static int make_imatrix(const struct imatrix_opts *o, struct hearth_error *err)
 		rc = hearth_error_set(err, HEARTH_ENOMEM, "out of memory for the logits");
 		goto out;
 	}
+	struct imatrix_ref_run r = { .s = s, .m = m, .ctx = ctx, .logits = logits };
+	rc = imatrix_stats_text(t, text, len, (size_t)o->chunk, (size_t)o->chunks, imatrix_run_ref, &r,
+				o->quiet ? NULL : progress, NULL, n_chunks, err);
+out:
+	free(logits);
+	model_ctx_free(ctx);
+	tok_free(t);
+	model_free(m);
+	gguf_close(f);
+	return rc;
+}
+
+/* The chunks on the resident int4 engine, loaded as hearthd loads it (its defaults, W4A16:
+ * float activations, the closest to the reference's), one sequence of a chunk. */
+static int run_q4(const struct imatrix_opts *o, struct imatrix_stats *s, const char *text, size_t len,
+		  size_t *n_chunks, struct hearth_error *err)
+{
+	struct load_opts lo;
+	struct model_q4 *m = NULL;
+	struct tok *t = NULL;
+	load_opts_default(&lo);
+	lo.act = Q4_ACT_A16;
+	lo.max_seqs = 1;
+	lo.max_context = (uint32_t)(o->chunk + 15) / 16 * 16;
+	lo.step_tokens = o->chunk < IMATRIX_STEP_TOKENS ? (uint32_t)o->chunk : IMATRIX_STEP_TOKENS;
+	if (o->threads)
+		lo.n_threads = (size_t)o->threads;
+	int rc = load_q4(&m, &t, o->model, &lo, err);
+	if (rc < 0)
+		return rc;
+	struct engine eng;
+	model_q4_engine(m, &eng);
+	/* This thread steps the pool, as the daemon's compute thread does. */
+	if (eng.thread_init)
+		eng.thread_init(eng.impl);
+	struct imatrix_q4_run r = { .s = s, .m = m };
+	rc = imatrix_stats_text(t, text, len, (size_t)o->chunk, (size_t)o->chunks, imatrix_run_q4, &r,
+				o->quiet ? NULL : progress, NULL, n_chunks, err);
+	tok_free(t);
+	model_q4_free(m);
+	return rc;
+}
+
+static int make_imatrix(const struct imatrix_opts *o, struct hearth_error *err)
+{
+	struct imatrix_stats *s = NULL;
+	char *text = NULL;
+	size_t len = 0, n_chunks = 0;
+	bool probed = false;
+	int rc;
+
+	if ((rc = tool_read_file(o->text, IMATRIX_TEXT_MAX, &text, &len, err)) < 0)
+		goto out;
 	/* A path that cannot be written fails now, not after the whole text has run. */
 	FILE *probe = fopen(o->out, "wb");
 	if (!probe) {
@@ -127,13 +198,13 @@ static int make_imatrix(const struct imatrix_opts *o, struct hearth_error *err)
 	}
 	fclose(probe);
 	probed = true;
-	if ((rc = model_ctx_new(&ctx, m, (uint32_t)o->chunk, err)) < 0 || (rc = imatrix_stats_new(&s, err)) < 0)
+	if ((rc = imatrix_stats_new(&s, err)) < 0)
 		goto out;
-	if ((rc = imatrix_stats_text(s, m, ctx, t, text, len, (size_t)o->chunk, (size_t)o->chunks, logits,
-				     o->quiet ? NULL : progress, NULL, &n_chunks, err)) < 0) {
+	rc = o->ref ? run_ref(o, s, text, len, &n_chunks, err) : run_q4(o, s, text, len, &n_chunks, err);
+	if (rc == HEARTH_EINVAL && strstr(err->msg, "fewer than one chunk"))
 		hearth_error_prefix(err, "%s", o->text);
+	if (rc < 0)
 		goto out;
-	}
 	rc = imatrix_stats_write(s, o->out, o->text, (uint32_t)o->chunk, (uint32_t)n_chunks, err);
 	if (rc == 0 && !o->quiet)
 		fprintf(stderr, "hearthd-tool imatrix: %zu matrices over %zu tokens written to %s\n",
@@ -142,12 +213,7 @@ out:
 	if (rc < 0 && probed)
 		remove(o->out);
 	imatrix_stats_free(s);
-	model_ctx_free(ctx);
-	free(logits);
 	free(text);
-	tok_free(t);
-	model_free(m);
-	gguf_close(f);
 	return rc;
 }
 

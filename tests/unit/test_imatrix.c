@@ -82,7 +82,8 @@ static void test_imatrix_reads_llama_imatrix_output(void **state)
 	imatrix_close(im);
 }
 
-/* hearth's own statistics of fx-llama over bench/spec_passage.txt in chunks of 64, against
+/* hearth's own statistics (the reference engine's) of fx-llama over bench/spec_passage.txt
+ * in chunks of 64, against
  * what `llama-imatrix -m fx-llama.gguf -f bench/spec_passage.txt -c 64` wrote
  * (fx-llama.passage.imatrix.gguf): the same matrices, shapes and token counts, every sum
  * within 0.5 % of its matrix's largest (llama.cpp runs the f16 KV cache and its own kernels;
@@ -117,7 +118,8 @@ static void test_imatrix_stats_equal_llama_imatrix_on_the_same_text(void **state
 	float *logits = malloc(m->hp.n_vocab * sizeof *logits);
 	size_t n_chunks = 0;
 	assert_non_null(logits);
-	if (imatrix_stats_text(s, m, ctx, t, text, len, 64, 0, logits, NULL, NULL, &n_chunks, &e) < 0)
+	struct imatrix_ref_run run = { .s = s, .m = m, .ctx = ctx, .logits = logits };
+	if (imatrix_stats_text(t, text, len, 64, 0, imatrix_run_ref, &run, NULL, NULL, &n_chunks, &e) < 0)
 		fail_msg("%s", e.msg);
 	assert_int_equal(n_chunks, 5);
 	assert_int_equal(imatrix_stats_entries(s), 2 * 7);
@@ -172,7 +174,9 @@ static void test_imatrix_stats_equal_llama_imatrix_on_the_same_text(void **state
 	/* Too little text for a chunk: refused with the counts, nothing collected. */
 	struct imatrix_stats *s2;
 	assert_int_equal(imatrix_stats_new(&s2, &e), 0);
-	assert_int_equal(imatrix_stats_text(s2, m, ctx, t, "In the beginning", 16, 64, 0, logits, NULL, NULL, &n_chunks, &e),
+	struct imatrix_ref_run run2 = { .s = s2, .m = m, .ctx = ctx, .logits = logits };
+	assert_int_equal(imatrix_stats_text(t, "In the beginning", 16, 64, 0, imatrix_run_ref, &run2, NULL, NULL,
+					    &n_chunks, &e),
 			 HEARTH_EINVAL);
 	assert_non_null(strstr(e.msg, "fewer than one chunk of 64"));
 	assert_int_equal(imatrix_stats_entries(s2), 0);
