@@ -32,10 +32,10 @@ int imatrix_weights(const struct imatrix *im, const char *name, size_t name_len,
 size_t imatrix_entries(const struct imatrix *im);
 
 /* ---- making one (imatrix_stats.c) ----
- * Statistics collected as llama-imatrix collects them: every layer matrix ("blk.*") of the
- * f32 reference engine, for every token of every calibration chunk, adds each input
- * column's square to its sums (in double) and one to its count. Matrices appear in the
- * order the forward pass first multiplies by them. */
+ * Statistics collected as llama-imatrix collects them: every layer matrix ("blk.*"), for
+ * every token of every calibration chunk, adds each input column's square to its sums (in
+ * double) and one to its count, keyed by the matrix's tensor name, whichever engine ran
+ * the chunk. Matrices appear in the order the forward pass first multiplies by them. */
 struct imatrix_stats;
 
 int imatrix_stats_new(struct imatrix_stats **out, struct hearth_error *err);

@@ -1,6 +1,6 @@
-/* Importance statistics made here: the f32 reference engine runs calibration text and every
- * layer matrix's input columns are summed squared, as llama-imatrix sums them, then written
- * in llama-imatrix's GGUF so that hearth (imatrix =) and llama-quantize both read the file. */
+/* Importance statistics made here: calibration text runs through the int4 engine or the f32
+ * reference and every layer matrix's input columns are summed squared, as llama-imatrix sums
+ * them, then written in its GGUF so that hearth (imatrix =) and llama-quantize read the file. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>

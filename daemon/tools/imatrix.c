@@ -1,6 +1,6 @@
-/* `hearthd-tool imatrix`: an importance matrix for a model from calibration text, made by the
- * f32 reference engine the way llama-imatrix makes one, in its GGUF: hearthd's `imatrix` key
- * and llama-quantize --imatrix read the file, and no llama.cpp build is needed. */
+/* `hearthd-tool imatrix`: an importance matrix for a model from calibration text, made the
+ * way llama-imatrix makes one (on the int4 engine, or exactly on the f32 reference) and in
+ * its GGUF: hearthd's `imatrix` key and llama-quantize --imatrix read the file. */
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -162,6 +162,11 @@ static int run_q4(const struct imatrix_opts *o, struct imatrix_stats *s, const c
 	lo.max_seqs = 1;
 	lo.max_context = (uint32_t)(o->chunk + 15) / 16 * 16;
 	lo.step_tokens = o->chunk < IMATRIX_STEP_TOKENS ? (uint32_t)o->chunk : IMATRIX_STEP_TOKENS;
+	/* Room for a whole chunk at a generous 256 KiB a position (a long --chunk on a large
+	 * model would not fit the daemon's default budget). */
+	uint64_t kv = (uint64_t)o->chunk * (256u << 10);
+	if (kv > lo.kv_budget)
+		lo.kv_budget = kv;
 	if (o->threads)
 		lo.n_threads = (size_t)o->threads;
 	int rc = load_q4(&m, &t, o->model, &lo, err);
