@@ -75,7 +75,8 @@ int imatrix_run_q4(void *arg, const int32_t *ids, size_t n, struct hearth_error 
 void imatrix_stats_observe(void *arg, const struct gguf_tensor *w, const float *x, size_t n_tok);
 /* n_tok rows of cols floats added to matrix `name` (len bytes), for callers that run
  * another engine (the int4 engine's model_q4_observe). A name seen before with another
- * width, or memory that runs out, marks the stats failed: imatrix_stats_ok says so. */
+ * width, a name over 255 bytes or memory that runs out marks the stats failed, and later
+ * adds do nothing: imatrix_stats_ok says which matrix and why. */
 void imatrix_stats_add(struct imatrix_stats *s, const char *name, size_t len, const float *x, size_t n_tok,
 		       size_t cols);
 /* False, with the error set, when an add failed. */

@@ -20,7 +20,9 @@ struct imatrix_entry {
 struct imatrix_stats {
 	struct imatrix_entry *e;
 	size_t n, cap;
-	bool failed;                   /* an allocation or a width in the observer failed */
+	bool failed;                   /* an add failed: code and why say how */
+	int code;
+	char why[160];
 };
 
 int imatrix_stats_new(struct imatrix_stats **out, struct hearth_error *err)
@@ -49,18 +51,27 @@ static struct imatrix_entry *stats_find(const struct imatrix_stats *s, const cha
 	return NULL;
 }
 
+static struct imatrix_entry *stats_fail(struct imatrix_stats *s, const char *name, size_t len, int code,
+					 const char *what)
+{
+	s->failed = true;
+	s->code = code;
+	snprintf(s->why, sizeof s->why, "imatrix: %.*s: %s", (int)(len > 80 ? 80 : len), name, what);
+	return NULL;
+}
+
 static struct imatrix_entry *stats_entry(struct imatrix_stats *s, const char *name, size_t len, size_t cols)
 {
 	struct imatrix_entry *e = stats_find(s, name, len);
 	if (e)
-		return e->cols == cols ? e : NULL;
+		return e->cols == cols ? e : stats_fail(s, name, len, HEARTH_EINVAL, "its input changed width between tokens");
 	if (len > 255)
-		return NULL;
+		return stats_fail(s, name, len, HEARTH_EINVAL, "name longer than 255 bytes");
 	if (s->n == s->cap) {
 		size_t cap = s->cap ? 2 * s->cap : 64;
 		struct imatrix_entry *grown = realloc(s->e, cap * sizeof *grown);
 		if (!grown)
-			return NULL;
+			return stats_fail(s, name, len, HEARTH_ENOMEM, "out of memory for the statistics");
 		s->e = grown;
 		s->cap = cap;
 	}
@@ -69,7 +80,7 @@ static struct imatrix_entry *stats_entry(struct imatrix_stats *s, const char *na
 	if (!sum || !copy) {
 		free(sum);
 		free(copy);
-		return NULL;
+		return stats_fail(s, name, len, HEARTH_ENOMEM, "out of memory for the statistics");
 	}
 	memcpy(copy, name, len);
 	copy[len] = '\0';
@@ -83,10 +94,8 @@ void imatrix_stats_add(struct imatrix_stats *s, const char *name, size_t len, co
 	if (s->failed)
 		return;
 	struct imatrix_entry *e = stats_entry(s, name, len, cols);
-	if (!e) {
-		s->failed = true;
+	if (!e)
 		return;
-	}
 	for (size_t t = 0; t < n_tok; t++)
 		for (size_t k = 0; k < cols; k++)
 			e->sum[k] += (double)x[t * cols + k] * x[t * cols + k];
@@ -105,7 +114,7 @@ bool imatrix_stats_ok(const struct imatrix_stats *s, struct hearth_error *err)
 {
 	if (!s->failed)
 		return true;
-	hearth_error_set(err, HEARTH_ENOMEM, "imatrix: out of memory for the statistics");
+	hearth_error_set(err, s->code, "%s", s->why);
 	return false;
 }
 
@@ -117,7 +126,7 @@ int imatrix_stats_run(struct imatrix_stats *s, const struct model *m, struct mod
 	int rc = model_forward(m, ctx, ids, n, MODEL_LOGITS_LAST, logits, err);
 	model_ctx_observe(ctx, NULL, NULL);
 	if (rc == 0 && !imatrix_stats_ok(s, err))
-		rc = HEARTH_ENOMEM;
+		rc = s->code;
 	return rc;
 }
 
@@ -217,7 +226,7 @@ int imatrix_run_q4(void *arg, const int32_t *ids, size_t n, struct hearth_error 
 	model_q4_observe(r->m, NULL, NULL);
 	eng.seq_close(eng.impl, seq);
 	if (rc == 0 && !imatrix_stats_ok(r->s, err))
-		rc = HEARTH_ENOMEM;
+		rc = r->s->code;
 	return rc;
 }
 

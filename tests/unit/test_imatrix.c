@@ -181,6 +181,21 @@ static void test_imatrix_stats_equal_llama_imatrix_on_the_same_text(void **state
 	assert_non_null(strstr(e.msg, "fewer than one chunk of 64"));
 	assert_int_equal(imatrix_stats_entries(s2), 0);
 	assert_int_equal(imatrix_stats_write(s2, out, "x", 64, 0, &e), HEARTH_EINVAL);
+	/* A matrix whose input changes width: the stats fail naming it, and stay failed. */
+	const float x[4] = { 1, 2, 3, 4 };
+	imatrix_stats_add(s2, "blk.0.attn_q.weight", 19, x, 1, 4);
+	assert_true(imatrix_stats_ok(s2, &e));
+	imatrix_stats_add(s2, "blk.0.attn_q.weight", 19, x, 2, 2);
+	imatrix_stats_add(s2, "blk.0.attn_k.weight", 19, x, 1, 4);
+	assert_false(imatrix_stats_ok(s2, &e));
+	assert_int_equal(e.code, HEARTH_EINVAL);
+	assert_non_null(strstr(e.msg, "blk.0.attn_q.weight: its input changed width"));
+	uint64_t cnt;
+	const double *sums = imatrix_stats_sums(s2, "blk.0.attn_q.weight", 19, &cnt);
+	assert_non_null(sums);
+	assert_int_equal(cnt, 1);
+	assert_true(sums[3] == 16.0);
+	assert_null(imatrix_stats_sums(s2, "blk.0.attn_k.weight", 19, &cnt));
 	imatrix_stats_free(s2);
 
 	remove(out);
