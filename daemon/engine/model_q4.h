@@ -160,6 +160,7 @@ struct model_q4_facts {
 	uint32_t n_matrices, n_carried;  /* matrices repacked; of them, carried without re-rounding */
 	uint32_t n_int8;                 /* of them, int8 (the head, the mix rule's choices) */
 	uint32_t n_int6;                 /* of them, int6 (the head) */
+	uint32_t n_imatrix;              /* int4 matrices an imatrix steered */
 	const char *kernels;
 	size_t n_threads;
 };

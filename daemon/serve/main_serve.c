@@ -198,6 +198,11 @@ static void *loader_main(void *arg)
 	loader_log_regions(ld, m->arena);
 	log_notice(ld->log, "weights: %s, %u of %u matrices carried over without re-rounding, %u int8, %u int6; kernels %s, "
 		   "%zu threads", f.quant, f.n_carried, f.n_matrices, f.n_int8, f.n_int6, f.kernels, f.n_threads);
+	/* An imatrix whose names match none of the model's matrices (or a model whose every
+	 * matrix was carried over) steers nothing: say so, or the key looks as if it worked. */
+	if (o.imatrix && o.imatrix[0])
+		log_notice(ld->log, "imatrix %s steered %u int4 matrices%s", o.imatrix, f.n_imatrix,
+			   f.n_imatrix ? "" : ": none of its statistics name a matrix quantized at load");
 
 	server_progress(ld->srv, "warming up", 0, 1);
 	model_q4_engine(m, &ld->sm.eng);

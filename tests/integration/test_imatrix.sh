@@ -19,7 +19,7 @@ FX=$HEARTH_SHARED/fixtures
 IM=$HEARTH_SRCDIR/tests/fixtures/imatrix
 . "$HEARTH_SRCDIR/tests/integration/spec_lib.sh"
 
-echo "1..7"
+echo "1..8"
 check() { # status description
 	if [ "$1" = 0 ]; then ok "$2"; else not_ok "$2"; fi
 }
@@ -36,8 +36,9 @@ q=$(quant)
 echo "# layout: $q"
 [ "$q" = "q4_mixed+imatrix" ] && [ -s "$TMP/out1" ] &&
 	grep -q "with the imatrix .*fx-llama.imatrix.gguf steering the int4 scale search" "$TMP/run.log" &&
-	grep -q "weights: q4_mixed+imatrix" "$TMP/run.log"
-check $? "imatrix: the load is steered by llama.cpp's imatrix, named in stats and the log, and serves"
+	grep -q "weights: q4_mixed+imatrix" "$TMP/run.log" &&
+	grep -q "imatrix .*fx-llama.imatrix.gguf steered 14 int4 matrices$" "$TMP/run.log"
+check $? "imatrix: the load is steered by llama.cpp's imatrix (all 14 layer matrices), named in stats and the log, and serves"
 
 # A legacy imatrix on reload: refused by name, the model keeps serving as it was.
 printf 'model = %s\nimatrix = %s\nmax_context = 256\nkv_budget = 4MiB\nweights_mix = off\nmodel_swap = drain\n' \
@@ -72,7 +73,8 @@ start own.log --model="$FX/fx-llama.gguf" -o imatrix="$TMP/own.imatrix.gguf" --m
 	-o weights_mix=off --log-level=info
 "$B/hearth" --socket "$SOCK" generate --temp 0 -n 8 "hello hello" >"$TMP/out4" 2>>"$TMP/tool.err"
 [ $rc = 0 ] && [ "$(quant)" = "q4_mixed+imatrix" ] && [ -s "$TMP/out4" ] &&
-	grep -q "with the imatrix .*own.imatrix.gguf steering the int4 scale search" "$TMP/own.log"
+	grep -q "with the imatrix .*own.imatrix.gguf steering the int4 scale search" "$TMP/own.log" &&
+	grep -q "own.imatrix.gguf steered 14 int4 matrices$" "$TMP/own.log"
 check $? "hearthd-tool imatrix: its file steers a real hearthd's load, which serves"
 sed 's/^/# /' "$TMP/tool.err"
 stop
@@ -91,6 +93,16 @@ stop
 		"$TMP/q40-ref.gguf" 0.01 >"$TMP/cmp.out" 2>&1
 check $? "hearthd-tool imatrix: the int4 engine's statistics are the reference engine's on the same weights"
 sed 's/^/# /' "$TMP/cmp.out"
+
+# An imatrix for a file whose matrices are all carried over (Q4_0 throughout): nothing is
+# quantized at load, so nothing is steered, and the log says so instead of implying it.
+start q40.log --model="$TMP/q40.gguf" -o imatrix="$TMP/q40-int4.gguf" --max-context=256 --kv-budget=4MiB \
+	--log-level=notice
+"$B/hearth" --socket "$SOCK" generate --temp 0 -n 4 "hello" >/dev/null 2>&1
+grep -q "q40-int4.gguf steered 0 int4 matrices: none of its statistics name a matrix quantized at load" \
+	"$TMP/q40.log" && [ "$(quant)" = "q4_g32" ]
+check $? "an imatrix that steers nothing (every matrix carried over) is logged as such"
+stop
 
 # Text shorter than one chunk: refused naming the text and both counts, nothing written.
 printf 'In the beginning' >"$TMP/short.txt"
