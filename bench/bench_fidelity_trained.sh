@@ -10,7 +10,8 @@
 # HEARTH_FIDELITY_SHORT=1 leaves out the weights_group 32 builds (the larger model's run).
 # Importance matrices over training chapters (bench/train/calib_text.py, never the held-out
 # ones): hearthd-tool imatrix's, with hearth's default steered by it (the daemon's imatrix
-# key); HEARTH_LLAMA_BIN (a native llama.cpp build's bin/, ../shared/anchors/build-llama.sh)
+# key), and hearthd-tool imatrix --self's (no text: sequences the model samples itself);
+# HEARTH_LLAMA_BIN (a native llama.cpp build's bin/, ../shared/anchors/build-llama.sh)
 # adds llama-imatrix's over the same text, hearth's default with that one, and llama.cpp
 # Q4_K_M and IQ4_XS quantized with it.
 set -eu
@@ -64,6 +65,10 @@ echo "== importance matrix: hearthd-tool imatrix over training chapters"
 echo "== hearth, default layout with hearth's imatrix"
 save 01b-hearth-default-imatrix-hearth "$builddir/bench/fidelity" $c --greedy 12 \
 	--label "default, hearthd-tool imatrix" --imatrix "$work/imatrix-hearth.gguf" "$model"
+echo "== hearth, default layout with hearth's imatrix from no text (--self: 64 sequences the model samples)"
+"$builddir/hearthd-tool" imatrix -q -m "$model" --self 64 -c 256 -o "$work/imatrix-self.gguf"
+save 01c-hearth-default-imatrix-self "$builddir/bench/fidelity" $c --greedy 12 \
+	--label "default, hearthd-tool imatrix --self" --imatrix "$work/imatrix-self.gguf" "$model"
 imatrix=
 if [ -n "${HEARTH_LLAMA_BIN:-}" ] && [ -x "$HEARTH_LLAMA_BIN/llama-imatrix" ]; then
 	echo "== importance matrix: llama-imatrix over the same chapters"

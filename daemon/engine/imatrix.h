@@ -70,6 +70,13 @@ struct imatrix_q4_run {
 	struct model_q4 *m;
 };
 int imatrix_run_q4(void *arg, const int32_t *ids, size_t n, struct hearth_error *err);
+/* Calibration without text: n_seqs sequences of len tokens sampled from the int4 model
+ * itself (BOS, then temperature 1 without truncation, sequence i seeded seed + i), every
+ * step's matrix inputs added: (len - 1) x n_seqs tokens. As many run at once as the model's sequences, step rows and KV allow; progress
+ * (may be NULL) after each such round with the sequences done. */
+int imatrix_stats_self(struct imatrix_stats *s, struct model_q4 *m, const struct tok *t, size_t n_seqs, size_t len,
+		       uint64_t seed, void (*progress)(void *arg, size_t done, size_t total), void *progress_arg,
+		       struct hearth_error *err);
 /* The model_observe_fn behind imatrix_stats_run (arg: the stats): a "blk.*" matrix's input
  * added under its tensor name. */
 void imatrix_stats_observe(void *arg, const struct gguf_tensor *w, const float *x, size_t n_tok);

@@ -8,6 +8,7 @@
 
 #include "daemon/engine/imatrix.h"
 #include "daemon/engine/model_q4.h"
+#include "daemon/engine/sampler.h"
 #include "daemon/engine/tokenizer.h"
 
 struct imatrix_entry {
@@ -227,6 +228,92 @@ int imatrix_run_q4(void *arg, const int32_t *ids, size_t n, struct hearth_error 
 	eng.seq_close(eng.impl, seq);
 	if (rc == 0 && !imatrix_stats_ok(r->s, err))
 		rc = r->s->code;
+	return rc;
+}
+
+/* One round of imatrix_stats_self: sequences first..first+n-1, n at most what the engine
+ * holds at once. */
+static int self_round(struct imatrix_stats *s, struct model_q4 *m, struct engine *eng, int32_t bos, size_t first,
+		      size_t n, size_t len, uint64_t seed, struct hearth_error *err)
+{
+	struct engine_seq **seq = calloc(n, sizeof *seq);
+	struct sampler **smp = calloc(n, sizeof *smp);
+	struct engine_span *sp = calloc(n, sizeof *sp);
+	int32_t *next = calloc(n, sizeof *next);
+	float *logits = malloc(n * (size_t)eng->n_vocab * sizeof *logits);
+	int rc = 0;
+	if (!seq || !smp || !sp || !next || !logits) {
+		rc = hearth_error_set(err, HEARTH_ENOMEM, "imatrix: out of memory for the sampled sequences");
+		goto out;
+	}
+	/* Plain sampling at temperature 1 (no truncation): the model's own distribution, so the
+	 * text covers what the model writes, not only its likeliest words. */
+	struct sampler_params par;
+	sampler_params_default(&par);
+	par.temperature = 1.0f;
+	par.top_k = 0;
+	par.top_p = 1.0f;
+	par.min_p = 0.0f;
+	par.repeat_penalty = 1.0f;
+	for (size_t i = 0; i < n && rc == 0; i++) {
+		uint32_t cached;
+		par.seed = seed + first + i;
+		next[i] = bos;
+		if ((rc = sampler_new(&smp[i], &par, eng->n_vocab, err)) == 0)
+			rc = eng->seq_open(eng->impl, &next[i], 1, (uint32_t)len, ENGINE_SHARE_PRIVATE, &seq[i], &cached,
+					   err);
+	}
+	model_q4_observe(m, q4_observe, s);
+	/* Each step feeds every sequence its last token; the observer sees all of them. */
+	for (size_t pos = 0; rc == 0 && pos + 1 < len; pos++) {
+		for (size_t i = 0; i < n; i++)
+			sp[i] = (struct engine_span){ .seq = seq[i], .tokens = &next[i], .n = 1,
+						      .logits = logits + i * (size_t)eng->n_vocab };
+		if ((rc = eng->forward(eng->impl, sp, n, err)) < 0)
+			break;
+		for (size_t i = 0; i < n; i++)
+			next[i] = sampler_sample(smp[i], logits + i * (size_t)eng->n_vocab);
+	}
+	model_q4_observe(m, NULL, NULL);
+	if (rc == 0 && !imatrix_stats_ok(s, err))
+		rc = s->code;
+out:
+	for (size_t i = 0; seq && i < n; i++)
+		if (seq[i])
+			eng->seq_close(eng->impl, seq[i]);
+	for (size_t i = 0; smp && i < n; i++)
+		sampler_free(smp[i]);
+	free(seq);
+	free(smp);
+	free(sp);
+	free(next);
+	free(logits);
+	return rc;
+}
+
+int imatrix_stats_self(struct imatrix_stats *s, struct model_q4 *m, const struct tok *t, size_t n_seqs, size_t len,
+		       uint64_t seed, void (*progress)(void *arg, size_t done, size_t total), void *progress_arg,
+		       struct hearth_error *err)
+{
+	struct engine eng;
+	model_q4_engine(m, &eng);
+	int32_t bos = tok_bos(t) == TOK_NULL ? 0 : tok_bos(t);
+	/* As many sequences at once as the engine holds: a row each per step, KV for len. */
+	size_t at_once = m->max_seqs < m->step_tokens ? m->max_seqs : m->step_tokens;
+	if (len >= 2 && len <= m->max_context && eng.kv_tokens / len < at_once)
+		at_once = (size_t)(eng.kv_tokens / len);
+	if (n_seqs == 0 || len < 2 || len > m->max_context || at_once == 0)
+		return hearth_error_set(err, HEARTH_EINVAL,
+					"imatrix: %zu sampled sequences of %zu tokens do not fit the engine (%u positions a "
+					"sequence, KV for %llu tokens)", n_seqs, len, m->max_context,
+					(unsigned long long)eng.kv_tokens);
+	int rc = 0;
+	for (size_t first = 0; first < n_seqs && rc == 0; first += at_once) {
+		size_t n = n_seqs - first < at_once ? n_seqs - first : at_once;
+		rc = self_round(s, m, &eng, bos, first, n, len, seed, err);
+		if (rc == 0 && progress)
+			progress(progress_arg, first + n, n_seqs);
+	}
 	return rc;
 }
 

@@ -21,11 +21,14 @@
 #define IMATRIX_DEFAULT_CHUNK 512
 #define IMATRIX_TEXT_MAX ((size_t)256 << 20)
 #define IMATRIX_STEP_TOKENS 512u       /* tokens per int4 step: a chunk runs in steps of it */
+#define IMATRIX_SELF_AT_ONCE 32L       /* --self: sequences sampled side by side, at most */
 
 struct imatrix_opts {
 	const char *model, *text, *out;
 	long chunk, chunks;          /* tokens per chunk; chunks to run (0: all) */
 	long threads;                /* int4 engine's compute threads (0: hearthd's default) */
+	long self;                   /* sequences sampled from the model instead of text (0: text) */
+	unsigned long long seed;     /* the first sampled sequence's seed */
 	bool ref;                    /* the f32 reference engine instead of the int4 one */
 	bool quiet;
 };
@@ -33,10 +36,13 @@ struct imatrix_opts {
 static void usage(FILE *to)
 {
 	fprintf(to,
-		"usage: hearthd-tool imatrix --model FILE.gguf --text FILE -o OUT.gguf [options]\n"
+		"usage: hearthd-tool imatrix --model FILE.gguf (--text FILE | --self N) -o OUT.gguf [options]\n"
 		"  -m, --model FILE    the model (F32/F16/BF16 or any type hearth reads)\n"
 		"  -f, --text FILE     calibration text (UTF-8), tokenized whole with the model's\n"
 		"                      BOS, as llama-imatrix -f does\n"
+		"      --self N        no text: N sequences of --chunk tokens sampled from the model\n"
+		"                      itself (BOS, temperature 1), collected as they are written\n"
+		"                      (int4 engine only; --seed S, default 1)\n"
 		"  -o, --output FILE   where the imatrix goes (llama-imatrix's GGUF)\n"
 		"  -c, --chunk N       tokens per chunk (default %d): each chunk starts a fresh\n"
 		"                      sequence at position 0 with BOS first; the text's tail short\n"
@@ -61,11 +67,13 @@ static int parse_args(int argc, char **argv, struct imatrix_opts *o)
 		{ "output", required_argument, NULL, 'o' }, { "chunk", required_argument, NULL, 'c' },
 		{ "chunks", required_argument, NULL, 'C' }, { "quiet", no_argument, NULL, 'q' },
 		{ "engine", required_argument, NULL, 'E' }, { "threads", required_argument, NULL, 't' },
+		{ "self", required_argument, NULL, 'S' },   { "seed", required_argument, NULL, 'D' },
 		{ "help", no_argument, NULL, 'h' },         { NULL, 0, NULL, 0 },
 	};
 	int c;
 	memset(o, 0, sizeof *o);
 	o->chunk = IMATRIX_DEFAULT_CHUNK;
+	o->seed = 1;
 	while ((c = getopt_long(argc, argv, "m:f:o:c:t:qh", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'm': o->model = optarg; break;
@@ -91,6 +99,17 @@ static int parse_args(int argc, char **argv, struct imatrix_opts *o)
 			if (tool_parse_long("imatrix", "--threads", optarg, 1, MQ4_THREADS_MAX, &o->threads) < 0)
 				return -1;
 			break;
+		case 'S':
+			if (tool_parse_long("imatrix", "--self", optarg, 1, 4096, &o->self) < 0)
+				return -1;
+			break;
+		case 'D': {
+			long v;
+			if (tool_parse_long("imatrix", "--seed", optarg, 0, 0x7fffffffL, &v) < 0)
+				return -1;
+			o->seed = (unsigned long long)v;
+			break;
+		}
 		case 'q': o->quiet = true; break;
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); return -1;
@@ -100,9 +119,17 @@ static int parse_args(int argc, char **argv, struct imatrix_opts *o)
 		fprintf(stderr, "hearthd-tool imatrix: unexpected argument '%s'\n", argv[optind]);
 		return -1;
 	}
-	if (!o->model || !o->text || !o->out) {
-		fprintf(stderr, "hearthd-tool imatrix: needs --model FILE, --text FILE and -o OUT.gguf\n");
+	if (!o->model || !(o->text || o->self) || !o->out) {
+		fprintf(stderr, "hearthd-tool imatrix: needs --model FILE, --text FILE or --self N, and -o OUT.gguf\n");
 		usage(stderr);
+		return -1;
+	}
+	if (o->text && o->self) {
+		fprintf(stderr, "hearthd-tool imatrix: --text and --self are two sources: give one\n");
+		return -1;
+	}
+	if (o->self && o->ref) {
+		fprintf(stderr, "hearthd-tool imatrix: --self samples on the int4 engine, not --engine ref\n");
 		return -1;
 	}
 	return 0;
@@ -112,6 +139,12 @@ static void progress(void *arg, size_t done, size_t total)
 {
 	(void)arg;
 	fprintf(stderr, "hearthd-tool imatrix: chunk %zu of %zu\n", done, total);
+}
+
+static void progress_self(void *arg, size_t done, size_t total)
+{
+	(void)arg;
+	fprintf(stderr, "hearthd-tool imatrix: sampled %zu of %zu sequences\n", done, total);
 }
 
 /* The chunks on the f32 reference engine. */
@@ -159,11 +192,15 @@ static int run_q4(const struct imatrix_opts *o, struct imatrix_stats *s, const c
 	struct tok *t = NULL;
 	load_opts_default(&lo);
 	lo.act = Q4_ACT_A16;
-	lo.max_seqs = 1;
+	/* --self samples up to IMATRIX_SELF_AT_ONCE sequences a step. */
+	lo.max_seqs = o->self ? (uint32_t)(o->self < IMATRIX_SELF_AT_ONCE ? o->self : IMATRIX_SELF_AT_ONCE) : 1;
 	lo.max_context = (uint32_t)(o->chunk + 15) / 16 * 16;
 	lo.step_tokens = o->chunk < IMATRIX_STEP_TOKENS ? (uint32_t)o->chunk : IMATRIX_STEP_TOKENS;
+	if (lo.step_tokens < lo.max_seqs)
+		lo.step_tokens = lo.max_seqs;
 	/* Room for a whole chunk at a generous 256 KiB a position (a long --chunk on a large
-	 * model would not fit the daemon's default budget). */
+	 * model would not fit the daemon's default budget); --self runs as many sequences at
+	 * once as the budget holds. */
 	uint64_t kv = (uint64_t)o->chunk * (256u << 10);
 	if (kv > lo.kv_budget)
 		lo.kv_budget = kv;
@@ -177,9 +214,15 @@ static int run_q4(const struct imatrix_opts *o, struct imatrix_stats *s, const c
 	/* This thread steps the pool, as the daemon's compute thread does. */
 	if (eng.thread_init)
 		eng.thread_init(eng.impl);
-	struct imatrix_q4_run r = { .s = s, .m = m };
-	rc = imatrix_stats_text(t, text, len, (size_t)o->chunk, (size_t)o->chunks, imatrix_run_q4, &r,
-				o->quiet ? NULL : progress, NULL, n_chunks, err);
+	if (o->self) {
+		rc = imatrix_stats_self(s, m, t, (size_t)o->self, (size_t)o->chunk, o->seed, o->quiet ? NULL : progress_self,
+					NULL, err);
+		*n_chunks = rc == 0 ? (size_t)o->self : 0;
+	} else {
+		struct imatrix_q4_run r = { .s = s, .m = m };
+		rc = imatrix_stats_text(t, text, len, (size_t)o->chunk, (size_t)o->chunks, imatrix_run_q4, &r,
+					o->quiet ? NULL : progress, NULL, n_chunks, err);
+	}
 	tok_free(t);
 	model_q4_free(m);
 	return rc;
@@ -193,7 +236,7 @@ static int make_imatrix(const struct imatrix_opts *o, struct hearth_error *err)
 	bool probed = false;
 	int rc;
 
-	if ((rc = tool_read_file(o->text, IMATRIX_TEXT_MAX, &text, &len, err)) < 0)
+	if (o->text && (rc = tool_read_file(o->text, IMATRIX_TEXT_MAX, &text, &len, err)) < 0)
 		goto out;
 	/* A path that cannot be written fails now, not after the whole text has run. */
 	FILE *probe = fopen(o->out, "wb");
@@ -210,10 +253,12 @@ static int make_imatrix(const struct imatrix_opts *o, struct hearth_error *err)
 		hearth_error_prefix(err, "%s", o->text);
 	if (rc < 0)
 		goto out;
-	rc = imatrix_stats_write(s, o->out, o->text, (uint32_t)o->chunk, (uint32_t)n_chunks, err);
+	char dataset[64];
+	snprintf(dataset, sizeof dataset, "self: %ld sequences, seed %llu", o->self, o->seed);
+	rc = imatrix_stats_write(s, o->out, o->self ? dataset : o->text, (uint32_t)o->chunk, (uint32_t)n_chunks, err);
 	if (rc == 0 && !o->quiet)
 		fprintf(stderr, "hearthd-tool imatrix: %zu matrices over %zu tokens written to %s\n",
-			imatrix_stats_entries(s), n_chunks * (size_t)o->chunk, o->out);
+			imatrix_stats_entries(s), n_chunks * (size_t)(o->self ? o->chunk - 1 : o->chunk), o->out);
 out:
 	if (rc < 0 && probed)
 		remove(o->out);

@@ -19,7 +19,7 @@ FX=$HEARTH_SHARED/fixtures
 IM=$HEARTH_SRCDIR/tests/fixtures/imatrix
 . "$HEARTH_SRCDIR/tests/integration/spec_lib.sh"
 
-echo "1..8"
+echo "1..11"
 check() { # status description
 	if [ "$1" = 0 ]; then ok "$2"; else not_ok "$2"; fi
 }
@@ -103,6 +103,25 @@ grep -q "q40-int4.gguf steered 0 int4 matrices: none of its statistics name a ma
 	"$TMP/q40.log" && [ "$(quant)" = "q4_g32" ]
 check $? "an imatrix that steers nothing (every matrix carried over) is logged as such"
 stop
+
+# --self: no text, sequences sampled from the model itself: the same file for the same
+# seed, another for another, every matrix with (len - 1) x N tokens, and it steers a load.
+SELF="$B/hearthd-tool imatrix -q -m $FX/fx-llama.gguf --self 6 -c 32"
+$SELF -o "$TMP/self1.gguf" && $SELF -o "$TMP/self2.gguf" && $SELF --seed 2 -o "$TMP/self3.gguf" &&
+	cmp -s "$TMP/self1.gguf" "$TMP/self2.gguf" && ! cmp -s "$TMP/self1.gguf" "$TMP/self3.gguf" &&
+	"$B/hearthd-tool" imatrix -m "$FX/fx-llama.gguf" --self 6 -c 32 -o "$TMP/self4.gguf" 2>&1 |
+	grep -q "14 matrices over 186 tokens"
+check $? "hearthd-tool imatrix --self: the same seed writes the same file, another seed another, 6 x 31 tokens"
+start self.log --model="$FX/fx-llama.gguf" -o imatrix="$TMP/self1.gguf" --max-context=256 --kv-budget=4MiB \
+	-o weights_mix=off --log-level=notice
+"$B/hearth" --socket "$SOCK" generate --temp 0 -n 4 "hello" >/dev/null 2>&1
+grep -q "self1.gguf steered 14 int4 matrices$" "$TMP/self.log" && [ "$(quant)" = "q4_mixed+imatrix" ]
+check $? "hearthd-tool imatrix --self: its file steers a real hearthd's load"
+stop
+"$B/hearthd-tool" imatrix -m "$FX/fx-llama.gguf" --self 2 -f "$HEARTH_SRCDIR/bench/spec_passage.txt" \
+	-o "$TMP/x.gguf" 2>"$TMP/both.err"
+[ $? = 2 ] && grep -q "two sources: give one" "$TMP/both.err" && [ ! -e "$TMP/x.gguf" ]
+check $? "hearthd-tool imatrix: --text and --self together are a usage error"
 
 # Text shorter than one chunk: refused naming the text and both counts, nothing written.
 printf 'In the beginning' >"$TMP/short.txt"
