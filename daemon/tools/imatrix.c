@@ -249,7 +249,8 @@ static int make_imatrix(const struct imatrix_opts *o, struct hearth_error *err)
 	if ((rc = imatrix_stats_new(&s, err)) < 0)
 		goto out;
 	rc = o->ref ? run_ref(o, s, text, len, &n_chunks, err) : run_q4(o, s, text, len, &n_chunks, err);
-	if (rc == HEARTH_EINVAL && strstr(err->msg, "fewer than one chunk"))
+	/* The collector counts tokens but knows no file: the message gets the text's name. */
+	if (o->text && rc == HEARTH_EINVAL && strstr(err->msg, "fewer than one chunk"))
 		hearth_error_prefix(err, "%s", o->text);
 	if (rc < 0)
 		goto out;
