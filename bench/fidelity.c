@@ -637,32 +637,17 @@ static const struct gguf_tensor *view_sim(struct fidelity_views *v, const struct
 
 /* Activation statistics from calibration text: every layer matrix's input columns summed
  * squared over the calibration windows (the engine's imatrix collector, as hearthd-tool
- * imatrix and llama-imatrix collect them). */
-struct calib_stats {
-	const struct model *m;
-	struct imatrix_stats *s;
-};
-
-static void calib_free(struct calib_stats *cs)
-{
-	imatrix_stats_free(cs->s);
-	cs->s = NULL;
-}
-
-static int calib_run(struct calib_stats *cs, const struct model *m, const struct fidelity_corpus *c,
+ * imatrix and llama-imatrix collect them). *out is the caller's to free. */
+static int calib_run(struct imatrix_stats **out, const struct model *m, const struct fidelity_corpus *c,
 		     float *scratch, struct hearth_error *err)
 {
-	cs->m = m;
-	cs->s = NULL;
 	struct model_ctx *ctx = NULL;
-	int rc = imatrix_stats_new(&cs->s, err);
+	int rc = imatrix_stats_new(out, err);
 	if (rc == 0)
 		rc = model_ctx_new(&ctx, m, c->len, err);
 	for (uint32_t i = 0; rc == 0 && i < c->n_seqs; i++)
-		rc = imatrix_stats_run(cs->s, m, ctx, c->ids + (size_t)i * c->len, c->len, scratch, err);
+		rc = imatrix_stats_run(*out, m, ctx, c->ids + (size_t)i * c->len, c->len, scratch, err);
 	model_ctx_free(ctx);
-	if (rc < 0)
-		calib_free(cs);
 	return rc;
 }
 
@@ -679,11 +664,10 @@ static void sim_weights_free(struct sim_weights *sw)
 	memset(sw, 0, sizeof *sw);
 }
 
-/* The calibrated weights of layer l as sim_weights (mean x^2 per column). */
-static int calib_weights(const struct calib_stats *cs, uint32_t l, struct sim_weights *sw)
+/* The calibrated weights of layer L as sim_weights (mean x^2 per column). */
+static int calib_weights(const struct imatrix_stats *cs, const struct model_layer *L, struct sim_weights *sw)
 {
 	memset(sw, 0, sizeof *sw);
-	const struct model_layer *L = &cs->m->layers[l];
 	const struct gguf_tensor *ts[7] = { L->wq, L->wk, L->wv, L->wo, L->ffn_gate, L->ffn_up, L->ffn_down };
 	for (int i = 0; i < 7; i++) {
 		size_t cols = (size_t)ts[i]->ne[0];
@@ -692,7 +676,7 @@ static int calib_weights(const struct calib_stats *cs, uint32_t l, struct sim_we
 			return HEARTH_ENOMEM;
 		}
 		uint64_t n;
-		const double *sum = imatrix_stats_sums(cs->s, ts[i]->name.ptr, (size_t)ts[i]->name.len, &n);
+		const double *sum = imatrix_stats_sums(cs, ts[i]->name.ptr, (size_t)ts[i]->name.len, &n);
 		for (size_t k = 0; k < cols; k++)
 			sw->w[i][k] = sum ? (float)(sum[k] / (double)(n ? n : 1)) : 0.0f;
 	}
@@ -731,7 +715,7 @@ static int variant_score(struct model *v, struct fidelity_views *views, int rc,
  * act_acc they are compared with this variant's, which isolates activation rounding when
  * the variant holds exactly the int4 weights. */
 static int ablate_run(const struct model *ref, const struct model_q4 *q,
-		      const struct fidelity_ablation *sim, const struct calib_stats *calib,
+		      const struct fidelity_ablation *sim, const struct imatrix_stats *calib,
 		      const struct fidelity_corpus *c, const float *ref_logits, float *scratch,
 		      struct fidelity_acc *acc, float *const builds[2], struct fidelity_acc *act_acc,
 		      struct hearth_error *err)
@@ -768,7 +752,7 @@ static int ablate_run(const struct model *ref, const struct model_q4 *q,
 		const struct gguf_tensor **rs[7] = { &R->wq, &R->wk, &R->wv, &R->wo, &R->ffn_gate, &R->ffn_up,
 						     &R->ffn_down };
 		struct sim_weights sw = { { NULL } };
-		if (sim->calib && (rc = calib_weights(calib, l, &sw)) < 0)
+		if (sim->calib && (rc = calib_weights(calib, &ref->layers[l], &sw)) < 0)
 			break;
 		for (int i = 0; i < 7 && rc == 0; i++)
 			if (!(*rs[i] = view_sim(&views, *rs[i], sim->lg, sim->lrule, sw.w[i], err)))
@@ -948,6 +932,7 @@ int main(int argc, char **argv)
 	struct fidelity_build builds[2] = { { .label = "hearth W4A16" }, { .label = "hearth W4A8" } };
 	bool want[2] = { a.a16 && !a.sensitivity, a.a8 && !a.sensitivity };
 	float *ref_logits = NULL, *q_logits = NULL, *q_all[2] = { NULL, NULL };
+	struct imatrix_stats *calib = NULL;     /* --calib's statistics */
 	struct fidelity_acc act_acc[2];
 	struct fidelity_summary act_sum[2];
 	struct fidelity_acc abl_acc[N_ABLATIONS];
@@ -1069,26 +1054,23 @@ int main(int argc, char **argv)
 		rc = sens_all(&a, ref, &corpus, ref_logits, q_logits, &e);
 		goto out;
 	}
-	struct calib_stats calib;
-	bool calib_ok = false;
 	if (a.ablate && a.calib) {
 		struct fidelity_corpus cc = { 0 };
-		if ((rc = fidelity_corpus_read(&cc, tok, a.calib, a.n_seqs, a.len, &e)) < 0 ||
-		    (rc = calib_run(&calib, ref, &cc, q_logits, &e)) < 0) {
-			fidelity_corpus_free(&cc);
-			goto out;
-		}
+		rc = fidelity_corpus_read(&cc, tok, a.calib, a.n_seqs, a.len, &e);
+		if (rc == 0)
+			rc = calib_run(&calib, ref, &cc, q_logits, &e);
 		fidelity_corpus_free(&cc);
-		calib_ok = true;
+		if (rc < 0)
+			goto out;
 	}
 	if (a.ablate) {
 		double t0 = ((double)hearth_now_ns() * 1e-6);
 		for (size_t i = 0; i < N_ABLATIONS; i++) {
 			if (a.ablate_match && i && !strstr(fidelity_ablations[i].label, a.ablate_match))
 				continue;
-			if (fidelity_ablations[i].calib && !calib_ok)
+			if (fidelity_ablations[i].calib && !calib)
 				continue; /* needs --calib: left out of the table */
-			if ((rc = ablate_run(ref, q[0] ? q[0] : q[1], &fidelity_ablations[i], calib_ok ? &calib : NULL, &corpus,
+			if ((rc = ablate_run(ref, q[0] ? q[0] : q[1], &fidelity_ablations[i], calib, &corpus,
 					     ref_logits, q_logits, &abl_acc[i], q_all, i == 0 ? act_acc : NULL,
 					     &e)) < 0)
 				goto out;
@@ -1196,6 +1178,7 @@ int main(int argc, char **argv)
 out:
 	if (rc < 0)
 		fprintf(stderr, "fidelity: %s\n", e.msg);
+	imatrix_stats_free(calib);
 	free(ref_logits);
 	free(q_logits);
 	free(q_all[0]);

@@ -131,40 +131,14 @@ int imatrix_stats_run(struct imatrix_stats *s, const struct model *m, struct mod
 	return rc;
 }
 
-/* The text's tokens with the model's BOS first, as llama-imatrix tokenizes (no special
- * tokens parsed): *out is the caller's to free. */
-static int stats_tokenize(const struct tok *t, const char *text, size_t len, int32_t **out, size_t *n,
-			  struct hearth_error *err)
-{
-	size_t cap = len + 2;
-	int32_t *ids = malloc(cap * sizeof *ids);
-	if (!ids)
-		return hearth_error_set(err, HEARTH_ENOMEM, "imatrix: out of memory for the tokens");
-	int rc = tok_encode(t, text, len, tok_add_bos(t), false, ids, cap, n, err);
-	if (rc == HEARTH_ERANGE) {
-		int32_t *more = realloc(ids, *n * sizeof *ids);
-		if (!more) {
-			free(ids);
-			return hearth_error_set(err, HEARTH_ENOMEM, "imatrix: out of memory for the tokens");
-		}
-		ids = more;
-		rc = tok_encode(t, text, len, tok_add_bos(t), false, ids, *n, n, err);
-	}
-	if (rc < 0) {
-		free(ids);
-		return rc;
-	}
-	*out = ids;
-	return 0;
-}
-
 int imatrix_stats_text(const struct tok *t, const char *text, size_t len, size_t chunk, size_t max_chunks,
 		       imatrix_run_fn run, void *run_arg, void (*progress)(void *arg, size_t done, size_t total),
 		       void *progress_arg, size_t *n_chunks, struct hearth_error *err)
 {
 	int32_t *ids = NULL;
 	size_t n = 0;
-	int rc = stats_tokenize(t, text, len, &ids, &n, err);
+	/* As llama-imatrix tokenizes: the model's BOS first, no special tokens parsed. */
+	int rc = tok_encode_alloc(t, text, len, tok_add_bos(t), false, &ids, &n, err);
 	if (rc < 0)
 		return rc;
 	if (chunk == 0 || n < chunk) {

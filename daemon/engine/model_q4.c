@@ -41,7 +41,6 @@ struct step {
 	size_t n_spans;
 	uint32_t T;                /* rows (tokens) in the step */
 	uint32_t L;                /* rows whose logits are wanted */
-	uint8_t *acts_mem[MQ4_GROUP_SLOTS];
 	bool row_per_seq;          /* every row is the only row of its sequence */
 	bool want_embd;            /* a span wants its rows' final hidden states */
 	enum vec_kv_type kv_type;  /* the cache's element type, as the vec kernels name it */
@@ -60,7 +59,8 @@ static void acts_setup(struct step *st, struct step_acts *a, size_t n_tok, size_
 	a->have = need;
 	for (int s = 0; s < MQ4_GROUP_SLOTS; s++)
 		if (need & 1u << s)
-			q4_acts_init(&a->g[s], st->m->act, n_tok, cols, mq4_slot_group(s), st->acts_mem[s]);
+			q4_acts_init(&a->g[s], st->m->act, n_tok, cols, mq4_slot_group(s),
+				     (uint8_t *)st->m->acts_mem + st->m->acts_off[s]);
 }
 
 /* Prepares a's prepared slots for rows [b, e) of x. */
@@ -498,8 +498,6 @@ int model_q4_forward(struct model_q4 *m, const struct engine_span *spans, size_t
 	}
 	struct step st = {
 		.m = m, .spans = spans, .n_spans = n_spans, .T = T, .L = L,
-		.acts_mem = { (uint8_t *)m->acts_mem + m->acts_off[0], (uint8_t *)m->acts_mem + m->acts_off[1],
-			      (uint8_t *)m->acts_mem + m->acts_off[2] },
 		.row_per_seq = row_per_seq,
 		.want_embd = want_embd,
 		.kv_type = kv_elem_type(&m->kv) == QTYPE_BF16    ? VEC_KV_BF16

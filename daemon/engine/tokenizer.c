@@ -1605,6 +1605,34 @@ int tok_encode(const struct tok *t, const char *text, size_t len, bool add_bos, 
 	return tok_encode_segments(t, &one, 1, add_bos, out, cap, n_out, err);
 }
 
+int tok_encode_alloc(const struct tok *t, const char *text, size_t len, bool add_bos, bool parse_special,
+		     int32_t **out, size_t *n_out, struct hearth_error *err)
+{
+	/* A token per byte and the BOS is enough but for byte fallback of invalid UTF-8, where
+	 * the one retry at the count tok_encode names takes over. */
+	size_t cap = len + 2;
+	int32_t *ids = malloc(cap * sizeof *ids);
+	*out = NULL;
+	if (!ids)
+		return hearth_error_set(err, HEARTH_ENOMEM, "out of memory for %zu tokens", cap);
+	int rc = tok_encode(t, text, len, add_bos, parse_special, ids, cap, n_out, err);
+	if (rc == HEARTH_ERANGE) {
+		int32_t *more = realloc(ids, *n_out * sizeof *ids);
+		if (!more) {
+			free(ids);
+			return hearth_error_set(err, HEARTH_ENOMEM, "out of memory for %zu tokens", *n_out);
+		}
+		ids = more;
+		rc = tok_encode(t, text, len, add_bos, parse_special, ids, *n_out, n_out, err);
+	}
+	if (rc < 0) {
+		free(ids);
+		return rc;
+	}
+	*out = ids;
+	return 0;
+}
+
 /* ---- decode ---- */
 
 static const char *piece_of(const struct tok *t, int32_t id, bool special, size_t *len)

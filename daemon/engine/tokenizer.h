@@ -30,6 +30,9 @@ void tok_free(struct tok *t);
  * it returns HEARTH_ERANGE with the needed count in *n_out. */
 int tok_encode(const struct tok *t, const char *text, size_t len, bool add_bos, bool parse_special,
 	       int32_t *out, size_t cap, size_t *n_out, struct hearth_error *err);
+/* tok_encode into a fresh array of the size it needs: *out is the caller's to free. */
+int tok_encode_alloc(const struct tok *t, const char *text, size_t len, bool add_bos, bool parse_special,
+		     int32_t **out, size_t *n_out, struct hearth_error *err);
 
 /* Encodes consecutive pieces of one text, each with its own parse_special, as if they were
  * one input (one BOS, SentencePiece's leading space only at the start or after a special

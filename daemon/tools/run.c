@@ -182,36 +182,6 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
 	return 0;
 }
 
-/* Tokenizes the prompt into a fresh array: *out is the caller's to free. */
-static int encode_prompt(const struct tok *t, const char *prompt, int32_t **out, size_t *n,
-			 struct hearth_error *err)
-{
-	size_t len = strlen(prompt), cap = len + 2;
-	int32_t *ids = malloc(cap * sizeof(*ids));
-	int rc;
-
-	*out = NULL;
-	if (!ids)
-		return hearth_error_set(err, HEARTH_ENOMEM, "out of memory for the prompt");
-	rc = tok_encode(t, prompt, len, tok_add_bos(t), true, ids, cap, n, err);
-	if (rc == HEARTH_ERANGE) {
-		int32_t *more = realloc(ids, *n * sizeof(*ids));
-		if (!more) {
-			free(ids);
-			return hearth_error_set(err, HEARTH_ENOMEM, "out of memory for the prompt");
-		}
-		ids = more;
-		cap = *n;
-		rc = tok_encode(t, prompt, len, tok_add_bos(t), true, ids, cap, n, err);
-	}
-	if (rc < 0) {
-		free(ids);
-		return rc;
-	}
-	*out = ids;
-	return 0;
-}
-
 /* Writes a streamed piece to stdout, growing buf when the stream asks for more room. */
 static int emit(const struct tok *t, struct tok_stream *ts, int32_t id, char **buf, size_t *cap)
 {
@@ -281,7 +251,8 @@ static int run_prompt(const struct run_opts *o)
 				      o->model, tok_n_vocab(t), m->hp.n_vocab);
 		goto fail;
 	}
-	if ((rc = encode_prompt(t, o->prompt, &prompt, &n_prompt, &err)) < 0)
+	if ((rc = tok_encode_alloc(t, o->prompt, strlen(o->prompt), tok_add_bos(t), true, &prompt, &n_prompt,
+				   &err)) < 0)
 		goto fail;
 	if (n_prompt == 0) {
 		rc = hearth_error_set(&err, HEARTH_EINVAL, "the prompt is empty and the model adds no BOS");
