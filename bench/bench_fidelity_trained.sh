@@ -11,6 +11,7 @@
 # Importance matrices over training chapters (bench/train/calib_text.py, never the held-out
 # ones): hearthd-tool imatrix's, with hearth's default steered by it (the daemon's imatrix
 # key), and hearthd-tool imatrix --self's (no text: sequences the model samples itself);
+# each of the two again with --cov (the inputs' covariances: hearthd rounds by GPTQ);
 # HEARTH_LLAMA_BIN (a native llama.cpp build's bin/, ../shared/anchors/build-llama.sh)
 # adds llama-imatrix's over the same text, hearth's default with that one, and llama.cpp
 # Q4_K_M and IQ4_XS quantized with it.
@@ -69,6 +70,15 @@ echo "== hearth, default layout with hearth's imatrix from no text (--self: 64 s
 "$builddir/hearthd-tool" imatrix -q -m "$model" --self 64 -c 256 -o "$work/imatrix-self.gguf"
 save 01c-hearth-default-imatrix-self "$builddir/bench/fidelity" $c --greedy 12 \
 	--label "default, hearthd-tool imatrix --self" --imatrix "$work/imatrix-self.gguf" "$model"
+# With the inputs' covariances too (--cov): hearthd rounds the layer matrices by GPTQ.
+echo "== hearth, default layout rounded by GPTQ against covariances over the same chapters (--cov)"
+"$builddir/hearthd-tool" imatrix -q -m "$model" -f "$work/calib.txt" -c 128 --cov -o "$work/imatrix-cov.gguf"
+save 01d-hearth-default-gptq "$builddir/bench/fidelity" $c --greedy 12 \
+	--label "default, hearthd-tool imatrix --cov" --imatrix "$work/imatrix-cov.gguf" "$model"
+echo "== hearth, default layout rounded by GPTQ against covariances from no text (--self 64 -c 256 --cov)"
+"$builddir/hearthd-tool" imatrix -q -m "$model" --self 64 -c 256 --cov -o "$work/imatrix-self-cov.gguf"
+save 01e-hearth-default-gptq-self "$builddir/bench/fidelity" $c --greedy 12 \
+	--label "default, hearthd-tool imatrix --self --cov" --imatrix "$work/imatrix-self-cov.gguf" "$model"
 imatrix=
 if [ -n "${HEARTH_LLAMA_BIN:-}" ] && [ -x "$HEARTH_LLAMA_BIN/llama-imatrix" ]; then
 	echo "== importance matrix: llama-imatrix over the same chapters"

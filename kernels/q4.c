@@ -581,15 +581,12 @@ static qfp16 row8_scale(float top, float steps)
 	return isfinite(f) ? h : 0x7bff;
 }
 
-/* One row in the row8 encoding: each group's d and m from the asym search, then the row's
- * fp16 scales sd (its largest d over 255) and sm (its largest |m| over 127); each group's
- * d becomes the nearest 8-bit multiple of sd or one either side, whichever fits the group
- * best once its codes are chosen again against it (weighted as the search was), and its m
- * the nearest multiple of sm in -127..127. */
-static void pack_row_row8(struct q4_matrix *m, size_t row, const float *x, const float *col_w)
+/* row8's per-row scales from each group's asym search over x: sd (the row's largest d
+ * over 255) and sm (its largest |m| over 127), stored; d and mn receive the groups' own. */
+static void row8_scales(struct q4_matrix *m, size_t row, const float *x, const float *col_w, float *d, float *mn)
 {
-	float d[Q4_ROW8_MAX_GROUPS], mn[Q4_ROW8_MAX_GROUPS], dmax = 0.0f, mmax = 0.0f;
-	uint8_t q[256], tmp[256];
+	float dmax = 0.0f, mmax = 0.0f;
+	uint8_t q[256];
 
 	for (size_t g = 0; g < m->n_groups; g++) {
 		qfp16 dh, mh;
@@ -603,31 +600,54 @@ static void pack_row_row8(struct q4_matrix *m, size_t row, const float *x, const
 	}
 	*sd_slot(m, row) = row8_scale(dmax, 255.0f);
 	*sm_slot(m, row) = row8_scale(mmax, 127.0f);
-	float sd = quant_fp16_to_f32(*sd_slot(m, row)), sm = quant_fp16_to_f32(*sm_slot(m, row));
-	for (size_t g = 0; g < m->n_groups; g++) {
-		const float *xg = x + g * m->group, *w = group_weights(col_w, g * m->group, m->group);
-		float lo = xg[0], hi = xg[0];
+}
 
-		for (size_t i = 1; i < m->group; i++) {
-			lo = xg[i] < lo ? xg[i] : lo;
-			hi = xg[i] > hi ? xg[i] : hi;
+/* Group g of a row8 row against its stored scales: d becomes the nearest 8-bit multiple of
+ * sd or one either side, whichever fits xg best once its codes are chosen again against it
+ * (weighted as the search was), m the nearest multiple of sm in -127..127. Stores both
+ * codes; q receives the group's codes, *df and *mf the values they stand for. */
+static void row8_group(struct q4_matrix *m, size_t row, size_t g, const float *xg, const float *w, float d,
+		       float mn, uint8_t *q, float *df, float *mf)
+{
+	float sd = quant_fp16_to_f32(*sd_slot(m, row)), sm = quant_fp16_to_f32(*sm_slot(m, row));
+	float lo = xg[0], hi = xg[0];
+	uint8_t tmp[256];
+
+	for (size_t i = 1; i < m->group; i++) {
+		lo = xg[i] < lo ? xg[i] : lo;
+		hi = xg[i] > hi ? xg[i] : hi;
+	}
+	float qd = sd > 0.0f ? roundf(d / sd) : 0.0f, qm = sm > 0.0f ? roundf(mn / sm) : 0.0f;
+	int mc = qm < -127.0f ? -127 : qm > 127.0f ? 127 : (int)qm;
+	int dc0 = qd > 255.0f ? 255 : (int)qd, best_dc = dc0;
+	double best = INFINITY;
+	for (int dc = dc0 - 1; dc <= dc0 + 1; dc++) {
+		if (dc < 0 || dc > 255)
+			continue;
+		double e = group_codes(xg, w, m->group, lo, hi, sd * (float)dc, sm * (float)mc, tmp);
+		if (e < best) {
+			best = e;
+			best_dc = dc;
+			memcpy(q, tmp, m->group);
 		}
-		float qd = sd > 0.0f ? roundf(d[g] / sd) : 0.0f, qm = sm > 0.0f ? roundf(mn[g] / sm) : 0.0f;
-		int mc = qm < -127.0f ? -127 : qm > 127.0f ? 127 : (int)qm;
-		int dc0 = qd > 255.0f ? 255 : (int)qd, best_dc = dc0;
-		double best = INFINITY;
-		for (int dc = dc0 - 1; dc <= dc0 + 1; dc++) {
-			if (dc < 0 || dc > 255)
-				continue;
-			double e = group_codes(xg, w, m->group, lo, hi, sd * (float)dc, sm * (float)mc, tmp);
-			if (e < best) {
-				best = e;
-				best_dc = dc;
-				memcpy(q, tmp, m->group);
-			}
-		}
-		*dcode_slot(m, row, g) = (uint8_t)best_dc;
-		*mcode_slot(m, row, g) = (int8_t)mc;
+	}
+	*dcode_slot(m, row, g) = (uint8_t)best_dc;
+	*mcode_slot(m, row, g) = (int8_t)mc;
+	*df = sd * (float)best_dc;
+	*mf = sm * (float)mc;
+}
+
+/* One row in the row8 encoding: each group's d and m from the asym search, then the row's
+ * scales, then each group's codes against them (row8_group). */
+static void pack_row_row8(struct q4_matrix *m, size_t row, const float *x, const float *col_w)
+{
+	float d[Q4_ROW8_MAX_GROUPS], mn[Q4_ROW8_MAX_GROUPS], df, mf;
+	uint8_t q[256];
+
+	row8_scales(m, row, x, col_w, d, mn);
+	for (size_t g = 0; g < m->n_groups; g++) {
+		row8_group(m, row, g, x + g * m->group, group_weights(col_w, g * m->group, m->group), d[g], mn[g],
+			   q, &df, &mf);
 		put_codes(m, row, g * m->group, q, m->group);
 	}
 }
@@ -656,6 +676,78 @@ void q4_pack_rows_f32(struct q4_matrix *m, const float *src, size_t ld, const fl
 			put_codes(m, row, g * m->group, q, m->group);
 		}
 	}
+	zero_pad_rows(m, row0, n_rows);
+}
+
+/* The nearest code for x against d and m, clamped to 0..15: group_codes' choice for one
+ * value (clamping before rounding picks the same code). */
+static uint8_t code_nearest(float x, float d, float m)
+{
+	float v = (x - m) * (d != 0.0f ? 1.0f / d : 0.0f);
+
+	v = v > 0.0f ? v : 0.0f;
+	v = v < 15.0f ? v : 15.0f;
+	return (uint8_t)round_small(v);
+}
+
+/* x -= e u over n columns, four at a time in the baseline ISA's vectors (GCC's -O2 leaves
+ * a loop of unknown length scalar); the same products and differences as one at a time. */
+typedef float q4_v4u __attribute__((vector_size(16), aligned(4)));
+static void gptq_spread(float *x, const float *u, float e, size_t n)
+{
+	size_t j = 0;
+	for (; j + 4 <= n; j += 4)
+		*(q4_v4u *)(x + j) -= e * *(const q4_v4u *)(u + j);
+	for (; j < n; j++)
+		x[j] -= e * u[j];
+}
+
+/* GPTQ on one row (x, modified): each group's scales are chosen, as q4_pack_rows_f32
+ * chooses them, from the group's values as the errors pushed onto them so far have left
+ * them; then its columns are rounded one by one, each one's error divided by U's diagonal
+ * and taken off the columns after it in proportion to U's row. */
+static void pack_row_gptq(struct q4_matrix *m, size_t row, float *x, const float *col_w, const float *u)
+{
+	float d8[Q4_ROW8_MAX_GROUPS], mn8[Q4_ROW8_MAX_GROUPS];
+	uint8_t q[256];
+	size_t cols = m->cols;
+
+	if (m->row8) /* the row's scales from its values before any error moves them */
+		row8_scales(m, row, x, col_w, d8, mn8);
+	for (size_t g = 0; g < m->n_groups; g++) {
+		float *xg = x + g * m->group, d, mn;
+		const float *w = group_weights(col_w, g * m->group, m->group);
+
+		if (m->row8) {
+			qfp16 dh, mh;
+
+			quantize_group_asym(xg, w, m->group, q, &dh, &mh);
+			row8_group(m, row, g, xg, w, quant_fp16_to_f32(dh), quant_fp16_to_f32(mh), q, &d, &mn);
+		} else if (m->asym) {
+			quantize_group_asym(xg, w, m->group, q, d_slot(m, row, g), m_slot(m, row, g));
+			d = quant_fp16_to_f32(*d_slot(m, row, g));
+			mn = quant_fp16_to_f32(*m_slot(m, row, g));
+		} else {
+			quantize_group_sym_search(xg, m->group, q, d_slot(m, row, g));
+			d = quant_fp16_to_f32(*d_slot(m, row, g));
+			mn = -8.0f * d;
+		}
+		for (size_t k = 0; k < m->group; k++) {
+			size_t i = g * m->group + k;
+			const float *ui = u + i * cols;
+
+			q[k] = code_nearest(x[i], d, mn);
+			gptq_spread(x + i + 1, ui + i + 1, (x[i] - (d * (float)q[k] + mn)) / ui[i], cols - i - 1);
+		}
+		put_codes(m, row, g * m->group, q, m->group);
+	}
+}
+
+void q4_pack_rows_gptq(struct q4_matrix *m, float *src, size_t ld, const float *col_w, const float *u, size_t row0,
+		       size_t n_rows)
+{
+	for (size_t i = 0; i < n_rows; i++)
+		pack_row_gptq(m, row0 + i, src + i * ld, col_w, u);
 	zero_pad_rows(m, row0, n_rows);
 }
 

@@ -18,7 +18,7 @@
 
 struct imatrix {
 	struct gguf_file *file;
-	size_t n_entries;
+	size_t n_entries, n_covs;
 };
 
 static bool str_ends(const struct gguf_str *s, const char *suffix)
@@ -72,6 +72,41 @@ static int check_entry(const struct gguf_file *f, const struct gguf_tensor *sum2
 	return rc < 0 ? rc : check_values(f, counts, err);
 }
 
+/* NAME.in_cov: F32, square, finite, symmetric, beside a NAME.in_sum2 of the same width
+ * whose values are its diagonal's (to float rounding): a covariance GPTQ can trust. */
+static int check_cov(const struct gguf_file *f, const struct gguf_tensor *t, struct hearth_error *err)
+{
+	char name[IMATRIX_NAME_MAX];
+	size_t base = (size_t)(t->name.len - strlen(IMATRIX_COV));
+	const struct gguf_tensor *sum2 = entry_name(name, t->name.ptr, base, IMATRIX_SUM2) ? gguf_tensor_find(f, name)
+											   : NULL;
+	if (t->type != QTYPE_F32 || t->n_dims != 2 || t->ne[0] != t->ne[1])
+		return hearth_error_set(err, HEARTH_EFORMAT, "imatrix %s: %.*s is not a square F32 matrix", f->path,
+					(int)t->name.len, t->name.ptr);
+	if (!sum2 || sum2->ne[0] != t->ne[0])
+		return hearth_error_set(err, HEARTH_EFORMAT, "imatrix %s: %.*s has no %.*s%s of its width beside it",
+					f->path, (int)t->name.len, t->name.ptr, (int)base, t->name.ptr, IMATRIX_SUM2);
+	const float *h = t->data, *d = sum2->data;
+	size_t n = (size_t)t->ne[0];
+	for (size_t i = 0; i < n; i++) {
+		if (!(fabsf(h[i * n + i] - d[i]) <= 1e-3f * d[i] + 1e-30f))
+			return hearth_error_set(err, HEARTH_EFORMAT, "imatrix %s: %.*s[%zu][%zu] is %g, its in_sum2 says %g",
+						f->path, (int)t->name.len, t->name.ptr, i, i, (double)h[i * n + i],
+						(double)d[i]);
+		for (size_t j = i + 1; j < n; j++) {
+			if (!isfinite(h[i * n + j]))
+				return hearth_error_set(err, HEARTH_EFORMAT, "imatrix %s: %.*s[%zu][%zu] is %g (a covariance is finite)",
+							f->path, (int)t->name.len, t->name.ptr, i, j, (double)h[i * n + j]);
+			if (h[i * n + j] != h[j * n + i])
+				return hearth_error_set(err, HEARTH_EFORMAT,
+							"imatrix %s: %.*s[%zu][%zu] is %g, [%zu][%zu] %g (a covariance is symmetric)",
+							f->path, (int)t->name.len, t->name.ptr, i, j, (double)h[i * n + j], j, i,
+							(double)h[j * n + i]);
+		}
+	}
+	return 0;
+}
+
 /* A legacy imatrix starts with its entry count, not GGUF's magic: say how to convert it. */
 static bool is_gguf(const char *path)
 {
@@ -116,9 +151,13 @@ int imatrix_open(struct imatrix **out, const char *path, struct hearth_error *er
 			if ((rc = check_entry(f, t, err)) < 0)
 				goto fail;
 			im->n_entries++;
+		} else if (str_ends(&t->name, IMATRIX_COV)) {
+			if ((rc = check_cov(f, t, err)) < 0)
+				goto fail;
+			im->n_covs++;
 		} else if (!str_ends(&t->name, IMATRIX_COUNTS)) {
-			rc = hearth_error_set(err, HEARTH_EFORMAT, "imatrix %s: tensor %.*s is neither NAME%s nor NAME%s",
-					      path, (int)t->name.len, t->name.ptr, IMATRIX_SUM2, IMATRIX_COUNTS);
+			rc = hearth_error_set(err, HEARTH_EFORMAT, "imatrix %s: tensor %.*s is neither NAME%s, NAME%s nor NAME%s",
+					      path, (int)t->name.len, t->name.ptr, IMATRIX_SUM2, IMATRIX_COUNTS, IMATRIX_COV);
 			goto fail;
 		}
 	}
@@ -164,5 +203,55 @@ int imatrix_weights(const struct imatrix *im, const char *name, size_t name_len,
 					"imatrix %s: %.*s has statistics for %llu columns, the model's matrix has %zu (an imatrix of another model?)",
 					im->file->path, (int)name_len, name, (unsigned long long)t->ne[0], cols);
 	*w = t->data;
+	return 0;
+}
+
+size_t imatrix_covs(const struct imatrix *im)
+{
+	return im->n_covs;
+}
+
+bool imatrix_cov_shared(const char *name, char *owner, size_t owner_cap)
+{
+	static const char *const shared[][2] = {
+		{ ".attn_k.weight", ".attn_q.weight" },
+		{ ".attn_v.weight", ".attn_q.weight" },
+		{ ".ffn_up.weight", ".ffn_gate.weight" },
+	};
+	size_t len = strlen(name);
+	for (size_t i = 0; i < sizeof shared / sizeof shared[0]; i++) {
+		size_t n = strlen(shared[i][0]);
+		if (len <= n || memcmp(name + len - n, shared[i][0], n))
+			continue;
+		if (owner_cap) {
+			if (len - n + strlen(shared[i][1]) + 1 > owner_cap)
+				return false;
+			memcpy(owner, name, len - n);
+			strcpy(owner + len - n, shared[i][1]);
+		}
+		return true;
+	}
+	return false;
+}
+
+int imatrix_cov(const struct imatrix *im, const char *name, size_t name_len, size_t cols, const float **h,
+		struct hearth_error *err)
+{
+	char own[IMATRIX_NAME_MAX], owner[IMATRIX_NAME_MAX], buf[IMATRIX_NAME_MAX];
+	*h = NULL;
+	if (name_len >= sizeof own)
+		return 0;
+	memcpy(own, name, name_len);
+	own[name_len] = '\0';
+	const char *key = imatrix_cov_shared(own, owner, sizeof owner) ? owner : own;
+	const struct gguf_tensor *t = entry_name(buf, key, strlen(key), IMATRIX_COV) ? gguf_tensor_find(im->file, buf)
+										      : NULL;
+	if (!t)
+		return 0;
+	if (t->ne[0] != cols)
+		return hearth_error_set(err, HEARTH_EINVAL,
+					"imatrix %s: %s covers %llu columns, the model's %.*s has %zu (an imatrix of another model?)",
+					im->file->path, buf, (unsigned long long)t->ne[0], (int)name_len, name, cols);
+	*h = t->data;
 	return 0;
 }

@@ -10,17 +10,22 @@
 #include "daemon/engine/model_q4.h"
 #include "daemon/engine/sampler.h"
 #include "daemon/engine/tokenizer.h"
+#include "kernels/gptq.h"
 
 struct imatrix_entry {
 	char *name;                    /* the weight's tensor name */
 	size_t cols;
 	double *sum;                   /* cols sums of x^2 */
+	double *cov;                   /* with imatrix_stats_keep_cov: cols x cols sums of x x^T
+					* (upper triangle), NULL for inputs another entry holds */
 	uint64_t count;                /* tokens (matrix input rows) behind them */
 };
 
 struct imatrix_stats {
 	struct imatrix_entry *e;
 	size_t n, cap;
+	bool keep_cov;                 /* imatrix_stats_keep_cov */
+	uint64_t cov_bytes, cov_cap;   /* what the covariances hold, and may */
 	bool failed;                   /* an add failed: code and why say how */
 	int code;
 	char why[160];
@@ -39,9 +44,16 @@ void imatrix_stats_free(struct imatrix_stats *s)
 	for (size_t i = 0; i < s->n; i++) {
 		free(s->e[i].name);
 		free(s->e[i].sum);
+		free(s->e[i].cov);
 	}
 	free(s->e);
 	free(s);
+}
+
+void imatrix_stats_keep_cov(struct imatrix_stats *s, uint64_t max_bytes)
+{
+	s->keep_cov = true;
+	s->cov_cap = max_bytes;
 }
 
 static struct imatrix_entry *stats_find(const struct imatrix_stats *s, const char *name, size_t len)
@@ -76,16 +88,37 @@ static struct imatrix_entry *stats_entry(struct imatrix_stats *s, const char *na
 		s->e = grown;
 		s->cap = cap;
 	}
-	double *sum = calloc(cols, sizeof *sum);
+	double *sum = calloc(cols, sizeof *sum), *cov = NULL;
 	char *copy = malloc(len + 1);
+	if (copy) {
+		memcpy(copy, name, len);
+		copy[len] = '\0';
+	}
+	/* One covariance per distinct input: k and v read q's, up reads gate's. */
+	if (s->keep_cov && copy && !imatrix_cov_shared(copy, NULL, 0)) {
+		uint64_t bytes = (uint64_t)cols * cols * sizeof *cov;
+		if (s->cov_bytes + bytes > s->cov_cap) {
+			free(sum);
+			free(copy);
+			char why[120];
+			snprintf(why, sizeof why, "the covariances would pass %llu MiB (%zu columns: too wide for them)",
+				 (unsigned long long)(s->cov_cap >> 20), cols);
+			return stats_fail(s, name, len, HEARTH_ENOMEM, why);
+		}
+		if (!(cov = calloc(cols * cols, sizeof *cov))) {
+			free(sum);
+			free(copy);
+			return stats_fail(s, name, len, HEARTH_ENOMEM, "out of memory for the covariance");
+		}
+		s->cov_bytes += bytes;
+	}
 	if (!sum || !copy) {
 		free(sum);
 		free(copy);
+		free(cov);
 		return stats_fail(s, name, len, HEARTH_ENOMEM, "out of memory for the statistics");
 	}
-	memcpy(copy, name, len);
-	copy[len] = '\0';
-	s->e[s->n] = (struct imatrix_entry){ .name = copy, .cols = cols, .sum = sum };
+	s->e[s->n] = (struct imatrix_entry){ .name = copy, .cols = cols, .sum = sum, .cov = cov };
 	return &s->e[s->n++];
 }
 
@@ -100,6 +133,8 @@ void imatrix_stats_add(struct imatrix_stats *s, const char *name, size_t len, co
 	for (size_t t = 0; t < n_tok; t++)
 		for (size_t k = 0; k < cols; k++)
 			e->sum[k] += (double)x[t * cols + k] * x[t * cols + k];
+	if (e->cov && gptq_cov_add(e->cov, cols, x, n_tok) < 0)
+		stats_fail(s, name, len, HEARTH_ENOMEM, "out of memory for the covariance");
 	e->count += n_tok;
 }
 
@@ -372,9 +407,12 @@ int imatrix_stats_write(const struct imatrix_stats *s, const char *path, const c
 	if (!fp)
 		return hearth_error_errno(err, HEARTH_EIO, errno, "cannot write %s", path);
 	struct gguf_out o = { .fp = fp };
+	uint64_t n_cov = 0;
+	for (size_t i = 0; i < s->n; i++)
+		n_cov += s->e[i].cov != NULL;
 	out_u32(&o, 0x46554747u); /* "GGUF" */
 	out_u32(&o, 3);
-	out_u64(&o, 2 * (uint64_t)s->n);
+	out_u64(&o, 2 * (uint64_t)s->n + n_cov);
 	out_u64(&o, 4);
 	out_key(&o, "general.type", GGUF_VT_STRING);
 	out_str(&o, "imatrix", 7);
@@ -400,6 +438,16 @@ int imatrix_stats_write(const struct imatrix_stats *s, const char *path, const c
 			out_u64(&o, off);
 			off += padded(k ? 4 : 4 * e->cols);
 		}
+		if (e->cov) { /* hearth's own: the whole symmetric matrix, cols x cols */
+			int len = snprintf(name, sizeof name, "%s%s", e->name, IMATRIX_COV);
+			out_str(&o, name, (size_t)len);
+			out_u32(&o, 2);
+			out_u64(&o, e->cols);
+			out_u64(&o, e->cols);
+			out_u32(&o, QTYPE_F32);
+			out_u64(&o, off);
+			off += padded(4 * (uint64_t)e->cols * e->cols);
+		}
 	}
 	/* The data section starts aligned, and so does every tensor in it. */
 	out_pad(&o);
@@ -409,6 +457,10 @@ int imatrix_stats_write(const struct imatrix_stats *s, const char *path, const c
 			out_f32(&o, (float)e->sum[k]);
 		out_pad(&o);
 		out_f32(&o, (float)e->count);
+		out_pad(&o);
+		for (size_t r = 0; e->cov && r < e->cols; r++)
+			for (size_t c = 0; c < e->cols; c++)
+				out_f32(&o, (float)(c >= r ? e->cov[r * e->cols + c] : e->cov[c * e->cols + r]));
 		out_pad(&o);
 	}
 	if (fclose(fp) != 0)

@@ -20,6 +20,7 @@
 #include "daemon/engine/tokenizer.h"
 #include "protocol/assert.h"
 #include "kernels/dispatch.h"
+#include "kernels/gptq.h"
 #include "kernels/pool.h"
 
 #define LOAD_ROWS Q4_ROWS          /* rows one thread dequantizes and packs per step */
@@ -128,6 +129,7 @@ struct load_mat {
 	uint32_t group;
 	bool asym, carry, row8;
 	const float *col_w;     /* importance of each column (the imatrix), or NULL */
+	const float *cov;       /* its input's covariance (the imatrix's NAME.in_cov): GPTQ */
 };
 
 static size_t load_mat_rows(const struct load_mat *lm)
@@ -166,6 +168,9 @@ struct load_ctx {
 	size_t acts_total;              /* every group's activation buffer (model_q4.h acts_off) */
 	bool *mix8;                     /* n_layer x MQ4_LAYER_MATRICES: int8 by the mix rule */
 	struct imatrix *imat;           /* opts.imatrix while the model is planned and filled */
+	const float *gptq_of;           /* the covariance gptq_u was factored from */
+	float *gptq_u;                  /* its GPTQ factor (cols x cols): the repack's transient,
+					 * kept while consecutive matrices share the input */
 	size_t threads_max;             /* compute threads the scratch is planned for */
 };
 
@@ -227,6 +232,12 @@ static int load_add_mat(struct load_ctx *c, const struct gguf_tensor *t, struct 
 		if ((rc = imatrix_weights(c->imat, t->name.ptr, t->name.len, t->ne[0], &lm->col_w, err)) < 0)
 			return rc;
 		c->m->n_imatrix += lm->col_w != NULL;
+	}
+	/* GPTQ rounds any requantized int4 matrix, sym or asym, whose input it has. */
+	if (c->imat && !lm->carry) {
+		if ((rc = imatrix_cov(c->imat, t->name.ptr, t->name.len, t->ne[0], &lm->cov, err)) < 0)
+			return rc;
+		c->m->n_gptq += lm->cov != NULL;
 	}
 	return 0;
 }
@@ -379,12 +390,35 @@ static void load_step_run(void *arg, size_t t, size_t nt)
 				q8_pack_rows_f32(lm->dst8, rows, cols, r0, n);
 			else if (lm->dst6)
 				q6_pack_rows_f32(lm->dst6, rows, cols, r0, n);
+			else if (lm->cov)
+				q4_pack_rows_gptq(q, rows, cols, lm->col_w, st->c->gptq_u, r0, n);
 			else
 				q4_pack_rows_f32(q, rows, cols, lm->col_w, r0, n);
 		}
 		if (rc < 0)
 			__atomic_store_n(&st->rc, rc, __ATOMIC_RELAXED);
 	}
+}
+
+/* The GPTQ factor of lm's input, unless the previous matrix's was the same input (q, k and
+ * v; gate and up are planned one after the other). */
+static int load_gptq_factor(struct load_ctx *c, const struct load_mat *lm, struct hearth_error *err)
+{
+	size_t cols = (size_t)lm->t->ne[0];
+	if (!lm->cov || lm->cov == c->gptq_of)
+		return 0;
+	free(c->gptq_u);
+	c->gptq_of = NULL;
+	c->gptq_u = malloc(cols * cols * sizeof *c->gptq_u);
+	if (!c->gptq_u)
+		return hearth_error_set(err, HEARTH_ENOMEM, "tensor '%.*s': out of memory for its GPTQ factor (%zu x %zu)",
+					(int)lm->t->name.len, lm->t->name.ptr, cols, cols);
+	if (gptq_factor(lm->cov, cols, GPTQ_DAMP, c->gptq_u) < 0)
+		return hearth_error_set(err, HEARTH_EINVAL,
+					"imatrix %s: the covariance of '%.*s''s input is not positive definite (or no memory to factor it)",
+					c->opts.imatrix, (int)lm->t->name.len, lm->t->name.ptr);
+	c->gptq_of = lm->cov;
+	return 0;
 }
 
 static int load_repack(struct load_ctx *c, struct load_mat *lm, struct hearth_error *err)
@@ -396,7 +430,7 @@ static int load_repack(struct load_ctx *c, struct load_mat *lm, struct hearth_er
 					  (void **)&lm->dst6->data, err)
 			    : arena_alloc(c->arena, region.s, q4_matrix_bytes(lm->dst), Q4_ALIGN,
 					  (void **)&lm->dst->data, err);
-	if (rc < 0)
+	if (rc < 0 || (rc = load_gptq_factor(c, lm, err)) < 0)
 		return rc;
 	size_t n_blocks = load_mat_blocks(lm), rows = load_mat_rows(lm);
 	const struct gguf_tensor *t = lm->t;
@@ -939,7 +973,8 @@ static void load_borrow_threads(struct model_q4 *d, const struct model_q4 *m)
  * "+head_gN" when they are all at one group and an int4 embedding/head (the notes after the
  * layers') is at another, "+head_q6" for an int6 one, or "+head_q8" for an int8 one
  * ("+head_q8_g32" when it is at group 32), then "+mix" when the mix rule made layer matrices
- * int8, then "+imatrix" when an imatrix steered the scale search of any matrix. */
+ * int8, then "+gptq" when an imatrix's covariances rounded any matrix, else "+imatrix" when
+ * its statistics steered the scale search of any. */
 static void load_quant_name(struct model_q4 *m)
 {
 	uint32_t n_layer_notes = m->n_layer * MQ4_LAYER_MATRICES;
@@ -965,7 +1000,7 @@ static void load_quant_name(struct model_q4 *m)
 	else if (lg < 0 || (!(layer_groups & (layer_groups - 1)) && hg != lg))
 		snprintf(head, sizeof head, "+head_g%zu", mq4_slot_group(hg));
 	snprintf(m->quant_name, sizeof m->quant_name, "%s%s%s%s", layers, head, m->n_mix8 ? "+mix" : "",
-		 m->n_imatrix ? "+imatrix" : "");
+		 m->n_gptq ? "+gptq" : m->n_imatrix ? "+imatrix" : "");
 }
 
 static uint64_t load_count_params(const struct model *ref)
@@ -1127,6 +1162,7 @@ static void load_ctx_close(struct load_ctx *c)
 	free(c->rows);
 	free(c->mats);
 	free(c->mix8);
+	free(c->gptq_u);
 	imatrix_close(c->imat);
 	free((void *)c->kvc.layer_shapes);
 	model_q4_free(c->m);
@@ -1150,6 +1186,9 @@ static void load_ctx_settle(struct load_ctx *c)
 	c->mats = NULL;
 	free(c->mix8);
 	c->mix8 = NULL;
+	free(c->gptq_u);
+	c->gptq_u = NULL;
+	c->gptq_of = NULL;
 	imatrix_close(c->imat);
 	c->imat = NULL;
 }

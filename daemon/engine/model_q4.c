@@ -667,7 +667,7 @@ void model_q4_facts(const struct model_q4 *m, struct model_q4_facts *out)
 		.max_context = m->max_context, .n_ctx_train = m->hp.n_ctx_train, .n_vocab = m->hp.n_vocab,
 		.n_layer = m->n_layer, .n_embd = m->hp.n_embd, .arena = m->arena, .arena_bytes = m->arena->size,
 		.arena_backing = arena_backing_name(m->arena->backing), .arena_note = m->arena->note,
-		.n_matrices = m->n_notes, .n_carried = carried, .n_int8 = int8, .n_int6 = int6, .n_imatrix = m->n_imatrix,
+		.n_matrices = m->n_notes, .n_carried = carried, .n_int8 = int8, .n_int6 = int6, .n_imatrix = m->n_imatrix, .n_gptq = m->n_gptq,
 		.kernels = m->kern->name,
 		.n_threads = m->n_threads,
 	};

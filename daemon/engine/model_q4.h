@@ -136,6 +136,7 @@ struct model_q4 {
 	uint64_t bytes_weights, bytes_embed_head, bytes_norms, bytes_rope, bytes_scratch;
 	uint32_t n_mix8;           /* layer matrices the mix rule made int8 (load.h) */
 	uint32_t n_imatrix;        /* int4 matrices whose scale search an imatrix steered */
+	uint32_t n_gptq;           /* int4 matrices rounded by GPTQ (the imatrix's covariances) */
 	char quant_name[48];       /* "q4_g128", "q4_g32", "q4_mixed", "q4_g128+head_q6",
 				    * "q4_g128+mix" ... */
 };
@@ -161,6 +162,7 @@ struct model_q4_facts {
 	uint32_t n_int8;                 /* of them, int8 (the head, the mix rule's choices) */
 	uint32_t n_int6;                 /* of them, int6 (the head) */
 	uint32_t n_imatrix;              /* int4 matrices an imatrix steered */
+	uint32_t n_gptq;                 /* of the int4 matrices, rounded by GPTQ */
 	const char *kernels;
 	size_t n_threads;
 };

@@ -200,7 +200,10 @@ static void *loader_main(void *arg)
 		   "%zu threads", f.quant, f.n_carried, f.n_matrices, f.n_int8, f.n_int6, f.kernels, f.n_threads);
 	/* An imatrix whose names match none of the model's matrices (or a model whose every
 	 * matrix was carried over) steers nothing: say so, or the key looks as if it worked. */
-	if (o.imatrix)
+	if (o.imatrix && f.n_gptq)
+		log_notice(ld->log, "imatrix %s steered %u int4 matrices; GPTQ rounded %u against its covariances",
+			   o.imatrix, f.n_imatrix, f.n_gptq);
+	else if (o.imatrix)
 		log_notice(ld->log, "imatrix %s steered %u int4 matrices%s", o.imatrix, f.n_imatrix,
 			   f.n_imatrix ? "" : ": none of its statistics name a matrix quantized at load");
 

@@ -3,6 +3,7 @@
  * its GGUF: hearthd's `imatrix` key and llama-quantize --imatrix read the file. */
 #include <errno.h>
 #include <getopt.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,7 @@
 #define IMATRIX_DEFAULT_CHUNK 512
 #define IMATRIX_TEXT_MAX ((size_t)256 << 20)
 #define IMATRIX_STEP_TOKENS 512u       /* tokens per int4 step: a chunk runs in steps of it */
+#define IMATRIX_COV_MAX ((uint64_t)2 << 30) /* --cov: the covariances' memory, at most */
 #define IMATRIX_SELF_AT_ONCE 32L       /* --self: sequences sampled side by side, at most */
 
 struct imatrix_opts {
@@ -30,6 +32,7 @@ struct imatrix_opts {
 	long self;                   /* sequences sampled from the model instead of text (0: text) */
 	unsigned long long seed;     /* the first sampled sequence's seed */
 	bool ref;                    /* the f32 reference engine instead of the int4 one */
+	bool cov;                    /* --cov: each distinct input's covariance too (GPTQ) */
 	bool quiet;
 };
 
@@ -52,6 +55,12 @@ static void usage(FILE *to)
 		"                      with float activations, at its prefill speed; ref: the f32\n"
 		"                      reference engine, exact and slow (about the model's size in\n"
 		"                      GFLOP per token), llama-imatrix's figures on an F32 file\n"
+		"      --cov           also each distinct matrix input's covariance (NAME.in_cov,\n"
+		"                      hearth's own tensor): hearthd then rounds those matrices by\n"
+		"                      GPTQ. cols x cols doubles per input while collecting, at\n"
+		"                      most 2 GiB in all: for models whose matrix inputs are a\n"
+		"                      few thousand columns at most; llama.cpp's tools do not\n"
+		"                      read such a file\n"
 		"  -t, --threads N     the int4 engine's threads (default: hearthd's)\n"
 		"  -q, --quiet         no progress on stderr\n"
 		"  -h, --help\n"
@@ -68,7 +77,8 @@ static int parse_args(int argc, char **argv, struct imatrix_opts *o)
 		{ "chunks", required_argument, NULL, 'C' }, { "quiet", no_argument, NULL, 'q' },
 		{ "engine", required_argument, NULL, 'E' }, { "threads", required_argument, NULL, 't' },
 		{ "self", required_argument, NULL, 'S' },   { "seed", required_argument, NULL, 'D' },
-		{ "help", no_argument, NULL, 'h' },         { NULL, 0, NULL, 0 },
+		{ "cov", no_argument, NULL, 'V' },          { "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
 	};
 	int c;
 	memset(o, 0, sizeof *o);
@@ -99,6 +109,7 @@ static int parse_args(int argc, char **argv, struct imatrix_opts *o)
 			if (tool_parse_long("imatrix", "--threads", optarg, 1, MQ4_THREADS_MAX, &o->threads) < 0)
 				return -1;
 			break;
+		case 'V': o->cov = true; break;
 		case 'S':
 			if (tool_parse_long("imatrix", "--self", optarg, 1, 4096, &o->self) < 0)
 				return -1;
@@ -248,6 +259,14 @@ static int make_imatrix(const struct imatrix_opts *o, struct hearth_error *err)
 	probed = true;
 	if ((rc = imatrix_stats_new(&s, err)) < 0)
 		goto out;
+	if (o->cov) {
+		/* IMATRIX_COV_MAX, or half the machine's memory if that is less: past it the
+		 * covariances (and hearthd's O(cols^3) factor of each at load) are not for this
+		 * tool's plain code. */
+		long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+		uint64_t cap = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 2 : IMATRIX_COV_MAX;
+		imatrix_stats_keep_cov(s, cap < IMATRIX_COV_MAX ? cap : IMATRIX_COV_MAX);
+	}
 	rc = o->ref ? run_ref(o, s, text, len, &n_chunks, err) : run_q4(o, s, text, len, &n_chunks, err);
 	/* The collector counts tokens but knows no file: the message gets the text's name. */
 	if (o->text && rc == HEARTH_EINVAL && strstr(err->msg, "fewer than one chunk"))

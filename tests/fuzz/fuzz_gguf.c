@@ -170,6 +170,39 @@ static void seed_tiny_model(fuzz_seed_fn add, void *ctx, const char *arch)
 	free(buf);
 }
 
+/* hearth's imatrix with a covariance (hearthd-tool imatrix --cov): one 16-wide entry, its
+ * in_sum2, counts and in_cov (diagonal the sums, symmetric). */
+static void seed_cov_imatrix(fuzz_seed_fn add, void *ctx)
+{
+	struct gguf_build *b;
+	struct hearth_error err = { 0 };
+	char *buf = NULL;
+	size_t len = 0;
+	FUZZ_CHECK(gguf_build_new(&b, 3, &err) == 0);
+	FUZZ_CHECK(gguf_build_kv_str(b, "general.type", "imatrix") == 0);
+	uint64_t ne_s[1] = { 16 }, ne_c[1] = { 1 }, ne_h[2] = { 16, 16 };
+	int s = gguf_build_tensor(b, "blk.0.attn_q.weight.in_sum2", QTYPE_F32, 1, ne_s);
+	int c = gguf_build_tensor(b, "blk.0.attn_q.weight.counts", QTYPE_F32, 1, ne_c);
+	int h = gguf_build_tensor(b, "blk.0.attn_q.weight.in_cov", QTYPE_F32, 2, ne_h);
+	FUZZ_CHECK(s >= 0 && c >= 0 && h >= 0);
+	float sums[16], count = 40.0f, cov[256];
+	for (int i = 0; i < 16; i++)
+		sums[i] = 1.0f + (float)i;
+	for (int i = 0; i < 16; i++)
+		for (int j = 0; j < 16; j++)
+			cov[i * 16 + j] = i == j ? sums[i] : 0.05f * (float)((i + j) % 5);
+	FILE *fp = open_memstream(&buf, &len);
+	FUZZ_CHECK(fp != NULL);
+	FUZZ_CHECK(gguf_build_write_header(b, fp, &err) == 0);
+	FUZZ_CHECK(gguf_build_write_tensor(b, fp, s, sums, sizeof sums, &err) == 0);
+	FUZZ_CHECK(gguf_build_write_tensor(b, fp, c, &count, sizeof count, &err) == 0);
+	FUZZ_CHECK(gguf_build_write_tensor(b, fp, h, cov, sizeof cov, &err) == 0);
+	FUZZ_CHECK(fclose(fp) == 0);
+	gguf_build_free(b);
+	add(ctx, (const uint8_t *)buf, len);
+	free(buf);
+}
+
 static void seed_file(fuzz_seed_fn add, void *ctx, const char *dir, const char *name)
 {
 	char path[4096];
@@ -188,6 +221,7 @@ void fuzz_seeds(fuzz_seed_fn add, void *ctx)
 	seed_tiny_model(add, ctx, "llama");
 	seed_tiny_model(add, ctx, "qwen3");
 	seed_tiny_model(add, ctx, "gemma3");
+	seed_cov_imatrix(add, ctx);
 	/* llama-imatrix's own files, when the sources are at hand */
 	const char *src = getenv("HEARTH_SRCDIR");
 	char dir[4096];

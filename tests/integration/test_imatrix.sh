@@ -19,7 +19,7 @@ FX=$HEARTH_SHARED/fixtures
 IM=$HEARTH_SRCDIR/tests/fixtures/imatrix
 . "$HEARTH_SRCDIR/tests/integration/spec_lib.sh"
 
-echo "1..11"
+echo "1..12"
 check() { # status description
 	if [ "$1" = 0 ]; then ok "$2"; else not_ok "$2"; fi
 }
@@ -117,6 +117,19 @@ start self.log --model="$FX/fx-llama.gguf" -o imatrix="$TMP/self1.gguf" --max-co
 "$B/hearth" --socket "$SOCK" generate --temp 0 -n 4 "hello" >/dev/null 2>&1
 grep -q "self1.gguf steered 14 int4 matrices$" "$TMP/self.log" && [ "$(quant)" = "q4_mixed+imatrix" ]
 check $? "hearthd-tool imatrix --self: its file steers a real hearthd's load"
+stop
+# --cov: each distinct input's covariance too; hearthd rounds every layer matrix by GPTQ
+# against them (the log counts them, the layout says +gptq) and serves; deterministic too.
+COV="$B/hearthd-tool imatrix -q -m $FX/fx-llama.gguf --self 6 -c 32 --cov"
+$COV -o "$TMP/cov1.gguf" && $COV -o "$TMP/cov2.gguf" && cmp -s "$TMP/cov1.gguf" "$TMP/cov2.gguf" &&
+	[ "$(stat -c %s "$TMP/cov1.gguf")" -gt "$(stat -c %s "$TMP/self1.gguf")" ]
+rc=$?
+start cov.log --model="$FX/fx-llama.gguf" -o imatrix="$TMP/cov1.gguf" --max-context=256 --kv-budget=4MiB \
+	-o weights_mix=off --log-level=notice
+"$B/hearth" --socket "$SOCK" generate --temp 0 -n 8 "hello hello" >"$TMP/out5" 2>&1
+[ $rc = 0 ] && [ -s "$TMP/out5" ] && [ "$(quant)" = "q4_mixed+gptq" ] &&
+	grep -q "cov1.gguf steered 14 int4 matrices; GPTQ rounded 14 against its covariances$" "$TMP/cov.log"
+check $? "hearthd-tool imatrix --cov: GPTQ rounds all 14 layer matrices of a real hearthd's load, which serves"
 stop
 "$B/hearthd-tool" imatrix -m "$FX/fx-llama.gguf" --self 2 -f "$HEARTH_SRCDIR/bench/spec_passage.txt" \
 	-o "$TMP/x.gguf" 2>"$TMP/both.err"

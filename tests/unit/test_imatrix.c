@@ -232,7 +232,8 @@ static void test_imatrix_refuses_legacy_model_and_missing_files(void **state)
 
 /* One hostile imatrix: a base entry (blk.0.attn_q.weight, 64 columns) changed by `kind`. */
 enum bad { BAD_NAN, BAD_NEGATIVE, BAD_NO_COUNTS, BAD_COUNTS_SHAPE, BAD_F16, BAD_STRAY, BAD_EMPTY,
-	   BAD_TYPE, BAD_TRUNCATED, GOOD_EXPERTS };
+	   BAD_TYPE, BAD_TRUNCATED, GOOD_EXPERTS, BAD_COV_ASYM, BAD_COV_DIAG, BAD_COV_SHAPE, BAD_COV_INF,
+	   BAD_COV_ALONE, GOOD_COV };
 
 static void write_imatrix(const char *path, enum bad kind)
 {
@@ -251,6 +252,13 @@ static void write_imatrix(const char *path, enum bad kind)
 				      kind == BAD_COUNTS_SHAPE ? ne_bad : ne_cnt);
 	if (kind == BAD_STRAY)
 		x = gguf_build_tensor(b, "blk.0.attn_q.weight", QTYPE_F32, 2, ne_sum);
+	/* the covariance of its input (hearth's NAME.in_cov): 64 x 64, its diagonal in_sum2's */
+	int v = -1;
+	uint64_t ne_cov[2] = { 64, kind == BAD_COV_SHAPE ? 32 : 64 };
+	if (kind >= BAD_COV_ASYM)
+		v = gguf_build_tensor(b, kind == BAD_COV_ALONE ? "blk.0.attn_output.weight.in_cov"
+							      : "blk.0.attn_q.weight.in_cov",
+				      QTYPE_F32, 2, ne_cov);
 	FILE *fp = fopen(path, "wb");
 	assert_non_null(fp);
 	assert_int_equal(gguf_build_write_header(b, fp, &e), 0);
@@ -267,6 +275,19 @@ static void write_imatrix(const char *path, enum bad kind)
 		assert_int_equal(gguf_build_write_tensor(b, fp, c, cnt, gguf_build_tensor_size(b, c), &e), 0);
 	if (x >= 0)
 		assert_int_equal(gguf_build_write_tensor(b, fp, x, vals, gguf_build_tensor_size(b, x), &e), 0);
+	if (v >= 0) {
+		static float h[64 * 64];
+		for (int i = 0; i < 64; i++)
+			for (int j = 0; j < 64; j++)
+				h[i * 64 + j] = i == j ? vals[i] : 0.01f * (float)((i + j) % 7);
+		if (kind == BAD_COV_ASYM)
+			h[2 * 64 + 9] = 0.5f;
+		if (kind == BAD_COV_DIAG)
+			h[7 * 64 + 7] = 99.0f;
+		if (kind == BAD_COV_INF)
+			h[3 * 64 + 60] = h[60 * 64 + 3] = INFINITY;
+		assert_int_equal(gguf_build_write_tensor(b, fp, v, h, gguf_build_tensor_size(b, v), &e), 0);
+	}
 	fclose(fp);
 	gguf_build_free(b);
 	if (kind == BAD_TRUNCATED)
@@ -290,6 +311,11 @@ static void test_imatrix_refuses_hostile_files_by_name(void **state)
 		{ BAD_EMPTY, HEARTH_EFORMAT, "holds no statistics" },
 		{ BAD_TYPE, HEARTH_EFORMAT, "general.type is not 'imatrix'" },
 		{ BAD_TRUNCATED, HEARTH_EFORMAT, "imatrix" },
+		{ BAD_COV_ASYM, HEARTH_EFORMAT, "blk.0.attn_q.weight.in_cov[2][9] is 0.5, [9][2] 0.04 (a covariance is symmetric)" },
+		{ BAD_COV_DIAG, HEARTH_EFORMAT, "blk.0.attn_q.weight.in_cov[7][7] is 99, its in_sum2 says 8" },
+		{ BAD_COV_SHAPE, HEARTH_EFORMAT, "blk.0.attn_q.weight.in_cov is not a square F32 matrix" },
+		{ BAD_COV_INF, HEARTH_EFORMAT, "blk.0.attn_q.weight.in_cov[3][60] is inf" },
+		{ BAD_COV_ALONE, HEARTH_EFORMAT, "blk.0.attn_output.weight.in_cov has no blk.0.attn_output.weight.in_sum2" },
 	};
 	char path[256];
 	snprintf(path, sizeof path, "%s/hearth-test-imatrix-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
@@ -310,7 +336,141 @@ static void test_imatrix_refuses_hostile_files_by_name(void **state)
 	assert_null(w);
 	assert_non_null(strstr(e.msg, "2 experts"));
 	imatrix_close(im);
+	/* A covariance serves its matrix and the ones that share its input (k, v); a model
+	 * whose matrix is another width is refused naming both. */
+	write_imatrix(path, GOOD_COV);
+	assert_int_equal(imatrix_open(&im, path, &e), 0);
+	assert_int_equal(imatrix_covs(im), 1);
+	const float *hq = NULL, *hk = NULL, *ho = (const float *)1;
+	assert_int_equal(imatrix_cov(im, "blk.0.attn_q.weight", 19, 64, &hq, &e), 0);
+	assert_int_equal(imatrix_cov(im, "blk.0.attn_k.weight", 19, 64, &hk, &e), 0);
+	assert_int_equal(imatrix_cov(im, "blk.0.attn_output.weight", 24, 64, &ho, &e), 0);
+	assert_non_null(hq);
+	assert_ptr_equal(hq, hk);
+	assert_null(ho);
+	assert_true(hq[7 * 64 + 7] == 8.0f && hq[1 * 64 + 2] == 0.03f);
+	assert_int_equal(imatrix_cov(im, "blk.0.attn_v.weight", 19, 128, &hk, &e), HEARTH_EINVAL);
+	assert_null(hk);
+	assert_non_null(strstr(e.msg, "blk.0.attn_q.weight.in_cov covers 64 columns, the model's blk.0.attn_v.weight has 128"));
+	imatrix_close(im);
 	unlink(path);
+}
+
+/* The covariances hearth collects (--cov): one per distinct input (q/k/v and gate/up share
+ * theirs), each the sum of x x^T computed here independently, in double, over the inputs
+ * the same forward passes show an observer; their diagonals are the sums of squares held
+ * to llama-imatrix's above. A cap on their memory fails the collection naming the matrix. */
+struct cov_truth {
+	const char *name;
+	size_t cols;
+	double *h;
+};
+
+static void cov_truth_observe(void *arg, const struct gguf_tensor *w, const float *x, size_t n_tok)
+{
+	struct cov_truth *c = arg;
+	if ((size_t)w->name.len != strlen(c->name) || memcmp(w->name.ptr, c->name, w->name.len))
+		return;
+	for (size_t t = 0; t < n_tok; t++)
+		for (size_t i = 0; i < c->cols; i++)
+			for (size_t j = 0; j < c->cols; j++)
+				c->h[i * c->cols + j] += (double)x[t * c->cols + i] * (double)x[t * c->cols + j];
+}
+
+static void test_imatrix_cov_is_the_inputs_covariance(void **state)
+{
+	(void)state;
+	char path[4096], out[4096];
+	struct hearth_error e = { 0 };
+	const char *sh = getenv("HEARTH_SHARED");
+	if (!sh)
+		fail_msg("HEARTH_SHARED must be set: run through make check");
+	snprintf(path, sizeof path, "%s/fixtures/fx-llama.gguf", sh);
+	snprintf(out, sizeof out, "%s/hearth-test-imatrix-cov-%d.gguf", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
+		 (int)getpid());
+	struct gguf_file *f;
+	struct model *m;
+	struct model_ctx *ctx;
+	struct imatrix_stats *s;
+	struct model_opts mo = { .max_ctx = 64, .kv_type = MODEL_KV_F16 };
+	if (gguf_open(&f, path, &e) < 0 || model_load(&m, f, &mo, &e) < 0 || model_ctx_new(&ctx, m, 64, &e) < 0 ||
+	    imatrix_stats_new(&s, &e) < 0)
+		fail_msg("%s", e.msg);
+	imatrix_stats_keep_cov(s, (uint64_t)1 << 30);
+	float *logits = malloc(m->hp.n_vocab * sizeof *logits);
+	assert_non_null(logits);
+	const char *probe[] = { "blk.1.attn_q.weight", "blk.0.ffn_down.weight" };
+	struct cov_truth truth[2];
+	for (int k = 0; k < 2; k++) {
+		const struct gguf_tensor *w = gguf_tensor_find(f, probe[k]);
+		assert_non_null(w);
+		truth[k] = (struct cov_truth){ .name = probe[k], .cols = (size_t)w->ne[0] };
+		truth[k].h = calloc(truth[k].cols * truth[k].cols, sizeof(double));
+		assert_non_null(truth[k].h);
+	}
+	/* 3 chunks of 50 and 37 tokens (not multiples of the collector's block) */
+	int32_t ids[64];
+	for (int c = 0; c < 3; c++) {
+		size_t n = c == 2 ? 37 : 50;
+		for (size_t i = 0; i < n; i++)
+			ids[i] = (int32_t)((i * 7 + (size_t)c * 13 + 1) % m->hp.n_vocab);
+		if (imatrix_stats_run(s, m, ctx, ids, n, logits, &e) < 0)
+			fail_msg("%s", e.msg);
+		for (int k = 0; k < 2; k++) {
+			model_ctx_reset(ctx);
+			model_ctx_observe(ctx, cov_truth_observe, &truth[k]);
+			assert_int_equal(model_forward(m, ctx, ids, n, MODEL_LOGITS_LAST, logits, &e), 0);
+			model_ctx_observe(ctx, NULL, NULL);
+		}
+	}
+	if (imatrix_stats_write(s, out, "test", 64, 3, &e) < 0)
+		fail_msg("%s", e.msg);
+	struct imatrix *im;
+	if (imatrix_open(&im, out, &e) < 0)
+		fail_msg("hearth's own covariances refused: %s", e.msg);
+	assert_int_equal(imatrix_entries(im), 2 * 7);
+	assert_int_equal(imatrix_covs(im), 2 * 4); /* attn_q, attn_output, ffn_gate, ffn_down */
+	for (int k = 0; k < 2; k++) {
+		const float *h = NULL, *w = NULL;
+		size_t d = truth[k].cols;
+		assert_int_equal(imatrix_cov(im, probe[k], strlen(probe[k]), d, &h, &e), 0);
+		assert_int_equal(imatrix_weights(im, probe[k], strlen(probe[k]), d, &w, &e), 0);
+		assert_non_null(h);
+		double top = 0;
+		for (size_t i = 0; i < d * d; i++)
+			top = fabs(truth[k].h[i]) > top ? fabs(truth[k].h[i]) : top;
+		assert_true(top > 0);
+		for (size_t i = 0; i < d; i++) {
+			assert_true(fabsf(h[i * d + i] - w[i]) <= 1e-5f * w[i]);
+			for (size_t j = 0; j < d; j++)
+				if (!(fabs(h[i * d + j] - truth[k].h[i * d + j]) <= 1e-5 * top))
+					fail_msg("%s cov[%zu][%zu]: %g, truth %g", probe[k], i, j, (double)h[i * d + j],
+						 truth[k].h[i * d + j]);
+		}
+		free(truth[k].h);
+	}
+	const float *hq, *hv, *hg, *hu;
+	assert_int_equal(imatrix_cov(im, "blk.0.attn_q.weight", 19, (size_t)m->hp.n_embd, &hq, &e), 0);
+	assert_int_equal(imatrix_cov(im, "blk.0.attn_v.weight", 19, (size_t)m->hp.n_embd, &hv, &e), 0);
+	assert_int_equal(imatrix_cov(im, "blk.0.ffn_gate.weight", 21, (size_t)m->hp.n_embd, &hg, &e), 0);
+	assert_int_equal(imatrix_cov(im, "blk.0.ffn_up.weight", 19, (size_t)m->hp.n_embd, &hu, &e), 0);
+	assert_true(hq && hq == hv && hg && hg == hu && hq != hg);
+	imatrix_close(im);
+
+	/* capped below one input's covariance: fails naming the matrix */
+	struct imatrix_stats *s2;
+	assert_int_equal(imatrix_stats_new(&s2, &e), 0);
+	imatrix_stats_keep_cov(s2, 1000);
+	assert_int_equal(imatrix_stats_run(s2, m, ctx, ids, 8, logits, &e), HEARTH_ENOMEM);
+	assert_non_null(strstr(e.msg, "blk.0.attn_q.weight: the covariances would pass"));
+	imatrix_stats_free(s2);
+
+	remove(out);
+	free(logits);
+	imatrix_stats_free(s);
+	model_ctx_free(ctx);
+	model_free(m);
+	gguf_close(f);
 }
 
 int main(void)
@@ -320,6 +480,7 @@ int main(void)
 		cmocka_unit_test(test_imatrix_refuses_legacy_model_and_missing_files),
 		cmocka_unit_test(test_imatrix_refuses_hostile_files_by_name),
 		cmocka_unit_test(test_imatrix_stats_equal_llama_imatrix_on_the_same_text),
+		cmocka_unit_test(test_imatrix_cov_is_the_inputs_covariance),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -17,6 +17,7 @@
 
 #include "kernels/cpu.h"
 #include "kernels/dispatch.h"
+#include "kernels/gptq.h"
 #include "kernels/ops.h"
 #include "kernels/pool.h"
 #include "kernels/q4.h"
@@ -719,6 +720,183 @@ static void test_q4_row8_close_to_fp16_scales(void **state)
 	free(w);
 	free(u);
 	free(v);
+}
+
+/* ---- GPTQ ---- */
+
+/* An input covariance with real structure: tokens x = A z over n_tok tokens, A mixing d
+ * latent factors with a few strong ones, so columns correlate and differ in scale. h
+ * receives sum x x^T (full), x (n_tok x d) the tokens. */
+static void gptq_tokens(uint64_t *s, size_t d, size_t n_tok, float *x, float *h)
+{
+	float *a = xalloc(d * d * sizeof(float));
+	for (size_t i = 0; i < d * d; i++)
+		a[i] = rng_unit(s) * (i % d < 4 ? 3.0f : 0.3f);
+	for (size_t t = 0; t < n_tok; t++) {
+		float z[512];
+		for (size_t k = 0; k < d; k++)
+			z[k] = rng_unit(s);
+		for (size_t i = 0; i < d; i++) {
+			float v = 0;
+			for (size_t k = 0; k < d; k++)
+				v += a[i * d + k] * z[k];
+			x[t * d + i] = v;
+		}
+	}
+	for (size_t i = 0; i < d; i++)
+		for (size_t j = 0; j < d; j++) {
+			double v = 0;
+			for (size_t t = 0; t < n_tok; t++)
+				v += (double)x[t * d + i] * x[t * d + j];
+			h[i * d + j] = (float)v;
+		}
+	free(a);
+}
+
+static void test_gptq_factor_inverts_the_dampened_covariance(void **state)
+{
+	uint64_t s = 401;
+	const size_t d = 48, n_tok = 200;
+	float *x = xalloc(n_tok * d * sizeof(float)), *h = xalloc(d * d * sizeof(float));
+	float *u = xalloc(d * d * sizeof(float));
+
+	(void)state;
+	gptq_tokens(&s, d, n_tok, x, h);
+	h[5 * d + 5] = 0.0f; /* a column no token reached: the damping alone holds it */
+	for (size_t j = 0; j < d; j++)
+		h[5 * d + j] = h[j * d + 5] = 0.0f;
+	assert_int_equal(gptq_factor(h, d, GPTQ_DAMP, u), 0);
+	double mean = 0;
+	for (size_t i = 0; i < d; i++)
+		mean += h[i * d + i] / (double)d;
+	/* U^T U (H + damp) = I, U upper */
+	for (size_t i = 0; i < d; i++)
+		for (size_t j = 0; j < d; j++) {
+			if (j < i)
+				assert_true(u[i * d + j] == 0.0f);
+			double v = 0;
+			for (size_t k = 0; k < d; k++) {
+				double uu = 0;
+				for (size_t l = 0; l < d; l++)
+					uu += (double)u[l * d + i] * u[l * d + k];
+				v += uu * ((double)h[k * d + j] + (k == j ? GPTQ_DAMP * mean : 0.0));
+			}
+			if (fabs(v - (i == j)) > 1e-3)
+				fail_msg("(U^T U H)[%zu][%zu] = %g", i, j, v);
+		}
+	/* not a covariance: refused */
+	h[0] = -1e6f;
+	assert_int_equal(gptq_factor(h, d, GPTQ_DAMP, u), -1);
+	assert_int_equal(gptq_factor(h, 0, GPTQ_DAMP, u), -1);
+	free(x);
+	free(h);
+	free(u);
+}
+
+/* With a diagonal covariance no error moves: GPTQ's bytes are the plain packer's steered
+ * by the same diagonal, in every layout. */
+static void test_gptq_diagonal_covariance_gives_plain_packing(void **state)
+{
+	uint64_t s = 402;
+	const size_t rows = 21, cols = 256;
+	float *w = random_floats(&s, rows * cols, 0.1f), *x = xalloc(rows * cols * sizeof(float));
+	float *h = xalloc(cols * cols * sizeof(float)), *u = xalloc(cols * cols * sizeof(float));
+	float *cw = xalloc(cols * sizeof(float));
+
+	(void)state;
+	memset(h, 0, cols * cols * sizeof(float));
+	for (size_t i = 0; i < cols; i++)
+		h[i * cols + i] = cw[i] = 0.5f + fabsf(rng_unit(&s)) * 4.0f;
+	assert_int_equal(gptq_factor(h, cols, GPTQ_DAMP, u), 0);
+	const struct { size_t group; int kind; } lay[] = { { 64, 2 }, { 128, 1 }, { 32, 0 } };
+	for (size_t k = 0; k < sizeof lay / sizeof lay[0]; k++) {
+		struct q4_matrix a, b;
+		if (lay[k].kind == 2) {
+			assert_int_equal(q4_matrix_plan_row8(&a, rows, cols, lay[k].group), 0);
+			assert_int_equal(q4_matrix_plan_row8(&b, rows, cols, lay[k].group), 0);
+		} else {
+			assert_int_equal(q4_matrix_plan(&a, rows, cols, lay[k].group, lay[k].kind), 0);
+			assert_int_equal(q4_matrix_plan(&b, rows, cols, lay[k].group, lay[k].kind), 0);
+		}
+		a.data = xalloc(q4_matrix_bytes(&a));
+		b.data = xalloc(q4_matrix_bytes(&b));
+		memset(a.data, 0, q4_matrix_bytes(&a));
+		memset(b.data, 0, q4_matrix_bytes(&b));
+		q4_pack_rows_f32(&a, w, cols, cw, 0, rows);
+		memcpy(x, w, rows * cols * sizeof(float));
+		q4_pack_rows_gptq(&b, x, cols, cw, u, 0, rows);
+		assert_memory_equal(a.data, b.data, q4_matrix_bytes(&a));
+		free(a.data);
+		free(b.data);
+	}
+	free(w);
+	free(x);
+	free(h);
+	free(u);
+	free(cw);
+}
+
+/* On correlated inputs GPTQ's product error ||X (W - Q)||^2 is well below rounding each
+ * weight to its nearest (steered by the same diagonal), in every layout. */
+static void test_gptq_lowers_the_product_error(void **state)
+{
+	uint64_t s = 403;
+	const size_t rows = 24, cols = 128, n_tok = 512;
+	float *tok = xalloc(n_tok * cols * sizeof(float)), *h = xalloc(cols * cols * sizeof(float));
+	float *u = xalloc(cols * cols * sizeof(float)), *cw = xalloc(cols * sizeof(float));
+	float *w = random_floats(&s, rows * cols, 0.05f), *x = xalloc(rows * cols * sizeof(float));
+	float *qa = xalloc(32 * cols * sizeof(float)), *qb = xalloc(32 * cols * sizeof(float));
+
+	(void)state;
+	gptq_tokens(&s, cols, n_tok, tok, h);
+	for (size_t i = 0; i < cols; i++)
+		cw[i] = h[i * cols + i];
+	assert_int_equal(gptq_factor(h, cols, GPTQ_DAMP, u), 0);
+	const struct { size_t group; int kind; } lay[] = { { 64, 2 }, { 128, 1 }, { 32, 0 } };
+	for (size_t k = 0; k < sizeof lay / sizeof lay[0]; k++) {
+		struct q4_matrix a, b;
+		if (lay[k].kind == 2) {
+			assert_int_equal(q4_matrix_plan_row8(&a, rows, cols, lay[k].group), 0);
+			assert_int_equal(q4_matrix_plan_row8(&b, rows, cols, lay[k].group), 0);
+		} else {
+			assert_int_equal(q4_matrix_plan(&a, rows, cols, lay[k].group, lay[k].kind), 0);
+			assert_int_equal(q4_matrix_plan(&b, rows, cols, lay[k].group, lay[k].kind), 0);
+		}
+		a.data = xalloc(q4_matrix_bytes(&a));
+		b.data = xalloc(q4_matrix_bytes(&b));
+		q4_pack_rows_f32(&a, w, cols, cw, 0, rows);
+		memcpy(x, w, rows * cols * sizeof(float));
+		q4_pack_rows_gptq(&b, x, cols, cw, u, 0, rows);
+		q4_unpack_rows(&a, 0, 32, qa, cols);
+		q4_unpack_rows(&b, 0, 32, qb, cols);
+		double ea = 0, eb = 0;
+		for (size_t t = 0; t < n_tok; t++)
+			for (size_t r = 0; r < rows; r++) {
+				double da = 0, db = 0;
+				for (size_t c = 0; c < cols; c++) {
+					da += ((double)w[r * cols + c] - qa[r * cols + c]) * tok[t * cols + c];
+					db += ((double)w[r * cols + c] - qb[r * cols + c]) * tok[t * cols + c];
+				}
+				ea += da * da;
+				eb += db * db;
+			}
+		for (size_t i = rows * cols; i < 32 * cols; i++)
+			assert_true(qb[i] == 0.0f);
+		fprintf(stderr, "# gptq / nearest product error, group %zu kind %d: %.3f\n", lay[k].group,
+			lay[k].kind, eb / ea);
+		if (!(eb < 0.7 * ea))
+			fail_msg("group %zu: GPTQ product error %g against nearest %g", lay[k].group, eb, ea);
+		free(a.data);
+		free(b.data);
+	}
+	free(tok);
+	free(h);
+	free(u);
+	free(cw);
+	free(w);
+	free(x);
+	free(qa);
+	free(qb);
 }
 
 /* ---- activations ---- */
@@ -1961,6 +2139,9 @@ int main(void)
 		cmocka_unit_test(test_q4_k_carry_over_within_fp16_scale_rounding),
 		cmocka_unit_test(test_q4_pack_rows_in_pieces_gives_same_bytes),
 		cmocka_unit_test(test_q4_row8_close_to_fp16_scales),
+		cmocka_unit_test(test_gptq_factor_inverts_the_dampened_covariance),
+		cmocka_unit_test(test_gptq_diagonal_covariance_gives_plain_packing),
+		cmocka_unit_test(test_gptq_lowers_the_product_error),
 		cmocka_unit_test(test_q4_acts_a8_every_isa_matches_reference_bytes),
 		cmocka_unit_test(test_q4_acts_a16_every_isa_matches_reference),
 		cmocka_unit_test(test_q4_w4a8_every_isa_bit_exact_vs_reference),
