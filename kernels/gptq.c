@@ -36,27 +36,53 @@ static void axpy_d(double *y, const double *x, double a, size_t n)
 		y[k] += a * x[k];
 }
 
-int gptq_factor(const float *h, size_t d, double damp, float *u)
+double gptq_damping(const float *h, size_t d, size_t block, double tokens)
 {
-	if (d == 0 || d > ((size_t)-1) / sizeof(double) / d)
+	double mean = 0;
+	for (size_t i = 0; block && i < d; i++)
+		mean += (double)h[i * block + i % block];
+	mean = d ? mean / (double)d : 0;
+	double damp = GPTQ_DAMP + (tokens > 0 ? (double)block / tokens : 0.0);
+	return damp * (mean > 0 ? mean : 1.0);
+}
+
+double gptq_keep(const float *h, size_t ldh, size_t n, double tokens)
+{
+	/* Over a block's pairs: the squared sample correlations r^2, and what their noise
+	 * alone would give, (1 + r^2) / tokens each for Gaussian inputs. */
+	double signal = 0, noise = 0;
+	for (size_t i = 0; tokens > 0 && i < n; i++) {
+		double hi = h[i * ldh + i];
+		for (size_t j = i + 1; j < n && hi > 0; j++) {
+			double hj = h[j * ldh + j];
+			if (!(hj > 0))
+				continue;
+			double r2 = (double)h[i * ldh + j] * h[i * ldh + j] / (hi * hj);
+			signal += r2;
+			noise += (1.0 + r2) / tokens;
+		}
+	}
+	double keep = signal > 0 ? 1.0 - noise / signal : 0.0;
+	return keep < 0 ? 0.0 : keep > 1 ? 1.0 : keep;
+}
+
+int gptq_factor(const float *h, size_t ldh, size_t n, double add, double keep, float *u, size_t ldu)
+{
+	if (n == 0 || n > ((size_t)-1) / sizeof(double) / n)
 		return -1;
-	double *v = calloc(d * d, sizeof *v);
-	double *inv = calloc(d, sizeof *inv);
+	double *v = calloc(n * n, sizeof *v);
+	double *inv = calloc(n, sizeof *inv);
+	double *acc = calloc(n, sizeof *acc);
 	int rc = 0;
-	if (!v || !inv) {
+	if (!v || !inv || !acc) {
 		rc = -1;
 		goto out;
 	}
-	double mean = 0;
-	for (size_t i = 0; i < d; i++)
-		mean += (double)h[i * d + i];
-	mean = mean / (double)d;
-	double add = damp * (mean > 0 ? mean : 1.0);
 	/* H = V V^T, V upper, from the bottom-right corner up: row i of V past column j is
 	 * what the columns after j already explain, so each entry is one contiguous dot. */
-	for (size_t jj = d; jj-- > 0;) {
-		double *vj = v + jj * d;
-		double s = (double)h[jj * d + jj] + add - dot_d(vj + jj + 1, vj + jj + 1, d - jj - 1);
+	for (size_t jj = n; jj-- > 0;) {
+		double *vj = v + jj * n;
+		double s = (double)h[jj * ldh + jj] + add - dot_d(vj + jj + 1, vj + jj + 1, n - jj - 1);
 		if (!(s > 0) || !isfinite(s)) {
 			rc = -1;
 			goto out;
@@ -64,36 +90,47 @@ int gptq_factor(const float *h, size_t d, double damp, float *u)
 		vj[jj] = sqrt(s);
 		inv[jj] = 1.0 / vj[jj];
 		for (size_t i = 0; i < jj; i++) {
-			double *vi = v + i * d;
-			vi[jj] = ((double)h[i * d + jj] - dot_d(vi + jj + 1, vj + jj + 1, d - jj - 1)) * inv[jj];
+			double *vi = v + i * n;
+			vi[jj] = ((double)h[i * ldh + jj] * keep - dot_d(vi + jj + 1, vj + jj + 1, n - jj - 1)) * inv[jj];
 		}
 	}
-	/* U = V^-1, row by row from the last: row i of U V = e_i gives
+	/* U = V^-1, row by row: row i of U V = e_i gives
 	 * U[i][j] = -(sum_{i<=k<j} U[i][k] V[k][j]) / V[j][j], accumulated a row of V at a
 	 * time so every inner loop runs along a row. */
-	double *acc = calloc(d, sizeof *acc);
-	if (!acc) {
-		rc = -1;
-		goto out;
-	}
-	for (size_t i = 0; i < d; i++) {
-		for (size_t j = 0; j < d; j++)
+	for (size_t i = 0; i < n; i++) {
+		for (size_t j = 0; j < n; j++)
 			acc[j] = 0;
-		float *ui = u + i * d;
+		float *ui = u + i * ldu;
 		for (size_t j = 0; j < i; j++)
 			ui[j] = 0.0f;
-		for (size_t k = i; k < d; k++) {
+		for (size_t k = i; k < n; k++) {
 			/* acc[k] holds sum_{i<=l<k} U[i][l] V[l][k]: U[i][k] is now known */
 			double uik = k == i ? inv[i] : -acc[k] * inv[k];
 			ui[k] = (float)uik;
-			axpy_d(acc + k + 1, v + k * d + k + 1, uik, d - k - 1);
+			axpy_d(acc + k + 1, v + k * n + k + 1, uik, n - k - 1);
 		}
 	}
-	free(acc);
 out:
 	free(v);
 	free(inv);
+	free(acc);
 	return rc;
+}
+
+int gptq_factor_blocks(const float *h, size_t d, size_t block, double add, double tokens, float *u)
+{
+	if (block == 0 || block > d)
+		return -1;
+	for (size_t b = 0; b < d; b += block) {
+		size_t n = d - b < block ? d - b : block;
+		for (size_t i = b; i < b + block && i < d; i++) /* the narrow last block's pad */
+			for (size_t j = n; j < block; j++)
+				u[i * block + j] = 0.0f;
+		double keep = tokens < 0 ? 1.0 : gptq_keep(h + b * block, block, n, tokens);
+		if (gptq_factor(h + b * block, block, n, add, keep, u + b * block, block) < 0)
+			return -1;
+	}
+	return 0;
 }
 
 /* Four lanes of floats as the baseline ISA's registers hold them: the compiler keeps
@@ -105,9 +142,11 @@ static double v4_sum(gptq_v4 v)
 	return ((double)v[0] + (double)v[1]) + ((double)v[2] + (double)v[3]);
 }
 
-int gptq_cov_add(double *cov, size_t d, const float *x, size_t n_tok)
+int gptq_cov_add(double *cov, size_t d, size_t block, const float *x, size_t n_tok)
 {
-	enum { B = GPTQ_COV_BLOCK };
+	enum { B = GPTQ_COV_TOKENS };
+	if (block == 0 || block > d)
+		return -1;
 	gptq_v4 *xt = aligned_alloc(64, (d * B * sizeof(float) + 63) & ~(size_t)63);
 	if (!xt)
 		return -1;
@@ -119,9 +158,10 @@ int gptq_cov_add(double *cov, size_t d, const float *x, size_t n_tok)
 				f[i * B + t] = t < nt ? x[(t0 + t) * d + i] : 0.0f;
 		for (size_t i = 0; i < d; i++) {
 			const gptq_v4 *a = xt + i * (B / 4);
-			double *ci = cov + i * d;
+			size_t bs = i / block * block, end = bs + block < d ? bs + block : d;
+			double *ci = cov + i * block - bs; /* ci[j]: column j of row i */
 			size_t j = i;
-			for (; j + 4 <= d; j += 4) {
+			for (; j + 4 <= end; j += 4) {
 				const gptq_v4 *b0 = xt + j * (B / 4), *b1 = b0 + B / 4, *b2 = b1 + B / 4, *b3 = b2 + B / 4;
 				gptq_v4 s0 = { 0 }, s1 = { 0 }, s2 = { 0 }, s3 = { 0 };
 				for (size_t k = 0; k < B / 4; k++) {
@@ -135,7 +175,7 @@ int gptq_cov_add(double *cov, size_t d, const float *x, size_t n_tok)
 				ci[j + 2] += v4_sum(s2);
 				ci[j + 3] += v4_sum(s3);
 			}
-			for (; j < d; j++) {
+			for (; j < end; j++) {
 				const gptq_v4 *b = xt + j * (B / 4);
 				gptq_v4 s0 = { 0 };
 				for (size_t k = 0; k < B / 4; k++)

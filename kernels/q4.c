@@ -706,7 +706,8 @@ static void gptq_spread(float *x, const float *u, float e, size_t n)
  * chooses them, from the group's values as the errors pushed onto them so far have left
  * them; then its columns are rounded one by one, each one's error divided by U's diagonal
  * and taken off the columns after it in proportion to U's row. */
-static void pack_row_gptq(struct q4_matrix *m, size_t row, float *x, const float *col_w, const float *u)
+static void pack_row_gptq(struct q4_matrix *m, size_t row, float *x, const float *col_w, const float *u,
+			  size_t ublock)
 {
 	float d8[Q4_ROW8_MAX_GROUPS], mn8[Q4_ROW8_MAX_GROUPS];
 	uint8_t q[256];
@@ -733,21 +734,22 @@ static void pack_row_gptq(struct q4_matrix *m, size_t row, float *x, const float
 			mn = -8.0f * d;
 		}
 		for (size_t k = 0; k < m->group; k++) {
-			size_t i = g * m->group + k;
-			const float *ui = u + i * cols;
+			size_t i = g * m->group + k, bs = i / ublock * ublock;
+			size_t end = bs + ublock < cols ? bs + ublock : cols;
+			const float *ui = u + i * ublock - bs; /* ui[j]: U[i][j], j in its block */
 
 			q[k] = code_nearest(x[i], d, mn);
-			gptq_spread(x + i + 1, ui + i + 1, (x[i] - (d * (float)q[k] + mn)) / ui[i], cols - i - 1);
+			gptq_spread(x + i + 1, ui + i + 1, (x[i] - (d * (float)q[k] + mn)) / ui[i], end - i - 1);
 		}
 		put_codes(m, row, g * m->group, q, m->group);
 	}
 }
 
-void q4_pack_rows_gptq(struct q4_matrix *m, float *src, size_t ld, const float *col_w, const float *u, size_t row0,
-		       size_t n_rows)
+void q4_pack_rows_gptq(struct q4_matrix *m, float *src, size_t ld, const float *col_w, const float *u,
+		       size_t ublock, size_t row0, size_t n_rows)
 {
 	for (size_t i = 0; i < n_rows; i++)
-		pack_row_gptq(m, row0 + i, src + i * ld, col_w, u);
+		pack_row_gptq(m, row0 + i, src + i * ld, col_w, u, ublock);
 	zero_pad_rows(m, row0, n_rows);
 }
 

@@ -73,15 +73,16 @@ double q4_matrix_bpw(const struct q4_matrix *m);
 void q4_pack_rows_f32(struct q4_matrix *m, const float *src, size_t ld, const float *col_w, size_t row0,
 		      size_t n_rows);
 
-/* The same layout rounded by GPTQ (kernels/gptq.h): u is the d x d factor gptq_factor
- * made from the covariance of the matrix's inputs (d = cols). Each row's columns are
- * rounded in order, each one's rounding error taken off the columns still to come in
- * proportion to u, and each group's scales searched (as above, col_w steering it) on its
- * values as those errors left them; row8's per-row scales come from the row as given. The
- * rows at src are overwritten. With a diagonal covariance nothing moves and the bytes are
+/* The same layout rounded by GPTQ (kernels/gptq.h): u is the factor gptq_factor_blocks
+ * made from the covariance of the matrix's inputs, in the blocked layout (cols x ublock;
+ * ublock = cols: the whole matrix). Each row's columns are rounded in order, each one's
+ * rounding error taken off the columns still to come in its block in proportion to u, and
+ * each group's scales searched (as above, col_w steering it) on its values as those errors
+ * left them; row8's per-row scales come from the row as given. The rows at src are
+ * overwritten. With a diagonal covariance nothing moves and the bytes are
  * q4_pack_rows_f32's with col_w. */
-void q4_pack_rows_gptq(struct q4_matrix *m, float *src, size_t ld, const float *col_w, const float *u, size_t row0,
-		       size_t n_rows);
+void q4_pack_rows_gptq(struct q4_matrix *m, float *src, size_t ld, const float *col_w, const float *u,
+		       size_t ublock, size_t row0, size_t n_rows);
 
 /* One group of n values (a multiple of 8, at most 256) by a rule, for tools that simulate
  * other layouts in f32 (bench/fidelity --ablate): codes into q, d and m as stored (fp16

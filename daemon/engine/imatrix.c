@@ -72,36 +72,45 @@ static int check_entry(const struct gguf_file *f, const struct gguf_tensor *sum2
 	return rc < 0 ? rc : check_values(f, counts, err);
 }
 
-/* NAME.in_cov: F32, square, finite, symmetric, beside a NAME.in_sum2 of the same width
- * whose values are its diagonal's (to float rounding): a covariance GPTQ can trust. */
+/* NAME.in_cov: F32, B x d in the blocked layout (kernels/gptq.h: row i holds its block's
+ * columns, 1 <= B <= d), beside a NAME.in_sum2 of width d; every entry finite, each block
+ * symmetric, the entries past d zero, the diagonal in_sum2's values (to float rounding): a
+ * covariance GPTQ can trust. */
 static int check_cov(const struct gguf_file *f, const struct gguf_tensor *t, struct hearth_error *err)
 {
 	char name[IMATRIX_NAME_MAX];
 	size_t base = (size_t)(t->name.len - strlen(IMATRIX_COV));
 	const struct gguf_tensor *sum2 = entry_name(name, t->name.ptr, base, IMATRIX_SUM2) ? gguf_tensor_find(f, name)
 											   : NULL;
-	if (t->type != QTYPE_F32 || t->n_dims != 2 || t->ne[0] != t->ne[1])
-		return hearth_error_set(err, HEARTH_EFORMAT, "imatrix %s: %.*s is not a square F32 matrix", f->path,
+	if (t->type != QTYPE_F32 || t->n_dims != 2)
+		return hearth_error_set(err, HEARTH_EFORMAT, "imatrix %s: %.*s is not an F32 matrix", f->path,
 					(int)t->name.len, t->name.ptr);
-	if (!sum2 || sum2->ne[0] != t->ne[0])
+	if (!sum2 || sum2->ne[0] != t->ne[1])
 		return hearth_error_set(err, HEARTH_EFORMAT, "imatrix %s: %.*s has no %.*s%s of its width beside it",
 					f->path, (int)t->name.len, t->name.ptr, (int)base, t->name.ptr, IMATRIX_SUM2);
-	const float *h = t->data, *d = sum2->data;
-	size_t n = (size_t)t->ne[0];
-	for (size_t i = 0; i < n; i++) {
-		if (!(fabsf(h[i * n + i] - d[i]) <= 1e-3f * d[i] + 1e-30f))
+	size_t d = (size_t)t->ne[1], nb = (size_t)t->ne[0];
+	if (nb == 0 || nb > d)
+		return hearth_error_set(err, HEARTH_EFORMAT, "imatrix %s: %.*s has blocks of %zu columns for %zu (1 to %zu)",
+					f->path, (int)t->name.len, t->name.ptr, nb, d, d);
+	const float *h = t->data, *diag = sum2->data;
+	for (size_t i = 0; i < d; i++) {
+		size_t bs = i / nb * nb;
+		const float *hi = h + i * nb - bs; /* hi[j]: H[i][j] for j in i's block */
+		if (!(fabsf(hi[i] - diag[i]) <= 1e-3f * diag[i] + 1e-30f))
 			return hearth_error_set(err, HEARTH_EFORMAT, "imatrix %s: %.*s[%zu][%zu] is %g, its in_sum2 says %g",
-						f->path, (int)t->name.len, t->name.ptr, i, i, (double)h[i * n + i],
-						(double)d[i]);
-		for (size_t j = i + 1; j < n; j++) {
-			if (!isfinite(h[i * n + j]))
-				return hearth_error_set(err, HEARTH_EFORMAT, "imatrix %s: %.*s[%zu][%zu] is %g (a covariance is finite)",
-							f->path, (int)t->name.len, t->name.ptr, i, j, (double)h[i * n + j]);
-			if (h[i * n + j] != h[j * n + i])
+						f->path, (int)t->name.len, t->name.ptr, i, i, (double)hi[i], (double)diag[i]);
+		for (size_t j = bs; j < bs + nb; j++) {
+			float v = hi[j];
+			if (j >= d ? v != 0.0f : !isfinite(v))
+				return hearth_error_set(err, HEARTH_EFORMAT, "imatrix %s: %.*s[%zu][%zu] is %g (%s)", f->path,
+							(int)t->name.len, t->name.ptr, i, j, (double)v,
+							j >= d ? "past the last column: 0" : "a covariance is finite");
+			const float *hj = h + j * nb - bs;
+			if (j > i && j < d && v != hj[i])
 				return hearth_error_set(err, HEARTH_EFORMAT,
 							"imatrix %s: %.*s[%zu][%zu] is %g, [%zu][%zu] %g (a covariance is symmetric)",
-							f->path, (int)t->name.len, t->name.ptr, i, j, (double)h[i * n + j], j, i,
-							(double)h[j * n + i]);
+							f->path, (int)t->name.len, t->name.ptr, i, j, (double)v, j, i,
+							(double)hj[i]);
 		}
 	}
 	return 0;
@@ -234,11 +243,11 @@ bool imatrix_cov_shared(const char *name, char *owner, size_t owner_cap)
 	return false;
 }
 
-int imatrix_cov(const struct imatrix *im, const char *name, size_t name_len, size_t cols, const float **h,
+int imatrix_cov(const struct imatrix *im, const char *name, size_t name_len, size_t cols, struct imatrix_cov *out,
 		struct hearth_error *err)
 {
 	char own[IMATRIX_NAME_MAX], owner[IMATRIX_NAME_MAX], buf[IMATRIX_NAME_MAX];
-	*h = NULL;
+	*out = (struct imatrix_cov){ .h = NULL };
 	if (name_len >= sizeof own)
 		return 0;
 	memcpy(own, name, name_len);
@@ -248,10 +257,16 @@ int imatrix_cov(const struct imatrix *im, const char *name, size_t name_len, siz
 										      : NULL;
 	if (!t)
 		return 0;
-	if (t->ne[0] != cols)
+	if (t->ne[1] != cols)
 		return hearth_error_set(err, HEARTH_EINVAL,
 					"imatrix %s: %s covers %llu columns, the model's %.*s has %zu (an imatrix of another model?)",
-					im->file->path, buf, (unsigned long long)t->ne[0], (int)name_len, name, cols);
-	*h = t->data;
+					im->file->path, buf, (unsigned long long)t->ne[1], (int)name_len, name, cols);
+	/* check_cov found its in_sum2, and check_entry that one's counts */
+	const struct gguf_tensor *counts = entry_name(buf, key, strlen(key), IMATRIX_COUNTS)
+						   ? gguf_tensor_find(im->file, buf)
+						   : NULL;
+	out->h = t->data;
+	out->block = (size_t)t->ne[0];
+	out->tokens = counts ? (double)((const float *)counts->data)[0] : 0.0;
 	return 0;
 }

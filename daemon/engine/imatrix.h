@@ -33,18 +33,25 @@ size_t imatrix_entries(const struct imatrix *im);
 
 /* ---- input covariances (hearth's own addition to the format) ----
  * A file hearthd-tool imatrix --cov wrote also holds, for each distinct matrix input,
- * NAME.in_cov: F32, cols x cols, the sum of x x^T over the calibration tokens (symmetric,
- * finite, its diagonal NAME.in_sum2). The int4 packer rounds by GPTQ against it
- * (kernels/gptq.h). llama.cpp's tools do not know the tensor. */
+ * NAME.in_cov: the sum of x x^T over the calibration tokens, F32, block-diagonal in
+ * kernels/gptq.h's layout (ne = { B, cols }: blocks of B columns; B = cols: all of it),
+ * each block symmetric, finite, its diagonal NAME.in_sum2. The int4 packer rounds by GPTQ
+ * against it. llama.cpp's tools do not know the tensor. */
 #define IMATRIX_COV ".in_cov"
 /* Whether matrix `name`'s input is another's (attn_k and attn_v read attn_q's, ffn_up reads
  * ffn_gate's, in the same layer): true, with that matrix's name in owner when owner_cap is
  * not 0. */
 bool imatrix_cov_shared(const char *name, char *owner, size_t owner_cap);
-/* The covariance of matrix `name`'s input (its own or its owner's): *h points at cols x
- * cols floats inside the file (valid until imatrix_close), or is NULL when the file has
- * none. A size that disagrees with the model's is HEARTH_EINVAL naming the matrix. */
-int imatrix_cov(const struct imatrix *im, const char *name, size_t name_len, size_t cols, const float **h,
+/* The covariance of matrix `name`'s input (its own or its owner's): h points at cols x
+ * block floats inside the file (valid until imatrix_close), tokens is how many tokens it
+ * was summed over (its NAME.counts); h is NULL (and block 0) when the file has none. A
+ * width that disagrees with the model's is HEARTH_EINVAL naming the matrix. */
+struct imatrix_cov {
+	const float *h;
+	size_t block;
+	double tokens;
+};
+int imatrix_cov(const struct imatrix *im, const char *name, size_t name_len, size_t cols, struct imatrix_cov *out,
 		struct hearth_error *err);
 /* How many covariances the file holds. */
 size_t imatrix_covs(const struct imatrix *im);
@@ -59,10 +66,10 @@ struct imatrix_stats;
 int imatrix_stats_new(struct imatrix_stats **out, struct hearth_error *err);
 void imatrix_stats_free(struct imatrix_stats *s);
 /* From now on each new matrix whose input is its own (not imatrix_cov_shared) also sums
- * x x^T over its tokens, written as NAME.in_cov: cols^2 doubles each while collecting, at
- * most max_bytes of them in all (past that the add fails naming the matrix): for models
- * whose matrix inputs are a few thousand columns wide at most. */
-void imatrix_stats_keep_cov(struct imatrix_stats *s, uint64_t max_bytes);
+ * x x^T over its tokens in blocks of `block` columns (narrower inputs: one block), written
+ * as NAME.in_cov: cols x block doubles each while collecting, at most max_bytes of them
+ * in all (past that the add fails naming the matrix). */
+void imatrix_stats_keep_cov(struct imatrix_stats *s, size_t block, uint64_t max_bytes);
 /* One chunk: ctx is reset, ids[0..n) run from position 0 (logits: n_vocab floats of
  * scratch), and their matrix inputs are added. */
 int imatrix_stats_run(struct imatrix_stats *s, const struct model *m, struct model_ctx *ctx, const int32_t *ids,

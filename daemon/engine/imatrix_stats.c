@@ -16,8 +16,10 @@ struct imatrix_entry {
 	char *name;                    /* the weight's tensor name */
 	size_t cols;
 	double *sum;                   /* cols sums of x^2 */
-	double *cov;                   /* with imatrix_stats_keep_cov: cols x cols sums of x x^T
-					* (upper triangle), NULL for inputs another entry holds */
+	double *cov;                   /* with imatrix_stats_keep_cov: cols x cov_block sums of
+					* x x^T (kernels/gptq.h's blocked layout, upper triangles),
+					* NULL for inputs another entry holds */
+	size_t cov_block;
 	uint64_t count;                /* tokens (matrix input rows) behind them */
 };
 
@@ -25,6 +27,7 @@ struct imatrix_stats {
 	struct imatrix_entry *e;
 	size_t n, cap;
 	bool keep_cov;                 /* imatrix_stats_keep_cov */
+	size_t cov_block;
 	uint64_t cov_bytes, cov_cap;   /* what the covariances hold, and may */
 	bool failed;                   /* an add failed: code and why say how */
 	int code;
@@ -50,9 +53,10 @@ void imatrix_stats_free(struct imatrix_stats *s)
 	free(s);
 }
 
-void imatrix_stats_keep_cov(struct imatrix_stats *s, uint64_t max_bytes)
+void imatrix_stats_keep_cov(struct imatrix_stats *s, size_t block, uint64_t max_bytes)
 {
-	s->keep_cov = true;
+	s->keep_cov = block > 0;
+	s->cov_block = block;
 	s->cov_cap = max_bytes;
 }
 
@@ -95,17 +99,18 @@ static struct imatrix_entry *stats_entry(struct imatrix_stats *s, const char *na
 		copy[len] = '\0';
 	}
 	/* One covariance per distinct input: k and v read q's, up reads gate's. */
+	size_t block = s->cov_block < cols ? s->cov_block : cols;
 	if (s->keep_cov && copy && !imatrix_cov_shared(copy, NULL, 0)) {
-		uint64_t bytes = (uint64_t)cols * cols * sizeof *cov;
+		uint64_t bytes = (uint64_t)cols * block * sizeof *cov;
 		if (s->cov_bytes + bytes > s->cov_cap) {
 			free(sum);
 			free(copy);
 			char why[120];
-			snprintf(why, sizeof why, "the covariances would pass %llu MiB (%zu columns: too wide for them)",
-				 (unsigned long long)(s->cov_cap >> 20), cols);
+			snprintf(why, sizeof why, "the covariances would pass %llu MiB (blocks of %zu columns: narrower ones fit)",
+				 (unsigned long long)(s->cov_cap >> 20), block);
 			return stats_fail(s, name, len, HEARTH_ENOMEM, why);
 		}
-		if (!(cov = calloc(cols * cols, sizeof *cov))) {
+		if (!(cov = calloc(cols * block, sizeof *cov))) {
 			free(sum);
 			free(copy);
 			return stats_fail(s, name, len, HEARTH_ENOMEM, "out of memory for the covariance");
@@ -118,7 +123,8 @@ static struct imatrix_entry *stats_entry(struct imatrix_stats *s, const char *na
 		free(cov);
 		return stats_fail(s, name, len, HEARTH_ENOMEM, "out of memory for the statistics");
 	}
-	s->e[s->n] = (struct imatrix_entry){ .name = copy, .cols = cols, .sum = sum, .cov = cov };
+	s->e[s->n] = (struct imatrix_entry){ .name = copy, .cols = cols, .sum = sum, .cov = cov,
+					     .cov_block = cov ? block : 0 };
 	return &s->e[s->n++];
 }
 
@@ -133,7 +139,7 @@ void imatrix_stats_add(struct imatrix_stats *s, const char *name, size_t len, co
 	for (size_t t = 0; t < n_tok; t++)
 		for (size_t k = 0; k < cols; k++)
 			e->sum[k] += (double)x[t * cols + k] * x[t * cols + k];
-	if (e->cov && gptq_cov_add(e->cov, cols, x, n_tok) < 0)
+	if (e->cov && gptq_cov_add(e->cov, cols, e->cov_block, x, n_tok) < 0)
 		stats_fail(s, name, len, HEARTH_ENOMEM, "out of memory for the covariance");
 	e->count += n_tok;
 }
@@ -438,15 +444,15 @@ int imatrix_stats_write(const struct imatrix_stats *s, const char *path, const c
 			out_u64(&o, off);
 			off += padded(k ? 4 : 4 * e->cols);
 		}
-		if (e->cov) { /* hearth's own: the whole symmetric matrix, cols x cols */
+		if (e->cov) { /* hearth's own: blocked (kernels/gptq.h), both halves of each block */
 			int len = snprintf(name, sizeof name, "%s%s", e->name, IMATRIX_COV);
 			out_str(&o, name, (size_t)len);
 			out_u32(&o, 2);
-			out_u64(&o, e->cols);
+			out_u64(&o, e->cov_block);
 			out_u64(&o, e->cols);
 			out_u32(&o, QTYPE_F32);
 			out_u64(&o, off);
-			off += padded(4 * (uint64_t)e->cols * e->cols);
+			off += padded(4 * (uint64_t)e->cols * e->cov_block);
 		}
 	}
 	/* The data section starts aligned, and so does every tensor in it. */
@@ -458,9 +464,12 @@ int imatrix_stats_write(const struct imatrix_stats *s, const char *path, const c
 		out_pad(&o);
 		out_f32(&o, (float)e->count);
 		out_pad(&o);
-		for (size_t r = 0; e->cov && r < e->cols; r++)
-			for (size_t c = 0; c < e->cols; c++)
-				out_f32(&o, (float)(c >= r ? e->cov[r * e->cols + c] : e->cov[c * e->cols + r]));
+		for (size_t r = 0, nb = e->cov_block; e->cov && r < e->cols; r++)
+			for (size_t c = r / nb * nb; c < r / nb * nb + nb; c++) {
+				size_t bs = r / nb * nb;
+				out_f32(&o, (float)(c >= e->cols ? 0.0
+						    : c >= r ? e->cov[r * nb + (c - bs)] : e->cov[c * nb + (r - bs)]));
+			}
 		out_pad(&o);
 	}
 	if (fclose(fp) != 0)

@@ -129,7 +129,7 @@ struct load_mat {
 	uint32_t group;
 	bool asym, carry, row8;
 	const float *col_w;     /* importance of each column (the imatrix), or NULL */
-	const float *cov;       /* its input's covariance (the imatrix's NAME.in_cov): GPTQ */
+	struct imatrix_cov cov; /* its input's covariance (the imatrix's NAME.in_cov): GPTQ */
 };
 
 static size_t load_mat_rows(const struct load_mat *lm)
@@ -169,7 +169,7 @@ struct load_ctx {
 	bool *mix8;                     /* n_layer x MQ4_LAYER_MATRICES: int8 by the mix rule */
 	struct imatrix *imat;           /* opts.imatrix while the model is planned and filled */
 	const float *gptq_of;           /* the covariance gptq_u was factored from */
-	float *gptq_u;                  /* its GPTQ factor (cols x cols): the repack's transient,
+	float *gptq_u;                  /* its GPTQ factor (cols x block): the repack's transient,
 					 * kept while consecutive matrices share the input */
 	size_t threads_max;             /* compute threads the scratch is planned for */
 };
@@ -237,7 +237,7 @@ static int load_add_mat(struct load_ctx *c, const struct gguf_tensor *t, struct 
 	if (c->imat && !lm->carry) {
 		if ((rc = imatrix_cov(c->imat, t->name.ptr, t->name.len, t->ne[0], &lm->cov, err)) < 0)
 			return rc;
-		c->m->n_gptq += lm->cov != NULL;
+		c->m->n_gptq += lm->cov.h != NULL;
 	}
 	return 0;
 }
@@ -390,8 +390,8 @@ static void load_step_run(void *arg, size_t t, size_t nt)
 				q8_pack_rows_f32(lm->dst8, rows, cols, r0, n);
 			else if (lm->dst6)
 				q6_pack_rows_f32(lm->dst6, rows, cols, r0, n);
-			else if (lm->cov)
-				q4_pack_rows_gptq(q, rows, cols, lm->col_w, st->c->gptq_u, r0, n);
+			else if (lm->cov.h)
+				q4_pack_rows_gptq(q, rows, cols, lm->col_w, st->c->gptq_u, lm->cov.block, r0, n);
 			else
 				q4_pack_rows_f32(q, rows, cols, lm->col_w, r0, n);
 		}
@@ -404,20 +404,21 @@ static void load_step_run(void *arg, size_t t, size_t nt)
  * v; gate and up are planned one after the other). */
 static int load_gptq_factor(struct load_ctx *c, const struct load_mat *lm, struct hearth_error *err)
 {
-	size_t cols = (size_t)lm->t->ne[0];
-	if (!lm->cov || lm->cov == c->gptq_of)
+	size_t cols = (size_t)lm->t->ne[0], block = lm->cov.block;
+	if (!lm->cov.h || lm->cov.h == c->gptq_of)
 		return 0;
 	free(c->gptq_u);
 	c->gptq_of = NULL;
-	c->gptq_u = malloc(cols * cols * sizeof *c->gptq_u);
+	c->gptq_u = malloc(cols * block * sizeof *c->gptq_u);
 	if (!c->gptq_u)
 		return hearth_error_set(err, HEARTH_ENOMEM, "tensor '%.*s': out of memory for its GPTQ factor (%zu x %zu)",
-					(int)lm->t->name.len, lm->t->name.ptr, cols, cols);
-	if (gptq_factor(lm->cov, cols, GPTQ_DAMP, c->gptq_u) < 0)
+					(int)lm->t->name.len, lm->t->name.ptr, cols, block);
+	if (gptq_factor_blocks(lm->cov.h, cols, block, gptq_damping(lm->cov.h, cols, block, lm->cov.tokens),
+			       lm->cov.tokens, c->gptq_u) < 0)
 		return hearth_error_set(err, HEARTH_EINVAL,
 					"imatrix %s: the covariance of '%.*s''s input is not positive definite (or no memory to factor it)",
 					c->opts.imatrix, (int)lm->t->name.len, lm->t->name.ptr);
-	c->gptq_of = lm->cov;
+	c->gptq_of = lm->cov.h;
 	return 0;
 }
 

@@ -171,7 +171,7 @@ static void seed_tiny_model(fuzz_seed_fn add, void *ctx, const char *arch)
 }
 
 /* hearth's imatrix with a covariance (hearthd-tool imatrix --cov): one 16-wide entry, its
- * in_sum2, counts and in_cov (diagonal the sums, symmetric). */
+ * in_sum2, counts and in_cov in blocks of 8 (diagonal the sums, each block symmetric). */
 static void seed_cov_imatrix(fuzz_seed_fn add, void *ctx)
 {
 	struct gguf_build *b;
@@ -180,17 +180,19 @@ static void seed_cov_imatrix(fuzz_seed_fn add, void *ctx)
 	size_t len = 0;
 	FUZZ_CHECK(gguf_build_new(&b, 3, &err) == 0);
 	FUZZ_CHECK(gguf_build_kv_str(b, "general.type", "imatrix") == 0);
-	uint64_t ne_s[1] = { 16 }, ne_c[1] = { 1 }, ne_h[2] = { 16, 16 };
+	uint64_t ne_s[1] = { 16 }, ne_c[1] = { 1 }, ne_h[2] = { 8, 16 };
 	int s = gguf_build_tensor(b, "blk.0.attn_q.weight.in_sum2", QTYPE_F32, 1, ne_s);
 	int c = gguf_build_tensor(b, "blk.0.attn_q.weight.counts", QTYPE_F32, 1, ne_c);
 	int h = gguf_build_tensor(b, "blk.0.attn_q.weight.in_cov", QTYPE_F32, 2, ne_h);
 	FUZZ_CHECK(s >= 0 && c >= 0 && h >= 0);
-	float sums[16], count = 40.0f, cov[256];
+	float sums[16], count = 40.0f, cov[16 * 8];
 	for (int i = 0; i < 16; i++)
 		sums[i] = 1.0f + (float)i;
 	for (int i = 0; i < 16; i++)
-		for (int j = 0; j < 16; j++)
-			cov[i * 16 + j] = i == j ? sums[i] : 0.05f * (float)((i + j) % 5);
+		for (int k = 0; k < 8; k++) {
+			int j = i / 8 * 8 + k;
+			cov[i * 8 + k] = i == j ? sums[i] : 0.05f * (float)((i + j) % 5);
+		}
 	FILE *fp = open_memstream(&buf, &len);
 	FUZZ_CHECK(fp != NULL);
 	FUZZ_CHECK(gguf_build_write_header(b, fp, &err) == 0);

@@ -233,7 +233,7 @@ static void test_imatrix_refuses_legacy_model_and_missing_files(void **state)
 /* One hostile imatrix: a base entry (blk.0.attn_q.weight, 64 columns) changed by `kind`. */
 enum bad { BAD_NAN, BAD_NEGATIVE, BAD_NO_COUNTS, BAD_COUNTS_SHAPE, BAD_F16, BAD_STRAY, BAD_EMPTY,
 	   BAD_TYPE, BAD_TRUNCATED, GOOD_EXPERTS, BAD_COV_ASYM, BAD_COV_DIAG, BAD_COV_SHAPE, BAD_COV_INF,
-	   BAD_COV_ALONE, GOOD_COV };
+	   BAD_COV_ALONE, BAD_COV_PAD, BAD_COV_WIDE, GOOD_COV, GOOD_COV_BLOCKS };
 
 static void write_imatrix(const char *path, enum bad kind)
 {
@@ -252,9 +252,11 @@ static void write_imatrix(const char *path, enum bad kind)
 				      kind == BAD_COUNTS_SHAPE ? ne_bad : ne_cnt);
 	if (kind == BAD_STRAY)
 		x = gguf_build_tensor(b, "blk.0.attn_q.weight", QTYPE_F32, 2, ne_sum);
-	/* the covariance of its input (hearth's NAME.in_cov): 64 x 64, its diagonal in_sum2's */
+	/* the covariance of its input (hearth's NAME.in_cov): 64 x 64 (blocks of 24: 24 x 64),
+	 * its diagonal in_sum2's */
 	int v = -1;
-	uint64_t ne_cov[2] = { 64, kind == BAD_COV_SHAPE ? 32 : 64 };
+	size_t nb = kind == GOOD_COV_BLOCKS || kind == BAD_COV_PAD ? 24 : kind == BAD_COV_WIDE ? 65 : 64;
+	uint64_t ne_cov[2] = { nb, kind == BAD_COV_SHAPE ? 32 : 64 };
 	if (kind >= BAD_COV_ASYM)
 		v = gguf_build_tensor(b, kind == BAD_COV_ALONE ? "blk.0.attn_output.weight.in_cov"
 							      : "blk.0.attn_q.weight.in_cov",
@@ -276,16 +278,20 @@ static void write_imatrix(const char *path, enum bad kind)
 	if (x >= 0)
 		assert_int_equal(gguf_build_write_tensor(b, fp, x, vals, gguf_build_tensor_size(b, x), &e), 0);
 	if (v >= 0) {
-		static float h[64 * 64];
-		for (int i = 0; i < 64; i++)
-			for (int j = 0; j < 64; j++)
-				h[i * 64 + j] = i == j ? vals[i] : 0.01f * (float)((i + j) % 7);
+		static float h[65 * 64];
+		for (size_t i = 0; i < 64; i++)
+			for (size_t k = 0; k < nb; k++) {
+				size_t j = i / nb * nb + k;
+				h[i * nb + k] = j >= 64 ? 0.0f : i == j ? vals[i] : 0.01f * (float)((i + j) % 7);
+			}
 		if (kind == BAD_COV_ASYM)
 			h[2 * 64 + 9] = 0.5f;
 		if (kind == BAD_COV_DIAG)
 			h[7 * 64 + 7] = 99.0f;
 		if (kind == BAD_COV_INF)
 			h[3 * 64 + 60] = h[60 * 64 + 3] = INFINITY;
+		if (kind == BAD_COV_PAD) /* row 50 is in the last block, 48..71: column 70 is past 64 */
+			h[50 * 24 + 22] = 1.0f;
 		assert_int_equal(gguf_build_write_tensor(b, fp, v, h, gguf_build_tensor_size(b, v), &e), 0);
 	}
 	fclose(fp);
@@ -313,7 +319,9 @@ static void test_imatrix_refuses_hostile_files_by_name(void **state)
 		{ BAD_TRUNCATED, HEARTH_EFORMAT, "imatrix" },
 		{ BAD_COV_ASYM, HEARTH_EFORMAT, "blk.0.attn_q.weight.in_cov[2][9] is 0.5, [9][2] 0.04 (a covariance is symmetric)" },
 		{ BAD_COV_DIAG, HEARTH_EFORMAT, "blk.0.attn_q.weight.in_cov[7][7] is 99, its in_sum2 says 8" },
-		{ BAD_COV_SHAPE, HEARTH_EFORMAT, "blk.0.attn_q.weight.in_cov is not a square F32 matrix" },
+		{ BAD_COV_SHAPE, HEARTH_EFORMAT, "blk.0.attn_q.weight.in_cov has no blk.0.attn_q.weight.in_sum2 of its width" },
+		{ BAD_COV_PAD, HEARTH_EFORMAT, "blk.0.attn_q.weight.in_cov[50][70] is 1 (past the last column: 0)" },
+		{ BAD_COV_WIDE, HEARTH_EFORMAT, "blk.0.attn_q.weight.in_cov has blocks of 65 columns for 64 (1 to 64)" },
 		{ BAD_COV_INF, HEARTH_EFORMAT, "blk.0.attn_q.weight.in_cov[3][60] is inf" },
 		{ BAD_COV_ALONE, HEARTH_EFORMAT, "blk.0.attn_output.weight.in_cov has no blk.0.attn_output.weight.in_sum2" },
 	};
@@ -341,25 +349,33 @@ static void test_imatrix_refuses_hostile_files_by_name(void **state)
 	write_imatrix(path, GOOD_COV);
 	assert_int_equal(imatrix_open(&im, path, &e), 0);
 	assert_int_equal(imatrix_covs(im), 1);
-	const float *hq = NULL, *hk = NULL, *ho = (const float *)1;
-	assert_int_equal(imatrix_cov(im, "blk.0.attn_q.weight", 19, 64, &hq, &e), 0);
-	assert_int_equal(imatrix_cov(im, "blk.0.attn_k.weight", 19, 64, &hk, &e), 0);
-	assert_int_equal(imatrix_cov(im, "blk.0.attn_output.weight", 24, 64, &ho, &e), 0);
-	assert_non_null(hq);
-	assert_ptr_equal(hq, hk);
-	assert_null(ho);
-	assert_true(hq[7 * 64 + 7] == 8.0f && hq[1 * 64 + 2] == 0.03f);
-	assert_int_equal(imatrix_cov(im, "blk.0.attn_v.weight", 19, 128, &hk, &e), HEARTH_EINVAL);
-	assert_null(hk);
+	struct imatrix_cov cq, ck, co;
+	assert_int_equal(imatrix_cov(im, "blk.0.attn_q.weight", 19, 64, &cq, &e), 0);
+	assert_int_equal(imatrix_cov(im, "blk.0.attn_k.weight", 19, 64, &ck, &e), 0);
+	assert_int_equal(imatrix_cov(im, "blk.0.attn_output.weight", 24, 64, &co, &e), 0);
+	assert_non_null(cq.h);
+	assert_ptr_equal(cq.h, ck.h);
+	assert_true(cq.block == 64 && ck.block == 64 && co.block == 0 && cq.tokens == 100.0);
+	assert_null(co.h);
+	assert_true(cq.h[7 * 64 + 7] == 8.0f && cq.h[1 * 64 + 2] == 0.03f);
+	assert_int_equal(imatrix_cov(im, "blk.0.attn_v.weight", 19, 128, &ck, &e), HEARTH_EINVAL);
+	assert_null(ck.h);
 	assert_non_null(strstr(e.msg, "blk.0.attn_q.weight.in_cov covers 64 columns, the model's blk.0.attn_v.weight has 128"));
+	imatrix_close(im);
+	write_imatrix(path, GOOD_COV_BLOCKS); /* blocks of 24: 0..23, 24..47, 48..63 */
+	assert_int_equal(imatrix_open(&im, path, &e), 0);
+	assert_int_equal(imatrix_cov(im, "blk.0.attn_q.weight", 19, 64, &cq, &e), 0);
+	assert_true(cq.block == 24 && cq.h[50 * 24 + 2] == 51.0f && cq.h[50 * 24 + 3] == 0.03f &&
+		    cq.h[50 * 24 + 20] == 0.0f);
 	imatrix_close(im);
 	unlink(path);
 }
 
 /* The covariances hearth collects (--cov): one per distinct input (q/k/v and gate/up share
- * theirs), each the sum of x x^T computed here independently, in double, over the inputs
- * the same forward passes show an observer; their diagonals are the sums of squares held
- * to llama-imatrix's above. A cap on their memory fails the collection naming the matrix. */
+ * theirs), each block of 48 columns the sum of x x^T computed here independently, in
+ * double, over the inputs the same forward passes show an observer, and zero past the
+ * last column; their diagonals are the sums of squares held to llama-imatrix's above. A
+ * cap on their memory fails the collection naming the matrix. */
 struct cov_truth {
 	const char *name;
 	size_t cols;
@@ -396,7 +412,7 @@ static void test_imatrix_cov_is_the_inputs_covariance(void **state)
 	if (gguf_open(&f, path, &e) < 0 || model_load(&m, f, &mo, &e) < 0 || model_ctx_new(&ctx, m, 64, &e) < 0 ||
 	    imatrix_stats_new(&s, &e) < 0)
 		fail_msg("%s", e.msg);
-	imatrix_stats_keep_cov(s, (uint64_t)1 << 30);
+	imatrix_stats_keep_cov(s, 48, (uint64_t)1 << 30); /* blocks of 48: 64 = 48 + 16 */
 	float *logits = malloc(m->hp.n_vocab * sizeof *logits);
 	assert_non_null(logits);
 	const char *probe[] = { "blk.1.attn_q.weight", "blk.0.ffn_down.weight" };
@@ -431,38 +447,46 @@ static void test_imatrix_cov_is_the_inputs_covariance(void **state)
 	assert_int_equal(imatrix_entries(im), 2 * 7);
 	assert_int_equal(imatrix_covs(im), 2 * 4); /* attn_q, attn_output, ffn_gate, ffn_down */
 	for (int k = 0; k < 2; k++) {
-		const float *h = NULL, *w = NULL;
+		const float *w = NULL;
 		size_t d = truth[k].cols;
-		assert_int_equal(imatrix_cov(im, probe[k], strlen(probe[k]), d, &h, &e), 0);
+		struct imatrix_cov cv;
+		assert_int_equal(imatrix_cov(im, probe[k], strlen(probe[k]), d, &cv, &e), 0);
 		assert_int_equal(imatrix_weights(im, probe[k], strlen(probe[k]), d, &w, &e), 0);
+		const float *h = cv.h;
+		size_t nb = cv.block;
 		assert_non_null(h);
+		assert_int_equal(nb, 48);
+		assert_true(cv.tokens == 50 + 50 + 37);
 		double top = 0;
 		for (size_t i = 0; i < d * d; i++)
 			top = fabs(truth[k].h[i]) > top ? fabs(truth[k].h[i]) : top;
 		assert_true(top > 0);
 		for (size_t i = 0; i < d; i++) {
-			assert_true(fabsf(h[i * d + i] - w[i]) <= 1e-5f * w[i]);
-			for (size_t j = 0; j < d; j++)
-				if (!(fabs(h[i * d + j] - truth[k].h[i * d + j]) <= 1e-5 * top))
-					fail_msg("%s cov[%zu][%zu]: %g, truth %g", probe[k], i, j, (double)h[i * d + j],
-						 truth[k].h[i * d + j]);
+			size_t bs = i / nb * nb;
+			assert_true(fabsf(h[i * nb + i - bs] - w[i]) <= 1e-5f * w[i]);
+			for (size_t j = bs; j < bs + nb; j++) {
+				double want = j < d ? truth[k].h[i * d + j] : 0.0;
+				if (!(fabs(h[i * nb + j - bs] - want) <= 1e-5 * top))
+					fail_msg("%s cov[%zu][%zu]: %g, truth %g", probe[k], i, j, (double)h[i * nb + j - bs],
+						 want);
+			}
 		}
 		free(truth[k].h);
 	}
-	const float *hq, *hv, *hg, *hu;
-	assert_int_equal(imatrix_cov(im, "blk.0.attn_q.weight", 19, (size_t)m->hp.n_embd, &hq, &e), 0);
-	assert_int_equal(imatrix_cov(im, "blk.0.attn_v.weight", 19, (size_t)m->hp.n_embd, &hv, &e), 0);
-	assert_int_equal(imatrix_cov(im, "blk.0.ffn_gate.weight", 21, (size_t)m->hp.n_embd, &hg, &e), 0);
-	assert_int_equal(imatrix_cov(im, "blk.0.ffn_up.weight", 19, (size_t)m->hp.n_embd, &hu, &e), 0);
-	assert_true(hq && hq == hv && hg && hg == hu && hq != hg);
+	struct imatrix_cov q, v, g, u;
+	assert_int_equal(imatrix_cov(im, "blk.0.attn_q.weight", 19, (size_t)m->hp.n_embd, &q, &e), 0);
+	assert_int_equal(imatrix_cov(im, "blk.0.attn_v.weight", 19, (size_t)m->hp.n_embd, &v, &e), 0);
+	assert_int_equal(imatrix_cov(im, "blk.0.ffn_gate.weight", 21, (size_t)m->hp.n_embd, &g, &e), 0);
+	assert_int_equal(imatrix_cov(im, "blk.0.ffn_up.weight", 19, (size_t)m->hp.n_embd, &u, &e), 0);
+	assert_true(q.h && q.h == v.h && g.h && g.h == u.h && q.h != g.h);
 	imatrix_close(im);
 
 	/* capped below one input's covariance: fails naming the matrix */
 	struct imatrix_stats *s2;
 	assert_int_equal(imatrix_stats_new(&s2, &e), 0);
-	imatrix_stats_keep_cov(s2, 1000);
+	imatrix_stats_keep_cov(s2, 48, 1000);
 	assert_int_equal(imatrix_stats_run(s2, m, ctx, ids, 8, logits, &e), HEARTH_ENOMEM);
-	assert_non_null(strstr(e.msg, "blk.0.attn_q.weight: the covariances would pass"));
+	assert_non_null(strstr(e.msg, "blk.0.attn_q.weight: the covariances would pass 0 MiB (blocks of 48 columns"));
 	imatrix_stats_free(s2);
 
 	remove(out);

@@ -765,10 +765,13 @@ static void test_gptq_factor_inverts_the_dampened_covariance(void **state)
 	h[5 * d + 5] = 0.0f; /* a column no token reached: the damping alone holds it */
 	for (size_t j = 0; j < d; j++)
 		h[5 * d + j] = h[j * d + 5] = 0.0f;
-	assert_int_equal(gptq_factor(h, d, GPTQ_DAMP, u), 0);
-	double mean = 0;
+	double add = gptq_damping(h, d, d, 0), mean = 0;
 	for (size_t i = 0; i < d; i++)
 		mean += h[i * d + i] / (double)d;
+	assert_true(fabs(add - GPTQ_DAMP * mean) <= 1e-9 * add);
+	/* from 4d tokens: a quarter of the mean more */
+	assert_true(fabs(gptq_damping(h, d, d, 4.0 * d) - (GPTQ_DAMP + 0.25) * mean) <= 1e-9 * mean);
+	assert_int_equal(gptq_factor_blocks(h, d, d, add, -1.0, u), 0);
 	/* U^T U (H + damp) = I, U upper */
 	for (size_t i = 0; i < d; i++)
 		for (size_t j = 0; j < d; j++) {
@@ -779,22 +782,76 @@ static void test_gptq_factor_inverts_the_dampened_covariance(void **state)
 				double uu = 0;
 				for (size_t l = 0; l < d; l++)
 					uu += (double)u[l * d + i] * u[l * d + k];
-				v += uu * ((double)h[k * d + j] + (k == j ? GPTQ_DAMP * mean : 0.0));
+				v += uu * ((double)h[k * d + j] + (k == j ? add : 0.0));
 			}
 			if (fabs(v - (i == j)) > 1e-3)
 				fail_msg("(U^T U H)[%zu][%zu] = %g", i, j, v);
 		}
+	/* In blocks of 20 (the last 8 wide) each block is its own factor, padded with zeros:
+	 * the blocked layout keeps row i's block's columns. */
+	const size_t nb = 20;
+	float *hb = xalloc(d * nb * sizeof(float)), *ub = xalloc(d * nb * sizeof(float));
+	float *uf = xalloc(nb * nb * sizeof(float));
+	for (size_t i = 0; i < d; i++)
+		for (size_t c = 0; c < nb; c++) {
+			size_t j = i / nb * nb + c;
+			hb[i * nb + c] = j < d ? h[i * d + j] : 0.0f;
+		}
+	assert_int_equal(gptq_factor_blocks(hb, d, nb, add, -1.0, ub), 0);
+	for (size_t b = 0; b < d; b += nb) {
+		size_t n = d - b < nb ? d - b : nb;
+		assert_int_equal(gptq_factor(h + b * d + b, d, n, add, 1.0, uf, nb), 0);
+		for (size_t i = 0; i < n; i++)
+			for (size_t c = 0; c < nb; c++)
+				assert_true(ub[(b + i) * nb + c] == (c < n ? uf[i * nb + c] : 0.0f));
+	}
 	/* not a covariance: refused */
 	h[0] = -1e6f;
-	assert_int_equal(gptq_factor(h, d, GPTQ_DAMP, u), -1);
-	assert_int_equal(gptq_factor(h, 0, GPTQ_DAMP, u), -1);
+	assert_int_equal(gptq_factor_blocks(h, d, d, add, -1.0, u), -1);
+	assert_int_equal(gptq_factor(h, d, 0, add, 1.0, u, d), -1);
+	assert_int_equal(gptq_factor_blocks(h, d, d + 1, add, -1.0, u), -1);
 	free(x);
 	free(h);
 	free(u);
+	free(hb);
+	free(ub);
+	free(uf);
+}
+
+/* gptq_keep: the sample covariance of independent columns is its tokens' noise, and keeps
+ * (nearly) none of it; strongly correlated columns keep nearly all; the same columns over
+ * fewer tokens keep less. */
+static void test_gptq_keep_tells_correlation_from_noise(void **state)
+{
+	uint64_t s = 404;
+	const size_t d = 48, n_tok = 400;
+	float *x = xalloc(n_tok * d * sizeof(float)), *h = xalloc(d * d * sizeof(float));
+
+	(void)state;
+	for (size_t i = 0; i < n_tok * d; i++)
+		x[i] = rng_unit(&s);
+	for (size_t i = 0; i < d; i++)
+		for (size_t j = 0; j < d; j++) {
+			double v = 0;
+			for (size_t t = 0; t < n_tok; t++)
+				v += (double)x[t * d + i] * x[t * d + j];
+			h[i * d + j] = (float)v;
+		}
+	double indep = gptq_keep(h, d, d, (double)n_tok);
+	gptq_tokens(&s, d, n_tok, x, h);
+	double corr = gptq_keep(h, d, d, (double)n_tok), fewer = gptq_keep(h, d, d, n_tok / 20.0);
+	fprintf(stderr, "# gptq_keep: independent %.3f, correlated %.3f (as if from 20 tokens %.3f)\n", indep, corr,
+		fewer);
+	assert_true(indep < 0.1);
+	assert_true(corr > 0.9);
+	assert_true(fewer < corr);
+	free(x);
+	free(h);
 }
 
 /* With a diagonal covariance no error moves: GPTQ's bytes are the plain packer's steered
- * by the same diagonal, in every layout. */
+ * by the same diagonal, in every layout; and so with a full covariance none of whose
+ * off-diagonal gptq_keep keeps (one token behind it). */
 static void test_gptq_diagonal_covariance_gives_plain_packing(void **state)
 {
 	uint64_t s = 402;
@@ -804,10 +861,14 @@ static void test_gptq_diagonal_covariance_gives_plain_packing(void **state)
 	float *cw = xalloc(cols * sizeof(float));
 
 	(void)state;
-	memset(h, 0, cols * cols * sizeof(float));
+	for (size_t i = 0; i < cols; i++)
+		for (size_t j = 0; j < cols; j++)
+			h[i * cols + j] = i == j ? 0.0f : 0.3f * rng_unit(&s);
 	for (size_t i = 0; i < cols; i++)
 		h[i * cols + i] = cw[i] = 0.5f + fabsf(rng_unit(&s)) * 4.0f;
-	assert_int_equal(gptq_factor(h, cols, GPTQ_DAMP, u), 0);
+	/* one token behind correlations this weak: all of them noise, none kept */
+	assert_true(gptq_keep(h, cols, cols, 1.0) == 0.0);
+	assert_int_equal(gptq_factor_blocks(h, cols, cols, gptq_damping(h, cols, cols, 0), 1.0, u), 0);
 	const struct { size_t group; int kind; } lay[] = { { 64, 2 }, { 128, 1 }, { 32, 0 } };
 	for (size_t k = 0; k < sizeof lay / sizeof lay[0]; k++) {
 		struct q4_matrix a, b;
@@ -824,7 +885,7 @@ static void test_gptq_diagonal_covariance_gives_plain_packing(void **state)
 		memset(b.data, 0, q4_matrix_bytes(&b));
 		q4_pack_rows_f32(&a, w, cols, cw, 0, rows);
 		memcpy(x, w, rows * cols * sizeof(float));
-		q4_pack_rows_gptq(&b, x, cols, cw, u, 0, rows);
+		q4_pack_rows_gptq(&b, x, cols, cw, u, cols, 0, rows);
 		assert_memory_equal(a.data, b.data, q4_matrix_bytes(&a));
 		free(a.data);
 		free(b.data);
@@ -837,21 +898,45 @@ static void test_gptq_diagonal_covariance_gives_plain_packing(void **state)
 }
 
 /* On correlated inputs GPTQ's product error ||X (W - Q)||^2 is well below rounding each
- * weight to its nearest (steered by the same diagonal), in every layout. */
+ * weight to its nearest (steered by the same diagonal), in every layout, with the whole
+ * covariance and with it in blocks of 48 (the last 32 wide), which keeps less of it: the
+ * blocked error lies between the two. */
+static double gptq_product_error(const float *w, const float *q, const float *tok, size_t rows, size_t cols,
+				 size_t n_tok)
+{
+	double e = 0;
+	for (size_t t = 0; t < n_tok; t++)
+		for (size_t r = 0; r < rows; r++) {
+			double dd = 0;
+			for (size_t c = 0; c < cols; c++)
+				dd += ((double)w[r * cols + c] - q[r * cols + c]) * tok[t * cols + c];
+			e += dd * dd;
+		}
+	return e;
+}
+
 static void test_gptq_lowers_the_product_error(void **state)
 {
 	uint64_t s = 403;
-	const size_t rows = 24, cols = 128, n_tok = 512;
+	const size_t rows = 24, cols = 128, n_tok = 512, nb = 48;
 	float *tok = xalloc(n_tok * cols * sizeof(float)), *h = xalloc(cols * cols * sizeof(float));
 	float *u = xalloc(cols * cols * sizeof(float)), *cw = xalloc(cols * sizeof(float));
+	float *hb = xalloc(cols * nb * sizeof(float)), *ub = xalloc(cols * nb * sizeof(float));
 	float *w = random_floats(&s, rows * cols, 0.05f), *x = xalloc(rows * cols * sizeof(float));
 	float *qa = xalloc(32 * cols * sizeof(float)), *qb = xalloc(32 * cols * sizeof(float));
 
 	(void)state;
 	gptq_tokens(&s, cols, n_tok, tok, h);
-	for (size_t i = 0; i < cols; i++)
+	for (size_t i = 0; i < cols; i++) {
 		cw[i] = h[i * cols + i];
-	assert_int_equal(gptq_factor(h, cols, GPTQ_DAMP, u), 0);
+		for (size_t c = 0; c < nb; c++) {
+			size_t j = i / nb * nb + c;
+			hb[i * nb + c] = j < cols ? h[i * cols + j] : 0.0f;
+		}
+	}
+	double add = gptq_damping(h, cols, cols, 0);
+	assert_int_equal(gptq_factor_blocks(h, cols, cols, add, -1.0, u), 0);
+	assert_int_equal(gptq_factor_blocks(hb, cols, nb, add, -1.0, ub), 0);
 	const struct { size_t group; int kind; } lay[] = { { 64, 2 }, { 128, 1 }, { 32, 0 } };
 	for (size_t k = 0; k < sizeof lay / sizeof lay[0]; k++) {
 		struct q4_matrix a, b;
@@ -865,33 +950,29 @@ static void test_gptq_lowers_the_product_error(void **state)
 		a.data = xalloc(q4_matrix_bytes(&a));
 		b.data = xalloc(q4_matrix_bytes(&b));
 		q4_pack_rows_f32(&a, w, cols, cw, 0, rows);
-		memcpy(x, w, rows * cols * sizeof(float));
-		q4_pack_rows_gptq(&b, x, cols, cw, u, 0, rows);
 		q4_unpack_rows(&a, 0, 32, qa, cols);
-		q4_unpack_rows(&b, 0, 32, qb, cols);
-		double ea = 0, eb = 0;
-		for (size_t t = 0; t < n_tok; t++)
-			for (size_t r = 0; r < rows; r++) {
-				double da = 0, db = 0;
-				for (size_t c = 0; c < cols; c++) {
-					da += ((double)w[r * cols + c] - qa[r * cols + c]) * tok[t * cols + c];
-					db += ((double)w[r * cols + c] - qb[r * cols + c]) * tok[t * cols + c];
-				}
-				ea += da * da;
-				eb += db * db;
-			}
-		for (size_t i = rows * cols; i < 32 * cols; i++)
-			assert_true(qb[i] == 0.0f);
-		fprintf(stderr, "# gptq / nearest product error, group %zu kind %d: %.3f\n", lay[k].group,
-			lay[k].kind, eb / ea);
-		if (!(eb < 0.7 * ea))
-			fail_msg("group %zu: GPTQ product error %g against nearest %g", lay[k].group, eb, ea);
+		double ea = gptq_product_error(w, qa, tok, rows, cols, n_tok), eb[2];
+		for (int blocked = 0; blocked < 2; blocked++) {
+			memcpy(x, w, rows * cols * sizeof(float));
+			q4_pack_rows_gptq(&b, x, cols, cw, blocked ? ub : u, blocked ? nb : cols, 0, rows);
+			q4_unpack_rows(&b, 0, 32, qb, cols);
+			for (size_t i = rows * cols; i < 32 * cols; i++)
+				assert_true(qb[i] == 0.0f);
+			eb[blocked] = gptq_product_error(w, qb, tok, rows, cols, n_tok);
+		}
+		fprintf(stderr, "# gptq / nearest product error, group %zu kind %d: whole %.3f, blocks of %zu %.3f\n",
+			lay[k].group, lay[k].kind, eb[0] / ea, nb, eb[1] / ea);
+		if (!(eb[0] < 0.7 * ea) || !(eb[0] < eb[1]) || !(eb[1] < ea))
+			fail_msg("group %zu: GPTQ product error %g (blocks %g) against nearest %g", lay[k].group, eb[0],
+				 eb[1], ea);
 		free(a.data);
 		free(b.data);
 	}
 	free(tok);
 	free(h);
 	free(u);
+	free(hb);
+	free(ub);
 	free(cw);
 	free(w);
 	free(x);
@@ -2140,6 +2221,7 @@ int main(void)
 		cmocka_unit_test(test_q4_pack_rows_in_pieces_gives_same_bytes),
 		cmocka_unit_test(test_q4_row8_close_to_fp16_scales),
 		cmocka_unit_test(test_gptq_factor_inverts_the_dampened_covariance),
+		cmocka_unit_test(test_gptq_keep_tells_correlation_from_noise),
 		cmocka_unit_test(test_gptq_diagonal_covariance_gives_plain_packing),
 		cmocka_unit_test(test_gptq_lowers_the_product_error),
 		cmocka_unit_test(test_q4_acts_a8_every_isa_matches_reference_bytes),
