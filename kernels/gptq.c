@@ -1,6 +1,6 @@
-/* GPTQ's factor: the upper-triangular U with H^-1 = U^T U, from an input covariance H.
- * Not on the hot path: the loader computes one per distinct matrix input (q, k and v
- * share theirs), so it is plain double-precision code. */
+/* GPTQ's arithmetic around the packer: the covariance sums a calibration run collects, how
+ * much of them to trust (damping, shrinkage), and the upper-triangular U with H^-1 = U^T U.
+ * Not on the hot path (the loader factors once per distinct matrix input), so plain code. */
 #include "kernels/gptq.h"
 
 #include <math.h>

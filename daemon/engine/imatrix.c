@@ -105,12 +105,11 @@ static int check_cov(const struct gguf_file *f, const struct gguf_tensor *t, str
 				return hearth_error_set(err, HEARTH_EFORMAT, "imatrix %s: %.*s[%zu][%zu] is %g (%s)", f->path,
 							(int)t->name.len, t->name.ptr, i, j, (double)v,
 							j >= d ? "past the last column: 0" : "a covariance is finite");
-			const float *hj = h + j * nb - bs;
-			if (j > i && j < d && v != hj[i])
+			float vt = j > i && j < d ? h[j * nb + (i - bs)] : v; /* H[j][i] */
+			if (v != vt)
 				return hearth_error_set(err, HEARTH_EFORMAT,
 							"imatrix %s: %.*s[%zu][%zu] is %g, [%zu][%zu] %g (a covariance is symmetric)",
-							f->path, (int)t->name.len, t->name.ptr, i, j, (double)v, j, i,
-							(double)hj[i]);
+							f->path, (int)t->name.len, t->name.ptr, i, j, (double)v, j, i, (double)vt);
 		}
 	}
 	return 0;

@@ -20,9 +20,9 @@
 #include "protocol/error.h"
 
 #define IMATRIX_DEFAULT_CHUNK 512
-/* --cov's blocks: on the larger trained model 512 keeps nine tenths of the whole
- * covariance's gain (KL 0.00043 against 0.00038; 256: 0.00056, the plain imatrix 0.00111),
- * at 512 floats a column, which a Qwen3-1.7B shape's 28 layers hold in 0.7 GB. */
+/* --cov's blocks: on the larger trained model (before hearthd's guards) 512 keeps nine
+ * tenths of the whole covariance's gain (KL 0.00043 against 0.00038; 256: 0.00056, the
+ * plain imatrix 0.00111), at 512 floats a column: a Qwen3-1.7B shape's in 0.7 GB. */
 #define IMATRIX_DEFAULT_COV_BLOCK 512
 #define IMATRIX_TEXT_MAX ((size_t)256 << 20)
 #define IMATRIX_STEP_TOKENS 512u       /* tokens per int4 step: a chunk runs in steps of it */
@@ -271,9 +271,8 @@ static int make_imatrix(const struct imatrix_opts *o, struct hearth_error *err)
 	if ((rc = imatrix_stats_new(&s, err)) < 0)
 		goto out;
 	if (o->cov) {
-		/* IMATRIX_COV_MAX, or half the machine's memory if that is less: past it the
-		 * covariances (and hearthd's O(cols^3) factor of each at load) are not for this
-		 * tool's plain code. */
+		/* IMATRIX_COV_MAX, or half the machine's memory if that is less: the model and
+		 * its run need the rest. */
 		long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
 		uint64_t cap = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 2 : IMATRIX_COV_MAX;
 		imatrix_stats_keep_cov(s, (size_t)o->cov_block, cap < IMATRIX_COV_MAX ? cap : IMATRIX_COV_MAX);
@@ -287,10 +286,9 @@ static int make_imatrix(const struct imatrix_opts *o, struct hearth_error *err)
 	char dataset[64];
 	snprintf(dataset, sizeof dataset, "self: %ld sequences, seed %llu", o->self, o->seed);
 	rc = imatrix_stats_write(s, o->out, o->self ? dataset : o->text, (uint32_t)o->chunk, (uint32_t)n_chunks, err);
-	size_t tokens = n_chunks * (size_t)(o->self ? o->chunk - 1 : o->chunk);
 	if (rc == 0 && !o->quiet)
 		fprintf(stderr, "hearthd-tool imatrix: %zu matrices over %zu tokens written to %s\n",
-			imatrix_stats_entries(s), tokens, o->out);
+			imatrix_stats_entries(s), n_chunks * (size_t)(o->self ? o->chunk - 1 : o->chunk), o->out);
 out:
 	if (rc < 0 && probed)
 		remove(o->out);

@@ -753,6 +753,23 @@ static void gptq_tokens(uint64_t *s, size_t d, size_t n_tok, float *x, float *h)
 	free(a);
 }
 
+/* The layouts GPTQ is held to: row8 group 64, asym group 128, sym group 32 (kind 2, 1, 0). */
+struct gptq_layout {
+	size_t group;
+	int kind;
+};
+#define GPTQ_LAYOUTS { { 64, 2 }, { 128, 1 }, { 32, 0 } }
+
+static void gptq_plan(struct q4_matrix *m, size_t rows, size_t cols, size_t group, int kind)
+{
+	if (kind == 2)
+		assert_int_equal(q4_matrix_plan_row8(m, rows, cols, group), 0);
+	else
+		assert_int_equal(q4_matrix_plan(m, rows, cols, group, kind), 0);
+	m->data = xalloc(q4_matrix_bytes(m));
+	memset(m->data, 0, q4_matrix_bytes(m));
+}
+
 static void test_gptq_factor_inverts_the_dampened_covariance(void **state)
 {
 	uint64_t s = 401;
@@ -869,20 +886,11 @@ static void test_gptq_diagonal_covariance_gives_plain_packing(void **state)
 	/* one token behind correlations this weak: all of them noise, none kept */
 	assert_true(gptq_keep(h, cols, cols, 1.0) == 0.0);
 	assert_int_equal(gptq_factor_blocks(h, cols, cols, gptq_damping(h, cols, cols, 0), 1.0, u), 0);
-	const struct { size_t group; int kind; } lay[] = { { 64, 2 }, { 128, 1 }, { 32, 0 } };
+	const struct gptq_layout lay[] = GPTQ_LAYOUTS;
 	for (size_t k = 0; k < sizeof lay / sizeof lay[0]; k++) {
 		struct q4_matrix a, b;
-		if (lay[k].kind == 2) {
-			assert_int_equal(q4_matrix_plan_row8(&a, rows, cols, lay[k].group), 0);
-			assert_int_equal(q4_matrix_plan_row8(&b, rows, cols, lay[k].group), 0);
-		} else {
-			assert_int_equal(q4_matrix_plan(&a, rows, cols, lay[k].group, lay[k].kind), 0);
-			assert_int_equal(q4_matrix_plan(&b, rows, cols, lay[k].group, lay[k].kind), 0);
-		}
-		a.data = xalloc(q4_matrix_bytes(&a));
-		b.data = xalloc(q4_matrix_bytes(&b));
-		memset(a.data, 0, q4_matrix_bytes(&a));
-		memset(b.data, 0, q4_matrix_bytes(&b));
+		gptq_plan(&a, rows, cols, lay[k].group, lay[k].kind);
+		gptq_plan(&b, rows, cols, lay[k].group, lay[k].kind);
 		q4_pack_rows_f32(&a, w, cols, cw, 0, rows);
 		memcpy(x, w, rows * cols * sizeof(float));
 		q4_pack_rows_gptq(&b, x, cols, cw, u, cols, 0, rows);
@@ -937,18 +945,11 @@ static void test_gptq_lowers_the_product_error(void **state)
 	double add = gptq_damping(h, cols, cols, 0);
 	assert_int_equal(gptq_factor_blocks(h, cols, cols, add, -1.0, u), 0);
 	assert_int_equal(gptq_factor_blocks(hb, cols, nb, add, -1.0, ub), 0);
-	const struct { size_t group; int kind; } lay[] = { { 64, 2 }, { 128, 1 }, { 32, 0 } };
+	const struct gptq_layout lay[] = GPTQ_LAYOUTS;
 	for (size_t k = 0; k < sizeof lay / sizeof lay[0]; k++) {
 		struct q4_matrix a, b;
-		if (lay[k].kind == 2) {
-			assert_int_equal(q4_matrix_plan_row8(&a, rows, cols, lay[k].group), 0);
-			assert_int_equal(q4_matrix_plan_row8(&b, rows, cols, lay[k].group), 0);
-		} else {
-			assert_int_equal(q4_matrix_plan(&a, rows, cols, lay[k].group, lay[k].kind), 0);
-			assert_int_equal(q4_matrix_plan(&b, rows, cols, lay[k].group, lay[k].kind), 0);
-		}
-		a.data = xalloc(q4_matrix_bytes(&a));
-		b.data = xalloc(q4_matrix_bytes(&b));
+		gptq_plan(&a, rows, cols, lay[k].group, lay[k].kind);
+		gptq_plan(&b, rows, cols, lay[k].group, lay[k].kind);
 		q4_pack_rows_f32(&a, w, cols, cw, 0, rows);
 		q4_unpack_rows(&a, 0, 32, qa, cols);
 		double ea = gptq_product_error(w, qa, tok, rows, cols, n_tok), eb[2];
