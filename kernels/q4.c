@@ -652,6 +652,19 @@ static void pack_row_row8(struct q4_matrix *m, size_t row, const float *x, const
 	}
 }
 
+/* Group g of a row in the fp16-scale layouts: its d (and asym m) searched and stored, q its
+ * codes, *d and *mn the values they stand for (sym: m = -8d). */
+static void plain_group(struct q4_matrix *m, size_t row, size_t g, const float *xg, const float *w, uint8_t *q,
+			float *d, float *mn)
+{
+	if (m->asym)
+		quantize_group_asym(xg, w, m->group, q, d_slot(m, row, g), m_slot(m, row, g));
+	else
+		quantize_group_sym_search(xg, m->group, q, d_slot(m, row, g));
+	*d = quant_fp16_to_f32(*d_slot(m, row, g));
+	*mn = m->asym ? quant_fp16_to_f32(*m_slot(m, row, g)) : -8.0f * *d;
+}
+
 void q4_pack_rows_f32(struct q4_matrix *m, const float *src, size_t ld, const float *col_w, size_t row0,
 		      size_t n_rows)
 {
@@ -666,13 +679,10 @@ void q4_pack_rows_f32(struct q4_matrix *m, const float *src, size_t ld, const fl
 			continue;
 		}
 		for (size_t g = 0; g < m->n_groups; g++) {
-			const float *xg = x + g * m->group;
+			float d, mn;
 
-			if (m->asym)
-				quantize_group_asym(xg, group_weights(col_w, g * m->group, m->group), m->group, q,
-						    d_slot(m, row, g), m_slot(m, row, g));
-			else
-				quantize_group_sym_search(xg, m->group, q, d_slot(m, row, g));
+			plain_group(m, row, g, x + g * m->group, group_weights(col_w, g * m->group, m->group), q, &d,
+				    &mn);
 			put_codes(m, row, g * m->group, q, m->group);
 		}
 	}
@@ -724,14 +734,8 @@ static void pack_row_gptq(struct q4_matrix *m, size_t row, float *x, const float
 
 			quantize_group_asym(xg, w, m->group, q, &dh, &mh);
 			row8_group(m, row, g, xg, w, quant_fp16_to_f32(dh), quant_fp16_to_f32(mh), q, &d, &mn);
-		} else if (m->asym) {
-			quantize_group_asym(xg, w, m->group, q, d_slot(m, row, g), m_slot(m, row, g));
-			d = quant_fp16_to_f32(*d_slot(m, row, g));
-			mn = quant_fp16_to_f32(*m_slot(m, row, g));
 		} else {
-			quantize_group_sym_search(xg, m->group, q, d_slot(m, row, g));
-			d = quant_fp16_to_f32(*d_slot(m, row, g));
-			mn = -8.0f * d;
+			plain_group(m, row, g, xg, w, q, &d, &mn);
 		}
 		for (size_t k = 0; k < m->group; k++) {
 			size_t i = g * m->group + k, bs = i / ublock * ublock;

@@ -26,8 +26,7 @@ struct imatrix_entry {
 struct imatrix_stats {
 	struct imatrix_entry *e;
 	size_t n, cap;
-	bool keep_cov;                 /* imatrix_stats_keep_cov */
-	size_t cov_block;
+	size_t cov_block;              /* imatrix_stats_keep_cov's; 0: no covariances */
 	uint64_t cov_bytes, cov_cap;   /* what the covariances hold, and may */
 	bool failed;                   /* an add failed: code and why say how */
 	int code;
@@ -55,7 +54,6 @@ void imatrix_stats_free(struct imatrix_stats *s)
 
 void imatrix_stats_keep_cov(struct imatrix_stats *s, size_t block, uint64_t max_bytes)
 {
-	s->keep_cov = block > 0;
 	s->cov_block = block;
 	s->cov_cap = max_bytes;
 }
@@ -100,7 +98,7 @@ static struct imatrix_entry *stats_entry(struct imatrix_stats *s, const char *na
 	}
 	/* One covariance per distinct input: k and v read q's, up reads gate's. */
 	size_t block = s->cov_block < cols ? s->cov_block : cols;
-	if (s->keep_cov && copy && !imatrix_cov_shared(copy, NULL, 0)) {
+	if (s->cov_block && copy && !imatrix_cov_shared(copy, NULL, 0)) {
 		uint64_t bytes = (uint64_t)cols * block * sizeof *cov;
 		if (s->cov_bytes + bytes > s->cov_cap) {
 			free(sum);

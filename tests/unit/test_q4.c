@@ -724,6 +724,28 @@ static void test_q4_row8_close_to_fp16_scales(void **state)
 
 /* ---- GPTQ ---- */
 
+/* h (d x d) = sum x x^T over the n_tok rows of x, in double. */
+static void gptq_cov_of(const float *x, size_t d, size_t n_tok, float *h)
+{
+	for (size_t i = 0; i < d; i++)
+		for (size_t j = 0; j < d; j++) {
+			double v = 0;
+			for (size_t t = 0; t < n_tok; t++)
+				v += (double)x[t * d + i] * x[t * d + j];
+			h[i * d + j] = (float)v;
+		}
+}
+
+/* The full d x d h in the blocked layout of blocks of nb (kernels/gptq.h) into hb. */
+static void gptq_blocked(const float *h, size_t d, size_t nb, float *hb)
+{
+	for (size_t i = 0; i < d; i++)
+		for (size_t c = 0; c < nb; c++) {
+			size_t j = i / nb * nb + c;
+			hb[i * nb + c] = j < d ? h[i * d + j] : 0.0f;
+		}
+}
+
 /* An input covariance with real structure: tokens x = A z over n_tok tokens, A mixing d
  * latent factors with a few strong ones, so columns correlate and differ in scale. h
  * receives sum x x^T (full), x (n_tok x d) the tokens. */
@@ -743,13 +765,7 @@ static void gptq_tokens(uint64_t *s, size_t d, size_t n_tok, float *x, float *h)
 			x[t * d + i] = v;
 		}
 	}
-	for (size_t i = 0; i < d; i++)
-		for (size_t j = 0; j < d; j++) {
-			double v = 0;
-			for (size_t t = 0; t < n_tok; t++)
-				v += (double)x[t * d + i] * x[t * d + j];
-			h[i * d + j] = (float)v;
-		}
+	gptq_cov_of(x, d, n_tok, h);
 	free(a);
 }
 
@@ -809,11 +825,7 @@ static void test_gptq_factor_inverts_the_dampened_covariance(void **state)
 	const size_t nb = 20;
 	float *hb = xalloc(d * nb * sizeof(float)), *ub = xalloc(d * nb * sizeof(float));
 	float *uf = xalloc(nb * nb * sizeof(float));
-	for (size_t i = 0; i < d; i++)
-		for (size_t c = 0; c < nb; c++) {
-			size_t j = i / nb * nb + c;
-			hb[i * nb + c] = j < d ? h[i * d + j] : 0.0f;
-		}
+	gptq_blocked(h, d, nb, hb);
 	assert_int_equal(gptq_factor_blocks(hb, d, nb, add, -1.0, ub), 0);
 	for (size_t b = 0; b < d; b += nb) {
 		size_t n = d - b < nb ? d - b : nb;
@@ -847,13 +859,7 @@ static void test_gptq_keep_tells_correlation_from_noise(void **state)
 	(void)state;
 	for (size_t i = 0; i < n_tok * d; i++)
 		x[i] = rng_unit(&s);
-	for (size_t i = 0; i < d; i++)
-		for (size_t j = 0; j < d; j++) {
-			double v = 0;
-			for (size_t t = 0; t < n_tok; t++)
-				v += (double)x[t * d + i] * x[t * d + j];
-			h[i * d + j] = (float)v;
-		}
+	gptq_cov_of(x, d, n_tok, h);
 	double indep = gptq_keep(h, d, d, (double)n_tok);
 	gptq_tokens(&s, d, n_tok, x, h);
 	double corr = gptq_keep(h, d, d, (double)n_tok), fewer = gptq_keep(h, d, d, n_tok / 20.0);
@@ -935,13 +941,9 @@ static void test_gptq_lowers_the_product_error(void **state)
 
 	(void)state;
 	gptq_tokens(&s, cols, n_tok, tok, h);
-	for (size_t i = 0; i < cols; i++) {
+	for (size_t i = 0; i < cols; i++)
 		cw[i] = h[i * cols + i];
-		for (size_t c = 0; c < nb; c++) {
-			size_t j = i / nb * nb + c;
-			hb[i * nb + c] = j < cols ? h[i * cols + j] : 0.0f;
-		}
-	}
+	gptq_blocked(h, cols, nb, hb);
 	double add = gptq_damping(h, cols, cols, 0);
 	assert_int_equal(gptq_factor_blocks(h, cols, cols, add, -1.0, u), 0);
 	assert_int_equal(gptq_factor_blocks(hb, cols, nb, add, -1.0, ub), 0);
