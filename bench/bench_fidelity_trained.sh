@@ -75,10 +75,11 @@ echo "== hearth, default layout rounded by GPTQ against covariances over the sam
 "$builddir/hearthd-tool" imatrix -q -m "$model" -f "$work/calib.txt" -c 128 --cov -o "$work/imatrix-cov.gguf"
 save 01d-hearth-default-gptq "$builddir/bench/fidelity" $c --greedy 12 \
 	--label "default, hearthd-tool imatrix --cov" --imatrix "$work/imatrix-cov.gguf" "$model"
-echo "== hearth, default layout rounded by GPTQ against covariances from no text (--self 64 -c 256 --cov)"
+echo "== hearth, default layout rounded by GPTQ against covariances from no text (hearthd's imatrix = self:"
+echo "   the same bytes as --self 64 -c 256 --cov, tests/integration/test_imatrix_self.sh)"
 "$builddir/hearthd-tool" imatrix -q -m "$model" --self 64 -c 256 --cov -o "$work/imatrix-self-cov.gguf"
 save 01e-hearth-default-gptq-self "$builddir/bench/fidelity" $c --greedy 12 \
-	--label "default, hearthd-tool imatrix --self --cov" --imatrix "$work/imatrix-self-cov.gguf" "$model"
+	--label "default, imatrix = self (--self 64 -c 256 --cov)" --imatrix "$work/imatrix-self-cov.gguf" "$model"
 imatrix=
 if [ -n "${HEARTH_LLAMA_BIN:-}" ] && [ -x "$HEARTH_LLAMA_BIN/llama-imatrix" ]; then
 	echo "== importance matrix: llama-imatrix over the same chapters"

@@ -13,6 +13,7 @@ usage: bench/doc_tables.py KIND DOC RESULT
   kernels   RESULT = bench/bench_kernels output
   grammar   RESULT = bench/grammar_speed.sh's result directory (masks.txt, hearth.json, llama.json)
   openai    RESULT = bench/openai_compare.sh output (one JSON line per round)
+  imatrix-self  RESULT = bench/bench_imatrix_self.sh output (one JSON line per model)
 
 A kind owns one or more sections of DOC, each between `<!-- bench:NAME begin -->` and
 `<!-- bench:NAME end -->` on lines of their own; only what lies between them is replaced.
@@ -644,10 +645,25 @@ def spec_draft(res):
     return text
 
 
+def imatrix_self(path):
+    rows = []
+    for r in json_lines(path):
+        rows.append([f"{r['label']} (`{r['model']}`)", r["quant"], num(r["plain_s"], 1),
+                     num(r["first_s"], 1), num(r["calib_s"], 1), num(r["cached_s"], 1),
+                     mib(r["file_bytes"]), mib(r["plain_hwm_kib"] * 1024),
+                     mib(r["first_hwm_kib"] * 1024), mib(r["cached_hwm_kib"] * 1024)])
+    if not rows:
+        die(f"{path}: no results")
+    head = ["model", "layout with imatrix = self", "start, no imatrix (s)", "first start, self (s)",
+            "of which the calibration (s)", "later start, cached (s)", "cached file",
+            "peak RSS, no imatrix", "peak RSS, first", "peak RSS, later"]
+    return {"imatrix-self": table(head, rows)}
+
+
 KINDS = {"speed": speed, "serving": serving, "memory": memory, "fidelity": fidelity,
          "fidelity-trained": fidelity_trained, "fidelity-trained-large": fidelity_trained_large,
          "train": train, "kernels": kernels, "grammar": grammar,
-         "openai": openai, "spec": spec}
+         "openai": openai, "spec": spec, "imatrix-self": imatrix_self}
 
 
 def replace(doc, sections):

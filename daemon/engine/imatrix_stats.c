@@ -246,8 +246,14 @@ int imatrix_run_q4(void *arg, const int32_t *ids, size_t n, struct hearth_error 
 
 /* One round of imatrix_stats_self: sequences first..first+n-1, n at most what the engine
  * holds at once. */
+struct self_progress {
+	void (*fn)(void *arg, size_t done, size_t total);
+	void *arg;
+	size_t total;                  /* tokens sampled in all */
+};
+
 static int self_round(struct imatrix_stats *s, struct model_q4 *m, struct engine *eng, int32_t bos, size_t first,
-		      size_t n, size_t len, uint64_t seed, struct hearth_error *err)
+		      size_t n, size_t len, uint64_t seed, const struct self_progress *pr, struct hearth_error *err)
 {
 	struct engine_seq **seq = calloc(n, sizeof *seq);
 	struct sampler **smp = calloc(n, sizeof *smp);
@@ -286,6 +292,8 @@ static int self_round(struct imatrix_stats *s, struct model_q4 *m, struct engine
 			break;
 		for (size_t i = 0; i < n; i++)
 			next[i] = sampler_sample(smp[i], logits + i * (size_t)eng->n_vocab);
+		if (pr->fn)
+			pr->fn(pr->arg, first * (len - 1) + (pos + 1) * n, pr->total);
 	}
 	model_q4_observe(m, NULL, NULL);
 	if (rc == 0 && !imatrix_stats_ok(s, err))
@@ -321,11 +329,10 @@ int imatrix_stats_self(struct imatrix_stats *s, struct model_q4 *m, const struct
 					"sequence, KV for %llu tokens)", n_seqs, len, m->max_context,
 					(unsigned long long)eng.kv_tokens);
 	int rc = 0;
+	struct self_progress pr = { progress, progress_arg, n_seqs * (len - 1) };
 	for (size_t first = 0; first < n_seqs && rc == 0; first += at_once) {
 		size_t n = n_seqs - first < at_once ? n_seqs - first : at_once;
-		rc = self_round(s, m, &eng, bos, first, n, len, seed, err);
-		if (rc == 0 && progress)
-			progress(progress_arg, first + n, n_seqs);
+		rc = self_round(s, m, &eng, bos, first, n, len, seed, &pr, err);
 	}
 	return rc;
 }

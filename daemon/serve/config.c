@@ -96,6 +96,8 @@ static const struct key keys[] = {
 	{ "weights_mix", &kind_enum, F(weights_mix), "auto", .words = weights_mix_words,
 	  .reload = CONFIG_RELOAD_MODEL },
 	{ "imatrix", &kind_path, F(imatrix), .reload = CONFIG_RELOAD_MODEL },
+	{ "imatrix_samples", &kind_uint, F(imatrix_samples), "64", 1, 4096, .reload = CONFIG_RELOAD_MODEL },
+	{ "imatrix_cache", &kind_path, F(imatrix_cache), .reload = CONFIG_RELOAD_MODEL },
 	{ "threads", &kind_uint, F(threads), "auto", 0, 1024, .has_auto = true, .auto_value = 0,
 	  .reload = CONFIG_RELOAD_MODEL },
 	{ "numa_node", &kind_uint, F(numa_node), "auto", 0, 1023, .has_auto = true,
@@ -949,7 +951,8 @@ void config_load_opts(const struct hearth_config *cfg, struct load_opts *o)
 		       : cfg->head == CONFIG_HEAD_INT4 ? LOAD_HEAD_INT4
 						      : 0;
 	o->mix = cfg->weights_mix == CONFIG_MIX_OFF ? LOAD_MIX_OFF : LOAD_MIX_AUTO;
-	o->imatrix = cfg->imatrix[0] ? cfg->imatrix : NULL;
+	/* "self" is the loader thread's to make (daemon/serve/calib.h) and name here. */
+	o->imatrix = cfg->imatrix[0] && strcmp(cfg->imatrix, CONFIG_IMATRIX_SELF) ? cfg->imatrix : NULL;
 	o->n_threads = cfg->threads;
 	o->arena.numa_node = cfg->numa_node;
 	o->arena.lock_memory = cfg->lock_memory;

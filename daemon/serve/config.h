@@ -79,13 +79,18 @@ enum config_kv_type {
 	CONFIG_KV_Q8,              /* int8 codes + one f32 scale per head row (int4 engine) */
 };
 
+#define CONFIG_IMATRIX_SELF "self"   /* imatrix = self */
+
 /* Plain values: no pointers, so a config is copied with `=` and compared field by field;
  * user and group names are resolved to ids when they are set. */
 struct hearth_config {
 	char model[PATH_MAX];          /* GGUF file; required ("" until set) */
 	char chat_template[PATH_MAX];  /* a Jinja file for chat instead of the model's own; "" none */
 	char draft_model[PATH_MAX];    /* speculative decoding's draft model (same vocabulary); "" none */
-	char imatrix[PATH_MAX];        /* llama-imatrix statistics for the int4 scale search; "" none */
+	char imatrix[PATH_MAX];        /* llama-imatrix statistics for the int4 scale search; "" none;
+					* "self": made by sampling the model (daemon/serve/calib.h) */
+	char imatrix_cache[PATH_MAX];  /* where imatrix = self keeps its files; "" $CACHE_DIRECTORY */
+	uint32_t imatrix_samples;      /* imatrix = self: sequences sampled */
 	uint64_t draft_kv_budget;      /* bytes for the draft model's KV cache */
 	uint32_t max_context;          /* tokens per sequence; sizes RoPE and per-seq KV */
 	uint64_t kv_budget;            /* bytes for the whole KV cache */

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "daemon/serve/calib.h"
 #include "daemon/serve/chat.h"
 #include "daemon/serve/config.h"
 #include "daemon/engine/embed.h"
@@ -158,6 +159,46 @@ static void loader_draft_info(const struct model_q4 *d, struct msg_model_info *i
 	};
 }
 
+/* calib_make's progress: sampled tokens, shown and timed as the load's own. */
+static void loader_calib_progress(void *ctx, size_t done, size_t total)
+{
+	loader_progress(ctx, "calibrating:", "sampling the model", done, total);
+}
+
+/* imatrix = self: the file an earlier start made, or one made now by sampling the model
+ * (remake: the cached one was refused). A cache directory that cannot be written is not
+ * fatal: the file is then made for this load only. */
+static int loader_calibrate(struct loader *ld, struct load_opts *o, struct calib *cal, bool remake,
+			    struct hearth_error *err)
+{
+	const struct hearth_config *cfg = &ld->cfg;
+	int rc;
+	if (!remake) {
+		if ((rc = calib_locate(cal, cfg, o, err)) < 0)
+			return rc;
+		if (calib_ready(cal)) {
+			log_info(ld->log, "imatrix = self: %s, made at an earlier start", cal->path);
+			o->imatrix = cal->path;
+			return 0;
+		}
+	}
+	log_notice(ld->log, "imatrix = self: sampling %zu sequences of %zu tokens from %s for GPTQ's statistics (%s%s)",
+		   cal->n_seqs, cal->len, cfg->model, cal->cached ? "kept in " : "no cache directory: made at every start",
+		   cal->cached ? cal->dir : "");
+	uint64_t t0 = hearth_now_ns();
+	rc = calib_make(cal, cfg->model, o, loader_calib_progress, ld, err);
+	if (rc < 0 && cal->cached) {
+		log_warning(ld->log, "%s; made for this load only instead", err->msg);
+		if ((rc = calib_temporary(cal, err)) == 0)
+			rc = calib_make(cal, cfg->model, o, loader_calib_progress, ld, err);
+	}
+	if (rc < 0)
+		return rc;
+	log_notice(ld->log, "imatrix = self: %s made in %.1f s", cal->path, (double)(hearth_now_ns() - t0) / 1e9);
+	o->imatrix = cal->path;
+	return 0;
+}
+
 static void *loader_main(void *arg)
 {
 	struct loader *ld = arg;
@@ -180,12 +221,29 @@ static void *loader_main(void *arg)
 		 : o.head_bits == LOAD_HEAD_INT4 ? "int4"
 						 : "auto",
 		 o.mix == LOAD_MIX_OFF ? "off" : "auto");
+	struct calib cal = { 0 };
+	bool self = !strcmp(cfg->imatrix, CONFIG_IMATRIX_SELF);
+	if (self && loader_calibrate(ld, &o, &cal, false, &e) < 0) {
+		server_model_failed(ld->srv, &e);
+		free(ld);
+		return NULL;
+	}
 	if (o.imatrix)
 		log_info(ld->log, "with the imatrix %s steering the int4 scale search", o.imatrix);
 	if (o.draft.path)
 		log_info(ld->log, "with the draft model %s in the same arena (draft_kv_budget %llu bytes)",
 			 o.draft.path, (unsigned long long)o.draft.kv_budget);
-	if (load_q4(&ld->model, &ld->tok, cfg->model, &o, &e) < 0) {
+	int rc = load_q4(&ld->model, &ld->tok, cfg->model, &o, &e);
+	/* A cached file the load refuses (damaged, or written by something else) is made anew
+	 * once; a file made just now that fails is the load's error. */
+	if (rc < 0 && self && calib_ready(&cal) && strstr(e.msg, cal.path)) {
+		log_warning(ld->log, "imatrix = self: %s; making it again", e.msg);
+		calib_drop(&cal, true);
+		if ((rc = loader_calibrate(ld, &o, &cal, true, &e)) == 0)
+			rc = load_q4(&ld->model, &ld->tok, cfg->model, &o, &e);
+	}
+	calib_drop(&cal, false);
+	if (rc < 0) {
 		server_model_failed(ld->srv, &e);
 		free(ld);
 		return NULL;

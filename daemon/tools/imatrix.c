@@ -20,14 +20,7 @@
 #include "protocol/error.h"
 
 #define IMATRIX_DEFAULT_CHUNK 512
-/* --cov's blocks: on the larger trained model (before hearthd's guards) 512 keeps nine
- * tenths of the whole covariance's gain (KL 0.00043 against 0.00038; 256: 0.00056, the
- * plain imatrix 0.00111), at 512 floats a column: a Qwen3-1.7B shape's in 0.7 GB. */
-#define IMATRIX_DEFAULT_COV_BLOCK 512
 #define IMATRIX_TEXT_MAX ((size_t)256 << 20)
-#define IMATRIX_STEP_TOKENS 512u       /* tokens per int4 step: a chunk runs in steps of it */
-#define IMATRIX_COV_MAX ((uint64_t)2 << 30) /* --cov: the covariances' memory, at most */
-#define IMATRIX_SELF_AT_ONCE 32L       /* --self: sequences sampled side by side, at most */
 
 struct imatrix_opts {
 	const char *model, *text, *out;
@@ -71,7 +64,7 @@ static void usage(FILE *to)
 		"  -h, --help\n"
 		"Every layer matrix's input columns are summed squared over every token, as\n"
 		"llama-imatrix sums them.\n",
-		IMATRIX_DEFAULT_CHUNK, (int)IMATRIX_DEFAULT_COV_BLOCK);
+		IMATRIX_DEFAULT_CHUNK, (int)IMATRIX_COV_BLOCK_DEFAULT);
 }
 
 static int parse_args(int argc, char **argv, struct imatrix_opts *o)
@@ -88,7 +81,7 @@ static int parse_args(int argc, char **argv, struct imatrix_opts *o)
 	int c;
 	memset(o, 0, sizeof *o);
 	o->chunk = IMATRIX_DEFAULT_CHUNK;
-	o->cov_block = IMATRIX_DEFAULT_COV_BLOCK;
+	o->cov_block = IMATRIX_COV_BLOCK_DEFAULT;
 	o->seed = 1;
 	while ((c = getopt_long(argc, argv, "m:f:o:c:t:qh", longopts, NULL)) != -1) {
 		switch (c) {
@@ -163,10 +156,14 @@ static void progress(void *arg, size_t done, size_t total)
 	fprintf(stderr, "hearthd-tool imatrix: chunk %zu of %zu\n", done, total);
 }
 
+/* Called every step: a line at each tenth (arg: the last tenth told). */
 static void progress_self(void *arg, size_t done, size_t total)
 {
-	(void)arg;
-	fprintf(stderr, "hearthd-tool imatrix: sampled %zu of %zu sequences\n", done, total);
+	size_t *told = arg, tenth = done * 10 / total;
+	if (tenth != *told) {
+		*told = tenth;
+		fprintf(stderr, "hearthd-tool imatrix: sampled %zu of %zu tokens\n", done, total);
+	}
 }
 
 /* The chunks on the f32 reference engine. */
@@ -213,19 +210,7 @@ static int run_q4(const struct imatrix_opts *o, struct imatrix_stats *s, const c
 	struct model_q4 *m = NULL;
 	struct tok *t = NULL;
 	load_opts_default(&lo);
-	lo.act = Q4_ACT_A16;
-	/* --self samples up to IMATRIX_SELF_AT_ONCE sequences a step. */
-	lo.max_seqs = o->self ? (uint32_t)(o->self < IMATRIX_SELF_AT_ONCE ? o->self : IMATRIX_SELF_AT_ONCE) : 1;
-	lo.max_context = (uint32_t)(o->chunk + 15) / 16 * 16;
-	lo.step_tokens = o->chunk < IMATRIX_STEP_TOKENS ? (uint32_t)o->chunk : IMATRIX_STEP_TOKENS;
-	if (lo.step_tokens < lo.max_seqs)
-		lo.step_tokens = lo.max_seqs;
-	/* Room for a whole chunk at a generous 256 KiB a position (a long --chunk on a large
-	 * model would not fit the daemon's default budget); --self runs as many sequences at
-	 * once as the budget holds. */
-	uint64_t kv = (uint64_t)o->chunk * (256u << 10);
-	if (kv > lo.kv_budget)
-		lo.kv_budget = kv;
+	imatrix_load_opts(&lo, (size_t)o->chunk, 1);
 	if (o->threads)
 		lo.n_threads = (size_t)o->threads;
 	int rc = load_q4(&m, &t, o->model, &lo, err);
@@ -236,18 +221,31 @@ static int run_q4(const struct imatrix_opts *o, struct imatrix_stats *s, const c
 	/* This thread steps the pool, as the daemon's compute thread does. */
 	if (eng.thread_init)
 		eng.thread_init(eng.impl);
-	if (o->self) {
-		rc = imatrix_stats_self(s, m, t, (size_t)o->self, (size_t)o->chunk, o->seed, o->quiet ? NULL : progress_self,
-					NULL, err);
-		*n_chunks = rc == 0 ? (size_t)o->self : 0;
-	} else {
-		struct imatrix_q4_run r = { .s = s, .m = m };
-		rc = imatrix_stats_text(t, text, len, (size_t)o->chunk, (size_t)o->chunks, imatrix_run_q4, &r,
-					o->quiet ? NULL : progress, NULL, n_chunks, err);
-	}
+	struct imatrix_q4_run r = { .s = s, .m = m };
+	rc = imatrix_stats_text(t, text, len, (size_t)o->chunk, (size_t)o->chunks, imatrix_run_q4, &r,
+				o->quiet ? NULL : progress, NULL, n_chunks, err);
 	tok_free(t);
 	model_q4_free(m);
 	return rc;
+}
+
+/* --self: the model's own samples, made as hearthd's `imatrix = self` makes them. */
+static int make_self(const struct imatrix_opts *o, size_t *n_entries, struct hearth_error *err)
+{
+	struct load_opts lo;
+	size_t told = 0;
+	load_opts_default(&lo);
+	if (o->threads)
+		lo.n_threads = (size_t)o->threads;
+	struct imatrix_self_opts so = {
+		.n_seqs = (size_t)o->self,
+		.len = (size_t)o->chunk,
+		.seed = o->seed,
+		.cov_block = o->cov ? (size_t)o->cov_block : 0,
+		.progress = o->quiet ? NULL : progress_self,
+		.progress_arg = &told,
+	};
+	return imatrix_self_make(o->model, &lo, &so, o->out, n_entries, err);
 }
 
 static int make_imatrix(const struct imatrix_opts *o, struct hearth_error *err)
@@ -268,27 +266,28 @@ static int make_imatrix(const struct imatrix_opts *o, struct hearth_error *err)
 	}
 	fclose(probe);
 	probed = true;
+	if (o->self) {
+		size_t n_entries = 0;
+		rc = make_self(o, &n_entries, err);
+		if (rc == 0 && !o->quiet)
+			fprintf(stderr, "hearthd-tool imatrix: %zu matrices over %zu tokens written to %s\n", n_entries,
+				(size_t)o->self * (size_t)(o->chunk - 1), o->out);
+		goto out;
+	}
 	if ((rc = imatrix_stats_new(&s, err)) < 0)
 		goto out;
-	if (o->cov) {
-		/* IMATRIX_COV_MAX, or half the machine's memory if that is less: the model and
-		 * its run need the rest. */
-		long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-		uint64_t cap = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 2 : IMATRIX_COV_MAX;
-		imatrix_stats_keep_cov(s, (size_t)o->cov_block, cap < IMATRIX_COV_MAX ? cap : IMATRIX_COV_MAX);
-	}
+	if (o->cov)
+		imatrix_stats_keep_cov(s, (size_t)o->cov_block, imatrix_cov_max());
 	rc = o->ref ? run_ref(o, s, text, len, &n_chunks, err) : run_q4(o, s, text, len, &n_chunks, err);
 	/* The collector counts tokens but knows no file: the message gets the text's name. */
 	if (o->text && rc == HEARTH_EINVAL && strstr(err->msg, "fewer than one chunk"))
 		hearth_error_prefix(err, "%s", o->text);
 	if (rc < 0)
 		goto out;
-	char dataset[64];
-	snprintf(dataset, sizeof dataset, "self: %ld sequences, seed %llu", o->self, o->seed);
-	rc = imatrix_stats_write(s, o->out, o->self ? dataset : o->text, (uint32_t)o->chunk, (uint32_t)n_chunks, err);
+	rc = imatrix_stats_write(s, o->out, o->text, (uint32_t)o->chunk, (uint32_t)n_chunks, err);
 	if (rc == 0 && !o->quiet)
 		fprintf(stderr, "hearthd-tool imatrix: %zu matrices over %zu tokens written to %s\n",
-			imatrix_stats_entries(s), n_chunks * (size_t)(o->self ? o->chunk - 1 : o->chunk), o->out);
+			imatrix_stats_entries(s), n_chunks * (size_t)o->chunk, o->out);
 out:
 	if (rc < 0 && probed)
 		remove(o->out);

@@ -1,0 +1,48 @@
+/* `imatrix = self`: the file a self-calibrated load reads. Made once per model file and
+ * calibration settings by sampling the model itself, kept in a cache directory so later
+ * starts only read it. */
+#ifndef HEARTH_SERVE_CALIB_H
+#define HEARTH_SERVE_CALIB_H
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "protocol/error.h"
+
+struct hearth_config;
+struct load_opts;
+
+#define CALIB_LEN 256u  /* tokens a sampled sequence (fewer when max_context is less) */
+#define CALIB_SEED 1u   /* sequence i's sampler seed is CALIB_SEED + i */
+
+struct calib {
+	char path[PATH_MAX];       /* the imatrix file the load reads */
+	char dir[PATH_MAX];        /* the cache directory, "" when there is none */
+	char stem[PATH_MAX];       /* "<model file>-<model hash>": the prefix of this model's files */
+	bool cached;               /* path is in the cache (kept), else a temporary file */
+	size_t n_seqs, len;        /* what calib_make samples */
+};
+
+/* Where cfg's model's self-calibration lives: cfg->imatrix_cache, else $CACHE_DIRECTORY
+ * (systemd's CacheDirectory=), as DIR/<model file>-<model hash>-<settings hash>.imatrix.gguf;
+ * with neither, a temporary file in $TMPDIR or /var/tmp for this load only. The model hash
+ * covers the file's device, inode, size and modification time; the settings hash the
+ * samples, their length and seed, the covariance blocks and the int4 layout options of o. */
+int calib_locate(struct calib *c, const struct hearth_config *cfg, const struct load_opts *o,
+		 struct hearth_error *err);
+/* c made a temporary file for this load only (a cache directory that cannot be written). */
+int calib_temporary(struct calib *c, struct hearth_error *err);
+/* True when c->path is a readable file already (an earlier start made it). */
+bool calib_ready(const struct calib *c);
+/* Samples the model as o loads it (imatrix_self_make) into c->path, through a temporary
+ * name renamed into place so a crash never leaves half a file under the real name; then
+ * removes this model's files made for another version of it (same file name, other model
+ * hash). progress (may be NULL): tokens sampled so far and in all. */
+int calib_make(const struct calib *c, const char *model, const struct load_opts *o,
+	       void (*progress)(void *arg, size_t done, size_t total), void *progress_arg,
+	       struct hearth_error *err);
+/* Removes c->path unless it is cached: after the load, or a cached file the load refused. */
+void calib_drop(const struct calib *c, bool even_cached);
+
+#endif

@@ -1,0 +1,104 @@
+#!/bin/sh
+# hearthd's `imatrix = self` through real processes: the first start samples the model and
+# keeps the file in the cache directory (the same bytes as hearthd-tool imatrix --self
+# --cov), GPTQ rounds the load, later starts read the file; a damaged file is made again, a
+# changed model file gets its own and the old one goes; a cache that cannot be written, or
+# none at all, still serves and leaves nothing behind. TAP.
+set -u
+: "${HEARTH_BUILDDIR:?HEARTH_BUILDDIR is not set (make check sets it)}"
+: "${HEARTH_SHARED:?HEARTH_SHARED is not set (make check sets it)}"
+: "${HEARTH_SRCDIR:?HEARTH_SRCDIR is not set (make check sets it)}"
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/test_imatrix_self.XXXXXX") || exit 1
+HPID=
+trap '[ -n "$HPID" ] && kill $HPID 2>/dev/null; wait 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$TMP"' EXIT
+B=$HEARTH_BUILDDIR
+SOCK=$TMP/h.sock
+FX=$HEARTH_SHARED/fixtures
+. "$HEARTH_SRCDIR/tests/integration/spec_lib.sh"
+
+echo "1..7"
+check() { # status description
+	if [ "$1" = 0 ]; then ok "$2"; else not_ok "$2"; fi
+}
+quant() {
+	"$B/hearth" --socket "$SOCK" stats --json 2>/dev/null | sed -n 's/.*"model":{[^}]*"quant":"\([^"]*\)".*/\1/p'
+}
+gen() { # out
+	"$B/hearth" --socket "$SOCK" generate --temp 0 -n 12 "hello hello" >"$TMP/$1" 2>&1
+}
+cached() { # the cache's imatrix files
+	ls "$TMP/cache" 2>/dev/null | grep '\.imatrix\.gguf$'
+}
+mkdir -p "$TMP/cache" "$TMP/tmpdir"
+export TMPDIR="$TMP/tmpdir"
+cp "$FX/fx-llama.gguf" "$TMP/model.gguf"
+SELF="--model=$TMP/model.gguf --max-context=256 --kv-budget=4MiB -o imatrix=self -o imatrix_samples=8 --log-level=info"
+
+# First start: sampled, kept, GPTQ-rounded, serving; the file is hearthd-tool's.
+start first.log $SELF -o imatrix_cache="$TMP/cache"
+gen out1
+f=$(cached)
+"$B/hearthd-tool" imatrix -q -m "$TMP/model.gguf" --self 8 -c 256 --cov -o "$TMP/tool.gguf"
+[ -s "$TMP/out1" ] && [ "$(quant)" = "q4_mixed+gptq" ] && [ "$(cached | wc -l)" = 1 ] &&
+	case $f in model-????????????????-????????????????.imatrix.gguf) true ;; *) false ;; esac &&
+	grep -q "imatrix = self: sampling 8 sequences of 256 tokens from .*model.gguf for GPTQ's statistics (kept in $TMP/cache)" "$TMP/first.log" &&
+	grep -q "GPTQ rounded 14 against its covariances" "$TMP/first.log" &&
+	cmp -s "$TMP/cache/$f" "$TMP/tool.gguf"
+check $? "imatrix = self: the first start samples the model, keeps hearthd-tool imatrix --self --cov's file in the cache, GPTQ rounds the load, it serves"
+stop
+
+# Second start: the cached file, no sampling, the same model.
+start second.log $SELF -o imatrix_cache="$TMP/cache"
+gen out2
+[ "$(quant)" = "q4_mixed+gptq" ] && cmp -s "$TMP/out1" "$TMP/out2" && ! grep -q "sampling" "$TMP/second.log" &&
+	grep -q "imatrix = self: .*$f, made at an earlier start" "$TMP/second.log"
+check $? "imatrix = self: a later start reads the cached file without sampling and serves the same model"
+stop
+
+# A damaged file (cut short): refused by the load, made again, served.
+head -c 1000 "$TMP/cache/$f" >"$TMP/cut" && cat "$TMP/cut" >"$TMP/cache/$f"
+start damaged.log $SELF -o imatrix_cache="$TMP/cache"
+gen out3
+[ "$(quant)" = "q4_mixed+gptq" ] && cmp -s "$TMP/out1" "$TMP/out3" && cmp -s "$TMP/cache/$f" "$TMP/tool.gguf" &&
+	grep -q "warning: imatrix = self: .*$f.*; making it again" "$TMP/damaged.log"
+check $? "imatrix = self: a damaged cached file is named, made again and the model serves"
+stop
+
+# The model file changes (its modification time): a file of its own, the old one removed.
+touch -d "2001-01-01" "$TMP/model.gguf"
+start changed.log $SELF -o imatrix_cache="$TMP/cache"
+gen out4
+g=$(cached)
+[ "$(quant)" = "q4_mixed+gptq" ] && [ "$(cached | wc -l)" = 1 ] && [ "$g" != "$f" ] &&
+	[ "${g%-*}" != "${f%-*}" ] && grep -q "sampling 8 sequences" "$TMP/changed.log"
+check $? "imatrix = self: a changed model file gets a file of its own and its old one is removed"
+stop
+
+# A cache directory that cannot be written (a file stands in its path): said, served,
+# nothing left in TMPDIR.
+: >"$TMP/notadir"
+start unwritable.log $SELF -o imatrix_cache="$TMP/notadir/cache"
+gen out5
+[ "$(quant)" = "q4_mixed+gptq" ] && [ -s "$TMP/out5" ] && [ -z "$(ls "$TMP/tmpdir")" ] &&
+	grep -q "warning: imatrix = self: cannot write $TMP/notadir/cache/.*; made for this load only instead" \
+		"$TMP/unwritable.log"
+check $? "imatrix = self: a cache that cannot be written is named, the file made for this load only and removed"
+stop
+
+# No cache directory at all: made at every start, removed after the load.
+start nocache.log $SELF
+gen out6
+[ "$(quant)" = "q4_mixed+gptq" ] && [ -z "$(ls "$TMP/tmpdir")" ] &&
+	grep -q "(no cache directory: made at every start)" "$TMP/nocache.log"
+check $? "imatrix = self without a cache directory: made for the load, removed after it"
+stop
+
+# systemd's CacheDirectory= (CACHE_DIRECTORY) is the cache when imatrix_cache is unset.
+mkdir -p "$TMP/sd-cache"
+CACHE_DIRECTORY="$TMP/sd-cache" start sd.log $SELF
+gen out7
+[ "$(quant)" = "q4_mixed+gptq" ] && [ "$(ls "$TMP/sd-cache" | grep -c '\.imatrix\.gguf$')" = 1 ] &&
+	grep -q "(kept in $TMP/sd-cache)" "$TMP/sd.log"
+check $? "imatrix = self: systemd's CACHE_DIRECTORY is the cache when imatrix_cache is unset"
+stop
+exit $((fails > 0))
