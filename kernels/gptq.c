@@ -5,6 +5,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* sum a[k] b[k] over n in eight lanes, two vectors of four (their order fixed, so every
  * machine gets the same sum): one dependent add a step would make the factor
@@ -133,57 +134,41 @@ int gptq_factor_blocks(const float *h, size_t d, size_t block, double add, doubl
 	return 0;
 }
 
-/* Four lanes of floats as the baseline ISA's registers hold them: the compiler keeps
- * these accumulators in registers, where an array of them would go through memory. */
-typedef float gptq_v4 __attribute__((vector_size(16)));
-
-static double v4_sum(gptq_v4 v)
+size_t gptq_cov_ld(size_t d)
 {
-	return ((double)v[0] + (double)v[1]) + ((double)v[2] + (double)v[3]);
+	return (d + 15) / 16 * 16 + 16;
 }
 
-int gptq_cov_add(double *cov, size_t d, size_t block, const float *x, size_t n_tok)
+void gptq_cov_add_part(double *cov, size_t d, size_t block, const float *x, size_t ld, size_t n_tok, size_t part,
+		       size_t n_parts, vec_cov_row_fn row)
 {
-	enum { B = GPTQ_COV_TOKENS };
+	for (size_t t0 = 0; t0 < n_tok; t0 += GPTQ_COV_TOKENS) {
+		size_t nt = n_tok - t0 < GPTQ_COV_TOKENS ? n_tok - t0 : GPTQ_COV_TOKENS;
+
+		for (size_t c = part * GPTQ_COV_ROWS; c < d; c += n_parts * GPTQ_COV_ROWS)
+			for (size_t i = c; i < c + GPTQ_COV_ROWS && i < d; i++) {
+				size_t bs = i / block * block, end = bs + block < d ? bs + block : d;
+
+				row(cov + i * block + (i - bs), x + t0 * ld, ld, nt, i, i, end);
+			}
+	}
+}
+
+int gptq_cov_add(double *cov, size_t d, size_t block, const float *x, size_t n_tok, vec_cov_row_fn row)
+{
 	if (block == 0 || block > d)
 		return -1;
-	gptq_v4 *xt = aligned_alloc(64, (d * B * sizeof(float) + 63) & ~(size_t)63);
-	if (!xt)
+	size_t ld = gptq_cov_ld(d);
+	float *xb = malloc(GPTQ_COV_TOKENS * ld * sizeof *xb);
+	if (!xb)
 		return -1;
-	float *f = (float *)xt;
-	for (size_t t0 = 0; t0 < n_tok; t0 += B) {
-		size_t nt = n_tok - t0 < B ? n_tok - t0 : B;
-		for (size_t i = 0; i < d; i++)
-			for (size_t t = 0; t < B; t++)
-				f[i * B + t] = t < nt ? x[(t0 + t) * d + i] : 0.0f;
-		for (size_t i = 0; i < d; i++) {
-			const gptq_v4 *a = xt + i * (B / 4);
-			size_t bs = i / block * block, end = bs + block < d ? bs + block : d;
-			double *ci = cov + i * block - bs; /* ci[j]: column j of row i */
-			size_t j = i;
-			for (; j + 4 <= end; j += 4) {
-				const gptq_v4 *b0 = xt + j * (B / 4), *b1 = b0 + B / 4, *b2 = b1 + B / 4, *b3 = b2 + B / 4;
-				gptq_v4 s0 = { 0 }, s1 = { 0 }, s2 = { 0 }, s3 = { 0 };
-				for (size_t k = 0; k < B / 4; k++) {
-					s0 += a[k] * b0[k];
-					s1 += a[k] * b1[k];
-					s2 += a[k] * b2[k];
-					s3 += a[k] * b3[k];
-				}
-				ci[j] += v4_sum(s0);
-				ci[j + 1] += v4_sum(s1);
-				ci[j + 2] += v4_sum(s2);
-				ci[j + 3] += v4_sum(s3);
-			}
-			for (; j < end; j++) {
-				const gptq_v4 *b = xt + j * (B / 4);
-				gptq_v4 s0 = { 0 };
-				for (size_t k = 0; k < B / 4; k++)
-					s0 += a[k] * b[k];
-				ci[j] += v4_sum(s0);
-			}
-		}
+	for (size_t t0 = 0; t0 < n_tok; t0 += GPTQ_COV_TOKENS) {
+		size_t nt = n_tok - t0 < GPTQ_COV_TOKENS ? n_tok - t0 : GPTQ_COV_TOKENS;
+
+		for (size_t t = 0; t < nt; t++)
+			memcpy(xb + t * ld, x + (t0 + t) * d, d * sizeof *xb);
+		gptq_cov_add_part(cov, d, block, xb, ld, nt, 0, 1, row);
 	}
-	free(xt);
+	free(xb);
 	return 0;
 }

@@ -12,6 +12,8 @@
 
 #include <stddef.h>
 
+#include "kernels/vec.h"
+
 /* What is added to every diagonal entry of an input's covariance (h: d x block, the
  * blocked layout, summed over `tokens` tokens; 0 or less: unknown): its mean diagonal
  * times GPTQ_DAMP, the 1 % GPTQ's authors use, plus block / tokens. The inverse GPTQ
@@ -46,11 +48,23 @@ int gptq_factor(const float *h, size_t ldh, size_t n, double add, double keep, f
 int gptq_factor_blocks(const float *h, size_t d, size_t block, double add, double tokens, float *u);
 
 /* cov (d x B doubles, the blocked layout; only entries at or right of the diagonal
- * accumulated) += x^T x for the n_tok rows of x (each d floats). Tokens go GPTQ_COV_TOKENS
- * at a time, transposed, so each entry is a float dot over them added once to its double,
- * and the doubles are read once per batch rather than once per token. 0, or -1 when the
- * batch's scratch cannot be had. */
+ * accumulated) += x^T x for the n_tok rows of x (each d floats), by `row` (a kernel
+ * table's cov_row): tokens GPTQ_COV_TOKENS at a time, each entry a float sum over them
+ * added once to its double, so the doubles are read once per batch rather than once per
+ * token and the float sums stay short. The batch is copied at gptq_cov_ld's stride first:
+ * rows a power of two apart fall in the same L1 sets, and the kernel reads 32 of them at
+ * once. 0, or -1 for a block of 0 or wider than d, or no memory for the batch. */
 #define GPTQ_COV_TOKENS 32
-int gptq_cov_add(double *cov, size_t d, size_t block, const float *x, size_t n_tok);
+int gptq_cov_add(double *cov, size_t d, size_t block, const float *x, size_t n_tok, vec_cov_row_fn row);
+
+/* A row stride for a batch d floats wide: a multiple of 16 floats, and 16 more. */
+size_t gptq_cov_ld(size_t d);
+
+/* gptq_cov_add's sums for rows x already at stride ld, and only cov's rows i with
+ * (i / GPTQ_COV_ROWS) % n_parts == part: n_parts threads, one part each, add the same as
+ * one whole call, to the bit (each entry's batches are the same), in a share of the time. */
+#define GPTQ_COV_ROWS 8
+void gptq_cov_add_part(double *cov, size_t d, size_t block, const float *x, size_t ld, size_t n_tok, size_t part,
+		       size_t n_parts, vec_cov_row_fn row);
 
 #endif

@@ -77,6 +77,14 @@ typedef size_t (*vec_argmax_fn)(const float *x, size_t n);
  * ISA returns the reference's sum. */
 typedef uint64_t (*vec_sum_u64_fn)(const void *p, size_t n);
 
+/* GPTQ's covariance sums (kernels/gptq.h, gptq_cov_add): for j in [j0, j1), c[j - j0] +=
+ * the sum over tokens t < n_tok of x[t*ld + i] * x[t*ld + j], each taken in float in token
+ * order with one fused multiply-add a token (fmaf) and added to its double once: every ISA
+ * gives the reference's doubles. Lanes run over j, so a token's term costs one FMA and the
+ * conversion to double is paid once per batch. */
+typedef void (*vec_cov_row_fn)(double *c, const float *x, size_t ld, size_t n_tok, size_t i, size_t j0,
+			       size_t j1);
+
 /* The K/V rows of n_heads KV heads as a paged cache holds them: row p of the sequence is in
  * page pages[p / page_rows], slot p % page_rows; head h's K row starts at base + page *
  * page_bytes + k_off + h * k_head_bytes + slot * k_stride, its V row likewise (k_off/v_off:
@@ -116,6 +124,7 @@ void vec_gelu_mul_ref(float *gate, const float *up, size_t n);
 void vec_to_kv_ref(void *dst, const float *src, size_t n, enum vec_kv_type type);
 size_t vec_argmax_ref(const float *x, size_t n);
 uint64_t vec_sum_u64_ref(const void *p, size_t n);
+void vec_cov_row_ref(double *c, const float *x, size_t ld, size_t n_tok, size_t i, size_t j0, size_t j1);
 void vec_attn_ref(const float *q, size_t n_rep, size_t head_dim, const struct vec_kv_span *kv,
 		  float scale, float *max, float *sum, float *acc);
 
@@ -127,6 +136,7 @@ void vec_gelu_mul_avx2(float *gate, const float *up, size_t n);
 void vec_to_kv_avx2(void *dst, const float *src, size_t n, enum vec_kv_type type);
 size_t vec_argmax_avx2(const float *x, size_t n);
 uint64_t vec_sum_u64_avx2(const void *p, size_t n);
+void vec_cov_row_avx2(double *c, const float *x, size_t ld, size_t n_tok, size_t i, size_t j0, size_t j1);
 void vec_attn_avx2(const float *q, size_t n_rep, size_t head_dim, const struct vec_kv_span *kv,
 		   float scale, float *max, float *sum, float *acc);
 
@@ -138,6 +148,7 @@ void vec_gelu_mul_avx512(float *gate, const float *up, size_t n);
 void vec_to_kv_avx512(void *dst, const float *src, size_t n, enum vec_kv_type type);
 size_t vec_argmax_avx512(const float *x, size_t n);
 uint64_t vec_sum_u64_avx512(const void *p, size_t n);
+void vec_cov_row_avx512(double *c, const float *x, size_t ld, size_t n_tok, size_t i, size_t j0, size_t j1);
 void vec_attn_avx512(const float *q, size_t n_rep, size_t head_dim, const struct vec_kv_span *kv,
 		     float scale, float *max, float *sum, float *acc);
 

@@ -361,3 +361,47 @@ uint64_t vec_sum_u64_avx2(const void *p, size_t n)
 	_mm256_storeu_si256((void *)l, a0);
 	return l[0] + l[1] + l[2] + l[3];
 }
+
+/* c[0..8) += the eight floats of a, each widened to double. */
+static void cov_add8(double *c, __m256 a)
+{
+	_mm256_storeu_pd(c, _mm256_add_pd(_mm256_loadu_pd(c), _mm256_cvtps_pd(_mm256_castps256_ps128(a))));
+	_mm256_storeu_pd(c + 4, _mm256_add_pd(_mm256_loadu_pd(c + 4), _mm256_cvtps_pd(_mm256_extractf128_ps(a, 1))));
+}
+
+void vec_cov_row_avx2(double *c, const float *x, size_t ld, size_t n_tok, size_t i, size_t j0, size_t j1)
+{
+	size_t j = j0;
+
+	for (; j + 32 <= j1; j += 32) {
+		__m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+
+		for (size_t t = 0; t < n_tok; t++) {
+			const float *r = x + t * ld + j;
+			__m256 xi = _mm256_set1_ps(x[t * ld + i]);
+
+			a0 = _mm256_fmadd_ps(xi, _mm256_loadu_ps(r), a0);
+			a1 = _mm256_fmadd_ps(xi, _mm256_loadu_ps(r + 8), a1);
+			a2 = _mm256_fmadd_ps(xi, _mm256_loadu_ps(r + 16), a2);
+			a3 = _mm256_fmadd_ps(xi, _mm256_loadu_ps(r + 24), a3);
+		}
+		cov_add8(c + j - j0, a0);
+		cov_add8(c + j - j0 + 8, a1);
+		cov_add8(c + j - j0 + 16, a2);
+		cov_add8(c + j - j0 + 24, a3);
+	}
+	for (; j + 8 <= j1; j += 8) {
+		__m256 a = _mm256_setzero_ps();
+
+		for (size_t t = 0; t < n_tok; t++)
+			a = _mm256_fmadd_ps(_mm256_set1_ps(x[t * ld + i]), _mm256_loadu_ps(x + t * ld + j), a);
+		cov_add8(c + j - j0, a);
+	}
+	for (; j < j1; j++) {
+		float acc = 0.0f;
+
+		for (size_t t = 0; t < n_tok; t++)
+			acc = fmaf(x[t * ld + i], x[t * ld + j], acc);
+		c[j - j0] += (double)acc;
+	}
+}

@@ -519,3 +519,44 @@ uint64_t vec_sum_u64_avx512(const void *p, size_t n)
 	a0 = _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3));
 	return (uint64_t)_mm512_reduce_add_epi64(a0);
 }
+
+/* c[0..16) += the sixteen floats of a widened to double, lanes outside k left alone. */
+static void cov_add16(double *c, __m512 a, __mmask16 k)
+{
+	__mmask8 lo = (__mmask8)k, hi = (__mmask8)(k >> 8);
+
+	_mm512_mask_storeu_pd(c, lo, _mm512_add_pd(_mm512_maskz_loadu_pd(lo, c), _mm512_cvtps_pd(_mm512_castps512_ps256(a))));
+	_mm512_mask_storeu_pd(c + 8, hi,
+			      _mm512_add_pd(_mm512_maskz_loadu_pd(hi, c + 8), _mm512_cvtps_pd(_mm512_extractf32x8_ps(a, 1))));
+}
+
+void vec_cov_row_avx512(double *c, const float *x, size_t ld, size_t n_tok, size_t i, size_t j0, size_t j1)
+{
+	size_t j = j0;
+
+	for (; j + 64 <= j1; j += 64) {
+		__m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+
+		for (size_t t = 0; t < n_tok; t++) {
+			const float *r = x + t * ld + j;
+			__m512 xi = _mm512_set1_ps(x[t * ld + i]);
+
+			a0 = _mm512_fmadd_ps(xi, _mm512_loadu_ps(r), a0);
+			a1 = _mm512_fmadd_ps(xi, _mm512_loadu_ps(r + 16), a1);
+			a2 = _mm512_fmadd_ps(xi, _mm512_loadu_ps(r + 32), a2);
+			a3 = _mm512_fmadd_ps(xi, _mm512_loadu_ps(r + 48), a3);
+		}
+		cov_add16(c + j - j0, a0, 0xffff);
+		cov_add16(c + j - j0 + 16, a1, 0xffff);
+		cov_add16(c + j - j0 + 32, a2, 0xffff);
+		cov_add16(c + j - j0 + 48, a3, 0xffff);
+	}
+	for (; j < j1; j += 16) {
+		__mmask16 k = j1 - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (j1 - j)) - 1);
+		__m512 a = _mm512_setzero_ps();
+
+		for (size_t t = 0; t < n_tok; t++)
+			a = _mm512_fmadd_ps(_mm512_set1_ps(x[t * ld + i]), _mm512_maskz_loadu_ps(k, x + t * ld + j), a);
+		cov_add16(c + j - j0, a, k);
+	}
+}

@@ -218,3 +218,14 @@ uint64_t vec_sum_u64_ref(const void *p, size_t n)
 		s += w[i];
 	return s;
 }
+
+void vec_cov_row_ref(double *c, const float *x, size_t ld, size_t n_tok, size_t i, size_t j0, size_t j1)
+{
+	for (size_t j = j0; j < j1; j++) {
+		float acc = 0.0f;
+
+		for (size_t t = 0; t < n_tok; t++)
+			acc = fmaf(x[t * ld + i], x[t * ld + j], acc);
+		c[j - j0] += (double)acc;
+	}
+}

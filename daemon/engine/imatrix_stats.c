@@ -10,7 +10,9 @@
 #include "daemon/engine/model_q4.h"
 #include "daemon/engine/sampler.h"
 #include "daemon/engine/tokenizer.h"
+#include "kernels/dispatch.h"
 #include "kernels/gptq.h"
+#include "protocol/assert.h"
 
 struct imatrix_entry {
 	char *name;                    /* the weight's tensor name */
@@ -20,6 +22,10 @@ struct imatrix_entry {
 					* x x^T (kernels/gptq.h's blocked layout, upper triangles),
 					* NULL for inputs another entry holds */
 	size_t cov_block;
+	float *pending;                /* imatrix_stats_defer: n_pending inputs (up to
+					* GPTQ_COV_TOKENS, at gptq_cov_ld's stride) whose covariance
+					* sums imatrix_stats_flush has still to add */
+	size_t n_pending;
 	uint64_t count;                /* tokens (matrix input rows) behind them */
 };
 
@@ -27,6 +33,7 @@ struct imatrix_stats {
 	struct imatrix_entry *e;
 	size_t n, cap;
 	size_t cov_block;              /* imatrix_stats_keep_cov's; 0: no covariances */
+	bool defer;                    /* imatrix_stats_defer's */
 	uint64_t cov_bytes, cov_cap;   /* what the covariances hold, and may */
 	bool failed;                   /* an add failed: code and why say how */
 	int code;
@@ -47,6 +54,7 @@ void imatrix_stats_free(struct imatrix_stats *s)
 		free(s->e[i].name);
 		free(s->e[i].sum);
 		free(s->e[i].cov);
+		free(s->e[i].pending);
 	}
 	free(s->e);
 	free(s);
@@ -126,6 +134,13 @@ static struct imatrix_entry *stats_entry(struct imatrix_stats *s, const char *na
 	return &s->e[s->n++];
 }
 
+/* The waiting inputs' covariance sums, rows of part `part` of n_parts (gptq_cov_add_part). */
+static void pending_add(const struct imatrix_entry *e, size_t part, size_t n_parts, vec_cov_row_fn row)
+{
+	gptq_cov_add_part(e->cov, e->cols, e->cov_block, e->pending, gptq_cov_ld(e->cols), e->n_pending, part, n_parts,
+			  row);
+}
+
 void imatrix_stats_add(struct imatrix_stats *s, const char *name, size_t len, const float *x, size_t n_tok,
 		       size_t cols)
 {
@@ -137,9 +152,58 @@ void imatrix_stats_add(struct imatrix_stats *s, const char *name, size_t len, co
 	for (size_t t = 0; t < n_tok; t++)
 		for (size_t k = 0; k < cols; k++)
 			e->sum[k] += (double)x[t * cols + k] * x[t * cols + k];
-	if (e->cov && gptq_cov_add(e->cov, cols, e->cov_block, x, n_tok) < 0)
-		stats_fail(s, name, len, HEARTH_ENOMEM, "out of memory for the covariance");
 	e->count += n_tok;
+	if (!e->cov)
+		return;
+	vec_cov_row_fn row = kern_active()->cov_row;
+	if (!s->defer || n_tok > GPTQ_COV_TOKENS) {
+		if (gptq_cov_add(e->cov, cols, e->cov_block, x, n_tok, row) < 0)
+			stats_fail(s, name, len, HEARTH_ENOMEM, "out of memory for the covariance");
+		return;
+	}
+	size_t ld = gptq_cov_ld(cols);
+	if (e->n_pending + n_tok > GPTQ_COV_TOKENS) { /* two adds between flushes: the first now */
+		pending_add(e, 0, 1, row);
+		e->n_pending = 0;
+	}
+	if (!e->pending && !(e->pending = malloc(GPTQ_COV_TOKENS * ld * sizeof *e->pending))) {
+		stats_fail(s, name, len, HEARTH_ENOMEM, "out of memory for the covariance");
+		return;
+	}
+	for (size_t t = 0; t < n_tok; t++)
+		memcpy(e->pending + (e->n_pending + t) * ld, x + t * cols, cols * sizeof *x);
+	e->n_pending += n_tok;
+}
+
+struct flush_job {
+	struct imatrix_stats *s;
+	vec_cov_row_fn row;
+};
+
+static void flush_part(void *arg, size_t t, size_t n_threads)
+{
+	const struct flush_job *j = arg;
+	for (size_t k = 0; k < j->s->n; k++)
+		if (j->s->e[k].n_pending)
+			pending_add(&j->s->e[k], t, n_threads, j->row);
+}
+
+void imatrix_stats_flush(struct imatrix_stats *s, struct pool *pool)
+{
+	struct flush_job j = { s, kern_active()->cov_row };
+	if (pool)
+		pool_run(pool, flush_part, &j);
+	else
+		flush_part(&j, 0, 1);
+	for (size_t k = 0; k < s->n; k++)
+		s->e[k].n_pending = 0;
+}
+
+void imatrix_stats_defer(struct imatrix_stats *s, bool on)
+{
+	if (!on)
+		imatrix_stats_flush(s, NULL);
+	s->defer = on;
 }
 
 /* Layer matrices only ("blk."), as llama-imatrix collects by default: the embedding is a
@@ -283,6 +347,7 @@ static int self_round(struct imatrix_stats *s, struct model_q4 *m, struct engine
 					   err);
 	}
 	model_q4_observe(m, q4_observe, s);
+	imatrix_stats_defer(s, true);
 	/* Each step feeds every sequence its last token; the observer sees all of them. */
 	for (size_t pos = 0; rc == 0 && pos + 1 < len; pos++) {
 		for (size_t i = 0; i < n; i++)
@@ -290,12 +355,14 @@ static int self_round(struct imatrix_stats *s, struct model_q4 *m, struct engine
 						      .logits = logits + i * (size_t)eng->n_vocab };
 		if ((rc = eng->forward(eng->impl, sp, n, err)) < 0)
 			break;
+		imatrix_stats_flush(s, m->pool); /* the step's covariance sums on every thread */
 		for (size_t i = 0; i < n; i++)
 			next[i] = sampler_sample(smp[i], logits + i * (size_t)eng->n_vocab);
 		if (pr->fn)
 			pr->fn(pr->arg, first * (len - 1) + (pos + 1) * n, pr->total);
 	}
 	model_q4_observe(m, NULL, NULL);
+	imatrix_stats_defer(s, false);
 	if (rc == 0 && !imatrix_stats_ok(s, err))
 		rc = s->code;
 out:
@@ -414,6 +481,8 @@ int imatrix_stats_write(const struct imatrix_stats *s, const char *path, const c
 {
 	if (s->n == 0)
 		return hearth_error_set(err, HEARTH_EINVAL, "imatrix: no statistics to write (no layer matrix ran)");
+	for (size_t k = 0; k < s->n; k++)
+		hearth_assert(s->e[k].n_pending == 0); /* imatrix_stats_defer(s, false) first */
 	FILE *fp = fopen(path, "wb");
 	if (!fp)
 		return hearth_error_errno(err, HEARTH_EIO, errno, "cannot write %s", path);

@@ -21,6 +21,8 @@
 #include "daemon/engine/model.h"
 #include "daemon/engine/ref/forward.h"
 #include "daemon/engine/tokenizer.h"
+#include "kernels/gptq.h"
+#include "kernels/pool.h"
 #include "tests/support/gguf_build.h"
 
 static void fixture(const char *name, char *buf, size_t cap)
@@ -497,6 +499,68 @@ static void test_imatrix_cov_is_the_inputs_covariance(void **state)
 	gguf_close(f);
 }
 
+/* imatrix_stats_defer: the int4 engine's sampling adds each step's inputs on thread 0 and
+ * flushes their covariance sums over the pool's threads; written out, the statistics are
+ * the bytes of adding them at once: flushed through a 2-thread pool after every add, with
+ * two adds between flushes (the first then added alone), and an add too large to wait. */
+static void test_imatrix_deferred_cov_is_the_direct_one(void **state)
+{
+	(void)state;
+	const size_t cols = 200, block = 64; /* 64 + 64 + 64 + 8: a narrow last block */
+	const size_t adds[] = { 7, 32, 1, 17, 20, 40, 5 };
+	const bool flush_after[] = { true, true, true, false, true, true, true };
+	struct hearth_error e = { 0 };
+	struct imatrix_stats *direct, *deferred;
+	struct pool *pool;
+	assert_int_equal(imatrix_stats_new(&direct, &e), 0);
+	assert_int_equal(imatrix_stats_new(&deferred, &e), 0);
+	assert_int_equal(pool_create(&pool, 2, NULL, 0, 0), 0);
+	imatrix_stats_keep_cov(direct, block, (uint64_t)1 << 30);
+	imatrix_stats_keep_cov(deferred, block, (uint64_t)1 << 30);
+	imatrix_stats_defer(deferred, true);
+	float *x = malloc(40 * cols * sizeof *x);
+	assert_non_null(x);
+	uint64_t r = 12345;
+	for (size_t a = 0; a < sizeof adds / sizeof adds[0]; a++) {
+		for (size_t i = 0; i < adds[a] * cols; i++) {
+			r = r * 6364136223846793005ull + 1442695040888963407ull;
+			x[i] = (float)((int64_t)(r >> 33) - (1ll << 30)) / (float)(1 << 28) + (i % cols == 3 ? 40.0f : 0.0f);
+		}
+		imatrix_stats_add(direct, "blk.0.attn_q.weight", 19, x, adds[a], cols);
+		imatrix_stats_add(deferred, "blk.0.attn_q.weight", 19, x, adds[a], cols);
+		if (flush_after[a])
+			imatrix_stats_flush(deferred, pool);
+	}
+	imatrix_stats_defer(deferred, false);
+	assert_true(imatrix_stats_ok(direct, &e) && imatrix_stats_ok(deferred, &e));
+	char a_path[4096], b_path[4096];
+	const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+	snprintf(a_path, sizeof a_path, "%s/hearth-test-imatrix-direct-%d.gguf", tmp, (int)getpid());
+	snprintf(b_path, sizeof b_path, "%s/hearth-test-imatrix-deferred-%d.gguf", tmp, (int)getpid());
+	assert_int_equal(imatrix_stats_write(direct, a_path, "x", 32, 1, &e), 0);
+	assert_int_equal(imatrix_stats_write(deferred, b_path, "x", 32, 1, &e), 0);
+	FILE *fa = fopen(a_path, "rb"), *fb = fopen(b_path, "rb");
+	assert_true(fa && fb);
+	size_t n = 0;
+	int ca, cb;
+	do {
+		ca = fgetc(fa);
+		cb = fgetc(fb);
+		n++;
+	} while (ca == cb && ca != EOF);
+	if (ca != cb)
+		fail_msg("deferred covariance file differs from the direct one at byte %zu", n);
+	assert_true(n > cols * block * sizeof(float)); /* the covariance is in it */
+	fclose(fa);
+	fclose(fb);
+	remove(a_path);
+	remove(b_path);
+	free(x);
+	pool_destroy(pool);
+	imatrix_stats_free(direct);
+	imatrix_stats_free(deferred);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -505,6 +569,7 @@ int main(void)
 		cmocka_unit_test(test_imatrix_refuses_hostile_files_by_name),
 		cmocka_unit_test(test_imatrix_stats_equal_llama_imatrix_on_the_same_text),
 		cmocka_unit_test(test_imatrix_cov_is_the_inputs_covariance),
+		cmocka_unit_test(test_imatrix_deferred_cov_is_the_direct_one),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1902,6 +1902,53 @@ static void test_vec_sum_u64_every_isa_matches_scalar(void **state)
 	free(w);
 }
 
+/* GPTQ's covariance sums: every ISA gives the reference's doubles, bit for bit, over
+ * column ranges of every tail length (and whole unrolled steps), token counts 1 to 32,
+ * with values of mixed sign and magnitude; and the reference is the exact sum (in double)
+ * to within the float rounding bound of its terms. */
+static void test_vec_cov_row_every_isa_matches_reference(void **state)
+{
+	uint64_t s = 77;
+	const size_t ld = 203, n_tok = 32;
+	float *x = random_floats(&s, n_tok * ld, 3.0f);
+	double *c = xalloc(ld * sizeof(double)), *r = xalloc(ld * sizeof(double));
+
+	(void)state;
+	for (size_t t = 0; t < n_tok; t++)
+		x[t * ld + 5] *= 1000.0f; /* one large column */
+	static const size_t toks[] = { 1, 3, 17, 32 };
+	for (size_t a = 0; a < sizeof toks / sizeof toks[0]; a++)
+		for (size_t j0 = 0; j0 < 80; j0 += 7)
+			for (size_t j1 = j0; j1 <= ld; j1 += j1 < j0 + 140 ? 1 : 37) {
+				size_t i = (j0 * 13 + j1) % ld;
+				for (size_t j = 0; j < ld; j++)
+					r[j] = (double)j * 0.5;
+				vec_cov_row_ref(r, x, ld, toks[a], i, j0, j1);
+				for (size_t j = 0; j < j1 - j0; j++) {
+					double want = (double)j * 0.5, mag = 0.0;
+					for (size_t t = 0; t < toks[a]; t++) {
+						want += (double)x[t * ld + i] * x[t * ld + j0 + j];
+						mag += fabs((double)x[t * ld + i] * x[t * ld + j0 + j]);
+					}
+					/* n float roundings of a sum of n terms: at most n u of their magnitudes */
+					if (fabs(r[j] - want) > (double)(toks[a] + 1) * 0x1p-24 * mag)
+						fail_msg("cov_row ref: %g, the sum is %g", r[j], want);
+				}
+				for (int isa = KERN_REF; isa <= KERN_AVX512; isa++) {
+					const struct kern_table *k = kern_table_for((enum kern_isa)isa);
+					if (!k)
+						continue;
+					for (size_t j = 0; j < ld; j++)
+						c[j] = (double)j * 0.5;
+					k->cov_row(c, x, ld, toks[a], i, j0, j1);
+					assert_memory_equal(c, r, ld * sizeof(double)); /* past j1 - j0 untouched too */
+				}
+			}
+	free(x);
+	free(c);
+	free(r);
+}
+
 /* argmax: hand-built rows with a known answer (ties go to the first, a NaN never wins
  * unless it is x[0], +0 and -0 tie, an all -inf row answers 0), then random rows of every
  * tail length and a vocabulary-sized one with its maximum planted at chosen places, with
@@ -2249,6 +2296,7 @@ int main(void)
 		cmocka_unit_test(test_vec_to_kv_every_isa_matches_scalar),
 		cmocka_unit_test(test_vec_argmax_every_isa_matches_scalar),
 		cmocka_unit_test(test_vec_sum_u64_every_isa_matches_scalar),
+		cmocka_unit_test(test_vec_cov_row_every_isa_matches_reference),
 		cmocka_unit_test(test_vec_to_kv_q8_every_isa_matches_scalar),
 		cmocka_unit_test(test_vec_attn_every_isa_matches_double_softmax),
 		cmocka_unit_test(test_kern_select_forces_and_rejects),
