@@ -700,60 +700,63 @@ static uint8_t code_nearest(float x, float d, float m)
 	return (uint8_t)round_small(v);
 }
 
-/* x -= e u over n columns, four at a time in the baseline ISA's vectors (GCC's -O2 leaves
- * a loop of unknown length scalar); the same products and differences as one at a time. */
-typedef float q4_v4u __attribute__((vector_size(16), aligned(4)));
-static void gptq_spread(float *x, const float *u, float e, size_t n)
-{
-	size_t j = 0;
-	for (; j + 4 <= n; j += 4)
-		*(q4_v4u *)(x + j) -= e * *(const q4_v4u *)(u + j);
-	for (; j < n; j++)
-		x[j] -= e * u[j];
-}
+/* Rows GPTQ rounds side by side: U's rows (up to ublock floats a column, the factor cols x
+ * ublock) come from L2 or memory for the first row and from L1 for the others. */
+#define GPTQ_ROWS 8
 
-/* GPTQ on one row (x, modified): each group's scales are chosen, as q4_pack_rows_f32
- * chooses them, from the group's values as the errors pushed onto them so far have left
- * them; then its columns are rounded one by one, each one's error divided by U's diagonal
- * and taken off the columns after it in proportion to U's row. */
-static void pack_row_gptq(struct q4_matrix *m, size_t row, float *x, const float *col_w, const float *u,
-			  size_t ublock)
+/* GPTQ on n_rows <= GPTQ_ROWS rows ld apart (x, modified): each group's scales are chosen,
+ * as q4_pack_rows_f32 chooses them, from the group's values as the errors pushed onto them
+ * so far have left them; then its columns are rounded one by one, each one's error divided
+ * by U's diagonal and taken off the columns after it in proportion to U's row. The rows
+ * are independent, side by side only to share U's reads. */
+static void pack_rows_gptq(struct q4_matrix *m, size_t row0, size_t n_rows, float *x, size_t ld, const float *col_w,
+			   const float *u, size_t ublock, vec_sub_scaled_fn spread)
 {
-	float d8[Q4_ROW8_MAX_GROUPS], mn8[Q4_ROW8_MAX_GROUPS];
-	uint8_t q[256];
+	float d8[Q4_ROW8_MAX_GROUPS], mn8[Q4_ROW8_MAX_GROUPS], d[GPTQ_ROWS], mn[GPTQ_ROWS];
+	uint8_t q[GPTQ_ROWS][256];
 	size_t cols = m->cols;
 
-	if (m->row8) /* the row's scales from its values before any error moves them */
-		row8_scales(m, row, x, col_w, d8, mn8);
+	for (size_t r = 0; m->row8 && r < n_rows; r++) /* each row's scales from its values as given */
+		row8_scales(m, row0 + r, x + r * ld, col_w, d8, mn8);
 	for (size_t g = 0; g < m->n_groups; g++) {
-		float *xg = x + g * m->group, d, mn;
 		const float *w = group_weights(col_w, g * m->group, m->group);
 
-		if (m->row8) {
-			qfp16 dh, mh;
+		for (size_t r = 0; r < n_rows; r++) {
+			float *xg = x + r * ld + g * m->group;
 
-			quantize_group_asym(xg, w, m->group, q, &dh, &mh);
-			row8_group(m, row, g, xg, w, quant_fp16_to_f32(dh), quant_fp16_to_f32(mh), q, &d, &mn);
-		} else {
-			plain_group(m, row, g, xg, w, q, &d, &mn);
+			if (m->row8) {
+				qfp16 dh, mh;
+
+				quantize_group_asym(xg, w, m->group, q[r], &dh, &mh);
+				row8_group(m, row0 + r, g, xg, w, quant_fp16_to_f32(dh), quant_fp16_to_f32(mh), q[r],
+					   &d[r], &mn[r]);
+			} else {
+				plain_group(m, row0 + r, g, xg, w, q[r], &d[r], &mn[r]);
+			}
 		}
 		for (size_t k = 0; k < m->group; k++) {
 			size_t i = g * m->group + k, bs = i / ublock * ublock;
 			size_t end = bs + ublock < cols ? bs + ublock : cols;
 			const float *ui = u + i * ublock - bs; /* ui[j]: U[i][j], j in its block */
 
-			q[k] = code_nearest(x[i], d, mn);
-			gptq_spread(x + i + 1, ui + i + 1, (x[i] - (d * (float)q[k] + mn)) / ui[i], end - i - 1);
+			for (size_t r = 0; r < n_rows; r++) {
+				float *xr = x + r * ld;
+
+				q[r][k] = code_nearest(xr[i], d[r], mn[r]);
+				spread(xr + i + 1, ui + i + 1, (xr[i] - (d[r] * (float)q[r][k] + mn[r])) / ui[i], end - i - 1);
+			}
 		}
-		put_codes(m, row, g * m->group, q, m->group);
+		for (size_t r = 0; r < n_rows; r++)
+			put_codes(m, row0 + r, g * m->group, q[r], m->group);
 	}
 }
 
 void q4_pack_rows_gptq(struct q4_matrix *m, float *src, size_t ld, const float *col_w, const float *u,
-		       size_t ublock, size_t row0, size_t n_rows)
+		       size_t ublock, size_t row0, size_t n_rows, vec_sub_scaled_fn spread)
 {
-	for (size_t i = 0; i < n_rows; i++)
-		pack_row_gptq(m, row0 + i, src + i * ld, col_w, u, ublock);
+	for (size_t i = 0; i < n_rows; i += GPTQ_ROWS)
+		pack_rows_gptq(m, row0 + i, n_rows - i < GPTQ_ROWS ? n_rows - i : GPTQ_ROWS, src + i * ld, ld, col_w, u,
+			       ublock, spread);
 	zero_pad_rows(m, row0, n_rows);
 }
 

@@ -85,6 +85,11 @@ typedef uint64_t (*vec_sum_u64_fn)(const void *p, size_t n);
 typedef void (*vec_cov_row_fn)(double *c, const float *x, size_t ld, size_t n_tok, size_t i, size_t j0,
 			       size_t j1);
 
+/* GPTQ's correction (kernels/q4.h, q4_pack_rows_gptq): x[j] -= e u[j] for j < n, each one
+ * fused multiply-add (fmaf(-e, u[j], x[j])): every ISA gives the reference's floats, so a
+ * matrix rounded by GPTQ is the same bytes on every machine. */
+typedef void (*vec_sub_scaled_fn)(float *x, const float *u, float e, size_t n);
+
 /* The K/V rows of n_heads KV heads as a paged cache holds them: row p of the sequence is in
  * page pages[p / page_rows], slot p % page_rows; head h's K row starts at base + page *
  * page_bytes + k_off + h * k_head_bytes + slot * k_stride, its V row likewise (k_off/v_off:
@@ -125,6 +130,7 @@ void vec_to_kv_ref(void *dst, const float *src, size_t n, enum vec_kv_type type)
 size_t vec_argmax_ref(const float *x, size_t n);
 uint64_t vec_sum_u64_ref(const void *p, size_t n);
 void vec_cov_row_ref(double *c, const float *x, size_t ld, size_t n_tok, size_t i, size_t j0, size_t j1);
+void vec_sub_scaled_ref(float *x, const float *u, float e, size_t n);
 void vec_attn_ref(const float *q, size_t n_rep, size_t head_dim, const struct vec_kv_span *kv,
 		  float scale, float *max, float *sum, float *acc);
 
@@ -137,6 +143,7 @@ void vec_to_kv_avx2(void *dst, const float *src, size_t n, enum vec_kv_type type
 size_t vec_argmax_avx2(const float *x, size_t n);
 uint64_t vec_sum_u64_avx2(const void *p, size_t n);
 void vec_cov_row_avx2(double *c, const float *x, size_t ld, size_t n_tok, size_t i, size_t j0, size_t j1);
+void vec_sub_scaled_avx2(float *x, const float *u, float e, size_t n);
 void vec_attn_avx2(const float *q, size_t n_rep, size_t head_dim, const struct vec_kv_span *kv,
 		   float scale, float *max, float *sum, float *acc);
 
@@ -149,6 +156,7 @@ void vec_to_kv_avx512(void *dst, const float *src, size_t n, enum vec_kv_type ty
 size_t vec_argmax_avx512(const float *x, size_t n);
 uint64_t vec_sum_u64_avx512(const void *p, size_t n);
 void vec_cov_row_avx512(double *c, const float *x, size_t ld, size_t n_tok, size_t i, size_t j0, size_t j1);
+void vec_sub_scaled_avx512(float *x, const float *u, float e, size_t n);
 void vec_attn_avx512(const float *q, size_t n_rep, size_t head_dim, const struct vec_kv_span *kv,
 		     float scale, float *max, float *sum, float *acc);
 

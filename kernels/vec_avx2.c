@@ -405,3 +405,18 @@ void vec_cov_row_avx2(double *c, const float *x, size_t ld, size_t n_tok, size_t
 		c[j - j0] += (double)acc;
 	}
 }
+
+void vec_sub_scaled_avx2(float *x, const float *u, float e, size_t n)
+{
+	__m256 ve = _mm256_set1_ps(e);
+	size_t j = 0;
+
+	for (; j + 16 <= n; j += 16) {
+		_mm256_storeu_ps(x + j, _mm256_fnmadd_ps(ve, _mm256_loadu_ps(u + j), _mm256_loadu_ps(x + j)));
+		_mm256_storeu_ps(x + j + 8, _mm256_fnmadd_ps(ve, _mm256_loadu_ps(u + j + 8), _mm256_loadu_ps(x + j + 8)));
+	}
+	for (; j + 8 <= n; j += 8)
+		_mm256_storeu_ps(x + j, _mm256_fnmadd_ps(ve, _mm256_loadu_ps(u + j), _mm256_loadu_ps(x + j)));
+	for (; j < n; j++)
+		x[j] = fmaf(-e, u[j], x[j]);
+}

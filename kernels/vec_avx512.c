@@ -560,3 +560,20 @@ void vec_cov_row_avx512(double *c, const float *x, size_t ld, size_t n_tok, size
 		cov_add16(c + j - j0, a, k);
 	}
 }
+
+void vec_sub_scaled_avx512(float *x, const float *u, float e, size_t n)
+{
+	__m512 ve = _mm512_set1_ps(e);
+	size_t j = 0;
+
+	for (; j + 32 <= n; j += 32) {
+		_mm512_storeu_ps(x + j, _mm512_fnmadd_ps(ve, _mm512_loadu_ps(u + j), _mm512_loadu_ps(x + j)));
+		_mm512_storeu_ps(x + j + 16, _mm512_fnmadd_ps(ve, _mm512_loadu_ps(u + j + 16), _mm512_loadu_ps(x + j + 16)));
+	}
+	for (; j < n; j += 16) {
+		__mmask16 k = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1);
+
+		_mm512_mask_storeu_ps(x + j, k,
+				      _mm512_fnmadd_ps(ve, _mm512_maskz_loadu_ps(k, u + j), _mm512_maskz_loadu_ps(k, x + j)));
+	}
+}

@@ -229,3 +229,9 @@ void vec_cov_row_ref(double *c, const float *x, size_t ld, size_t n_tok, size_t 
 		c[j - j0] += (double)acc;
 	}
 }
+
+void vec_sub_scaled_ref(float *x, const float *u, float e, size_t n)
+{
+	for (size_t j = 0; j < n; j++)
+		x[j] = fmaf(-e, u[j], x[j]);
+}

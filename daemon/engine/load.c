@@ -391,7 +391,8 @@ static void load_step_run(void *arg, size_t t, size_t nt)
 			else if (lm->dst6)
 				q6_pack_rows_f32(lm->dst6, rows, cols, r0, n);
 			else if (lm->cov.h)
-				q4_pack_rows_gptq(q, rows, cols, lm->col_w, st->c->gptq_u, lm->cov.block, r0, n);
+				q4_pack_rows_gptq(q, rows, cols, lm->col_w, st->c->gptq_u, lm->cov.block, r0, n,
+						  kern_active()->sub_scaled);
 			else
 				q4_pack_rows_f32(q, rows, cols, lm->col_w, r0, n);
 		}

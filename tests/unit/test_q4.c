@@ -899,7 +899,7 @@ static void test_gptq_diagonal_covariance_gives_plain_packing(void **state)
 		gptq_plan(&b, rows, cols, lay[k].group, lay[k].kind);
 		q4_pack_rows_f32(&a, w, cols, cw, 0, rows);
 		memcpy(x, w, rows * cols * sizeof(float));
-		q4_pack_rows_gptq(&b, x, cols, cw, u, cols, 0, rows);
+		q4_pack_rows_gptq(&b, x, cols, cw, u, cols, 0, rows, vec_sub_scaled_ref);
 		assert_memory_equal(a.data, b.data, q4_matrix_bytes(&a));
 		free(a.data);
 		free(b.data);
@@ -957,11 +957,26 @@ static void test_gptq_lowers_the_product_error(void **state)
 		double ea = gptq_product_error(w, qa, tok, rows, cols, n_tok), eb[2];
 		for (int blocked = 0; blocked < 2; blocked++) {
 			memcpy(x, w, rows * cols * sizeof(float));
-			q4_pack_rows_gptq(&b, x, cols, cw, blocked ? ub : u, blocked ? nb : cols, 0, rows);
+			q4_pack_rows_gptq(&b, x, cols, cw, blocked ? ub : u, blocked ? nb : cols, 0, rows, vec_sub_scaled_ref);
 			q4_unpack_rows(&b, 0, 32, qb, cols);
 			for (size_t i = rows * cols; i < 32 * cols; i++)
 				assert_true(qb[i] == 0.0f);
 			eb[blocked] = gptq_product_error(w, qb, tok, rows, cols, n_tok);
+		}
+		/* Rows are rounded side by side only to share U's reads: in calls of 1, 5 and 18
+		 * rows (partial batches), and with every ISA's corrections, the bytes are the same. */
+		for (int isa = KERN_REF; isa <= KERN_AVX512; isa++) {
+			const struct kern_table *kt = kern_table_for((enum kern_isa)isa);
+			if (!kt)
+				continue;
+			struct q4_matrix c;
+			gptq_plan(&c, rows, cols, lay[k].group, lay[k].kind);
+			memcpy(x, w, rows * cols * sizeof(float));
+			q4_pack_rows_gptq(&c, x, cols, cw, ub, nb, 0, 1, kt->sub_scaled);
+			q4_pack_rows_gptq(&c, x + cols, cols, cw, ub, nb, 1, 5, kt->sub_scaled);
+			q4_pack_rows_gptq(&c, x + 6 * cols, cols, cw, ub, nb, 6, 18, kt->sub_scaled);
+			assert_memory_equal(c.data, b.data, q4_matrix_bytes(&b));
+			free(c.data);
 		}
 		fprintf(stderr, "# gptq / nearest product error, group %zu kind %d: whole %.3f, blocks of %zu %.3f\n",
 			lay[k].group, lay[k].kind, eb[0] / ea, nb, eb[1] / ea);
@@ -1949,6 +1964,48 @@ static void test_vec_cov_row_every_isa_matches_reference(void **state)
 	free(r);
 }
 
+/* GPTQ's corrections: every ISA gives the reference's floats (one fused multiply-add each:
+ * x - e u rounded once: within half an ulp of it computed in double), at
+ * every length up to past two unrolled steps, the floats past n untouched. */
+static void test_vec_sub_scaled_every_isa_matches_reference(void **state)
+{
+	uint64_t s = 91;
+	const size_t max = 80;
+	float *u = random_floats(&s, max, 2.0f), *x0 = random_floats(&s, max + 8, 3.0f);
+	float *r = xalloc((max + 8) * sizeof(float)), *c = xalloc((max + 8) * sizeof(float));
+
+	(void)state;
+	for (size_t n = 0; n <= max; n++) {
+		float e = (float)n * 0.37f - 9.1f;
+
+		memcpy(r, x0, (max + 8) * sizeof(float));
+		vec_sub_scaled_ref(r, u, e, n);
+		for (size_t j = 0; j < max + 8; j++) {
+			if (j >= n) {
+				assert_true(r[j] == x0[j]);
+				continue;
+			}
+			/* rounded once: within half an ulp of x - e u (the product exact in double) */
+			double want = (double)x0[j] - (double)e * u[j];
+			float ulp = nextafterf(fabsf(r[j]), INFINITY) - fabsf(r[j]);
+			if (!(fabs((double)r[j] - want) <= 0.5 * ulp * (1.0 + 1e-9)))
+				fail_msg("sub_scaled ref: %.9g, x - e u is %.17g", (double)r[j], want);
+		}
+		for (int isa = KERN_REF; isa <= KERN_AVX512; isa++) {
+			const struct kern_table *k = kern_table_for((enum kern_isa)isa);
+			if (!k)
+				continue;
+			memcpy(c, x0, (max + 8) * sizeof(float));
+			k->sub_scaled(c, u, e, n);
+			assert_memory_equal(c, r, (max + 8) * sizeof(float));
+		}
+	}
+	free(u);
+	free(x0);
+	free(r);
+	free(c);
+}
+
 /* argmax: hand-built rows with a known answer (ties go to the first, a NaN never wins
  * unless it is x[0], +0 and -0 tie, an all -inf row answers 0), then random rows of every
  * tail length and a vocabulary-sized one with its maximum planted at chosen places, with
@@ -2297,6 +2354,7 @@ int main(void)
 		cmocka_unit_test(test_vec_argmax_every_isa_matches_scalar),
 		cmocka_unit_test(test_vec_sum_u64_every_isa_matches_scalar),
 		cmocka_unit_test(test_vec_cov_row_every_isa_matches_reference),
+		cmocka_unit_test(test_vec_sub_scaled_every_isa_matches_reference),
 		cmocka_unit_test(test_vec_to_kv_q8_every_isa_matches_scalar),
 		cmocka_unit_test(test_vec_attn_every_isa_matches_double_softmax),
 		cmocka_unit_test(test_kern_select_forces_and_rejects),
