@@ -126,7 +126,8 @@ struct imatrix_self_opts {
 	void (*progress)(void *arg, size_t done, size_t total); /* tokens sampled; may be NULL */
 	void *progress_arg;
 };
-/* Loads `model` as base says (made a calibration load by imatrix_load_opts), samples from
+/* Loads `model` as base says (made a calibration load by imatrix_load_opts, with KV for
+ * all the sequences it samples side by side, up to 32, whatever base's kv_budget), samples from
  * it as imatrix_stats_self does, frees it and writes the statistics to `out` (dataset
  * "self: N sequences, seed S"); *n_entries (may be NULL): the matrices in it. The calling
  * thread steps the engine and gets its CPU affinity back. */

@@ -6,8 +6,10 @@
 #include <stdio.h>
 #include <unistd.h>
 
+#include "daemon/engine/gguf.h"
 #include "daemon/engine/imatrix.h"
 #include "daemon/engine/load.h"
+#include "daemon/engine/model.h"
 #include "daemon/engine/model_q4.h"
 #include "daemon/engine/tokenizer.h"
 #include "protocol/error.h"
@@ -43,6 +45,32 @@ uint64_t imatrix_cov_max(void)
 	return half < IMATRIX_COV_MAX ? half : IMATRIX_COV_MAX;
 }
 
+/* KV for every sequence sampled side by side, whole (f16, every layer as if global: more
+ * than sliding layers need): a budget that held fewer would sample fewer at once, slower
+ * and with other batches in the sums, so the file would depend on kv_budget. The model's
+ * shape is read from its header (the reference loader maps, it does not copy). */
+static int self_kv_budget(const char *model, struct load_opts *lo, size_t len, struct hearth_error *err)
+{
+	struct gguf_file *f = NULL;
+	struct model *m = NULL;
+	struct model_opts mo = { .max_ctx = (uint32_t)len, .kv_type = MODEL_KV_F16 };
+	int rc;
+	if ((rc = gguf_open(&f, model, err)) < 0 || (rc = model_load(&m, f, &mo, err)) < 0) {
+		gguf_close(f);
+		return rc;
+	}
+	uint64_t per_pos = 0;
+	for (uint32_t l = 0; l < m->hp.n_layer; l++)
+		per_pos += (uint64_t)m->layers[l].n_head_kv * (m->layers[l].head_dim + m->layers[l].head_dim_v) * 2;
+	uint64_t want = per_pos * len * lo->max_seqs;
+	want += want / 8 + ((uint64_t)1 << 20); /* the pool's pages and rounding */
+	if (want > lo->kv_budget)
+		lo->kv_budget = want;
+	model_free(m);
+	gguf_close(f);
+	return 0;
+}
+
 int imatrix_self_make(const char *model, const struct load_opts *base, const struct imatrix_self_opts *so,
 		      const char *out, size_t *n_entries, struct hearth_error *err)
 {
@@ -51,8 +79,8 @@ int imatrix_self_make(const char *model, const struct load_opts *base, const str
 	struct tok *t = NULL;
 	struct imatrix_stats *s = NULL;
 	imatrix_load_opts(&lo, so->len, so->n_seqs);
-	int rc = imatrix_stats_new(&s, err);
-	if (rc < 0)
+	int rc = self_kv_budget(model, &lo, so->len, err);
+	if (rc < 0 || (rc = imatrix_stats_new(&s, err)) < 0)
 		return rc;
 	if (so->cov_block)
 		imatrix_stats_keep_cov(s, so->cov_block, imatrix_cov_max());
