@@ -104,9 +104,9 @@ int imatrix_run_q4(void *arg, const int32_t *ids, size_t n, struct hearth_error 
  * itself (BOS, then temperature 1 without truncation, sequence i seeded seed + i), every
  * step's matrix inputs added: (len - 1) x n_seqs tokens. As many run at once as the
  * model's sequences, step rows and KV allow; progress (may be NULL) after each step with
- * the tokens sampled so far and in all. */
+ * the tokens sampled so far and in all, and false from it stops with HEARTH_ECANCELED. */
 int imatrix_stats_self(struct imatrix_stats *s, struct model_q4 *m, const struct tok *t, size_t n_seqs, size_t len,
-		       uint64_t seed, void (*progress)(void *arg, size_t done, size_t total), void *progress_arg,
+		       uint64_t seed, bool (*progress)(void *arg, size_t done, size_t total), void *progress_arg,
 		       struct hearth_error *err);
 /* ---- self-calibration (imatrix_self.c) ---- */
 /* Covariance blocks: on the larger trained model (before the loader's guards) 512 keeps nine
@@ -123,7 +123,9 @@ struct imatrix_self_opts {
 	size_t n_seqs, len;            /* sequences sampled, tokens each (BOS included) */
 	uint64_t seed;                 /* sequence i's sampler seed is seed + i */
 	size_t cov_block;              /* covariances in blocks of it (GPTQ); 0: none */
-	void (*progress)(void *arg, size_t done, size_t total); /* tokens sampled; may be NULL */
+	/* tokens sampled so far and in all, after every step; false stops the sampling
+	 * (HEARTH_ECANCELED). May be NULL. */
+	bool (*progress)(void *arg, size_t done, size_t total);
 	void *progress_arg;
 };
 /* Loads `model` as base says (made a calibration load by imatrix_load_opts, with KV for

@@ -311,7 +311,7 @@ int imatrix_run_q4(void *arg, const int32_t *ids, size_t n, struct hearth_error 
 /* One round of imatrix_stats_self: sequences first..first+n-1, n at most what the engine
  * holds at once. */
 struct self_progress {
-	void (*fn)(void *arg, size_t done, size_t total);
+	bool (*fn)(void *arg, size_t done, size_t total);
 	void *arg;
 	size_t total;                  /* tokens sampled in all */
 };
@@ -358,8 +358,10 @@ static int self_round(struct imatrix_stats *s, struct model_q4 *m, struct engine
 		imatrix_stats_flush(s, m->pool); /* the step's covariance sums on every thread */
 		for (size_t i = 0; i < n; i++)
 			next[i] = sampler_sample(smp[i], logits + i * (size_t)eng->n_vocab);
-		if (pr->fn)
-			pr->fn(pr->arg, first * (len - 1) + (pos + 1) * n, pr->total);
+		if (pr->fn && !pr->fn(pr->arg, first * (len - 1) + (pos + 1) * n, pr->total)) {
+			rc = hearth_error_set(err, HEARTH_ECANCELED, "imatrix: the sampling was stopped");
+			break;
+		}
 	}
 	model_q4_observe(m, NULL, NULL);
 	imatrix_stats_defer(s, false);
@@ -380,7 +382,7 @@ out:
 }
 
 int imatrix_stats_self(struct imatrix_stats *s, struct model_q4 *m, const struct tok *t, size_t n_seqs, size_t len,
-		       uint64_t seed, void (*progress)(void *arg, size_t done, size_t total), void *progress_arg,
+		       uint64_t seed, bool (*progress)(void *arg, size_t done, size_t total), void *progress_arg,
 		       struct hearth_error *err)
 {
 	struct engine eng;

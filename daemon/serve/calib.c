@@ -5,6 +5,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,11 +116,37 @@ static void drop_stale(const struct calib *c)
 	closedir(d);
 }
 
+/* c->path's parts left by a daemon that died making it (its pid gone): up to a model's
+ * covariances each. */
+static void drop_parts(const struct calib *c)
+{
+	DIR *d = opendir(c->dir);
+	if (!d)
+		return;
+	const char *base = strrchr(c->path, '/') + 1;
+	size_t bn = strlen(base);
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		char *end;
+		if (strncmp(e->d_name, base, bn) || e->d_name[bn] != '.')
+			continue;
+		long pid = strtol(e->d_name + bn + 1, &end, 10);
+		if (pid <= 0 || strcmp(end, ".part") || pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+			continue;
+		char p[PATH_MAX];
+		if (snprintf(p, sizeof p, "%s/%s", c->dir, e->d_name) < (int)sizeof p)
+			unlink(p);
+	}
+	closedir(d);
+}
+
 int calib_make(const struct calib *c, const char *model, const struct load_opts *o,
-	       void (*progress)(void *arg, size_t done, size_t total), void *progress_arg,
+	       bool (*progress)(void *arg, size_t done, size_t total), void *progress_arg,
 	       struct hearth_error *err)
 {
 	char tmp[PATH_MAX + 32];
+	if (c->cached)
+		drop_parts(c);
 	snprintf(tmp, sizeof tmp, "%s.%ld.part", c->path, (long)getpid());
 	/* A cache directory that cannot be written fails now, not after the sampling. */
 	FILE *probe = fopen(tmp, "wb");

@@ -38,9 +38,10 @@ bool calib_ready(const struct calib *c);
 /* Samples the model as o loads it (imatrix_self_make) into c->path, through a temporary
  * name renamed into place so a crash never leaves half a file under the real name; then
  * removes this model's files made for another version of it (same file name, other model
- * hash). progress (may be NULL): tokens sampled so far and in all. */
+ * hash), and this file's parts a killed daemon left. progress (may be NULL): tokens
+ * sampled so far and in all; false stops it (HEARTH_ECANCELED, nothing left behind). */
 int calib_make(const struct calib *c, const char *model, const struct load_opts *o,
-	       void (*progress)(void *arg, size_t done, size_t total), void *progress_arg,
+	       bool (*progress)(void *arg, size_t done, size_t total), void *progress_arg,
 	       struct hearth_error *err);
 /* Removes c->path unless it is cached: after the load, or a cached file the load refused. */
 void calib_drop(const struct calib *c, bool even_cached);

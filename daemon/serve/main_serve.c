@@ -50,14 +50,14 @@ struct loader {
 	uint64_t extend_ns;   /* when EXTEND_TIMEOUT_USEC last went out (CLOCK_MONOTONIC) */
 };
 
-static void loader_progress(void *ctx, const char *phase, const char *what, uint64_t done,
-			    uint64_t total)
+/* Progress to the server (STATUS=, clients waiting) and the start timeout; false once the
+ * daemon is stopping. */
+static bool loader_report(struct loader *ld, const char *phase, const char *what, uint64_t done, uint64_t total)
 {
-	struct loader *ld = ctx;
 	char text[128];
 	/* "repacking blk.12.attn_q.weight": the tensor's block is what a person looks for. */
 	snprintf(text, sizeof text, "%s %s", phase, what ? what : "");
-	server_progress(ld->srv, text, done, total);
+	bool go_on = server_progress(ld->srv, text, done, total);
 	/* A large model that keeps making progress gets more start-up time; a hang does not.
 	 * Once a second is plenty for a 30 s extension: per tensor, a model of a thousand
 	 * tensors would send the service manager a thousand datagrams. */
@@ -66,6 +66,12 @@ static void loader_progress(void *ctx, const char *phase, const char *what, uint
 		ld->extend_ns = now;
 		systemd_notify_extend_timeout(30ull * 1000000ull, NULL);
 	}
+	return go_on;
+}
+
+static void loader_progress(void *ctx, const char *phase, const char *what, uint64_t done, uint64_t total)
+{
+	loader_report(ctx, phase, what, done, total);
 }
 
 static void loader_release(void *owner)
@@ -159,10 +165,11 @@ static void loader_draft_info(const struct model_q4 *d, struct msg_model_info *i
 	};
 }
 
-/* calib_make's progress: sampled tokens, shown and timed as the load's own. */
-static void loader_calib_progress(void *ctx, size_t done, size_t total)
+/* calib_make's progress: sampled tokens, shown and timed as the load's own; a stop ends
+ * the sampling (minutes on a large model) at the next step. */
+static bool loader_calib_progress(void *ctx, size_t done, size_t total)
 {
-	loader_progress(ctx, "calibrating:", "sampling the model", done, total);
+	return loader_report(ctx, "calibrating:", "sampling the model", done, total);
 }
 
 /* imatrix = self: the file an earlier start made, or one made now by sampling the model

@@ -103,6 +103,7 @@ struct server {
 	struct hearth_error load_err;
 	char phase[64];
 	uint64_t load_done, load_total;
+	bool loads_stop;           /* set when stopping: a loader may give up (server_progress) */
 
 	enum serve_state state;
 	struct server_model model;

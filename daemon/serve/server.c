@@ -426,6 +426,9 @@ static void server_begin_stop(struct server *srv, const char *why)
 	if (srv->stopping)
 		return;
 	srv->stopping = true;
+	pthread_mutex_lock(&srv->mu);
+	srv->loads_stop = true;
+	pthread_mutex_unlock(&srv->mu);
 	struct hearth_error e;
 	log_notice(srv->log, "%s: stopping; running requests get %llu ms to finish", why,
 		   (unsigned long long)(srv->cfg.shutdown_grace_usec / 1000));
@@ -607,13 +610,15 @@ static void server_on_tick(uv_timer_t *t)
 
 /* ---- the loader's side (any thread) ---- */
 
-void server_progress(struct server *s, const char *phase, uint64_t done, uint64_t total)
+bool server_progress(struct server *s, const char *phase, uint64_t done, uint64_t total)
 {
 	pthread_mutex_lock(&s->mu);
 	snprintf(s->phase, sizeof s->phase, "%s", phase);
 	s->load_done = done;
 	s->load_total = total;
+	bool go_on = !s->loads_stop;
 	pthread_mutex_unlock(&s->mu);
+	return go_on;
 }
 
 void server_model_ready(struct server *s, const struct server_model *m)

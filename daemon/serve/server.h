@@ -50,8 +50,10 @@ int server_new(struct server **out, const struct hearth_config *cfg, const char 
 	       const char *const *sets, size_t n_sets, struct log *lg, int listen_fd,
 	       server_load_fn load, void *load_ctx, struct hearth_error *err);
 
-/* Any thread (the loader): progress while loading, then exactly one of ready / failed. */
-void server_progress(struct server *s, const char *phase, uint64_t done, uint64_t total);
+/* Any thread (the loader): progress while loading, then exactly one of ready / failed.
+ * server_progress is false once the daemon is stopping: a loader in a long step that can
+ * stop (imatrix = self's sampling) gives up with an error instead of holding the stop. */
+bool server_progress(struct server *s, const char *phase, uint64_t done, uint64_t total);
 void server_model_ready(struct server *s, const struct server_model *m);
 void server_model_failed(struct server *s, const struct hearth_error *e);
 

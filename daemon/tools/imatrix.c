@@ -157,13 +157,14 @@ static void progress(void *arg, size_t done, size_t total)
 }
 
 /* Called every step: a line at each tenth (arg: the last tenth told). */
-static void progress_self(void *arg, size_t done, size_t total)
+static bool progress_self(void *arg, size_t done, size_t total)
 {
 	size_t *told = arg, tenth = done * 10 / total;
 	if (tenth != *told) {
 		*told = tenth;
 		fprintf(stderr, "hearthd-tool imatrix: sampled %zu of %zu tokens\n", done, total);
 	}
+	return true;
 }
 
 /* The chunks on the f32 reference engine. */

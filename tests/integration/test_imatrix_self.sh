@@ -3,7 +3,7 @@
 # keeps the file in the cache directory (the same bytes as hearthd-tool imatrix --self
 # --cov), GPTQ rounds the load, later starts read the file; a damaged file is made again, a
 # changed model file gets its own and the old one goes; a cache that cannot be written, or
-# none at all, still serves and leaves nothing behind. TAP.
+# none at all, still serves and leaves nothing behind; a stop ends the sampling. TAP.
 set -u
 : "${HEARTH_BUILDDIR:?HEARTH_BUILDDIR is not set (make check sets it)}"
 : "${HEARTH_SHARED:?HEARTH_SHARED is not set (make check sets it)}"
@@ -16,7 +16,7 @@ SOCK=$TMP/h.sock
 FX=$HEARTH_SHARED/fixtures
 . "$HEARTH_SRCDIR/tests/integration/spec_lib.sh"
 
-echo "1..7"
+echo "1..8"
 check() { # status description
 	if [ "$1" = 0 ]; then ok "$2"; else not_ok "$2"; fi
 }
@@ -55,13 +55,16 @@ gen out2
 check $? "imatrix = self: a later start reads the cached file without sampling and serves the same model"
 stop
 
-# A damaged file (cut short): refused by the load, made again, served.
+# A damaged file (cut short): refused by the load, made again, served; the part a killed
+# daemon left of it (a pid that is gone) is removed.
 head -c 1000 "$TMP/cache/$f" >"$TMP/cut" && cat "$TMP/cut" >"$TMP/cache/$f"
+: >"$TMP/cache/$f.999999.part"
 start damaged.log $SELF -o imatrix_cache="$TMP/cache"
 gen out3
 [ "$(quant)" = "q4_mixed+gptq" ] && cmp -s "$TMP/out1" "$TMP/out3" && cmp -s "$TMP/cache/$f" "$TMP/tool.gguf" &&
-	grep -q "warning: imatrix = self: .*$f.*; making it again" "$TMP/damaged.log"
-check $? "imatrix = self: a damaged cached file is named, made again and the model serves"
+	grep -q "warning: imatrix = self: .*$f.*; making it again" "$TMP/damaged.log" &&
+	[ ! -e "$TMP/cache/$f.999999.part" ]
+check $? "imatrix = self: a damaged cached file is named, made again and the model serves; a dead daemon's part is removed"
 stop
 
 # The model file changes (its modification time): a file of its own, the old one removed.
@@ -101,4 +104,19 @@ gen out7
 	grep -q "(kept in $TMP/sd-cache)" "$TMP/sd.log"
 check $? "imatrix = self: systemd's CACHE_DIRECTORY is the cache when imatrix_cache is unset"
 stop
+# SIGTERM while sampling (4096 sequences: minutes): the sampling stops at its next step,
+# hearthd exits at once, nothing is left in the cache.
+rm -rf "$TMP/cache" && mkdir -p "$TMP/cache"
+"$B/hearthd" --socket="$SOCK" --threads=2 --model="$TMP/model.gguf" --max-context=256 --kv-budget=4MiB \
+	-o imatrix=self -o imatrix_samples=4096 -o imatrix_cache="$TMP/cache" --log-level=info >"$TMP/term.log" 2>&1 &
+HPID=$!
+for _ in $(seq 100); do grep -q "sampling 4096 sequences" "$TMP/term.log" && break; sleep 0.1; done
+sleep 1
+kill -TERM $HPID
+gone=1
+for _ in $(seq 100); do kill -0 $HPID 2>/dev/null || { gone=0; break; }; sleep 0.1; done
+wait $HPID 2>/dev/null
+HPID=
+[ $gone = 0 ] && [ -z "$(ls "$TMP/cache")" ] && grep -q "the sampling was stopped" "$TMP/term.log"
+check $? "imatrix = self: SIGTERM stops the sampling within seconds, nothing left in the cache"
 exit $((fails > 0))
