@@ -21,6 +21,7 @@ struct calib {
 	char dir[PATH_MAX];        /* the cache directory, "" when there is none */
 	char stem[PATH_MAX];       /* "<model file>-<model hash>": the prefix of this model's files */
 	bool cached;               /* path is in the cache (kept), else a temporary file */
+	bool made;                 /* made by this start: a load that refuses it is not retried */
 	size_t n_seqs, len;        /* what calib_make samples */
 };
 

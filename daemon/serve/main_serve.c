@@ -194,15 +194,19 @@ static int loader_calibrate(struct loader *ld, struct load_opts *o, struct calib
 		   cal->cached ? cal->dir : "");
 	uint64_t t0 = hearth_now_ns();
 	rc = calib_make(cal, cfg->model, o, loader_calib_progress, ld, err);
-	if (rc < 0 && cal->cached) {
+	if (rc < 0 && rc != HEARTH_ECANCELED && cal->cached) {
 		log_warning(ld->log, "%s; made for this load only instead", err->msg);
 		if ((rc = calib_temporary(cal, err)) == 0)
 			rc = calib_make(cal, cfg->model, o, loader_calib_progress, ld, err);
 	}
+	if (rc == HEARTH_ECANCELED)
+		log_notice(ld->log, "imatrix = self: the sampling was stopped after %.1f s (hearthd is stopping); nothing kept",
+			   (double)(hearth_now_ns() - t0) / 1e9);
 	if (rc < 0)
 		return rc;
 	log_notice(ld->log, "imatrix = self: %s made in %.1f s", cal->path, (double)(hearth_now_ns() - t0) / 1e9);
 	o->imatrix = cal->path;
+	cal->made = true;
 	return 0;
 }
 
@@ -243,7 +247,7 @@ static void *loader_main(void *arg)
 	int rc = load_q4(&ld->model, &ld->tok, cfg->model, &o, &e);
 	/* A cached file the load refuses (damaged, or written by something else) is made anew
 	 * once; a file made just now that fails is the load's error. */
-	if (rc < 0 && self && calib_ready(&cal) && strstr(e.msg, cal.path)) {
+	if (rc < 0 && self && !cal.made && calib_ready(&cal) && strstr(e.msg, cal.path)) {
 		log_warning(ld->log, "imatrix = self: %s; making it again", e.msg);
 		calib_drop(&cal, true);
 		if ((rc = loader_calibrate(ld, &o, &cal, true, &e)) == 0)

@@ -117,6 +117,6 @@ gone=1
 for _ in $(seq 100); do kill -0 $HPID 2>/dev/null || { gone=0; break; }; sleep 0.1; done
 wait $HPID 2>/dev/null
 HPID=
-[ $gone = 0 ] && [ -z "$(ls "$TMP/cache")" ] && grep -q "the sampling was stopped" "$TMP/term.log"
+[ $gone = 0 ] && [ -z "$(ls "$TMP/cache")" ] && grep -q "imatrix = self: the sampling was stopped after .* (hearthd is stopping); nothing kept" "$TMP/term.log"
 check $? "imatrix = self: SIGTERM stops the sampling within seconds, nothing left in the cache"
 exit $((fails > 0))
