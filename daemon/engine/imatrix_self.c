@@ -29,8 +29,8 @@ void imatrix_load_opts(struct load_opts *lo, size_t chunk, size_t n_seqs)
 	if (lo->step_tokens < lo->max_seqs)
 		lo->step_tokens = lo->max_seqs;
 	/* Room for a whole chunk at a generous 256 KiB a position (a long chunk on a large
-	 * model would not fit the daemon's default budget); sampling runs as many sequences
-	 * at once as the budget holds. */
+	 * model would not fit the daemon's default budget); imatrix_self_make then sizes it
+	 * for every sequence it samples side by side. */
 	uint64_t kv = (uint64_t)chunk * (256u << 10);
 	if (kv > lo->kv_budget)
 		lo->kv_budget = kv;
