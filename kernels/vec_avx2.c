@@ -397,13 +397,7 @@ void vec_cov_row_avx2(double *c, const float *x, size_t ld, size_t n_tok, size_t
 			a = _mm256_fmadd_ps(_mm256_set1_ps(x[t * ld + i]), _mm256_loadu_ps(x + t * ld + j), a);
 		cov_add8(c + j - j0, a);
 	}
-	for (; j < j1; j++) {
-		float acc = 0.0f;
-
-		for (size_t t = 0; t < n_tok; t++)
-			acc = fmaf(x[t * ld + i], x[t * ld + j], acc);
-		c[j - j0] += (double)acc;
-	}
+	vec_cov_row_ref(c + j - j0, x, ld, n_tok, i, j, j1); /* the last columns, fewer than 8 */
 }
 
 void vec_sub_scaled_avx2(float *x, const float *u, float e, size_t n)
@@ -417,6 +411,5 @@ void vec_sub_scaled_avx2(float *x, const float *u, float e, size_t n)
 	}
 	for (; j + 8 <= n; j += 8)
 		_mm256_storeu_ps(x + j, _mm256_fnmadd_ps(ve, _mm256_loadu_ps(u + j), _mm256_loadu_ps(x + j)));
-	for (; j < n; j++)
-		x[j] = fmaf(-e, u[j], x[j]);
+	vec_sub_scaled_ref(x + j, u + j, e, n - j); /* the last columns, fewer than 8 */
 }

@@ -30,8 +30,6 @@ static uint64_t hash_add(uint64_t h, const void *p, size_t n)
 	return h;
 }
 
-#define HASH_ADD(h, v) hash_add((h), &(v), sizeof(v))
-
 int calib_locate(struct calib *c, const struct hearth_config *cfg, const struct load_opts *o,
 		 struct hearth_error *err)
 {
@@ -42,17 +40,12 @@ int calib_locate(struct calib *c, const struct hearth_config *cfg, const struct 
 	c->n_seqs = cfg->imatrix_samples;
 	c->len = CALIB_LEN < o->max_context ? CALIB_LEN : o->max_context;
 
-	uint64_t mh = 0xcbf29ce484222325ull, sh = mh;
-	uint64_t dev = st.st_dev, ino = st.st_ino, size = (uint64_t)st.st_size;
-	int64_t sec = st.st_mtim.tv_sec, nsec = st.st_mtim.tv_nsec;
-	mh = HASH_ADD(mh, dev);
-	mh = HASH_ADD(mh, ino);
-	mh = HASH_ADD(mh, size);
-	mh = HASH_ADD(mh, sec);
-	mh = HASH_ADD(mh, nsec);
+	uint64_t ident[] = { st.st_dev, st.st_ino, (uint64_t)st.st_size, (uint64_t)st.st_mtim.tv_sec,
+			     (uint64_t)st.st_mtim.tv_nsec };
 	uint64_t settings[] = { CALIB_FORMAT, c->n_seqs, c->len, CALIB_SEED, IMATRIX_COV_BLOCK_DEFAULT,
 				o->weights_group, o->head_bits, o->mix, o->mix_budget_cbpw };
-	sh = hash_add(sh, settings, sizeof settings);
+	uint64_t mh = hash_add(0xcbf29ce484222325ull, ident, sizeof ident);
+	uint64_t sh = hash_add(0xcbf29ce484222325ull, settings, sizeof settings);
 
 	const char *dir = cfg->imatrix_cache[0] ? cfg->imatrix_cache : getenv("CACHE_DIRECTORY");
 	/* systemd passes every CacheDirectory= colon-separated: the first is ours. */

@@ -1,12 +1,21 @@
-# Sourced by the speculative-decoding tests (test_speculate.sh, test_draft_model.sh) and
-# test_imatrix.sh: a hearthd on $SOCK, generations through `hearth generate --json`
-# ($GEN_TOKENS tokens), the daemon's draft counters, and TAP lines. The caller sets B (the
+# Sourced by the speculative-decoding tests (test_speculate.sh, test_draft_model.sh),
+# test_imatrix.sh and test_imatrix_self.sh: a hearthd on $SOCK, generations through `hearth
+# generate --json` ($GEN_TOKENS tokens), the daemon's draft counters and quantization name,
+# and TAP lines. The caller sets B (the
 # build directory), TMP and SOCK, and HPID= before its EXIT trap.
 GEN_TOKENS=${GEN_TOKENS:-64}
 n=0
 fails=0
 ok() { n=$((n + 1)); echo "ok $n - $1"; }
 not_ok() { n=$((n + 1)); fails=$((fails + 1)); echo "not ok $n - $1"; }
+check() { # status description
+	if [ "$1" = 0 ]; then ok "$2"; else not_ok "$2"; fi
+}
+
+# The served model's quantization name (stats' model.quant).
+quant() {
+	"$B/hearth" --socket "$SOCK" stats --json 2>/dev/null | sed -n 's/.*"model":{[^}]*"quant":"\([^"]*\)".*/\1/p'
+}
 
 # start LOG HEARTHD-OPTION...: a hearthd on $SOCK, waited for until it answers.
 start() {

@@ -23,9 +23,6 @@ GEN_TOKENS=48
 . "$HEARTH_SRCDIR/tests/integration/spec_lib.sh"
 
 echo "1..11"
-check() { # status description
-	if [ "$1" = 0 ]; then ok "$2"; else not_ok "$2"; fi
-}
 
 # The arena of the daemon's latest load, as its log says: "arena: N bytes" and the plan's
 # regions ("arena plan: weights.q4g128 N, ..., draft.kv_pool N, ...") with their sum.

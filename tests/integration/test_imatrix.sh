@@ -20,12 +20,6 @@ IM=$HEARTH_SRCDIR/tests/fixtures/imatrix
 . "$HEARTH_SRCDIR/tests/integration/spec_lib.sh"
 
 echo "1..12"
-check() { # status description
-	if [ "$1" = 0 ]; then ok "$2"; else not_ok "$2"; fi
-}
-quant() {
-	"$B/hearth" --socket "$SOCK" stats --json 2>/dev/null | sed -n 's/.*"model":{[^}]*"quant":"\([^"]*\)".*/\1/p'
-}
 
 CONF=$TMP/h.conf
 printf 'model = %s\nimatrix = %s\nmax_context = 256\nkv_budget = 4MiB\nweights_mix = off\nmodel_swap = drain\n' \

@@ -10,22 +10,13 @@ set -u
 : "${HEARTH_SRCDIR:?HEARTH_SRCDIR is not set (make check sets it)}"
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/test_imatrix_self.XXXXXX") || exit 1
 HPID=
-trap '[ -n "$HPID" ] && kill $HPID 2>/dev/null; wait 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$TMP"' EXIT
+trap '[ -n "$HPID" ] && kill $HPID 2>/dev/null; wait 2>/dev/null; rm -rf "$TMP"' EXIT
 B=$HEARTH_BUILDDIR
 SOCK=$TMP/h.sock
 FX=$HEARTH_SHARED/fixtures
 . "$HEARTH_SRCDIR/tests/integration/spec_lib.sh"
 
 echo "1..8"
-check() { # status description
-	if [ "$1" = 0 ]; then ok "$2"; else not_ok "$2"; fi
-}
-quant() {
-	"$B/hearth" --socket "$SOCK" stats --json 2>/dev/null | sed -n 's/.*"model":{[^}]*"quant":"\([^"]*\)".*/\1/p'
-}
-gen() { # out
-	"$B/hearth" --socket "$SOCK" generate --temp 0 -n 12 "hello hello" >"$TMP/$1" 2>&1
-}
 cached() { # the cache's imatrix files
 	ls "$TMP/cache" 2>/dev/null | grep '\.imatrix\.gguf$'
 }
@@ -36,7 +27,7 @@ SELF="--model=$TMP/model.gguf --max-context=256 --kv-budget=4MiB -o imatrix=self
 
 # First start: sampled, kept, GPTQ-rounded, serving; the file is hearthd-tool's.
 start first.log $SELF -o imatrix_cache="$TMP/cache"
-gen out1
+gen "$TMP/out1" "hello hello" --temp 0
 f=$(cached)
 "$B/hearthd-tool" imatrix -q -m "$TMP/model.gguf" --self 8 -c 256 --cov -o "$TMP/tool.gguf"
 [ -s "$TMP/out1" ] && [ "$(quant)" = "q4_mixed+gptq" ] && [ "$(cached | wc -l)" = 1 ] &&
@@ -49,7 +40,7 @@ stop
 
 # Second start: the cached file, no sampling, the same model.
 start second.log $SELF -o imatrix_cache="$TMP/cache"
-gen out2
+gen "$TMP/out2" "hello hello" --temp 0
 [ "$(quant)" = "q4_mixed+gptq" ] && cmp -s "$TMP/out1" "$TMP/out2" && ! grep -q "sampling" "$TMP/second.log" &&
 	grep -q "imatrix = self: .*$f, made at an earlier start" "$TMP/second.log"
 check $? "imatrix = self: a later start reads the cached file without sampling and serves the same model"
@@ -60,7 +51,7 @@ stop
 head -c 1000 "$TMP/cache/$f" >"$TMP/cut" && cat "$TMP/cut" >"$TMP/cache/$f"
 : >"$TMP/cache/$f.999999.part"
 start damaged.log $SELF -o imatrix_cache="$TMP/cache"
-gen out3
+gen "$TMP/out3" "hello hello" --temp 0
 [ "$(quant)" = "q4_mixed+gptq" ] && cmp -s "$TMP/out1" "$TMP/out3" && cmp -s "$TMP/cache/$f" "$TMP/tool.gguf" &&
 	grep -q "warning: imatrix = self: .*$f.*; making it again" "$TMP/damaged.log" &&
 	[ ! -e "$TMP/cache/$f.999999.part" ]
@@ -70,7 +61,7 @@ stop
 # The model file changes (its modification time): a file of its own, the old one removed.
 touch -d "2001-01-01" "$TMP/model.gguf"
 start changed.log $SELF -o imatrix_cache="$TMP/cache"
-gen out4
+gen "$TMP/out4" "hello hello" --temp 0
 g=$(cached)
 [ "$(quant)" = "q4_mixed+gptq" ] && [ "$(cached | wc -l)" = 1 ] && [ "$g" != "$f" ] &&
 	[ "${g%-*}" != "${f%-*}" ] && grep -q "sampling 8 sequences" "$TMP/changed.log"
@@ -81,7 +72,7 @@ stop
 # nothing left in TMPDIR.
 : >"$TMP/notadir"
 start unwritable.log $SELF -o imatrix_cache="$TMP/notadir/cache"
-gen out5
+gen "$TMP/out5" "hello hello" --temp 0
 [ "$(quant)" = "q4_mixed+gptq" ] && [ -s "$TMP/out5" ] && [ -z "$(ls "$TMP/tmpdir")" ] &&
 	grep -q "warning: imatrix = self: cannot write $TMP/notadir/cache/.*; made for this load only instead" \
 		"$TMP/unwritable.log"
@@ -90,7 +81,7 @@ stop
 
 # No cache directory at all: made at every start, removed after the load.
 start nocache.log $SELF
-gen out6
+gen "$TMP/out6" "hello hello" --temp 0
 [ "$(quant)" = "q4_mixed+gptq" ] && [ -z "$(ls "$TMP/tmpdir")" ] &&
 	grep -q "(no cache directory: made at every start)" "$TMP/nocache.log"
 check $? "imatrix = self without a cache directory: made for the load, removed after it"
@@ -99,7 +90,7 @@ stop
 # systemd's CacheDirectory= (CACHE_DIRECTORY) is the cache when imatrix_cache is unset.
 mkdir -p "$TMP/sd-cache"
 CACHE_DIRECTORY="$TMP/sd-cache" start sd.log $SELF
-gen out7
+gen "$TMP/out7" "hello hello" --temp 0
 [ "$(quant)" = "q4_mixed+gptq" ] && [ "$(ls "$TMP/sd-cache" | grep -c '\.imatrix\.gguf$')" = 1 ] &&
 	grep -q "(kept in $TMP/sd-cache)" "$TMP/sd.log"
 check $? "imatrix = self: systemd's CACHE_DIRECTORY is the cache when imatrix_cache is unset"
