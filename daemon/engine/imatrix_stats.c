@@ -277,11 +277,14 @@ static const char *const q4_mat_names[MQ4_LAYER_MATRICES] = {
 	[MQ4_GATE] = "ffn_gate", [MQ4_UP] = "ffn_up", [MQ4_DOWN] = "ffn_down",
 };
 
-/* model_q4_observe's callback: the input under the GGUF name of the matrix it feeds. */
+/* model_q4_observe's callback: the input under the GGUF name of the matrix it feeds (a
+ * tied head's is the embedding's, the matrix the loader rounds for it). */
 static void q4_observe(void *arg, uint32_t layer, int mat, const float *x, size_t n_tok, size_t cols)
 {
 	char name[64];
-	int len = snprintf(name, sizeof name, "blk.%u.%s.weight", layer, q4_mat_names[mat]);
+	int len = mat == MQ4_OBSERVE_OUTPUT	     ? snprintf(name, sizeof name, "output.weight")
+		  : mat == MQ4_OBSERVE_TIED_HEAD ? snprintf(name, sizeof name, "token_embd.weight")
+						 : snprintf(name, sizeof name, "blk.%u.%s.weight", layer, q4_mat_names[mat]);
 	imatrix_stats_add(arg, name, (size_t)len, x, n_tok, cols);
 }
 

@@ -432,6 +432,9 @@ static void step_run(void *arg, size_t t, size_t nt)
 	size_t hg = int8 ? head8->group : int6 ? Q6_GROUP : head->group;
 	acts_setup(st, &a, st->L, E, 1u << mq4_group_slot(hg));
 	pool_barrier(p);
+	if (m->observe && t == 0)
+		m->observe(m->observe_arg, m->n_layer, m->hp.tied_output ? MQ4_OBSERVE_TIED_HEAD : MQ4_OBSERVE_OUTPUT,
+			   m->xb, st->L, E);
 	acts_fill(st, &a, m->xb, E, st->L, t, nt);
 	pool_barrier(p);
 	if (int8)

@@ -22,6 +22,10 @@
 /* The int4 matrices of one layer: wq, wk, wv, wo, gate, up, down (struct mq4_layer). */
 #define MQ4_LAYER_MATRICES 7
 enum { MQ4_WQ, MQ4_WK, MQ4_WV, MQ4_WO, MQ4_GATE, MQ4_UP, MQ4_DOWN };
+/* model_q4_observe's ids past the layers': the head's input (the final norm's output, the
+ * rows whose logits are wanted) under layer n_layer, as an untied output matrix's or as the
+ * tied embedding's, whose int4 rows the head reads. */
+enum { MQ4_OBSERVE_OUTPUT = MQ4_LAYER_MATRICES, MQ4_OBSERVE_TIED_HEAD };
 /* Beyond the layers: the embedding and an untied output head. */
 #define MQ4_HEAD_MATRICES 2
 /* Compute threads a model's pool may have; cpus[] is sized by it, and so is every
@@ -169,7 +173,8 @@ struct model_q4_facts {
 void model_q4_facts(const struct model_q4 *m, struct model_q4_facts *out);
 
 /* Calls fn(arg, layer, MQ4_WQ.., x, n_tok, cols) with every layer matrix's float input
- * (n_tok rows of cols, the step's rows of every span) before each product, on the stepping
+ * (n_tok rows of cols, the step's rows of every span) before each product, and with the
+ * head's (MQ4_OBSERVE_OUTPUT or _TIED_HEAD: the rows whose logits a span wants), on the stepping
  * thread, while the other threads multiply: how a calibration pass (hearthd-tool imatrix)
  * measures the columns the activations lean on at the int4 engine's speed. NULL turns it
  * off; off by default, and a step without it costs nothing more. */

@@ -19,7 +19,7 @@
 
 /* Bumped when the file made for the same model and settings would differ (the sampler, the
  * collector, the file's contents): old caches then miss instead of being read. */
-#define CALIB_FORMAT 1u
+#define CALIB_FORMAT 2u /* 2: the head's input too */
 
 /* FNV-1a, 64 bits: a name, not a defence against anyone who can write the cache. */
 static uint64_t hash_add(uint64_t h, const void *p, size_t n)

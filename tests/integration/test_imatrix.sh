@@ -99,20 +99,21 @@ check $? "an imatrix that steers nothing (every matrix carried over) is logged a
 stop
 
 # --self: no text, sequences sampled from the model itself: the same file for the same
-# seed, another for another, every matrix with (len - 1) x N tokens, and it steers a load.
+# seed, another for another, every layer matrix and the head (its input at every sampled
+# token) with (len - 1) x N tokens, and it steers a load.
 SELF="$B/hearthd-tool imatrix -q -m $FX/fx-llama.gguf --self 6 -c 32"
 $SELF -o "$TMP/self1.gguf" && $SELF -o "$TMP/self2.gguf" && $SELF --seed 2 -o "$TMP/self3.gguf" &&
 	cmp -s "$TMP/self1.gguf" "$TMP/self2.gguf" && ! cmp -s "$TMP/self1.gguf" "$TMP/self3.gguf" &&
 	"$B/hearthd-tool" imatrix -m "$FX/fx-llama.gguf" --self 6 -c 32 -o "$TMP/self4.gguf" 2>&1 |
-	grep -q "14 matrices over 186 tokens"
+	grep -q "15 matrices over 186 tokens"
 check $? "hearthd-tool imatrix --self: the same seed writes the same file, another seed another, 6 x 31 tokens"
 start self.log --model="$FX/fx-llama.gguf" -o imatrix="$TMP/self1.gguf" --max-context=256 --kv-budget=4MiB \
 	-o weights_mix=off --log-level=notice
 "$B/hearth" --socket "$SOCK" generate --temp 0 -n 4 "hello" >/dev/null 2>&1
-grep -q "self1.gguf steered 14 int4 matrices$" "$TMP/self.log" && [ "$(quant)" = "q4_mixed+imatrix" ]
+grep -q "self1.gguf steered 15 int4 matrices$" "$TMP/self.log" && [ "$(quant)" = "q4_mixed+imatrix" ]
 check $? "hearthd-tool imatrix --self: its file steers a real hearthd's load"
 stop
-# --cov: each distinct input's covariance too; hearthd rounds every layer matrix by GPTQ
+# --cov: each distinct input's covariance too; hearthd rounds every layer matrix and the head by GPTQ
 # against them (the log counts them, the layout says +gptq) and serves; deterministic too.
 COV="$B/hearthd-tool imatrix -q -m $FX/fx-llama.gguf --self 6 -c 32 --cov"
 $COV -o "$TMP/cov1.gguf" && $COV -o "$TMP/cov2.gguf" && cmp -s "$TMP/cov1.gguf" "$TMP/cov2.gguf" &&
@@ -122,8 +123,8 @@ start cov.log --model="$FX/fx-llama.gguf" -o imatrix="$TMP/cov1.gguf" --max-cont
 	-o weights_mix=off --log-level=notice
 "$B/hearth" --socket "$SOCK" generate --temp 0 -n 8 "hello hello" >"$TMP/out5" 2>&1
 [ $rc = 0 ] && [ -s "$TMP/out5" ] && [ "$(quant)" = "q4_mixed+gptq" ] &&
-	grep -q "cov1.gguf steered 14 int4 matrices; GPTQ rounded 14 against its covariances$" "$TMP/cov.log"
-check $? "hearthd-tool imatrix --cov: GPTQ rounds all 14 layer matrices of a real hearthd's load, which serves"
+	grep -q "cov1.gguf steered 15 int4 matrices; GPTQ rounded 15 against its covariances$" "$TMP/cov.log"
+check $? "hearthd-tool imatrix --cov: GPTQ rounds all 14 layer matrices and the head of a real hearthd's load, which serves"
 stop
 "$B/hearthd-tool" imatrix -m "$FX/fx-llama.gguf" --self 2 -f "$HEARTH_SRCDIR/bench/spec_passage.txt" \
 	-o "$TMP/x.gguf" 2>"$TMP/both.err"

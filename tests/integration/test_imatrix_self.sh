@@ -25,7 +25,8 @@ export TMPDIR="$TMP/tmpdir"
 cp "$FX/fx-llama.gguf" "$TMP/model.gguf"
 SELF="--model=$TMP/model.gguf --max-context=256 --kv-budget=4MiB -o imatrix=self -o imatrix_samples=8 --log-level=info"
 
-# First start: sampled, kept, GPTQ-rounded, serving; the file is hearthd-tool's.
+# First start: sampled, kept, GPTQ-rounded (the 14 layer matrices and the head), serving;
+# the file is hearthd-tool's.
 start first.log $SELF -o imatrix_cache="$TMP/cache"
 gen "$TMP/out1" "hello hello" --temp 0
 f=$(cached)
@@ -33,7 +34,7 @@ f=$(cached)
 [ -s "$TMP/out1" ] && [ "$(quant)" = "q4_mixed+gptq" ] && [ "$(cached | wc -l)" = 1 ] &&
 	case $f in model-????????????????-????????????????.imatrix.gguf) true ;; *) false ;; esac &&
 	grep -q "imatrix = self: sampling 8 sequences of 256 tokens from .*model.gguf for GPTQ's statistics (kept in $TMP/cache)" "$TMP/first.log" &&
-	grep -q "GPTQ rounded 14 against its covariances" "$TMP/first.log" &&
+	grep -q "GPTQ rounded 15 against its covariances" "$TMP/first.log" &&
 	cmp -s "$TMP/cache/$f" "$TMP/tool.gguf"
 check $? "imatrix = self: the first start samples the model, keeps hearthd-tool imatrix --self --cov's file in the cache, GPTQ rounds the load, it serves"
 stop

@@ -531,6 +531,88 @@ static void test_q4_int6_head_is_closer_than_int4(void **state)
 	}
 }
 
+/* What model_q4_observe reports for the head: the rows it saw under their id and layer. */
+struct head_seen {
+	uint32_t n_layer, n_embd;
+	int want;             /* MQ4_OBSERVE_OUTPUT or _TIED_HEAD */
+	float *rows;          /* N_POS x n_embd, in the order they came */
+	uint32_t n;
+	uint32_t layer_calls; /* the layer matrices' calls, to tell the head's apart */
+};
+
+static void head_observe(void *arg, uint32_t layer, int mat, const float *x, size_t n_tok, size_t cols)
+{
+	struct head_seen *h = arg;
+	if (mat < MQ4_LAYER_MATRICES) {
+		assert_true(layer < h->n_layer);
+		h->layer_calls++;
+		return;
+	}
+	assert_int_equal(mat, h->want);
+	assert_int_equal(layer, h->n_layer);
+	assert_int_equal(cols, h->n_embd);
+	assert_true(h->n + n_tok <= N_POS);
+	memcpy(h->rows + (size_t)h->n * cols, x, n_tok * cols * sizeof *x);
+	h->n += (uint32_t)n_tok;
+}
+
+/* The head's input the observer sees (what imatrix = self collects for GPTQ on the head) is
+ * the final norm's output at every position whose logits were wanted: the same floats the
+ * engine returns as that position's embedding, under the matrix the head reads (the tied
+ * embedding or the output matrix), and nothing for a prefill chunk that wants no logits. */
+static void check_observe_head(const char *file, bool tied)
+{
+	struct model_q4 *m = load(file, Q4_ACT_A8, 2, 64);
+	assert_int_equal(m->hp.tied_output, tied);
+	struct engine eng;
+	model_q4_engine(m, &eng);
+	int32_t prompt[N_POS];
+	test_prompt(5, prompt, N_POS, m->hp.n_vocab);
+	struct head_seen h = { m->n_layer, m->hp.n_embd, tied ? MQ4_OBSERVE_TIED_HEAD : MQ4_OBSERVE_OUTPUT,
+			       malloc((size_t)N_POS * m->hp.n_embd * sizeof(float)), 0, 0 };
+	float *embd = malloc((size_t)N_POS * m->hp.n_embd * sizeof(float));
+	float *logits = malloc(eng.n_vocab * sizeof(float));
+	struct hearth_error e;
+	struct engine_seq *s;
+	uint32_t cached;
+	model_q4_observe(m, head_observe, &h);
+	/* A prefill chunk without logits: the layers are seen, the head is not. */
+	assert_int_equal(eng.seq_open(eng.impl, prompt, N_POS, N_POS, ENGINE_SHARE_PRIVATE, &s, &cached, &e), 0);
+	struct engine_span chunk = { s, prompt, N_POS / 2, NULL, 0, NULL };
+	assert_int_equal(eng.forward(eng.impl, &chunk, 1, &e), 0);
+	assert_int_equal(h.n, 0);
+	assert_int_equal(h.layer_calls, m->n_layer * MQ4_LAYER_MATRICES);
+	eng.seq_close(eng.impl, s);
+	/* One token a step with its logits: a head row each, in order. */
+	assert_int_equal(eng.seq_open(eng.impl, prompt, N_POS, N_POS, ENGINE_SHARE_PRIVATE, &s, &cached, &e), 0);
+	for (uint32_t i = 0; i < N_POS; i++) {
+		struct engine_span sp = { s, &prompt[i], 1, logits, 0, NULL };
+		assert_int_equal(eng.forward(eng.impl, &sp, 1, &e), 0);
+		assert_int_equal(h.n, i + 1);
+	}
+	eng.seq_close(eng.impl, s);
+	model_q4_observe(m, NULL, NULL);
+	/* The same positions' embeddings (W4A8: the same bits however the steps ran). */
+	assert_int_equal(eng.seq_open(eng.impl, prompt, N_POS, N_POS, ENGINE_SHARE_PRIVATE, &s, &cached, &e), 0);
+	for (uint32_t i = 0; i < N_POS; i++) {
+		struct engine_span sp = { .seq = s, .tokens = &prompt[i], .n = 1, .embd = embd + (size_t)i * m->hp.n_embd };
+		assert_int_equal(eng.forward(eng.impl, &sp, 1, &e), 0);
+	}
+	eng.seq_close(eng.impl, s);
+	assert_memory_equal(h.rows, embd, (size_t)N_POS * m->hp.n_embd * sizeof(float));
+	free(h.rows);
+	free(embd);
+	free(logits);
+	model_q4_free(m);
+}
+
+static void test_q4_observe_sees_the_head_input(void **state)
+{
+	(void)state;
+	check_observe_head("fx-qwen3.gguf", true);
+	check_observe_head("fx-llama.gguf", false);
+}
+
 static void check_prefill_batch_equals_one_token_at_a_time(uint32_t head_bits)
 {
 	struct model_q4 *m = load_head("fx-qwen3.gguf", Q4_ACT_A8, 4, 64, 0, head_bits);
@@ -1095,6 +1177,7 @@ int main(void)
 		cmocka_unit_test(test_q4_q8_kv_stays_within_int4_fidelity),
 		cmocka_unit_test(test_q4_q8_kv_batches_equal_one_at_a_time),
 		cmocka_unit_test(test_q4_prefill_batch_equals_one_token_at_a_time),
+		cmocka_unit_test(test_q4_observe_sees_the_head_input),
 		cmocka_unit_test(test_q4_sequences_in_one_step_equal_each_alone),
 		cmocka_unit_test(test_q4_decode_rows_equal_each_alone),
 		cmocka_unit_test(test_q4_shared_prefix_gives_the_same_logits),
