@@ -135,6 +135,12 @@ struct imatrix_self_opts {
  * thread steps the engine and gets its CPU affinity back. */
 int imatrix_self_make(const char *model, const struct load_opts *base, const struct imatrix_self_opts *so,
 		      const char *out, size_t *n_entries, struct hearth_error *err);
+/* What imatrix_self_make will hold at its peak, in *bytes: the calibration load's arena as
+ * load_plan_size plans it plus the covariance sums (cols x block doubles for each distinct
+ * input, up to imatrix_cov_max), from the files' headers alone. The file is written after
+ * the model is freed, so it is not on top. For a model swap's room check. */
+int imatrix_self_plan(const char *model, const struct load_opts *base, const struct imatrix_self_opts *so,
+		      uint64_t *bytes, struct hearth_error *err);
 
 /* The model_observe_fn behind imatrix_stats_run (arg: the stats): a "blk.*" matrix's input
  * added under its tensor name. */

@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "daemon/engine/gguf.h"
@@ -48,8 +49,12 @@ uint64_t imatrix_cov_max(void)
 /* KV for every sequence sampled side by side, whole (f16, every layer as if global: more
  * than sliding layers need): a budget that held fewer would sample fewer at once, slower
  * and with other batches in the sums, so the file would depend on kv_budget. The model's
- * shape is read from its header (the reference loader maps, it does not copy). */
-static int self_kv_budget(const char *model, struct load_opts *lo, size_t len, struct hearth_error *err)
+ * shape is read from its header (the reference loader maps, it does not copy). With
+ * cov_bytes (may be NULL): what the covariance sums in blocks of `block` will take, a
+ * cols x block array of doubles for each distinct input the collector meets (the layer
+ * matrices' but k, v and up, which share q's and gate's, and the head's). */
+static int self_size(const char *model, struct load_opts *lo, size_t len, size_t block, uint64_t *cov_bytes,
+		     struct hearth_error *err)
 {
 	struct gguf_file *f = NULL;
 	struct model *m = NULL;
@@ -66,8 +71,39 @@ static int self_kv_budget(const char *model, struct load_opts *lo, size_t len, s
 	want += want / 8 + ((uint64_t)1 << 20); /* the pool's pages and rounding */
 	if (want > lo->kv_budget)
 		lo->kv_budget = want;
+	if (cov_bytes)
+		*cov_bytes = 0;
+	for (uint64_t i = 0; cov_bytes && i < f->n_tensors; i++) {
+		const struct gguf_tensor *t = &f->tensors[i];
+		char name[256];
+		if (t->n_dims != 2 || t->name.len >= sizeof name)
+			continue;
+		memcpy(name, t->name.ptr, t->name.len);
+		name[t->name.len] = '\0';
+		bool layer = !strncmp(name, "blk.", 4) && !imatrix_cov_shared(name, NULL, 0);
+		bool head = m->hp.tied_output ? !strcmp(name, "token_embd.weight") : !strcmp(name, "output.weight");
+		size_t cols = (size_t)t->ne[0];
+		if (layer || head)
+			*cov_bytes += (uint64_t)cols * (block < cols ? block : cols) * sizeof(double);
+	}
 	model_free(m);
 	gguf_close(f);
+	return 0;
+}
+
+int imatrix_self_plan(const char *model, const struct load_opts *base, const struct imatrix_self_opts *so,
+		      uint64_t *bytes, struct hearth_error *err)
+{
+	struct load_opts lo = *base;
+	uint64_t cov = 0;
+	size_t arena;
+	imatrix_load_opts(&lo, so->len, so->n_seqs);
+	int rc = self_size(model, &lo, so->len, so->cov_block, so->cov_block ? &cov : NULL, err);
+	if (rc < 0 || (rc = load_plan_size(model, &lo, &arena, err)) < 0)
+		return rc;
+	/* Past the cap the run fails instead of growing. */
+	uint64_t cap = imatrix_cov_max();
+	*bytes = (uint64_t)arena + (cov < cap ? cov : cap);
 	return 0;
 }
 
@@ -79,7 +115,7 @@ int imatrix_self_make(const char *model, const struct load_opts *base, const str
 	struct tok *t = NULL;
 	struct imatrix_stats *s = NULL;
 	imatrix_load_opts(&lo, so->len, so->n_seqs);
-	int rc = self_kv_budget(model, &lo, so->len, err);
+	int rc = self_size(model, &lo, so->len, 0, NULL, err);
 	if (rc < 0 || (rc = imatrix_stats_new(&s, err)) < 0)
 		return rc;
 	if (so->cov_block)

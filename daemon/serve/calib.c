@@ -133,6 +133,24 @@ static void drop_parts(const struct calib *c)
 	closedir(d);
 }
 
+/* What calib_make samples for c. */
+static struct imatrix_self_opts calib_self_opts(const struct calib *c)
+{
+	return (struct imatrix_self_opts){
+		.n_seqs = c->n_seqs,
+		.len = c->len,
+		.seed = CALIB_SEED,
+		.cov_block = IMATRIX_COV_BLOCK_DEFAULT,
+	};
+}
+
+int calib_plan(const struct calib *c, const char *model, const struct load_opts *o, uint64_t *bytes,
+	       struct hearth_error *err)
+{
+	struct imatrix_self_opts so = calib_self_opts(c);
+	return imatrix_self_plan(model, o, &so, bytes, err);
+}
+
 int calib_make(const struct calib *c, const char *model, const struct load_opts *o,
 	       bool (*progress)(void *arg, size_t done, size_t total), void *progress_arg,
 	       struct hearth_error *err)
@@ -148,14 +166,9 @@ int calib_make(const struct calib *c, const char *model, const struct load_opts 
 	fclose(probe);
 	struct load_opts lo = *o;
 	lo.load_record = NULL; /* the record is the served load's, not this one's */
-	struct imatrix_self_opts so = {
-		.n_seqs = c->n_seqs,
-		.len = c->len,
-		.seed = CALIB_SEED,
-		.cov_block = IMATRIX_COV_BLOCK_DEFAULT,
-		.progress = progress,
-		.progress_arg = progress_arg,
-	};
+	struct imatrix_self_opts so = calib_self_opts(c);
+	so.progress = progress;
+	so.progress_arg = progress_arg;
 	int rc = imatrix_self_make(model, &lo, &so, tmp, NULL, err);
 	if (rc == 0 && rename(tmp, c->path) < 0)
 		rc = hearth_error_errno(err, HEARTH_EIO, errno, "imatrix = self: cannot rename %s to %s", tmp, c->path);

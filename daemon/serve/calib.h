@@ -7,6 +7,7 @@
 #include <limits.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "protocol/error.h"
 
@@ -43,6 +44,10 @@ bool calib_ready(const struct calib *c);
  * sampled so far and in all; false stops it (HEARTH_ECANCELED, nothing left behind). */
 int calib_make(const struct calib *c, const char *model, const struct load_opts *o,
 	       bool (*progress)(void *arg, size_t done, size_t total), void *progress_arg,
+	       struct hearth_error *err);
+/* What calib_make will hold at its peak (the calibration load's arena and the covariance
+ * sums: imatrix_self_plan), for a model swap's room check; the model and o as calib_make's. */
+int calib_plan(const struct calib *c, const char *model, const struct load_opts *o, uint64_t *bytes,
 	       struct hearth_error *err);
 /* Removes c->path unless it is cached: after the load, or a cached file the load refused. */
 void calib_drop(const struct calib *c, bool even_cached);

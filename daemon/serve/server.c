@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "daemon/engine/load.h"
+#include "daemon/serve/calib.h"
 #include "daemon/serve/offload.h"
 #include "daemon/serve/serve.h"
 #include "daemon/serve/sockpath.h"
@@ -460,8 +461,9 @@ static void server_begin_stop(struct server *srv, const char *why)
 
 /* Whether the machine can hold a second model beside the first: arena_bytes is the new
  * arena as the loader plans it (load_plan_size: weights, KV with any sliding-window rings
- * on top of a default budget, scratch, and the draft model's regions), plus the rest. */
-static bool server_room_beside(size_t arena_bytes)
+ * on top of a default budget, scratch, and the draft model's regions), or imatrix = self's
+ * calibration when that is more, plus the rest. */
+static bool server_room_beside(uint64_t arena_bytes)
 {
 	FILE *f = fopen("/proc/meminfo", "r");
 	if (!f)
@@ -525,10 +527,28 @@ static void server_reload(struct server *srv)
 	}
 	log_info(srv->log, "model swap: the new arena plans %zu bytes%s", arena_bytes,
 		 fresh.draft_model[0] ? " (the draft model's regions included)" : "");
+	/* imatrix = self without a file for the new model loads a calibration copy first (and
+	 * the covariance sums beside it), which beside the running model may be the peak. */
+	uint64_t need = arena_bytes;
+	bool room_known = true;
+	if (!strcmp(fresh.imatrix, CONFIG_IMATRIX_SELF)) {
+		struct calib cal;
+		uint64_t calib_bytes;
+		if (calib_locate(&cal, &fresh, &lo, &e) < 0 || (!calib_ready(&cal) &&
+								 calib_plan(&cal, fresh.model, &lo, &calib_bytes, &e) < 0)) {
+			log_warning(srv->log, "model swap: cannot plan imatrix = self's calibration (%s)", e.msg);
+			room_known = false;
+		} else if (!calib_ready(&cal)) {
+			log_info(srv->log, "model swap: imatrix = self samples the new model first: %llu bytes for that",
+				 (unsigned long long)calib_bytes);
+			if (calib_bytes > need)
+				need = calib_bytes;
+		}
+	}
 	srv->pending_cfg = fresh;
 	srv->swapping = true;
 	srv->swap_beside = fresh.model_swap == CONFIG_SWAP_BESIDE ||
-			   (fresh.model_swap == CONFIG_SWAP_AUTO && server_room_beside(arena_bytes));
+			   (fresh.model_swap == CONFIG_SWAP_AUTO && room_known && server_room_beside(need));
 	/* From here the reload ends when the new model serves (server_start_serving sends
 	 * READY=1) or the swap is given up; until then only the status line moves. */
 	if (srv->swap_beside) {

@@ -3,7 +3,8 @@
 # keeps the file in the cache directory (the same bytes as hearthd-tool imatrix --self
 # --cov), GPTQ rounds the load, later starts read the file; a damaged file is made again, a
 # changed model file gets its own and the old one goes; a cache that cannot be written, or
-# none at all, still serves and leaves nothing behind; a stop ends the sampling. TAP.
+# none at all, still serves and leaves nothing behind; a SIGHUP onto it plans the
+# calibration's memory; a stop ends the sampling. TAP.
 set -u
 : "${HEARTH_BUILDDIR:?HEARTH_BUILDDIR is not set (make check sets it)}"
 : "${HEARTH_SHARED:?HEARTH_SHARED is not set (make check sets it)}"
@@ -16,7 +17,7 @@ SOCK=$TMP/h.sock
 FX=$HEARTH_SHARED/fixtures
 . "$HEARTH_SRCDIR/tests/integration/spec_lib.sh"
 
-echo "1..8"
+echo "1..9"
 cached() { # the cache's imatrix files
 	ls "$TMP/cache" 2>/dev/null | grep '\.imatrix\.gguf$'
 }
@@ -96,6 +97,45 @@ gen "$TMP/out7" "hello hello" --temp 0
 	grep -q "(kept in $TMP/sd-cache)" "$TMP/sd.log"
 check $? "imatrix = self: systemd's CACHE_DIRECTORY is the cache when imatrix_cache is unset"
 stop
+# A SIGHUP onto imatrix = self (model_swap = auto): the room check plans the calibration's
+# own load and covariances besides the new arena, the model is sampled beside the running
+# one, rounded and served (the first start's model); a later swap whose file is made
+# (kv_budget changes, the calibration does not) plans no calibration and reads the file.
+mkdir -p "$TMP/swapcache"
+swapconf() { # KV_BUDGET [imatrix lines]
+	printf 'model = %s\nmax_context = 256\nkv_budget = %s\nmodel_swap = auto\n%s' "$TMP/model.gguf" "$1" "${2:-}" \
+		>"$TMP/swap.conf"
+}
+swapconf 4MiB
+start swap.log -c "$TMP/swap.conf" --log-level=info
+SELFKEYS="imatrix = self
+imatrix_samples = 8
+imatrix_cache = $TMP/swapcache
+"
+swapdone() { # N: wait for the Nth swap to finish
+	for _ in $(seq 300); do [ "$(grep -c "model swap done" "$TMP/swap.log")" = "$1" ] && break; sleep 0.1; done
+}
+for _ in $(seq 100); do grep -q "ready:" "$TMP/swap.log" && break; sleep 0.1; done
+swapconf 4MiB "$SELFKEYS"
+kill -HUP $HPID
+swapdone 1
+gen "$TMP/out8" "hello hello" --temp 0
+plan=$(sed -n 's/.*model swap: the new arena plans \([0-9]*\) bytes.*/\1/p' "$TMP/swap.log")
+calib=$(sed -n 's/.*model swap: imatrix = self samples the new model first: \([0-9]*\) bytes for that$/\1/p' "$TMP/swap.log")
+[ "$(quant)" = "q4_mixed+gptq" ] && cmp -s "$TMP/out1" "$TMP/out8" && [ "${plan:-0}" -gt 0 ] &&
+	[ "${calib:-0}" -gt 0 ] && grep -q "model swap: loading .* beside the running model" "$TMP/swap.log" &&
+	grep -q "imatrix = self: sampling 8 sequences" "$TMP/swap.log"
+rc=$?
+swapconf 8MiB "$SELFKEYS"
+kill -HUP $HPID
+swapdone 2
+gen "$TMP/out9" "hello hello" --temp 0
+[ $rc = 0 ] && cmp -s "$TMP/out1" "$TMP/out9" && [ "$(grep -c "samples the new model first" "$TMP/swap.log")" = 1 ] &&
+	[ "$(grep -c "imatrix = self: sampling" "$TMP/swap.log")" = 1 ] && grep -q "made at an earlier start" "$TMP/swap.log" &&
+	[ "$(quant)" = "q4_mixed+gptq" ]
+check $? "SIGHUP onto imatrix = self: the swap's room check counts the calibration, which runs beside the serving model; a made file plans none"
+stop
+
 # SIGTERM while sampling (4096 sequences: minutes): the sampling stops at its next step,
 # hearthd exits at once, nothing is left in the cache.
 rm -rf "$TMP/cache" && mkdir -p "$TMP/cache"

@@ -18,6 +18,7 @@
 
 #include "daemon/engine/gguf.h"
 #include "daemon/engine/imatrix.h"
+#include "daemon/engine/load.h"
 #include "daemon/engine/model.h"
 #include "daemon/engine/ref/forward.h"
 #include "daemon/engine/tokenizer.h"
@@ -561,6 +562,54 @@ static void test_imatrix_deferred_cov_is_the_direct_one(void **state)
 	imatrix_stats_free(deferred);
 }
 
+/* imatrix_self_plan's covariance part is what the collector really holds: a plan with
+ * blocks less one without is twice the covariance floats imatrix_self_make writes (doubles
+ * while collecting), with an untied head (fx-llama) and a tied one (fx-qwen3), whose
+ * sampled inputs include the head's under the matrix it reads. */
+static void check_self_plan(const char *model_name, const char *head_cov)
+{
+	char model[4096], out[4096];
+	const char *sh = getenv("HEARTH_SHARED");
+	if (!sh)
+		fail_msg("HEARTH_SHARED is not set: run through make check");
+	snprintf(model, sizeof model, "%s/fixtures/%s", sh, model_name);
+	const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+	snprintf(out, sizeof out, "%s/hearth-test-self-plan-%d.gguf", tmp, (int)getpid());
+	struct load_opts o;
+	load_opts_default(&o);
+	o.n_threads = 2;
+	struct imatrix_self_opts so = { .n_seqs = 2, .len = 32, .seed = 1, .cov_block = 512 };
+	struct hearth_error e = { 0 };
+	uint64_t with, without;
+	if (imatrix_self_plan(model, &o, &so, &with, &e) < 0)
+		fail_msg("imatrix_self_plan %s: %s", model_name, e.msg);
+	so.cov_block = 0;
+	assert_int_equal(imatrix_self_plan(model, &o, &so, &without, &e), 0);
+	so.cov_block = 512;
+	if (imatrix_self_make(model, &o, &so, out, NULL, &e) < 0)
+		fail_msg("imatrix_self_make %s: %s", model_name, e.msg);
+	struct gguf_file *f;
+	assert_int_equal(gguf_open(&f, out, &e), 0);
+	uint64_t cov_floats = 0;
+	for (uint64_t i = 0; i < f->n_tensors; i++) {
+		const struct gguf_tensor *t = &f->tensors[i];
+		if (t->name.len > 7 && !memcmp(t->name.ptr + t->name.len - 7, ".in_cov", 7))
+			cov_floats += t->ne[0] * t->ne[1];
+	}
+	assert_non_null(gguf_tensor_find(f, head_cov));
+	assert_true(cov_floats > 0 && without > 0);
+	assert_int_equal(with - without, cov_floats * sizeof(double));
+	gguf_close(f);
+	remove(out);
+}
+
+static void test_imatrix_self_plan_counts_the_covariances(void **state)
+{
+	(void)state;
+	check_self_plan("fx-llama.gguf", "output.weight.in_cov");
+	check_self_plan("fx-qwen3.gguf", "token_embd.weight.in_cov");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -570,6 +619,7 @@ int main(void)
 		cmocka_unit_test(test_imatrix_stats_equal_llama_imatrix_on_the_same_text),
 		cmocka_unit_test(test_imatrix_cov_is_the_inputs_covariance),
 		cmocka_unit_test(test_imatrix_deferred_cov_is_the_direct_one),
+		cmocka_unit_test(test_imatrix_self_plan_counts_the_covariances),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
