@@ -265,7 +265,8 @@ static int load_add_mat8(struct load_ctx *c, const struct gguf_tensor *t, struct
 }
 
 /* The embedding/head in the int6 layout (ARENA_REGION_EMBED_HEAD): always quantized from
- * f32 rows at group 32, whatever the file's type (no 6-bit type is carried over). */
+ * f32 rows at group 32, whatever the file's type (no 6-bit type is carried over), by GPTQ
+ * when the imatrix holds its input's covariance. */
 static int load_add_mat6(struct load_ctx *c, const struct gguf_tensor *t, struct q6_matrix *dst,
 			 struct hearth_error *err)
 {
@@ -283,6 +284,12 @@ static int load_add_mat6(struct load_ctx *c, const struct gguf_tensor *t, struct
 	if (rc < 0)
 		return hearth_error_set(err, rc, "tensor '%.*s': cannot plan its int6 layout (%s)",
 					(int)t->name.len, t->name.ptr, hearth_strerror(rc));
+	/* GPTQ rounds it too when the imatrix has its input (a self-sampled file has the head's). */
+	if (c->imat) {
+		if ((rc = imatrix_cov(c->imat, t->name.ptr, t->name.len, t->ne[0], &lm->cov, err)) < 0)
+			return rc;
+		c->m->n_gptq += lm->cov.h != NULL;
+	}
 	return 0;
 }
 
@@ -388,6 +395,9 @@ static void load_step_run(void *arg, size_t t, size_t nt)
 				quant_dequant_row(tn->type, s + i * st->row_bytes, rows + i * cols, cols);
 			if (lm->dst8)
 				q8_pack_rows_f32(lm->dst8, rows, cols, r0, n);
+			else if (lm->dst6 && lm->cov.h)
+				q6_pack_rows_gptq(lm->dst6, rows, cols, st->c->gptq_u, lm->cov.block, r0, n,
+						  kern_active()->sub_scaled);
 			else if (lm->dst6)
 				q6_pack_rows_f32(lm->dst6, rows, cols, r0, n);
 			else if (lm->cov.h)

@@ -19,7 +19,7 @@ FX=$HEARTH_SHARED/fixtures
 IM=$HEARTH_SRCDIR/tests/fixtures/imatrix
 . "$HEARTH_SRCDIR/tests/integration/spec_lib.sh"
 
-echo "1..12"
+echo "1..13"
 
 CONF=$TMP/h.conf
 printf 'model = %s\nimatrix = %s\nmax_context = 256\nkv_budget = 4MiB\nweights_mix = off\nmodel_swap = drain\n' \
@@ -125,6 +125,15 @@ start cov.log --model="$FX/fx-llama.gguf" -o imatrix="$TMP/cov1.gguf" --max-cont
 [ $rc = 0 ] && [ -s "$TMP/out5" ] && [ "$(quant)" = "q4_mixed+gptq" ] &&
 	grep -q "cov1.gguf steered 15 int4 matrices; GPTQ rounded 15 against its covariances$" "$TMP/cov.log"
 check $? "hearthd-tool imatrix --cov: GPTQ rounds all 14 layer matrices and the head of a real hearthd's load, which serves"
+stop
+# An int6 head is rounded by GPTQ against its input's covariance too (the 14 int4 matrices
+# steered, 15 rounded), and the model serves.
+start cov6.log --model="$FX/fx-llama.gguf" -o imatrix="$TMP/cov1.gguf" --max-context=256 --kv-budget=4MiB \
+	-o weights_mix=off -o head=int6 --log-level=notice
+"$B/hearth" --socket "$SOCK" generate --temp 0 -n 8 "hello hello" >"$TMP/out6" 2>&1
+[ -s "$TMP/out6" ] && [ "$(quant)" = "q4_mixed+head_q6+gptq" ] &&
+	grep -q "cov1.gguf steered 14 int4 matrices; GPTQ rounded 15 against its covariances$" "$TMP/cov6.log"
+check $? "hearthd-tool imatrix --cov: an int6 head is rounded by GPTQ too, and serves"
 stop
 "$B/hearthd-tool" imatrix -m "$FX/fx-llama.gguf" --self 2 -f "$HEARTH_SRCDIR/bench/spec_passage.txt" \
 	-o "$TMP/x.gguf" 2>"$TMP/both.err"

@@ -998,6 +998,83 @@ static void test_gptq_lowers_the_product_error(void **state)
 	free(qb);
 }
 
+/* The int6 head's GPTQ (q6_pack_rows_gptq) held as q4's: a covariance whose off-diagonal
+ * is all noise gives q6_pack_rows_f32's bytes; on correlated inputs the product error is
+ * well below the nearest codes', whole or in blocks of 48 (between the two); and calls of
+ * 1, 5 and 18 rows with every ISA's corrections give the same bytes. */
+static void q6_gptq_plan(struct q6_matrix *m, size_t rows, size_t cols)
+{
+	assert_int_equal(q6_matrix_plan(m, rows, cols), 0);
+	m->data = xalloc(q6_matrix_bytes(m));
+	memset(m->data, 0, q6_matrix_bytes(m));
+}
+
+static void test_q6_gptq_is_plain_on_a_diagonal_and_lowers_the_product_error(void **state)
+{
+	uint64_t s = 404;
+	const size_t rows = 21, cols = 128, n_tok = 512, nb = 48;
+	float *tok = xalloc(n_tok * cols * sizeof(float)), *h = xalloc(cols * cols * sizeof(float));
+	float *u = xalloc(cols * cols * sizeof(float)), *hb = xalloc(cols * nb * sizeof(float));
+	float *ub = xalloc(cols * nb * sizeof(float));
+	float *w = random_floats(&s, rows * cols, 0.05f), *x = xalloc(rows * cols * sizeof(float));
+	float *qa = xalloc(rows * cols * sizeof(float)), *qb = xalloc(rows * cols * sizeof(float));
+	struct q6_matrix a, b, c;
+
+	(void)state;
+	/* Correlations one token cannot support: none kept, the plain bytes. */
+	for (size_t i = 0; i < cols; i++)
+		for (size_t j = 0; j < cols; j++)
+			h[i * cols + j] = i == j ? 0.5f + fabsf(rng_unit(&s)) * 4.0f : 0.3f * rng_unit(&s);
+	assert_int_equal(gptq_factor_blocks(h, cols, cols, gptq_damping(h, cols, cols, 0), 1.0, u), 0);
+	q6_gptq_plan(&a, rows, cols);
+	q6_gptq_plan(&b, rows, cols);
+	q6_pack_rows_f32(&a, w, cols, 0, rows);
+	memcpy(x, w, rows * cols * sizeof(float));
+	q6_pack_rows_gptq(&b, x, cols, u, cols, 0, rows, vec_sub_scaled_ref);
+	assert_memory_equal(a.data, b.data, q6_matrix_bytes(&a));
+
+	gptq_tokens(&s, cols, n_tok, tok, h);
+	gptq_blocked(h, cols, nb, hb);
+	double add = gptq_damping(h, cols, cols, 0), eb[2];
+	assert_int_equal(gptq_factor_blocks(h, cols, cols, add, -1.0, u), 0);
+	assert_int_equal(gptq_factor_blocks(hb, cols, nb, add, -1.0, ub), 0);
+	q6_unpack_rows(&a, 0, rows, qa, cols);
+	double ea = gptq_product_error(w, qa, tok, rows, cols, n_tok);
+	for (int blocked = 0; blocked < 2; blocked++) {
+		memcpy(x, w, rows * cols * sizeof(float));
+		q6_pack_rows_gptq(&b, x, cols, blocked ? ub : u, blocked ? nb : cols, 0, rows, vec_sub_scaled_ref);
+		q6_unpack_rows(&b, 0, rows, qb, cols);
+		eb[blocked] = gptq_product_error(w, qb, tok, rows, cols, n_tok);
+	}
+	for (int isa = KERN_REF; isa <= KERN_AVX512; isa++) {
+		const struct kern_table *kt = kern_table_for((enum kern_isa)isa);
+		if (!kt)
+			continue;
+		q6_gptq_plan(&c, rows, cols);
+		memcpy(x, w, rows * cols * sizeof(float));
+		q6_pack_rows_gptq(&c, x, cols, ub, nb, 0, 1, kt->sub_scaled);
+		q6_pack_rows_gptq(&c, x + cols, cols, ub, nb, 1, 5, kt->sub_scaled);
+		q6_pack_rows_gptq(&c, x + 6 * cols, cols, ub, nb, 6, 15, kt->sub_scaled);
+		assert_memory_equal(c.data, b.data, q6_matrix_bytes(&b));
+		free(c.data);
+	}
+	fprintf(stderr, "# int6 gptq / nearest product error: whole %.3f, blocks of %zu %.3f\n", eb[0] / ea, nb,
+		eb[1] / ea);
+	if (!(eb[0] < 0.7 * ea) || !(eb[0] < eb[1]) || !(eb[1] < ea))
+		fail_msg("int6 GPTQ product error %g (blocks %g) against nearest %g", eb[0], eb[1], ea);
+	free(a.data);
+	free(b.data);
+	free(tok);
+	free(h);
+	free(u);
+	free(hb);
+	free(ub);
+	free(w);
+	free(x);
+	free(qa);
+	free(qb);
+}
+
 /* ---- activations ---- */
 
 static void test_q4_acts_a8_every_isa_matches_reference_bytes(void **state)
@@ -2331,6 +2408,7 @@ int main(void)
 		cmocka_unit_test(test_gptq_keep_tells_correlation_from_noise),
 		cmocka_unit_test(test_gptq_diagonal_covariance_gives_plain_packing),
 		cmocka_unit_test(test_gptq_lowers_the_product_error),
+		cmocka_unit_test(test_q6_gptq_is_plain_on_a_diagonal_and_lowers_the_product_error),
 		cmocka_unit_test(test_q4_acts_a8_every_isa_matches_reference_bytes),
 		cmocka_unit_test(test_q4_acts_a16_every_isa_matches_reference),
 		cmocka_unit_test(test_q4_w4a8_every_isa_bit_exact_vs_reference),
