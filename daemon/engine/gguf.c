@@ -12,6 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "protocol/hash.h"
+
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the GGUF reader maps little-endian files directly and needs a little-endian host"
 #endif
@@ -150,12 +152,7 @@ static int cur_str(struct gguf_cursor *c, struct gguf_str *out, const char *what
 
 static uint64_t str_hash(const char *p, uint64_t n)
 {
-	uint64_t h = 1469598103934665603ull; /* FNV-1a */
-	for (uint64_t i = 0; i < n; i++) {
-		h ^= (unsigned char)p[i];
-		h *= 1099511628211ull;
-	}
-	return h;
+	return hearth_fnv1a(HEARTH_FNV1A_SEED, p, (size_t)n);
 }
 
 static bool str_same(struct gguf_str a, struct gguf_str b)

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "daemon/engine/unicode.h"
+#include "protocol/hash.h"
 
 enum tok_model { MODEL_SPM, MODEL_BPE };
 enum tok_pre { PRE_DEFAULT, PRE_GPT2, PRE_LLAMA3, PRE_QWEN2, PRE_DEEPSEEK_LLM };
@@ -91,16 +92,12 @@ static int array_push(struct array *v, const void *x)
 
 /* ---- hashing ---- */
 
-#define HASH_SEED 0xcbf29ce484222325ull
+#define HASH_SEED HEARTH_FNV1A_SEED
 
 /* FNV-1a, continued from h (HASH_SEED to start), then mixed by hash_end */
 static uint64_t hash_more(uint64_t h, const char *s, size_t n)
 {
-	for (size_t i = 0; i < n; i++) {
-		h ^= (unsigned char)s[i];
-		h *= 0x100000001b3ull;
-	}
-	return h;
+	return hearth_fnv1a(h, s, n);
 }
 
 static uint64_t hash_end(uint64_t h)

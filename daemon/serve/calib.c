@@ -16,19 +16,12 @@
 #include "daemon/engine/imatrix.h"
 #include "daemon/engine/load.h"
 #include "daemon/serve/config.h"
+#include "protocol/hash.h"
 
 /* Bumped when the file made for the same model and settings would differ (the sampler, the
  * collector, the file's contents): old caches then miss instead of being read. */
 #define CALIB_FORMAT 2u /* 2: the head's input too */
 
-/* FNV-1a, 64 bits: a name, not a defence against anyone who can write the cache. */
-static uint64_t hash_add(uint64_t h, const void *p, size_t n)
-{
-	const unsigned char *b = p;
-	for (size_t i = 0; i < n; i++)
-		h = (h ^ b[i]) * 0x100000001b3ull;
-	return h;
-}
 
 int calib_locate(struct calib *c, const struct hearth_config *cfg, const struct load_opts *o,
 		 struct hearth_error *err)
@@ -44,8 +37,8 @@ int calib_locate(struct calib *c, const struct hearth_config *cfg, const struct 
 			     (uint64_t)st.st_mtim.tv_nsec };
 	uint64_t settings[] = { CALIB_FORMAT, c->n_seqs, c->len, CALIB_SEED, IMATRIX_COV_BLOCK_DEFAULT,
 				o->weights_group, o->head_bits, o->mix, o->mix_budget_cbpw };
-	uint64_t mh = hash_add(0xcbf29ce484222325ull, ident, sizeof ident);
-	uint64_t sh = hash_add(0xcbf29ce484222325ull, settings, sizeof settings);
+	uint64_t mh = hearth_fnv1a(HEARTH_FNV1A_SEED, ident, sizeof ident);
+	uint64_t sh = hearth_fnv1a(HEARTH_FNV1A_SEED, settings, sizeof settings);
 
 	const char *dir = cfg->imatrix_cache[0] ? cfg->imatrix_cache : getenv("CACHE_DIRECTORY");
 	/* systemd passes every CacheDirectory= colon-separated: the first is ours. */

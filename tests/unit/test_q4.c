@@ -929,24 +929,57 @@ static double gptq_product_error(const float *w, const float *q, const float *to
 	return e;
 }
 
+/* Correlated tokens (gptq_tokens), their covariance whole and in blocks of nb, and the
+ * GPTQ factor of each at the default damping: what the product-error tests round against. */
+struct gptq_fix {
+	size_t cols, n_tok, nb;
+	float *tok, *h, *u, *hb, *ub;
+};
+
+static void gptq_fix_make(struct gptq_fix *f, uint64_t *s, size_t cols, size_t n_tok, size_t nb)
+{
+	*f = (struct gptq_fix){ cols, n_tok, nb, xalloc(n_tok * cols * sizeof(float)), xalloc(cols * cols * sizeof(float)),
+				xalloc(cols * cols * sizeof(float)), xalloc(cols * nb * sizeof(float)),
+				xalloc(cols * nb * sizeof(float)) };
+	gptq_tokens(s, cols, n_tok, f->tok, f->h);
+	gptq_blocked(f->h, cols, nb, f->hb);
+	double add = gptq_damping(f->h, cols, cols, 0);
+	assert_int_equal(gptq_factor_blocks(f->h, cols, cols, add, -1.0, f->u), 0);
+	assert_int_equal(gptq_factor_blocks(f->hb, cols, nb, add, -1.0, f->ub), 0);
+}
+
+static void gptq_fix_free(struct gptq_fix *f)
+{
+	free(f->tok);
+	free(f->h);
+	free(f->u);
+	free(f->hb);
+	free(f->ub);
+}
+
+/* GPTQ's product error (eb[0] whole, eb[1] blocked) well below the nearest codes' (ea),
+ * the blocked one between the two. */
+static void gptq_gain_check(const char *what, double ea, const double *eb, size_t nb)
+{
+	fprintf(stderr, "# %s: gptq / nearest product error whole %.3f, blocks of %zu %.3f\n", what, eb[0] / ea, nb,
+		eb[1] / ea);
+	if (!(eb[0] < 0.7 * ea) || !(eb[0] < eb[1]) || !(eb[1] < ea))
+		fail_msg("%s: GPTQ product error %g (blocks %g) against nearest %g", what, eb[0], eb[1], ea);
+}
+
 static void test_gptq_lowers_the_product_error(void **state)
 {
 	uint64_t s = 403;
 	const size_t rows = 24, cols = 128, n_tok = 512, nb = 48;
-	float *tok = xalloc(n_tok * cols * sizeof(float)), *h = xalloc(cols * cols * sizeof(float));
-	float *u = xalloc(cols * cols * sizeof(float)), *cw = xalloc(cols * sizeof(float));
-	float *hb = xalloc(cols * nb * sizeof(float)), *ub = xalloc(cols * nb * sizeof(float));
+	float *cw = xalloc(cols * sizeof(float));
 	float *w = random_floats(&s, rows * cols, 0.05f), *x = xalloc(rows * cols * sizeof(float));
 	float *qa = xalloc(32 * cols * sizeof(float)), *qb = xalloc(32 * cols * sizeof(float));
+	struct gptq_fix f;
 
 	(void)state;
-	gptq_tokens(&s, cols, n_tok, tok, h);
+	gptq_fix_make(&f, &s, cols, n_tok, nb);
 	for (size_t i = 0; i < cols; i++)
-		cw[i] = h[i * cols + i];
-	gptq_blocked(h, cols, nb, hb);
-	double add = gptq_damping(h, cols, cols, 0);
-	assert_int_equal(gptq_factor_blocks(h, cols, cols, add, -1.0, u), 0);
-	assert_int_equal(gptq_factor_blocks(hb, cols, nb, add, -1.0, ub), 0);
+		cw[i] = f.h[i * cols + i];
 	const struct gptq_layout lay[] = GPTQ_LAYOUTS;
 	for (size_t k = 0; k < sizeof lay / sizeof lay[0]; k++) {
 		struct q4_matrix a, b;
@@ -954,14 +987,15 @@ static void test_gptq_lowers_the_product_error(void **state)
 		gptq_plan(&b, rows, cols, lay[k].group, lay[k].kind);
 		q4_pack_rows_f32(&a, w, cols, cw, 0, rows);
 		q4_unpack_rows(&a, 0, 32, qa, cols);
-		double ea = gptq_product_error(w, qa, tok, rows, cols, n_tok), eb[2];
+		double ea = gptq_product_error(w, qa, f.tok, rows, cols, n_tok), eb[2];
 		for (int blocked = 0; blocked < 2; blocked++) {
 			memcpy(x, w, rows * cols * sizeof(float));
-			q4_pack_rows_gptq(&b, x, cols, cw, blocked ? ub : u, blocked ? nb : cols, 0, rows, vec_sub_scaled_ref);
+			q4_pack_rows_gptq(&b, x, cols, cw, blocked ? f.ub : f.u, blocked ? nb : cols, 0, rows,
+					  vec_sub_scaled_ref);
 			q4_unpack_rows(&b, 0, 32, qb, cols);
 			for (size_t i = rows * cols; i < 32 * cols; i++)
 				assert_true(qb[i] == 0.0f);
-			eb[blocked] = gptq_product_error(w, qb, tok, rows, cols, n_tok);
+			eb[blocked] = gptq_product_error(w, qb, f.tok, rows, cols, n_tok);
 		}
 		/* Rows are rounded side by side only to share U's reads: in calls of 1, 5 and 18
 		 * rows (partial batches), and with every ISA's corrections, the bytes are the same. */
@@ -972,25 +1006,19 @@ static void test_gptq_lowers_the_product_error(void **state)
 			struct q4_matrix c;
 			gptq_plan(&c, rows, cols, lay[k].group, lay[k].kind);
 			memcpy(x, w, rows * cols * sizeof(float));
-			q4_pack_rows_gptq(&c, x, cols, cw, ub, nb, 0, 1, kt->sub_scaled);
-			q4_pack_rows_gptq(&c, x + cols, cols, cw, ub, nb, 1, 5, kt->sub_scaled);
-			q4_pack_rows_gptq(&c, x + 6 * cols, cols, cw, ub, nb, 6, 18, kt->sub_scaled);
+			q4_pack_rows_gptq(&c, x, cols, cw, f.ub, nb, 0, 1, kt->sub_scaled);
+			q4_pack_rows_gptq(&c, x + cols, cols, cw, f.ub, nb, 1, 5, kt->sub_scaled);
+			q4_pack_rows_gptq(&c, x + 6 * cols, cols, cw, f.ub, nb, 6, 18, kt->sub_scaled);
 			assert_memory_equal(c.data, b.data, q4_matrix_bytes(&b));
 			free(c.data);
 		}
-		fprintf(stderr, "# gptq / nearest product error, group %zu kind %d: whole %.3f, blocks of %zu %.3f\n",
-			lay[k].group, lay[k].kind, eb[0] / ea, nb, eb[1] / ea);
-		if (!(eb[0] < 0.7 * ea) || !(eb[0] < eb[1]) || !(eb[1] < ea))
-			fail_msg("group %zu: GPTQ product error %g (blocks %g) against nearest %g", lay[k].group, eb[0],
-				 eb[1], ea);
+		char what[64];
+		snprintf(what, sizeof what, "int4 group %zu kind %d", lay[k].group, lay[k].kind);
+		gptq_gain_check(what, ea, eb, nb);
 		free(a.data);
 		free(b.data);
 	}
-	free(tok);
-	free(h);
-	free(u);
-	free(hb);
-	free(ub);
+	gptq_fix_free(&f);
 	free(cw);
 	free(w);
 	free(x);
@@ -1001,7 +1029,7 @@ static void test_gptq_lowers_the_product_error(void **state)
 /* The int6 head's GPTQ (q6_pack_rows_gptq) held as q4's: a covariance whose off-diagonal
  * is all noise gives q6_pack_rows_f32's bytes; on correlated inputs the product error is
  * well below the nearest codes', whole or in blocks of 48 (between the two); and calls of
- * 1, 5 and 18 rows with every ISA's corrections give the same bytes. */
+ * 1, 5 and 15 rows with every ISA's corrections give the same bytes. */
 static void q6_gptq_plan(struct q6_matrix *m, size_t rows, size_t cols)
 {
 	assert_int_equal(q6_matrix_plan(m, rows, cols), 0);
@@ -1013,18 +1041,18 @@ static void test_q6_gptq_is_plain_on_a_diagonal_and_lowers_the_product_error(voi
 {
 	uint64_t s = 404;
 	const size_t rows = 21, cols = 128, n_tok = 512, nb = 48;
-	float *tok = xalloc(n_tok * cols * sizeof(float)), *h = xalloc(cols * cols * sizeof(float));
-	float *u = xalloc(cols * cols * sizeof(float)), *hb = xalloc(cols * nb * sizeof(float));
-	float *ub = xalloc(cols * nb * sizeof(float));
+	float *h = xalloc(cols * cols * sizeof(float)), *u = xalloc(cols * cols * sizeof(float));
 	float *w = random_floats(&s, rows * cols, 0.05f), *x = xalloc(rows * cols * sizeof(float));
 	float *qa = xalloc(rows * cols * sizeof(float)), *qb = xalloc(rows * cols * sizeof(float));
 	struct q6_matrix a, b, c;
+	struct gptq_fix f;
 
 	(void)state;
 	/* Correlations one token cannot support: none kept, the plain bytes. */
 	for (size_t i = 0; i < cols; i++)
 		for (size_t j = 0; j < cols; j++)
 			h[i * cols + j] = i == j ? 0.5f + fabsf(rng_unit(&s)) * 4.0f : 0.3f * rng_unit(&s);
+	assert_true(gptq_keep(h, cols, cols, 1.0) == 0.0);
 	assert_int_equal(gptq_factor_blocks(h, cols, cols, gptq_damping(h, cols, cols, 0), 1.0, u), 0);
 	q6_gptq_plan(&a, rows, cols);
 	q6_gptq_plan(&b, rows, cols);
@@ -1033,18 +1061,14 @@ static void test_q6_gptq_is_plain_on_a_diagonal_and_lowers_the_product_error(voi
 	q6_pack_rows_gptq(&b, x, cols, u, cols, 0, rows, vec_sub_scaled_ref);
 	assert_memory_equal(a.data, b.data, q6_matrix_bytes(&a));
 
-	gptq_tokens(&s, cols, n_tok, tok, h);
-	gptq_blocked(h, cols, nb, hb);
-	double add = gptq_damping(h, cols, cols, 0), eb[2];
-	assert_int_equal(gptq_factor_blocks(h, cols, cols, add, -1.0, u), 0);
-	assert_int_equal(gptq_factor_blocks(hb, cols, nb, add, -1.0, ub), 0);
+	gptq_fix_make(&f, &s, cols, n_tok, nb);
 	q6_unpack_rows(&a, 0, rows, qa, cols);
-	double ea = gptq_product_error(w, qa, tok, rows, cols, n_tok);
+	double ea = gptq_product_error(w, qa, f.tok, rows, cols, n_tok), eb[2];
 	for (int blocked = 0; blocked < 2; blocked++) {
 		memcpy(x, w, rows * cols * sizeof(float));
-		q6_pack_rows_gptq(&b, x, cols, blocked ? ub : u, blocked ? nb : cols, 0, rows, vec_sub_scaled_ref);
+		q6_pack_rows_gptq(&b, x, cols, blocked ? f.ub : f.u, blocked ? nb : cols, 0, rows, vec_sub_scaled_ref);
 		q6_unpack_rows(&b, 0, rows, qb, cols);
-		eb[blocked] = gptq_product_error(w, qb, tok, rows, cols, n_tok);
+		eb[blocked] = gptq_product_error(w, qb, f.tok, rows, cols, n_tok);
 	}
 	for (int isa = KERN_REF; isa <= KERN_AVX512; isa++) {
 		const struct kern_table *kt = kern_table_for((enum kern_isa)isa);
@@ -1052,23 +1076,18 @@ static void test_q6_gptq_is_plain_on_a_diagonal_and_lowers_the_product_error(voi
 			continue;
 		q6_gptq_plan(&c, rows, cols);
 		memcpy(x, w, rows * cols * sizeof(float));
-		q6_pack_rows_gptq(&c, x, cols, ub, nb, 0, 1, kt->sub_scaled);
-		q6_pack_rows_gptq(&c, x + cols, cols, ub, nb, 1, 5, kt->sub_scaled);
-		q6_pack_rows_gptq(&c, x + 6 * cols, cols, ub, nb, 6, 15, kt->sub_scaled);
+		q6_pack_rows_gptq(&c, x, cols, f.ub, nb, 0, 1, kt->sub_scaled);
+		q6_pack_rows_gptq(&c, x + cols, cols, f.ub, nb, 1, 5, kt->sub_scaled);
+		q6_pack_rows_gptq(&c, x + 6 * cols, cols, f.ub, nb, 6, 15, kt->sub_scaled);
 		assert_memory_equal(c.data, b.data, q6_matrix_bytes(&b));
 		free(c.data);
 	}
-	fprintf(stderr, "# int6 gptq / nearest product error: whole %.3f, blocks of %zu %.3f\n", eb[0] / ea, nb,
-		eb[1] / ea);
-	if (!(eb[0] < 0.7 * ea) || !(eb[0] < eb[1]) || !(eb[1] < ea))
-		fail_msg("int6 GPTQ product error %g (blocks %g) against nearest %g", eb[0], eb[1], ea);
+	gptq_gain_check("int6", ea, eb, nb);
 	free(a.data);
 	free(b.data);
-	free(tok);
+	gptq_fix_free(&f);
 	free(h);
 	free(u);
-	free(hb);
-	free(ub);
 	free(w);
 	free(x);
 	free(qa);
