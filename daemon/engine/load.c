@@ -206,6 +206,13 @@ static struct load_mat *load_mat_new(struct load_ctx *c, const struct gguf_tenso
 	return lm;
 }
 
+/* Whether the imatrix's entry for t, if it has one, is about t's input: not for an untied
+ * model's embedding, which is only looked up (no input), whatever a file says of it. */
+static bool load_imat_applies(const struct load_ctx *c, const struct gguf_tensor *t)
+{
+	return c->imat && (t != c->ref->tok_embd || c->ref->hp.tied_output);
+}
+
 static int load_add_mat(struct load_ctx *c, const struct gguf_tensor *t, struct q4_matrix *dst,
 			const char *region, uint32_t want, struct hearth_error *err)
 {
@@ -228,13 +235,13 @@ static int load_add_mat(struct load_ctx *c, const struct gguf_tensor *t, struct 
 		return hearth_error_set(err, rc, "tensor '%.*s': cannot plan its int4 layout (%s)",
 					(int)t->name.len, t->name.ptr, hearth_strerror(rc));
 	/* Only a requantized asymmetric matrix has a scale search to steer. */
-	if (c->imat && lm->asym && !lm->carry) {
+	if (load_imat_applies(c, t) && lm->asym && !lm->carry) {
 		if ((rc = imatrix_weights(c->imat, t->name.ptr, t->name.len, t->ne[0], &lm->col_w, err)) < 0)
 			return rc;
 		c->m->n_imatrix += lm->col_w != NULL;
 	}
 	/* GPTQ rounds any requantized int4 matrix, sym or asym, whose input it has. */
-	if (c->imat && !lm->carry) {
+	if (load_imat_applies(c, t) && !lm->carry) {
 		if ((rc = imatrix_cov(c->imat, t->name.ptr, t->name.len, t->ne[0], &lm->cov, err)) < 0)
 			return rc;
 		c->m->n_gptq += lm->cov.h != NULL;
@@ -285,7 +292,7 @@ static int load_add_mat6(struct load_ctx *c, const struct gguf_tensor *t, struct
 		return hearth_error_set(err, rc, "tensor '%.*s': cannot plan its int6 layout (%s)",
 					(int)t->name.len, t->name.ptr, hearth_strerror(rc));
 	/* GPTQ rounds it too when the imatrix has its input (a self-sampled file has the head's). */
-	if (c->imat) {
+	if (load_imat_applies(c, t)) {
 		if ((rc = imatrix_cov(c->imat, t->name.ptr, t->name.len, t->ne[0], &lm->cov, err)) < 0)
 			return rc;
 		c->m->n_gptq += lm->cov.h != NULL;

@@ -24,7 +24,7 @@
 enum { MQ4_WQ, MQ4_WK, MQ4_WV, MQ4_WO, MQ4_GATE, MQ4_UP, MQ4_DOWN };
 /* model_q4_observe's ids past the layers': the head's input (the final norm's output, the
  * rows whose logits are wanted) under layer n_layer, as an untied output matrix's or as the
- * tied embedding's, whose int4 rows the head reads. */
+ * tied embedding's, whose rows the head reads. */
 enum { MQ4_OBSERVE_OUTPUT = MQ4_LAYER_MATRICES, MQ4_OBSERVE_TIED_HEAD };
 /* Beyond the layers: the embedding and an untied output head. */
 #define MQ4_HEAD_MATRICES 2
@@ -140,7 +140,7 @@ struct model_q4 {
 	uint64_t bytes_weights, bytes_embed_head, bytes_norms, bytes_rope, bytes_scratch;
 	uint32_t n_mix8;           /* layer matrices the mix rule made int8 (load.h) */
 	uint32_t n_imatrix;        /* int4 matrices whose scale search an imatrix steered */
-	uint32_t n_gptq;           /* int4 matrices rounded by GPTQ (the imatrix's covariances) */
+	uint32_t n_gptq;           /* matrices rounded by GPTQ (the imatrix's covariances): int4, or an int6 head */
 	char quant_name[48];       /* "q4_g128", "q4_g32", "q4_mixed", "q4_g128+head_q6",
 				    * "q4_g128+mix" ... */
 };
@@ -166,7 +166,7 @@ struct model_q4_facts {
 	uint32_t n_int8;                 /* of them, int8 (the head, the mix rule's choices) */
 	uint32_t n_int6;                 /* of them, int6 (the head) */
 	uint32_t n_imatrix;              /* int4 matrices an imatrix steered */
-	uint32_t n_gptq;                 /* of the int4 matrices, rounded by GPTQ */
+	uint32_t n_gptq;                 /* matrices rounded by GPTQ (int4, or an int6 head) */
 	const char *kernels;
 	size_t n_threads;
 };

@@ -22,7 +22,6 @@
  * collector, the file's contents): old caches then miss instead of being read. */
 #define CALIB_FORMAT 2u /* 2: the head's input too */
 
-
 int calib_locate(struct calib *c, const struct hearth_config *cfg, const struct load_opts *o,
 		 struct hearth_error *err)
 {

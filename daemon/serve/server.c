@@ -534,11 +534,12 @@ static void server_reload(struct server *srv)
 	if (!strcmp(fresh.imatrix, CONFIG_IMATRIX_SELF)) {
 		struct calib cal;
 		uint64_t calib_bytes;
-		if (calib_locate(&cal, &fresh, &lo, &e) < 0 || (!calib_ready(&cal) &&
-								 calib_plan(&cal, fresh.model, &lo, &calib_bytes, &e) < 0)) {
+		int rc = calib_locate(&cal, &fresh, &lo, &e);
+		bool made = rc == 0 && calib_ready(&cal);
+		if (rc < 0 || (!made && calib_plan(&cal, fresh.model, &lo, &calib_bytes, &e) < 0)) {
 			log_warning(srv->log, "model swap: cannot plan imatrix = self's calibration (%s)", e.msg);
 			room_known = false;
-		} else if (!calib_ready(&cal)) {
+		} else if (!made) {
 			log_info(srv->log, "model swap: imatrix = self samples the new model first: %llu bytes for that",
 				 (unsigned long long)calib_bytes);
 			if (calib_bytes > need)

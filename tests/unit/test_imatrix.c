@@ -20,6 +20,7 @@
 #include "daemon/engine/imatrix.h"
 #include "daemon/engine/load.h"
 #include "daemon/engine/model.h"
+#include "daemon/engine/model_q4.h"
 #include "daemon/engine/ref/forward.h"
 #include "daemon/engine/tokenizer.h"
 #include "kernels/gptq.h"
@@ -610,6 +611,79 @@ static void test_imatrix_self_plan_counts_the_covariances(void **state)
 	check_self_plan("fx-qwen3.gguf", "token_embd.weight.in_cov");
 }
 
+/* An imatrix entry for token_embd.weight (its in_sum2, counts and covariance, cols wide)
+ * is about the head's input: a tied model's head reads that matrix, so GPTQ rounds it; an
+ * untied model only looks rows of it up, so the loader leaves it alone whatever the file
+ * says (it would otherwise round a lookup against another matrix's inputs). */
+static void write_embd_imatrix(const char *path, size_t cols)
+{
+	struct gguf_build *b;
+	struct hearth_error e = { 0 };
+	uint64_t ne_sum[2] = { cols, 1 }, ne_cnt[2] = { 1, 1 }, ne_cov[2] = { cols, cols };
+	assert_int_equal(gguf_build_new(&b, 3, &e), 0);
+	assert_int_equal(gguf_build_kv_str(b, "general.type", "imatrix"), 0);
+	int s = gguf_build_tensor(b, "token_embd.weight.in_sum2", QTYPE_F32, 2, ne_sum);
+	int c = gguf_build_tensor(b, "token_embd.weight.counts", QTYPE_F32, 2, ne_cnt);
+	int v = gguf_build_tensor(b, "token_embd.weight.in_cov", QTYPE_F32, 2, ne_cov);
+	float *sum = calloc(cols, sizeof *sum), *h = calloc(cols * cols, sizeof *h), cnt = 1000.0f;
+	assert_true(sum && h);
+	for (size_t i = 0; i < cols; i++)
+		for (size_t j = 0; j < cols; j++)
+			h[i * cols + j] = i == j ? (sum[i] = 50.0f + (float)(i % 5)) : 2.0f * (float)((i + j) % 3);
+	FILE *fp = fopen(path, "wb");
+	assert_non_null(fp);
+	assert_int_equal(gguf_build_write_header(b, fp, &e), 0);
+	assert_int_equal(gguf_build_write_tensor(b, fp, s, sum, gguf_build_tensor_size(b, s), &e), 0);
+	assert_int_equal(gguf_build_write_tensor(b, fp, c, &cnt, gguf_build_tensor_size(b, c), &e), 0);
+	assert_int_equal(gguf_build_write_tensor(b, fp, v, h, gguf_build_tensor_size(b, v), &e), 0);
+	fclose(fp);
+	gguf_build_free(b);
+	free(sum);
+	free(h);
+}
+
+static void check_embd_entry(const char *model_name, bool tied)
+{
+	char model[4096], path[4096];
+	const char *sh = getenv("HEARTH_SHARED");
+	if (!sh)
+		fail_msg("HEARTH_SHARED is not set: run through make check");
+	snprintf(model, sizeof model, "%s/fixtures/%s", sh, model_name);
+	snprintf(path, sizeof path, "%s/hearth-test-embd-imatrix-%d.gguf", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
+		 (int)getpid());
+	struct hearth_error e = { 0 };
+	struct gguf_file *f;
+	assert_int_equal(gguf_open(&f, model, &e), 0);
+	const struct gguf_tensor *embd = gguf_tensor_find(f, "token_embd.weight");
+	assert_non_null(embd);
+	assert_int_equal(gguf_tensor_find(f, "output.weight") == NULL, tied);
+	write_embd_imatrix(path, (size_t)embd->ne[0]);
+	gguf_close(f);
+	struct load_opts o;
+	load_opts_default(&o);
+	o.n_threads = 2;
+	o.max_context = 64;
+	o.kv_budget = 2u << 20;
+	o.imatrix = path;
+	struct model_q4 *m;
+	struct tok *t;
+	if (load_q4(&m, &t, model, &o, &e) < 0)
+		fail_msg("load_q4 %s with an embedding-only imatrix: %s", model_name, e.msg);
+	assert_int_equal(m->n_gptq, tied ? 1 : 0);
+	if (!tied)
+		assert_int_equal(m->n_imatrix, 0);
+	model_q4_free(m);
+	tok_free(t);
+	remove(path);
+}
+
+static void test_imatrix_embedding_entry_is_the_tied_heads_only(void **state)
+{
+	(void)state;
+	check_embd_entry("fx-qwen3.gguf", true);
+	check_embd_entry("fx-llama.gguf", false);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -620,6 +694,7 @@ int main(void)
 		cmocka_unit_test(test_imatrix_cov_is_the_inputs_covariance),
 		cmocka_unit_test(test_imatrix_deferred_cov_is_the_direct_one),
 		cmocka_unit_test(test_imatrix_self_plan_counts_the_covariances),
+		cmocka_unit_test(test_imatrix_embedding_entry_is_the_tied_heads_only),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
