@@ -98,6 +98,10 @@ struct model_q4;
 struct imatrix_q4_run {
 	struct imatrix_stats *s;
 	struct model_q4 *m;
+	/* Also the head's input at every token (the final norm's output, which the engine
+	 * hands back as the span's embeddings) under the matrix the head reads, as --self
+	 * collects it: for GPTQ on the head (hearthd-tool imatrix -f --cov). */
+	bool head;
 };
 int imatrix_run_q4(void *arg, const int32_t *ids, size_t n, struct hearth_error *err);
 /* Calibration without text: n_seqs sequences of len tokens sampled from the int4 model

@@ -277,14 +277,18 @@ static const char *const q4_mat_names[MQ4_LAYER_MATRICES] = {
 	[MQ4_GATE] = "ffn_gate", [MQ4_UP] = "ffn_up", [MQ4_DOWN] = "ffn_down",
 };
 
-/* model_q4_observe's callback: the input under the GGUF name of the matrix it feeds (a
- * tied head's is the embedding's, the matrix the loader rounds for it). */
+/* The matrix the head reads: the embedding's when tied, the loader rounds it for the head. */
+static const char *head_name(bool tied)
+{
+	return tied ? "token_embd.weight" : "output.weight";
+}
+
+/* model_q4_observe's callback: the input under the GGUF name of the matrix it feeds. */
 static void q4_observe(void *arg, uint32_t layer, int mat, const float *x, size_t n_tok, size_t cols)
 {
 	char name[64];
-	int len = mat == MQ4_OBSERVE_OUTPUT	     ? snprintf(name, sizeof name, "output.weight")
-		  : mat == MQ4_OBSERVE_TIED_HEAD ? snprintf(name, sizeof name, "token_embd.weight")
-						 : snprintf(name, sizeof name, "blk.%u.%s.weight", layer, q4_mat_names[mat]);
+	int len = mat >= MQ4_LAYER_MATRICES ? snprintf(name, sizeof name, "%s", head_name(mat == MQ4_OBSERVE_TIED_HEAD))
+					    : snprintf(name, sizeof name, "blk.%u.%s.weight", layer, q4_mat_names[mat]);
 	imatrix_stats_add(arg, name, (size_t)len, x, n_tok, cols);
 }
 
@@ -295,17 +299,25 @@ int imatrix_run_q4(void *arg, const int32_t *ids, size_t n, struct hearth_error 
 	struct engine_seq *seq;
 	uint32_t cached;
 	model_q4_engine(r->m, &eng);
+	float *embd = NULL;
+	const char *head = head_name(r->m->hp.tied_output);
+	if (r->head && !(embd = malloc((size_t)r->m->step_tokens * eng.n_embd * sizeof *embd)))
+		return hearth_error_set(err, HEARTH_ENOMEM, "imatrix: out of memory for the head's inputs");
 	int rc = eng.seq_open(eng.impl, ids, (uint32_t)n, (uint32_t)n, ENGINE_SHARE_PRIVATE, &seq, &cached, err);
-	if (rc < 0)
+	if (rc < 0) {
+		free(embd);
 		return rc;
+	}
 	model_q4_observe(r->m, q4_observe, r->s);
 	for (size_t at = 0; rc == 0 && at < n; at += r->m->step_tokens) {
 		size_t k = n - at < r->m->step_tokens ? n - at : r->m->step_tokens;
-		struct engine_span sp = { .seq = seq, .tokens = ids + at, .n = (uint32_t)k };
-		rc = eng.forward(eng.impl, &sp, 1, err);
+		struct engine_span sp = { .seq = seq, .tokens = ids + at, .n = (uint32_t)k, .embd = embd };
+		if ((rc = eng.forward(eng.impl, &sp, 1, err)) == 0 && embd)
+			imatrix_stats_add(r->s, head, strlen(head), embd, k, eng.n_embd);
 	}
 	model_q4_observe(r->m, NULL, NULL);
 	eng.seq_close(eng.impl, seq);
+	free(embd);
 	if (rc == 0 && !imatrix_stats_ok(r->s, err))
 		rc = r->s->code;
 	return rc;

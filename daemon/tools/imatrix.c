@@ -222,7 +222,7 @@ static int run_q4(const struct imatrix_opts *o, struct imatrix_stats *s, const c
 	/* This thread steps the pool, as the daemon's compute thread does. */
 	if (eng.thread_init)
 		eng.thread_init(eng.impl);
-	struct imatrix_q4_run r = { .s = s, .m = m };
+	struct imatrix_q4_run r = { .s = s, .m = m, .head = o->cov };
 	rc = imatrix_stats_text(t, text, len, (size_t)o->chunk, (size_t)o->chunks, imatrix_run_q4, &r,
 				o->quiet ? NULL : progress, NULL, n_chunks, err);
 	tok_free(t);

@@ -19,7 +19,7 @@ FX=$HEARTH_SHARED/fixtures
 IM=$HEARTH_SRCDIR/tests/fixtures/imatrix
 . "$HEARTH_SRCDIR/tests/integration/spec_lib.sh"
 
-echo "1..13"
+echo "1..14"
 
 CONF=$TMP/h.conf
 printf 'model = %s\nimatrix = %s\nmax_context = 256\nkv_budget = 4MiB\nweights_mix = off\nmodel_swap = drain\n' \
@@ -125,6 +125,18 @@ start cov.log --model="$FX/fx-llama.gguf" -o imatrix="$TMP/cov1.gguf" --max-cont
 [ $rc = 0 ] && [ -s "$TMP/out5" ] && [ "$(quant)" = "q4_mixed+gptq" ] &&
 	grep -q "cov1.gguf steered 15 int4 matrices; GPTQ rounded 15 against its covariances$" "$TMP/cov.log"
 check $? "hearthd-tool imatrix --cov: GPTQ rounds all 14 layer matrices and the head of a real hearthd's load, which serves"
+stop
+# From text with --cov the head's input is kept too (15 entries; without, llama-imatrix's 14,
+# as above), and GPTQ rounds the head with the layers.
+"$B/hearthd-tool" imatrix -m "$FX/fx-llama.gguf" -f "$HEARTH_SRCDIR/bench/spec_passage.txt" -c 64 --cov \
+	-o "$TMP/textcov.gguf" 2>&1 | grep -q "15 matrices over 320 tokens"
+rc=$?
+start textcov.log --model="$FX/fx-llama.gguf" -o imatrix="$TMP/textcov.gguf" --max-context=256 --kv-budget=4MiB \
+	-o weights_mix=off --log-level=notice
+"$B/hearth" --socket "$SOCK" generate --temp 0 -n 8 "hello hello" >"$TMP/out7" 2>&1
+[ $rc = 0 ] && [ -s "$TMP/out7" ] && [ "$(quant)" = "q4_mixed+gptq" ] &&
+	grep -q "textcov.gguf steered 15 int4 matrices; GPTQ rounded 15 against its covariances$" "$TMP/textcov.log"
+check $? "hearthd-tool imatrix -f --cov: the head's input kept too, GPTQ rounds it with the layers, and serves"
 stop
 # An int6 head is rounded by GPTQ against its input's covariance too (the 14 int4 matrices
 # steered, 15 rounded), and the model serves.
