@@ -119,34 +119,34 @@ COV="$B/hearthd-tool imatrix -q -m $FX/fx-llama.gguf --self 6 -c 32 --cov"
 $COV -o "$TMP/cov1.gguf" && $COV -o "$TMP/cov2.gguf" && cmp -s "$TMP/cov1.gguf" "$TMP/cov2.gguf" &&
 	[ "$(stat -c %s "$TMP/cov1.gguf")" -gt "$(stat -c %s "$TMP/self1.gguf")" ]
 rc=$?
-start cov.log --model="$FX/fx-llama.gguf" -o imatrix="$TMP/cov1.gguf" --max-context=256 --kv-budget=4MiB \
-	-o weights_mix=off --log-level=notice
-"$B/hearth" --socket "$SOCK" generate --temp 0 -n 8 "hello hello" >"$TMP/out5" 2>&1
-[ $rc = 0 ] && [ -s "$TMP/out5" ] && [ "$(quant)" = "q4_mixed+gptq" ] &&
-	grep -q "cov1.gguf steered 15 int4 matrices; GPTQ rounded 15 against its covariances$" "$TMP/cov.log"
+# gptq_serves LOG FILE QUANT STEERED ROUNDED [HEARTHD-OPTION...]: a hearthd on fx-llama with the
+# imatrix FILE serves, its layout is QUANT and its log counts the matrices FILE steered and
+# GPTQ rounded.
+gptq_serves() {
+	glog=$1 gfile=$2 gquant=$3 gsteered=$4 grounded=$5
+	shift 5
+	start "$glog" --model="$FX/fx-llama.gguf" -o imatrix="$gfile" --max-context=256 --kv-budget=4MiB \
+		-o weights_mix=off --log-level=notice "$@"
+	"$B/hearth" --socket "$SOCK" generate --temp 0 -n 8 "hello hello" >"$TMP/$glog.out" 2>&1
+	[ -s "$TMP/$glog.out" ] && [ "$(quant)" = "$gquant" ] &&
+		grep -q "${gfile##*/} steered $gsteered int4 matrices; GPTQ rounded $grounded against its covariances$" \
+			"$TMP/$glog"
+	grc=$?
+	stop
+	return $grc
+}
+[ $rc = 0 ] && gptq_serves cov.log "$TMP/cov1.gguf" q4_mixed+gptq 15 15
 check $? "hearthd-tool imatrix --cov: GPTQ rounds all 14 layer matrices and the head of a real hearthd's load, which serves"
-stop
 # From text with --cov the head's input is kept too (15 entries; without, llama-imatrix's 14,
 # as above), and GPTQ rounds the head with the layers.
 "$B/hearthd-tool" imatrix -m "$FX/fx-llama.gguf" -f "$HEARTH_SRCDIR/bench/spec_passage.txt" -c 64 --cov \
 	-o "$TMP/textcov.gguf" 2>&1 | grep -q "15 matrices over 320 tokens"
-rc=$?
-start textcov.log --model="$FX/fx-llama.gguf" -o imatrix="$TMP/textcov.gguf" --max-context=256 --kv-budget=4MiB \
-	-o weights_mix=off --log-level=notice
-"$B/hearth" --socket "$SOCK" generate --temp 0 -n 8 "hello hello" >"$TMP/out7" 2>&1
-[ $rc = 0 ] && [ -s "$TMP/out7" ] && [ "$(quant)" = "q4_mixed+gptq" ] &&
-	grep -q "textcov.gguf steered 15 int4 matrices; GPTQ rounded 15 against its covariances$" "$TMP/textcov.log"
+[ $? = 0 ] && gptq_serves textcov.log "$TMP/textcov.gguf" q4_mixed+gptq 15 15
 check $? "hearthd-tool imatrix -f --cov: the head's input kept too, GPTQ rounds it with the layers, and serves"
-stop
 # An int6 head is rounded by GPTQ against its input's covariance too (the 14 int4 matrices
 # steered, 15 rounded), and the model serves.
-start cov6.log --model="$FX/fx-llama.gguf" -o imatrix="$TMP/cov1.gguf" --max-context=256 --kv-budget=4MiB \
-	-o weights_mix=off -o head=int6 --log-level=notice
-"$B/hearth" --socket "$SOCK" generate --temp 0 -n 8 "hello hello" >"$TMP/out6" 2>&1
-[ -s "$TMP/out6" ] && [ "$(quant)" = "q4_mixed+head_q6+gptq" ] &&
-	grep -q "cov1.gguf steered 14 int4 matrices; GPTQ rounded 15 against its covariances$" "$TMP/cov6.log"
+gptq_serves cov6.log "$TMP/cov1.gguf" q4_mixed+head_q6+gptq 14 15 -o head=int6
 check $? "hearthd-tool imatrix --cov: an int6 head is rounded by GPTQ too, and serves"
-stop
 "$B/hearthd-tool" imatrix -m "$FX/fx-llama.gguf" --self 2 -f "$HEARTH_SRCDIR/bench/spec_passage.txt" \
 	-o "$TMP/x.gguf" 2>"$TMP/both.err"
 [ $? = 2 ] && grep -q "two sources: give one" "$TMP/both.err" && [ ! -e "$TMP/x.gguf" ]
