@@ -132,7 +132,7 @@ struct imatrix_self_opts {
 	bool (*progress)(void *arg, size_t done, size_t total);
 	void *progress_arg;
 };
-/* Loads `model` as base says (made a calibration load by imatrix_load_opts, with KV for
+/* Loads `model` as base says (made a calibration load by imatrix_load_opts, W4A8, with KV for
  * all the sequences it samples side by side, up to 32, whatever base's kv_budget), samples from
  * it as imatrix_stats_self does, frees it and writes the statistics to `out` (dataset
  * "self: N sequences, seed S"); *n_entries (may be NULL): the matrices in it. The calling

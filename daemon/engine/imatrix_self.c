@@ -91,13 +91,24 @@ static int self_size(const char *model, struct load_opts *lo, size_t len, size_t
 	return 0;
 }
 
+/* The sampling's load: a calibration load (imatrix_load_opts) with W4A8's integer products,
+ * as hearthd serves by default, so the samples are the served model's. The collector sees
+ * the float inputs either way; on the trained models the files give the same fidelity
+ * (KL 0.000325 against 0.000327 from W4A16 samples) and on the Qwen3-1.7B shape the
+ * sampling runs about 1.4 times as fast. */
+static void self_load_opts(struct load_opts *lo, const struct imatrix_self_opts *so)
+{
+	imatrix_load_opts(lo, so->len, so->n_seqs);
+	lo->act = Q4_ACT_A8;
+}
+
 int imatrix_self_plan(const char *model, const struct load_opts *base, const struct imatrix_self_opts *so,
 		      uint64_t *bytes, struct hearth_error *err)
 {
 	struct load_opts lo = *base;
 	uint64_t cov = 0;
 	size_t arena;
-	imatrix_load_opts(&lo, so->len, so->n_seqs);
+	self_load_opts(&lo, so);
 	int rc = self_size(model, &lo, so->len, so->cov_block, so->cov_block ? &cov : NULL, err);
 	if (rc < 0 || (rc = load_plan_size(model, &lo, &arena, err)) < 0)
 		return rc;
@@ -114,7 +125,7 @@ int imatrix_self_make(const char *model, const struct load_opts *base, const str
 	struct model_q4 *m = NULL;
 	struct tok *t = NULL;
 	struct imatrix_stats *s = NULL;
-	imatrix_load_opts(&lo, so->len, so->n_seqs);
+	self_load_opts(&lo, so);
 	int rc = self_size(model, &lo, so->len, 0, NULL, err);
 	if (rc < 0 || (rc = imatrix_stats_new(&s, err)) < 0)
 		return rc;

@@ -20,7 +20,7 @@
 
 /* Bumped when the file made for the same model and settings would differ (the sampler, the
  * collector, the file's contents): old caches then miss instead of being read. */
-#define CALIB_FORMAT 2u /* 2: the head's input too */
+#define CALIB_FORMAT 3u /* 2: the head's input too; 3: sampled on W4A8 */
 
 int calib_locate(struct calib *c, const struct hearth_config *cfg, const struct load_opts *o,
 		 struct hearth_error *err)
