@@ -192,7 +192,7 @@ static inline double pairs_sum8(const double e[8])
 /* The nearest code for each x against the stored d and m (clamped to 0..15) into q, and
  * the squared error of exactly the values the kernels multiply by (d*q + m, in float).
  * x lies in [lo, hi]. Each squared error counts w[i] times (all ones: plain least squares). */
-static double group_codes(const float *x, const float *w, size_t n, float lo, float hi, float d, float m,
+double q4_group_codes_ref(const float *x, const float *w, size_t n, float lo, float hi, float d, float m,
 			  uint8_t *q)
 {
 	float id = d != 0.0f ? 1.0f / d : 0.0f;
@@ -265,15 +265,15 @@ static bool group_refit(const float *x, const float *w, size_t n, const uint8_t 
 }
 
 /* Keeps (dh, mh, codes) of the candidate when its fp16-rounded scales give less error. */
-static void group_try(const float *x, const float *w, size_t n, float lo, float hi, float d, float m,
-		      uint8_t *q, uint8_t *tmp, qfp16 *dh, qfp16 *mh, double *best)
+static void group_try(q4_group_codes_fn codes, const float *x, const float *w, size_t n, float lo, float hi,
+		      float d, float m, uint8_t *q, uint8_t *tmp, qfp16 *dh, qfp16 *mh, double *best)
 {
 	qfp16 cd = quant_f32_to_fp16(d), cm = quant_f32_to_fp16(m);
 	float fd = quant_fp16_to_f32(cd), fm = quant_fp16_to_f32(cm);
 
 	if (!isfinite(fd) || !isfinite(fm))
 		return;
-	double e = group_codes(x, w, n, lo, hi, fd, fm, tmp);
+	double e = codes(x, w, n, lo, hi, fd, fm, tmp);
 	if (e < *best) {
 		*best = e;
 		*dh = cd;
@@ -290,8 +290,8 @@ static void group_try(const float *x, const float *w, size_t n, float lo, float 
  * only when its error, measured on the fp16 values, is lower: never worse, deterministic.
  * Every error and fit weighs column i by w[i] (ones: plain least squares, the same bits as
  * an unweighted search, since each product with 1.0f is exact). */
-static void quantize_group_asym(const float *x, const float *w, size_t n, uint8_t *q, qfp16 *dh,
-				qfp16 *mh)
+static void quantize_group_asym(q4_group_codes_fn codes, const float *x, const float *w, size_t n, uint8_t *q,
+				qfp16 *dh, qfp16 *mh)
 {
 	float lo = x[0], hi = x[0];
 	uint8_t tmp[256];
@@ -302,7 +302,7 @@ static void quantize_group_asym(const float *x, const float *w, size_t n, uint8_
 	}
 	*dh = quant_f32_to_fp16((hi - lo) / 15.0f);
 	*mh = quant_f32_to_fp16(lo);
-	double best = group_codes(x, w, n, lo, hi, quant_fp16_to_f32(*dh), quant_fp16_to_f32(*mh), q);
+	double best = codes(x, w, n, lo, hi, quant_fp16_to_f32(*dh), quant_fp16_to_f32(*mh), q);
 	/* Nothing to search when all values are equal, or when the range is too small (or
 	 * too large) for a grid's step to be a float. */
 	if (!(hi > lo) || !isfinite(16.0f / (hi - lo)) || !isfinite(hi - lo))
@@ -353,7 +353,7 @@ static void quantize_group_asym(const float *x, const float *w, size_t n, uint8_
 	for (int r = 0; r <= Q4_SEARCH_REFITS; r++) {
 		double before = best;
 
-		group_try(x, w, n, lo, hi, d, m, q, tmp, dh, mh, &best);
+		group_try(codes, x, w, n, lo, hi, d, m, q, tmp, dh, mh, &best);
 		if (!(best < before) || !group_refit(x, w, n, q, &d, &m))
 			break;
 	}
@@ -556,7 +556,7 @@ void q4_quantize_group_f32(const float *x, const float *w, size_t n, enum q4_rul
 	qfp16 dh, mh;
 
 	if (rule == Q4_RULE_ASYM) {
-		quantize_group_asym(x, group_weights(w, 0, n), n, q, &dh, &mh);
+		quantize_group_asym(q4_group_codes_ref, x, group_weights(w, 0, n), n, q, &dh, &mh);
 		*d = quant_fp16_to_f32(dh);
 		*m = quant_fp16_to_f32(mh);
 		return;
@@ -583,7 +583,8 @@ static qfp16 row8_scale(float top, float steps)
 
 /* row8's per-row scales from each group's asym search over x: sd (the row's largest d
  * over 255) and sm (its largest |m| over 127), stored; d and mn receive the groups' own. */
-static void row8_scales(struct q4_matrix *m, size_t row, const float *x, const float *col_w, float *d, float *mn)
+static void row8_scales(q4_group_codes_fn codes, struct q4_matrix *m, size_t row, const float *x, const float *col_w,
+			float *d, float *mn)
 {
 	float dmax = 0.0f, mmax = 0.0f;
 	uint8_t q[256];
@@ -591,8 +592,8 @@ static void row8_scales(struct q4_matrix *m, size_t row, const float *x, const f
 	for (size_t g = 0; g < m->n_groups; g++) {
 		qfp16 dh, mh;
 
-		quantize_group_asym(x + g * m->group, group_weights(col_w, g * m->group, m->group), m->group, q,
-				    &dh, &mh);
+		quantize_group_asym(codes, x + g * m->group, group_weights(col_w, g * m->group, m->group), m->group,
+				    q, &dh, &mh);
 		d[g] = quant_fp16_to_f32(dh);
 		mn[g] = quant_fp16_to_f32(mh);
 		dmax = d[g] > dmax ? d[g] : dmax;
@@ -606,8 +607,8 @@ static void row8_scales(struct q4_matrix *m, size_t row, const float *x, const f
  * sd or one either side, whichever fits xg best once its codes are chosen again against it
  * (weighted as the search was), m the nearest multiple of sm in -127..127. Stores both
  * codes; q receives the group's codes, *df and *mf the values they stand for. */
-static void row8_group(struct q4_matrix *m, size_t row, size_t g, const float *xg, const float *w, float d,
-		       float mn, uint8_t *q, float *df, float *mf)
+static void row8_group(q4_group_codes_fn codes, struct q4_matrix *m, size_t row, size_t g, const float *xg,
+		       const float *w, float d, float mn, uint8_t *q, float *df, float *mf)
 {
 	float sd = quant_fp16_to_f32(*sd_slot(m, row)), sm = quant_fp16_to_f32(*sm_slot(m, row));
 	float lo = xg[0], hi = xg[0];
@@ -624,7 +625,7 @@ static void row8_group(struct q4_matrix *m, size_t row, size_t g, const float *x
 	for (int dc = dc0 - 1; dc <= dc0 + 1; dc++) {
 		if (dc < 0 || dc > 255)
 			continue;
-		double e = group_codes(xg, w, m->group, lo, hi, sd * (float)dc, sm * (float)mc, tmp);
+		double e = codes(xg, w, m->group, lo, hi, sd * (float)dc, sm * (float)mc, tmp);
 		if (e < best) {
 			best = e;
 			best_dc = dc;
@@ -639,34 +640,35 @@ static void row8_group(struct q4_matrix *m, size_t row, size_t g, const float *x
 
 /* One row in the row8 encoding: each group's d and m from the asym search, then the row's
  * scales, then each group's codes against them (row8_group). */
-static void pack_row_row8(struct q4_matrix *m, size_t row, const float *x, const float *col_w)
+static void pack_row_row8(q4_group_codes_fn codes, struct q4_matrix *m, size_t row, const float *x,
+			  const float *col_w)
 {
 	float d[Q4_ROW8_MAX_GROUPS], mn[Q4_ROW8_MAX_GROUPS], df, mf;
 	uint8_t q[256];
 
-	row8_scales(m, row, x, col_w, d, mn);
+	row8_scales(codes, m, row, x, col_w, d, mn);
 	for (size_t g = 0; g < m->n_groups; g++) {
-		row8_group(m, row, g, x + g * m->group, group_weights(col_w, g * m->group, m->group), d[g], mn[g],
-			   q, &df, &mf);
+		row8_group(codes, m, row, g, x + g * m->group, group_weights(col_w, g * m->group, m->group), d[g],
+			   mn[g], q, &df, &mf);
 		put_codes(m, row, g * m->group, q, m->group);
 	}
 }
 
 /* Group g of a row in the fp16-scale layouts: its d (and asym m) searched and stored, q its
  * codes, *d and *mn the values they stand for (sym: m = -8d). */
-static void plain_group(struct q4_matrix *m, size_t row, size_t g, const float *xg, const float *w, uint8_t *q,
-			float *d, float *mn)
+static void plain_group(q4_group_codes_fn codes, struct q4_matrix *m, size_t row, size_t g, const float *xg,
+			const float *w, uint8_t *q, float *d, float *mn)
 {
 	if (m->asym)
-		quantize_group_asym(xg, w, m->group, q, d_slot(m, row, g), m_slot(m, row, g));
+		quantize_group_asym(codes, xg, w, m->group, q, d_slot(m, row, g), m_slot(m, row, g));
 	else
 		quantize_group_sym_search(xg, m->group, q, d_slot(m, row, g));
 	*d = quant_fp16_to_f32(*d_slot(m, row, g));
 	*mn = m->asym ? quant_fp16_to_f32(*m_slot(m, row, g)) : -8.0f * *d;
 }
 
-void q4_pack_rows_f32(struct q4_matrix *m, const float *src, size_t ld, const float *col_w, size_t row0,
-		      size_t n_rows)
+void q4_pack_rows_f32_k(struct q4_matrix *m, const float *src, size_t ld, const float *col_w, size_t row0,
+			size_t n_rows, q4_group_codes_fn codes)
 {
 	uint8_t q[256];
 
@@ -675,21 +677,27 @@ void q4_pack_rows_f32(struct q4_matrix *m, const float *src, size_t ld, const fl
 		size_t row = row0 + i;
 
 		if (m->row8) {
-			pack_row_row8(m, row, x, col_w);
+			pack_row_row8(codes, m, row, x, col_w);
 			continue;
 		}
 		for (size_t g = 0; g < m->n_groups; g++) {
 			float d, mn;
 
-			plain_group(m, row, g, x + g * m->group, group_weights(col_w, g * m->group, m->group), q, &d,
-				    &mn);
+			plain_group(codes, m, row, g, x + g * m->group, group_weights(col_w, g * m->group, m->group), q,
+				    &d, &mn);
 			put_codes(m, row, g * m->group, q, m->group);
 		}
 	}
 	zero_pad_rows(m, row0, n_rows);
 }
 
-/* The nearest code for x against d and m, clamped to 0..15: group_codes' choice for one
+void q4_pack_rows_f32(struct q4_matrix *m, const float *src, size_t ld, const float *col_w, size_t row0,
+		      size_t n_rows)
+{
+	q4_pack_rows_f32_k(m, src, ld, col_w, row0, n_rows, q4_group_codes_ref);
+}
+
+/* The nearest code for x against d and m, clamped to 0..15: q4_group_codes' choice for one
  * value (clamping before rounding picks the same code). */
 static uint8_t code_nearest(float x, float d, float m)
 {
@@ -710,14 +718,14 @@ static uint8_t code_nearest(float x, float d, float m)
  * by U's diagonal and taken off the columns after it in proportion to U's row. The rows
  * are independent, side by side only to share U's reads. */
 static void pack_rows_gptq(struct q4_matrix *m, size_t row0, size_t n_rows, float *x, size_t ld, const float *col_w,
-			   const float *u, size_t ublock, vec_sub_scaled_fn spread)
+			   const float *u, size_t ublock, vec_sub_scaled_fn spread, q4_group_codes_fn codes)
 {
 	float d8[Q4_ROW8_MAX_GROUPS], mn8[Q4_ROW8_MAX_GROUPS], d[GPTQ_ROWS], mn[GPTQ_ROWS];
 	uint8_t q[GPTQ_ROWS][256];
 	size_t cols = m->cols;
 
 	for (size_t r = 0; m->row8 && r < n_rows; r++) /* each row's scales from its values as given */
-		row8_scales(m, row0 + r, x + r * ld, col_w, d8, mn8);
+		row8_scales(codes, m, row0 + r, x + r * ld, col_w, d8, mn8);
 	for (size_t g = 0; g < m->n_groups; g++) {
 		const float *w = group_weights(col_w, g * m->group, m->group);
 
@@ -727,11 +735,11 @@ static void pack_rows_gptq(struct q4_matrix *m, size_t row0, size_t n_rows, floa
 			if (m->row8) {
 				qfp16 dh, mh;
 
-				quantize_group_asym(xg, w, m->group, q[r], &dh, &mh);
-				row8_group(m, row0 + r, g, xg, w, quant_fp16_to_f32(dh), quant_fp16_to_f32(mh), q[r],
+				quantize_group_asym(codes, xg, w, m->group, q[r], &dh, &mh);
+				row8_group(codes, m, row0 + r, g, xg, w, quant_fp16_to_f32(dh), quant_fp16_to_f32(mh), q[r],
 					   &d[r], &mn[r]);
 			} else {
-				plain_group(m, row0 + r, g, xg, w, q[r], &d[r], &mn[r]);
+				plain_group(codes, m, row0 + r, g, xg, w, q[r], &d[r], &mn[r]);
 			}
 		}
 		for (size_t k = 0; k < m->group; k++) {
@@ -752,11 +760,11 @@ static void pack_rows_gptq(struct q4_matrix *m, size_t row0, size_t n_rows, floa
 }
 
 void q4_pack_rows_gptq(struct q4_matrix *m, float *src, size_t ld, const float *col_w, const float *u,
-		       size_t ublock, size_t row0, size_t n_rows, vec_sub_scaled_fn spread)
+		       size_t ublock, size_t row0, size_t n_rows, vec_sub_scaled_fn spread, q4_group_codes_fn codes)
 {
 	for (size_t i = 0; i < n_rows; i += GPTQ_ROWS)
 		pack_rows_gptq(m, row0 + i, n_rows - i < GPTQ_ROWS ? n_rows - i : GPTQ_ROWS, src + i * ld, ld, col_w, u,
-			       ublock, spread);
+			       ublock, spread, codes);
 	zero_pad_rows(m, row0, n_rows);
 }
 

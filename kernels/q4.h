@@ -74,6 +74,24 @@ double q4_matrix_bpw(const struct q4_matrix *m);
 void q4_pack_rows_f32(struct q4_matrix *m, const float *src, size_t ld, const float *col_w, size_t row0,
 		      size_t n_rows);
 
+/* The scale search's inner step, a dispatch-table kernel (most of a load's time): the
+ * nearest code of each of n values x (n a multiple of 8, at most 256; x within [lo, hi])
+ * against d and m, clamped to 0..15, into q, and the squared error of exactly the values
+ * the matmuls use (d*q + m in float, no fused multiply-add), each term weighted by w[i],
+ * summed in 8 double lanes folded pairwise. Every ISA returns the reference's codes and
+ * bits, so a matrix packs to the same bytes on every machine. */
+typedef double (*q4_group_codes_fn)(const float *x, const float *w, size_t n, float lo, float hi, float d,
+				    float m, uint8_t *q);
+double q4_group_codes_ref(const float *x, const float *w, size_t n, float lo, float hi, float d, float m,
+			  uint8_t *q);
+double q4_group_codes_avx2(const float *x, const float *w, size_t n, float lo, float hi, float d, float m,
+			   uint8_t *q);
+double q4_group_codes_avx512(const float *x, const float *w, size_t n, float lo, float hi, float d, float m,
+			     uint8_t *q);
+/* q4_pack_rows_f32 with the search's step from a kernel table (the same bytes). */
+void q4_pack_rows_f32_k(struct q4_matrix *m, const float *src, size_t ld, const float *col_w, size_t row0,
+			size_t n_rows, q4_group_codes_fn codes);
+
 /* The same layout rounded by GPTQ (kernels/gptq.h): u is the factor gptq_factor_blocks
  * made from the covariance of the matrix's inputs, in the blocked layout (cols x ublock;
  * ublock = cols: the whole matrix). Each row's columns are rounded in order, each one's
@@ -82,9 +100,10 @@ void q4_pack_rows_f32(struct q4_matrix *m, const float *src, size_t ld, const fl
  * left them; row8's per-row scales come from the row as given. The rows at src are
  * overwritten. With a diagonal covariance nothing moves and the bytes are
  * q4_pack_rows_f32's with col_w. spread (a kernel table's sub_scaled) takes each error
- * off: the per-row work, about cols x ublock / 2 multiply-adds. */
+ * off: the per-row work, about cols x ublock / 2 multiply-adds; codes (its group_codes)
+ * runs the scale search. */
 void q4_pack_rows_gptq(struct q4_matrix *m, float *src, size_t ld, const float *col_w, const float *u,
-		       size_t ublock, size_t row0, size_t n_rows, vec_sub_scaled_fn spread);
+		       size_t ublock, size_t row0, size_t n_rows, vec_sub_scaled_fn spread, q4_group_codes_fn codes);
 
 /* One group of n values (a multiple of 8, at most 256) by a rule, for tools that simulate
  * other layouts in f32 (bench/fidelity --ablate): codes into q, d and m as stored (fp16

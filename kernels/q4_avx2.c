@@ -400,3 +400,43 @@ void q4_matmul_avx2(const struct q4_matrix *w, const struct q4_acts *a, float *y
 		}
 	}
 }
+
+/* q4_group_codes (kernels/q4.h): the reference's operations, 8 values a step, each in the
+ * reference's order: float (x - m) * id rounded by the same trick, the codes clamped as
+ * integers, d*q + m in float and the weighted squared error in 8 double lanes. No fused
+ * multiply-add (contraction off), so the codes and the error are the reference's bits. A
+ * range outside the rounding trick's goes to the reference. */
+__attribute__((optimize("fp-contract=off"))) double q4_group_codes_avx2(const float *x, const float *w, size_t n,
+									 float lo, float hi, float d, float m,
+									 uint8_t *q)
+{
+	float id = d != 0.0f ? 1.0f / d : 0.0f;
+	float vlo = (lo - m) * id, vhi = (hi - m) * id;
+
+	if (!(vlo > -0x1p20f && vhi < 0x1p20f))
+		return q4_group_codes_ref(x, w, n, lo, hi, d, m, q);
+	const __m256 vm = _mm256_set1_ps(m), vid = _mm256_set1_ps(id), vd = _mm256_set1_ps(d);
+	const __m256 magic = _mm256_set1_ps(0x1.8p23f);
+	const __m256i zero = _mm256_setzero_si256(), fifteen = _mm256_set1_epi32(15);
+	__m256d e0 = _mm256_setzero_pd(), e1 = _mm256_setzero_pd();
+	for (size_t i = 0; i < n; i += 8) {
+		__m256 xv = _mm256_loadu_ps(x + i);
+		__m256 v = _mm256_mul_ps(_mm256_sub_ps(xv, vm), vid);
+		v = _mm256_sub_ps(_mm256_add_ps(v, magic), magic);
+		__m256i c = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvttps_epi32(v), zero), fifteen);
+		__m128i c16 = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+		_mm_storel_epi64((__m128i *)(q + i), _mm_packus_epi16(c16, c16));
+		__m256 val = _mm256_add_ps(_mm256_mul_ps(vd, _mm256_cvtepi32_ps(c)), vm);
+		__m256 wv = _mm256_loadu_ps(w + i);
+		__m256d t0 = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(xv)),
+					   _mm256_cvtps_pd(_mm256_castps256_ps128(val)));
+		__m256d t1 = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(xv, 1)),
+					   _mm256_cvtps_pd(_mm256_extractf128_ps(val, 1)));
+		e0 = _mm256_add_pd(e0, _mm256_mul_pd(_mm256_mul_pd(t0, t0), _mm256_cvtps_pd(_mm256_castps256_ps128(wv))));
+		e1 = _mm256_add_pd(e1, _mm256_mul_pd(_mm256_mul_pd(t1, t1), _mm256_cvtps_pd(_mm256_extractf128_ps(wv, 1))));
+	}
+	double e[8];
+	_mm256_storeu_pd(e, e0);
+	_mm256_storeu_pd(e + 4, e1);
+	return ((e[0] + e[1]) + (e[2] + e[3])) + ((e[4] + e[5]) + (e[6] + e[7]));
+}

@@ -454,3 +454,33 @@ void q4_matmul_avx512(const struct q4_matrix *w, const struct q4_acts *a, float 
 		}
 	}
 }
+
+/* q4_group_codes (kernels/q4.h): as q4_group_codes_avx2, the 8 error lanes in one vector.
+ * The reference's bits; a range outside the rounding trick's goes to the reference. */
+__attribute__((optimize("fp-contract=off"))) double q4_group_codes_avx512(const float *x, const float *w, size_t n,
+									   float lo, float hi, float d, float m,
+									   uint8_t *q)
+{
+	float id = d != 0.0f ? 1.0f / d : 0.0f;
+	float vlo = (lo - m) * id, vhi = (hi - m) * id;
+
+	if (!(vlo > -0x1p20f && vhi < 0x1p20f))
+		return q4_group_codes_ref(x, w, n, lo, hi, d, m, q);
+	const __m256 vm = _mm256_set1_ps(m), vid = _mm256_set1_ps(id), vd = _mm256_set1_ps(d);
+	const __m256 magic = _mm256_set1_ps(0x1.8p23f);
+	const __m256i zero = _mm256_setzero_si256(), fifteen = _mm256_set1_epi32(15);
+	__m512d e = _mm512_setzero_pd();
+	for (size_t i = 0; i < n; i += 8) {
+		__m256 xv = _mm256_loadu_ps(x + i);
+		__m256 v = _mm256_mul_ps(_mm256_sub_ps(xv, vm), vid);
+		v = _mm256_sub_ps(_mm256_add_ps(v, magic), magic);
+		__m256i c = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvttps_epi32(v), zero), fifteen);
+		_mm_storel_epi64((__m128i *)(q + i), _mm256_cvtepi32_epi8(c));
+		__m256 val = _mm256_add_ps(_mm256_mul_ps(vd, _mm256_cvtepi32_ps(c)), vm);
+		__m512d t = _mm512_sub_pd(_mm512_cvtps_pd(xv), _mm512_cvtps_pd(val));
+		e = _mm512_add_pd(e, _mm512_mul_pd(_mm512_mul_pd(t, t), _mm512_cvtps_pd(_mm256_loadu_ps(w + i))));
+	}
+	double l[8];
+	_mm512_storeu_pd(l, e);
+	return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}

@@ -899,7 +899,7 @@ static void test_gptq_diagonal_covariance_gives_plain_packing(void **state)
 		gptq_plan(&b, rows, cols, lay[k].group, lay[k].kind);
 		q4_pack_rows_f32(&a, w, cols, cw, 0, rows);
 		memcpy(x, w, rows * cols * sizeof(float));
-		q4_pack_rows_gptq(&b, x, cols, cw, u, cols, 0, rows, vec_sub_scaled_ref);
+		q4_pack_rows_gptq(&b, x, cols, cw, u, cols, 0, rows, vec_sub_scaled_ref, q4_group_codes_ref);
 		assert_memory_equal(a.data, b.data, q4_matrix_bytes(&a));
 		free(a.data);
 		free(b.data);
@@ -991,7 +991,7 @@ static void test_gptq_lowers_the_product_error(void **state)
 		for (int blocked = 0; blocked < 2; blocked++) {
 			memcpy(x, w, rows * cols * sizeof(float));
 			q4_pack_rows_gptq(&b, x, cols, cw, blocked ? f.ub : f.u, blocked ? nb : cols, 0, rows,
-					  vec_sub_scaled_ref);
+					  vec_sub_scaled_ref, q4_group_codes_ref);
 			q4_unpack_rows(&b, 0, 32, qb, cols);
 			for (size_t i = rows * cols; i < 32 * cols; i++)
 				assert_true(qb[i] == 0.0f);
@@ -1006,9 +1006,9 @@ static void test_gptq_lowers_the_product_error(void **state)
 			struct q4_matrix c;
 			gptq_plan(&c, rows, cols, lay[k].group, lay[k].kind);
 			memcpy(x, w, rows * cols * sizeof(float));
-			q4_pack_rows_gptq(&c, x, cols, cw, f.ub, nb, 0, 1, kt->sub_scaled);
-			q4_pack_rows_gptq(&c, x + cols, cols, cw, f.ub, nb, 1, 5, kt->sub_scaled);
-			q4_pack_rows_gptq(&c, x + 6 * cols, cols, cw, f.ub, nb, 6, 18, kt->sub_scaled);
+			q4_pack_rows_gptq(&c, x, cols, cw, f.ub, nb, 0, 1, kt->sub_scaled, kt->group_codes);
+			q4_pack_rows_gptq(&c, x + cols, cols, cw, f.ub, nb, 1, 5, kt->sub_scaled, kt->group_codes);
+			q4_pack_rows_gptq(&c, x + 6 * cols, cols, cw, f.ub, nb, 6, 18, kt->sub_scaled, kt->group_codes);
 			assert_memory_equal(c.data, b.data, q4_matrix_bytes(&b));
 			free(c.data);
 		}
@@ -1092,6 +1092,82 @@ static void test_q6_gptq_is_plain_on_a_diagonal_and_lowers_the_product_error(voi
 	free(x);
 	free(qa);
 	free(qb);
+}
+
+/* The scale search's step (q4_group_codes) in every ISA: the reference's codes and error
+ * bits on groups of 8 to 256 with ones and with skewed weights, against scales as the
+ * search makes them (min/max, a grid, fp16-rounded) and ones whose range leaves the
+ * rounding trick's (the reference's own path), or with every mantissa bit (row8's, where
+ * a fused multiply-add would round differently); and whole matrices packed through each
+ * ISA's (q4_pack_rows_f32_k) are the reference's bytes in every layout. */
+static void test_q4_group_codes_every_isa_matches_reference(void **state)
+{
+	uint64_t s = 405;
+	static const size_t ns[] = { 8, 32, 64, 128, 256 };
+	float x[256], w[256], ones[256];
+	uint8_t qr[256], qi[256];
+
+	(void)state;
+	for (size_t i = 0; i < 256; i++)
+		ones[i] = 1.0f;
+	for (int it = 0; it < 400; it++) {
+		size_t n = ns[it % 5];
+		float scale = it % 7 == 0 ? 1e-4f : it % 7 == 1 ? 300.0f : 1.0f;
+		float lo = INFINITY, hi = -INFINITY;
+		for (size_t i = 0; i < n; i++) {
+			x[i] = rng_unit(&s) * scale + (i % 13 == 0 ? 3.0f * scale : 0.0f);
+			w[i] = 0.01f + fabsf(rng_unit(&s)) * (i % 5 == 0 ? 40.0f : 1.0f);
+			lo = x[i] < lo ? x[i] : lo;
+			hi = x[i] > hi ? x[i] : hi;
+		}
+		float d = quant_fp16_to_f32(quant_f32_to_fp16((hi - lo) / (13.0f + (float)(it % 5))));
+		float m = quant_fp16_to_f32(quant_f32_to_fp16(lo + (it % 3) * 0.01f * scale));
+		if (it % 4 == 3) { /* row8's scales: products of two floats, every mantissa bit used */
+			d = (hi - lo) / 14.37f * (1.0f + 1e-3f * rng_unit(&s));
+			m = lo * 1.0173f;
+		}
+		if (it % 11 == 0)
+			d = (hi - lo) * 1e-7f; /* codes far past 2^20 steps: the reference's own path */
+		if (it % 17 == 0)
+			d = 0.0f;
+		const float *wt = it % 2 ? w : ones;
+		double er = q4_group_codes_ref(x, wt, n, lo, hi, d, m, qr);
+		for (int isa = KERN_AVX2; isa <= KERN_AVX512; isa++) {
+			const struct kern_table *kt = kern_table_for((enum kern_isa)isa);
+			if (!kt)
+				continue;
+			memset(qi, 0xee, sizeof qi);
+			double ei = kt->group_codes(x, wt, n, lo, hi, d, m, qi);
+			assert_memory_equal(qi, qr, n);
+			if (memcmp(&ei, &er, sizeof er))
+				fail_msg("%s: group of %zu (iteration %d): error %.17g, the reference's %.17g", kt->name, n,
+					 it, ei, er);
+		}
+	}
+	const size_t rows = 19, cols = 512;
+	float *src = random_floats(&s, rows * cols, 0.08f), *cw = random_floats(&s, cols, 1.0f);
+	for (size_t i = 0; i < cols; i++)
+		cw[i] = 0.05f + fabsf(cw[i]) * (i % 9 == 0 ? 30.0f : 1.0f);
+	const struct gptq_layout lay[] = GPTQ_LAYOUTS;
+	for (size_t k = 0; k < sizeof lay / sizeof lay[0]; k++)
+		for (int weighted = 0; weighted < 2; weighted++) {
+			struct q4_matrix a;
+			gptq_plan(&a, rows, cols, lay[k].group, lay[k].kind);
+			q4_pack_rows_f32(&a, src, cols, weighted ? cw : NULL, 0, rows);
+			for (int isa = KERN_REF; isa <= KERN_AVX512; isa++) {
+				const struct kern_table *kt = kern_table_for((enum kern_isa)isa);
+				if (!kt)
+					continue;
+				struct q4_matrix b;
+				gptq_plan(&b, rows, cols, lay[k].group, lay[k].kind);
+				q4_pack_rows_f32_k(&b, src, cols, weighted ? cw : NULL, 0, rows, kt->group_codes);
+				assert_memory_equal(b.data, a.data, q4_matrix_bytes(&a));
+				free(b.data);
+			}
+			free(a.data);
+		}
+	free(src);
+	free(cw);
 }
 
 /* ---- activations ---- */
@@ -2428,6 +2504,7 @@ int main(void)
 		cmocka_unit_test(test_gptq_diagonal_covariance_gives_plain_packing),
 		cmocka_unit_test(test_gptq_lowers_the_product_error),
 		cmocka_unit_test(test_q6_gptq_is_plain_on_a_diagonal_and_lowers_the_product_error),
+		cmocka_unit_test(test_q4_group_codes_every_isa_matches_reference),
 		cmocka_unit_test(test_q4_acts_a8_every_isa_matches_reference_bytes),
 		cmocka_unit_test(test_q4_acts_a16_every_isa_matches_reference),
 		cmocka_unit_test(test_q4_w4a8_every_isa_bit_exact_vs_reference),
