@@ -29,7 +29,7 @@ struct kern_table {
 	vec_sum_u64_fn sum_u64;         /* the streaming-read probe */
 	vec_cov_row_fn cov_row;         /* GPTQ's covariance sums (imatrix collection) */
 	vec_sub_scaled_fn sub_scaled;   /* GPTQ's corrections (the loader's rounding) */
-	q4_group_codes_fn group_codes;  /* the int4 scale search's step (the loader's packing) */
+	const struct q4_search *search; /* the int4 scale search's steps (the loader's packing) */
 };
 
 /* The table for isa, or NULL when this CPU cannot run it. Tests and A/B runs use this

@@ -227,6 +227,28 @@ double q4_group_codes_ref(const float *x, const float *w, size_t n, float lo, fl
 	return pairs_sum8(e);
 }
 
+void q4_grid_sums_ref(const float *x, const float *w, size_t n, float lo, float is, float ll[8], float lll[8],
+		      float lxl[8])
+{
+	for (size_t j = 0; j < 8; j++)
+		ll[j] = lll[j] = lxl[j] = 0.0f;
+	/* (x - lo) * is lies in [0, 16]: the integer conversion is safe, and an integer clamp
+	 * keeps the loop free of branches. */
+	for (size_t i = 0; i < n; i += 8)
+		for (size_t j = 0; j < 8; j++) {
+			int c = (int)((x[i + j] - lo) * is + 0.5f);
+
+			c = c < 15 ? c : 15;
+			float l = (float)c;
+
+			ll[j] += l * w[i + j];
+			lll[j] += (l * l) * w[i + j];
+			lxl[j] += (x[i + j] * l) * w[i + j];
+		}
+}
+
+const struct q4_search q4_search_ref = { q4_group_codes_ref, q4_grid_sums_ref };
+
 /* The 8 lane sums of a vectorizable loop folded in lane order (one order everywhere, so
  * a group quantizes the same way in every caller). */
 static inline double lanes_sum(const float l[8])
@@ -265,7 +287,7 @@ static bool group_refit(const float *x, const float *w, size_t n, const uint8_t 
 }
 
 /* Keeps (dh, mh, codes) of the candidate when its fp16-rounded scales give less error. */
-static void group_try(q4_group_codes_fn codes, const float *x, const float *w, size_t n, float lo, float hi,
+static void group_try(const struct q4_search *k, const float *x, const float *w, size_t n, float lo, float hi,
 		      float d, float m, uint8_t *q, uint8_t *tmp, qfp16 *dh, qfp16 *mh, double *best)
 {
 	qfp16 cd = quant_f32_to_fp16(d), cm = quant_f32_to_fp16(m);
@@ -273,7 +295,7 @@ static void group_try(q4_group_codes_fn codes, const float *x, const float *w, s
 
 	if (!isfinite(fd) || !isfinite(fm))
 		return;
-	double e = codes(x, w, n, lo, hi, fd, fm, tmp);
+	double e = k->codes(x, w, n, lo, hi, fd, fm, tmp);
 	if (e < *best) {
 		*best = e;
 		*dh = cd;
@@ -290,7 +312,7 @@ static void group_try(q4_group_codes_fn codes, const float *x, const float *w, s
  * only when its error, measured on the fp16 values, is lower: never worse, deterministic.
  * Every error and fit weighs column i by w[i] (ones: plain least squares, the same bits as
  * an unweighted search, since each product with 1.0f is exact). */
-static void quantize_group_asym(q4_group_codes_fn codes, const float *x, const float *w, size_t n, uint8_t *q,
+static void quantize_group_asym(const struct q4_search *k, const float *x, const float *w, size_t n, uint8_t *q,
 				qfp16 *dh, qfp16 *mh)
 {
 	float lo = x[0], hi = x[0];
@@ -302,7 +324,7 @@ static void quantize_group_asym(q4_group_codes_fn codes, const float *x, const f
 	}
 	*dh = quant_f32_to_fp16((hi - lo) / 15.0f);
 	*mh = quant_f32_to_fp16(lo);
-	double best = codes(x, w, n, lo, hi, quant_fp16_to_f32(*dh), quant_fp16_to_f32(*mh), q);
+	double best = k->codes(x, w, n, lo, hi, quant_fp16_to_f32(*dh), quant_fp16_to_f32(*mh), q);
 	/* Nothing to search when all values are equal, or when the range is too small (or
 	 * too large) for a grid's step to be a float. */
 	if (!(hi > lo) || !isfinite(16.0f / (hi - lo)) || !isfinite(hi - lo))
@@ -317,23 +339,11 @@ static void quantize_group_asym(q4_group_codes_fn codes, const float *x, const f
 		}
 	double sx = lanes_sum(lx), sxx = lanes_sum(lxx), cn = lanes_sum(lw);
 	double best_res = INFINITY, bd = 0, bm = 0;
-	for (int k = 0; k < Q4_SEARCH_STEPS; k++) {
-		float is = (15.0f + Q4_SEARCH_RMIN + Q4_SEARCH_RDELTA * (float)k) / (hi - lo);
-		float ll[8] = { 0 }, lll[8] = { 0 }, lxl[8] = { 0 };
+	for (int g = 0; g < Q4_SEARCH_STEPS; g++) {
+		float is = (15.0f + Q4_SEARCH_RMIN + Q4_SEARCH_RDELTA * (float)g) / (hi - lo);
+		float ll[8], lll[8], lxl[8];
 
-		/* (x - lo) * is lies in [0, 16]: the integer conversion is safe, and an
-		 * integer clamp keeps the loop free of branches. */
-		for (size_t i = 0; i < n; i += 8)
-			for (size_t j = 0; j < 8; j++) {
-				int c = (int)((x[i + j] - lo) * is + 0.5f);
-
-				c = c < 15 ? c : 15;
-				float l = (float)c;
-
-				ll[j] += l * w[i + j];
-				lll[j] += (l * l) * w[i + j];
-				lxl[j] += (x[i + j] * l) * w[i + j];
-			}
+		k->grid(x, w, n, lo, is, ll, lll, lxl);
 		double sl = lanes_sum(ll), sll = lanes_sum(lll), sxl = lanes_sum(lxl);
 		double den = cn * sll - sl * sl;
 		if (!(den > 0.0))
@@ -353,7 +363,7 @@ static void quantize_group_asym(q4_group_codes_fn codes, const float *x, const f
 	for (int r = 0; r <= Q4_SEARCH_REFITS; r++) {
 		double before = best;
 
-		group_try(codes, x, w, n, lo, hi, d, m, q, tmp, dh, mh, &best);
+		group_try(k, x, w, n, lo, hi, d, m, q, tmp, dh, mh, &best);
 		if (!(best < before) || !group_refit(x, w, n, q, &d, &m))
 			break;
 	}
@@ -556,7 +566,7 @@ void q4_quantize_group_f32(const float *x, const float *w, size_t n, enum q4_rul
 	qfp16 dh, mh;
 
 	if (rule == Q4_RULE_ASYM) {
-		quantize_group_asym(q4_group_codes_ref, x, group_weights(w, 0, n), n, q, &dh, &mh);
+		quantize_group_asym(&q4_search_ref, x, group_weights(w, 0, n), n, q, &dh, &mh);
 		*d = quant_fp16_to_f32(dh);
 		*m = quant_fp16_to_f32(mh);
 		return;
@@ -583,7 +593,7 @@ static qfp16 row8_scale(float top, float steps)
 
 /* row8's per-row scales from each group's asym search over x: sd (the row's largest d
  * over 255) and sm (its largest |m| over 127), stored; d and mn receive the groups' own. */
-static void row8_scales(q4_group_codes_fn codes, struct q4_matrix *m, size_t row, const float *x, const float *col_w,
+static void row8_scales(const struct q4_search *k, struct q4_matrix *m, size_t row, const float *x, const float *col_w,
 			float *d, float *mn)
 {
 	float dmax = 0.0f, mmax = 0.0f;
@@ -592,7 +602,7 @@ static void row8_scales(q4_group_codes_fn codes, struct q4_matrix *m, size_t row
 	for (size_t g = 0; g < m->n_groups; g++) {
 		qfp16 dh, mh;
 
-		quantize_group_asym(codes, x + g * m->group, group_weights(col_w, g * m->group, m->group), m->group,
+		quantize_group_asym(k, x + g * m->group, group_weights(col_w, g * m->group, m->group), m->group,
 				    q, &dh, &mh);
 		d[g] = quant_fp16_to_f32(dh);
 		mn[g] = quant_fp16_to_f32(mh);
@@ -607,7 +617,7 @@ static void row8_scales(q4_group_codes_fn codes, struct q4_matrix *m, size_t row
  * sd or one either side, whichever fits xg best once its codes are chosen again against it
  * (weighted as the search was), m the nearest multiple of sm in -127..127. Stores both
  * codes; q receives the group's codes, *df and *mf the values they stand for. */
-static void row8_group(q4_group_codes_fn codes, struct q4_matrix *m, size_t row, size_t g, const float *xg,
+static void row8_group(const struct q4_search *k, struct q4_matrix *m, size_t row, size_t g, const float *xg,
 		       const float *w, float d, float mn, uint8_t *q, float *df, float *mf)
 {
 	float sd = quant_fp16_to_f32(*sd_slot(m, row)), sm = quant_fp16_to_f32(*sm_slot(m, row));
@@ -625,7 +635,7 @@ static void row8_group(q4_group_codes_fn codes, struct q4_matrix *m, size_t row,
 	for (int dc = dc0 - 1; dc <= dc0 + 1; dc++) {
 		if (dc < 0 || dc > 255)
 			continue;
-		double e = codes(xg, w, m->group, lo, hi, sd * (float)dc, sm * (float)mc, tmp);
+		double e = k->codes(xg, w, m->group, lo, hi, sd * (float)dc, sm * (float)mc, tmp);
 		if (e < best) {
 			best = e;
 			best_dc = dc;
@@ -640,15 +650,15 @@ static void row8_group(q4_group_codes_fn codes, struct q4_matrix *m, size_t row,
 
 /* One row in the row8 encoding: each group's d and m from the asym search, then the row's
  * scales, then each group's codes against them (row8_group). */
-static void pack_row_row8(q4_group_codes_fn codes, struct q4_matrix *m, size_t row, const float *x,
+static void pack_row_row8(const struct q4_search *k, struct q4_matrix *m, size_t row, const float *x,
 			  const float *col_w)
 {
 	float d[Q4_ROW8_MAX_GROUPS], mn[Q4_ROW8_MAX_GROUPS], df, mf;
 	uint8_t q[256];
 
-	row8_scales(codes, m, row, x, col_w, d, mn);
+	row8_scales(k, m, row, x, col_w, d, mn);
 	for (size_t g = 0; g < m->n_groups; g++) {
-		row8_group(codes, m, row, g, x + g * m->group, group_weights(col_w, g * m->group, m->group), d[g],
+		row8_group(k, m, row, g, x + g * m->group, group_weights(col_w, g * m->group, m->group), d[g],
 			   mn[g], q, &df, &mf);
 		put_codes(m, row, g * m->group, q, m->group);
 	}
@@ -656,11 +666,11 @@ static void pack_row_row8(q4_group_codes_fn codes, struct q4_matrix *m, size_t r
 
 /* Group g of a row in the fp16-scale layouts: its d (and asym m) searched and stored, q its
  * codes, *d and *mn the values they stand for (sym: m = -8d). */
-static void plain_group(q4_group_codes_fn codes, struct q4_matrix *m, size_t row, size_t g, const float *xg,
+static void plain_group(const struct q4_search *k, struct q4_matrix *m, size_t row, size_t g, const float *xg,
 			const float *w, uint8_t *q, float *d, float *mn)
 {
 	if (m->asym)
-		quantize_group_asym(codes, xg, w, m->group, q, d_slot(m, row, g), m_slot(m, row, g));
+		quantize_group_asym(k, xg, w, m->group, q, d_slot(m, row, g), m_slot(m, row, g));
 	else
 		quantize_group_sym_search(xg, m->group, q, d_slot(m, row, g));
 	*d = quant_fp16_to_f32(*d_slot(m, row, g));
@@ -668,7 +678,7 @@ static void plain_group(q4_group_codes_fn codes, struct q4_matrix *m, size_t row
 }
 
 void q4_pack_rows_f32_k(struct q4_matrix *m, const float *src, size_t ld, const float *col_w, size_t row0,
-			size_t n_rows, q4_group_codes_fn codes)
+			size_t n_rows, const struct q4_search *k)
 {
 	uint8_t q[256];
 
@@ -677,13 +687,13 @@ void q4_pack_rows_f32_k(struct q4_matrix *m, const float *src, size_t ld, const 
 		size_t row = row0 + i;
 
 		if (m->row8) {
-			pack_row_row8(codes, m, row, x, col_w);
+			pack_row_row8(k, m, row, x, col_w);
 			continue;
 		}
 		for (size_t g = 0; g < m->n_groups; g++) {
 			float d, mn;
 
-			plain_group(codes, m, row, g, x + g * m->group, group_weights(col_w, g * m->group, m->group), q,
+			plain_group(k, m, row, g, x + g * m->group, group_weights(col_w, g * m->group, m->group), q,
 				    &d, &mn);
 			put_codes(m, row, g * m->group, q, m->group);
 		}
@@ -694,7 +704,7 @@ void q4_pack_rows_f32_k(struct q4_matrix *m, const float *src, size_t ld, const 
 void q4_pack_rows_f32(struct q4_matrix *m, const float *src, size_t ld, const float *col_w, size_t row0,
 		      size_t n_rows)
 {
-	q4_pack_rows_f32_k(m, src, ld, col_w, row0, n_rows, q4_group_codes_ref);
+	q4_pack_rows_f32_k(m, src, ld, col_w, row0, n_rows, &q4_search_ref);
 }
 
 /* The nearest code for x against d and m, clamped to 0..15: q4_group_codes' choice for one
@@ -718,14 +728,14 @@ static uint8_t code_nearest(float x, float d, float m)
  * by U's diagonal and taken off the columns after it in proportion to U's row. The rows
  * are independent, side by side only to share U's reads. */
 static void pack_rows_gptq(struct q4_matrix *m, size_t row0, size_t n_rows, float *x, size_t ld, const float *col_w,
-			   const float *u, size_t ublock, vec_sub_scaled_fn spread, q4_group_codes_fn codes)
+			   const float *u, size_t ublock, vec_sub_scaled_fn spread, const struct q4_search *k)
 {
 	float d8[Q4_ROW8_MAX_GROUPS], mn8[Q4_ROW8_MAX_GROUPS], d[GPTQ_ROWS], mn[GPTQ_ROWS];
 	uint8_t q[GPTQ_ROWS][256];
 	size_t cols = m->cols;
 
 	for (size_t r = 0; m->row8 && r < n_rows; r++) /* each row's scales from its values as given */
-		row8_scales(codes, m, row0 + r, x + r * ld, col_w, d8, mn8);
+		row8_scales(k, m, row0 + r, x + r * ld, col_w, d8, mn8);
 	for (size_t g = 0; g < m->n_groups; g++) {
 		const float *w = group_weights(col_w, g * m->group, m->group);
 
@@ -735,23 +745,23 @@ static void pack_rows_gptq(struct q4_matrix *m, size_t row0, size_t n_rows, floa
 			if (m->row8) {
 				qfp16 dh, mh;
 
-				quantize_group_asym(codes, xg, w, m->group, q[r], &dh, &mh);
-				row8_group(codes, m, row0 + r, g, xg, w, quant_fp16_to_f32(dh), quant_fp16_to_f32(mh), q[r],
+				quantize_group_asym(k, xg, w, m->group, q[r], &dh, &mh);
+				row8_group(k, m, row0 + r, g, xg, w, quant_fp16_to_f32(dh), quant_fp16_to_f32(mh), q[r],
 					   &d[r], &mn[r]);
 			} else {
-				plain_group(codes, m, row0 + r, g, xg, w, q[r], &d[r], &mn[r]);
+				plain_group(k, m, row0 + r, g, xg, w, q[r], &d[r], &mn[r]);
 			}
 		}
-		for (size_t k = 0; k < m->group; k++) {
-			size_t i = g * m->group + k, bs = i / ublock * ublock;
+		for (size_t c = 0; c < m->group; c++) {
+			size_t i = g * m->group + c, bs = i / ublock * ublock;
 			size_t end = bs + ublock < cols ? bs + ublock : cols;
 			const float *ui = u + i * ublock - bs; /* ui[j]: U[i][j], j in its block */
 
 			for (size_t r = 0; r < n_rows; r++) {
 				float *xr = x + r * ld;
 
-				q[r][k] = code_nearest(xr[i], d[r], mn[r]);
-				spread(xr + i + 1, ui + i + 1, (xr[i] - (d[r] * (float)q[r][k] + mn[r])) / ui[i], end - i - 1);
+				q[r][c] = code_nearest(xr[i], d[r], mn[r]);
+				spread(xr + i + 1, ui + i + 1, (xr[i] - (d[r] * (float)q[r][c] + mn[r])) / ui[i], end - i - 1);
 			}
 		}
 		for (size_t r = 0; r < n_rows; r++)
@@ -760,11 +770,11 @@ static void pack_rows_gptq(struct q4_matrix *m, size_t row0, size_t n_rows, floa
 }
 
 void q4_pack_rows_gptq(struct q4_matrix *m, float *src, size_t ld, const float *col_w, const float *u,
-		       size_t ublock, size_t row0, size_t n_rows, vec_sub_scaled_fn spread, q4_group_codes_fn codes)
+		       size_t ublock, size_t row0, size_t n_rows, vec_sub_scaled_fn spread, const struct q4_search *k)
 {
 	for (size_t i = 0; i < n_rows; i += GPTQ_ROWS)
 		pack_rows_gptq(m, row0 + i, n_rows - i < GPTQ_ROWS ? n_rows - i : GPTQ_ROWS, src + i * ld, ld, col_w, u,
-			       ublock, spread, codes);
+			       ublock, spread, k);
 	zero_pad_rows(m, row0, n_rows);
 }
 

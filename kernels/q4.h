@@ -88,9 +88,24 @@ double q4_group_codes_avx2(const float *x, const float *w, size_t n, float lo, f
 			   uint8_t *q);
 double q4_group_codes_avx512(const float *x, const float *w, size_t n, float lo, float hi, float d, float m,
 			     uint8_t *q);
-/* q4_pack_rows_f32 with the search's step from a kernel table (the same bytes). */
+/* The asym search's grid step, a dispatch-table kernel too: for one grid (codes
+ * l = min(15, (int)((x - lo) * is + 0.5f))) the weighted sums of l, l^2 and x*l in 8
+ * float lanes (lane j: values j, j+8, ...), the reference's bits on every ISA. */
+typedef void (*q4_grid_sums_fn)(const float *x, const float *w, size_t n, float lo, float is, float ll[8],
+				float lll[8], float lxl[8]);
+void q4_grid_sums_ref(const float *x, const float *w, size_t n, float lo, float is, float ll[8], float lll[8],
+		      float lxl[8]);
+void q4_grid_sums_avx2(const float *x, const float *w, size_t n, float lo, float is, float ll[8], float lll[8],
+		       float lxl[8]);
+/* One ISA's scale-search kernels (a kernel table's `search`). */
+struct q4_search {
+	q4_group_codes_fn codes;
+	q4_grid_sums_fn grid;
+};
+extern const struct q4_search q4_search_ref, q4_search_avx2, q4_search_avx512;
+/* q4_pack_rows_f32 with the search's kernels from a kernel table (the same bytes). */
 void q4_pack_rows_f32_k(struct q4_matrix *m, const float *src, size_t ld, const float *col_w, size_t row0,
-			size_t n_rows, q4_group_codes_fn codes);
+			size_t n_rows, const struct q4_search *k);
 
 /* The same layout rounded by GPTQ (kernels/gptq.h): u is the factor gptq_factor_blocks
  * made from the covariance of the matrix's inputs, in the blocked layout (cols x ublock;
@@ -100,10 +115,10 @@ void q4_pack_rows_f32_k(struct q4_matrix *m, const float *src, size_t ld, const 
  * left them; row8's per-row scales come from the row as given. The rows at src are
  * overwritten. With a diagonal covariance nothing moves and the bytes are
  * q4_pack_rows_f32's with col_w. spread (a kernel table's sub_scaled) takes each error
- * off: the per-row work, about cols x ublock / 2 multiply-adds; codes (its group_codes)
- * runs the scale search. */
+ * off: the per-row work, about cols x ublock / 2 multiply-adds; k (its search) runs the
+ * scale search. */
 void q4_pack_rows_gptq(struct q4_matrix *m, float *src, size_t ld, const float *col_w, const float *u,
-		       size_t ublock, size_t row0, size_t n_rows, vec_sub_scaled_fn spread, q4_group_codes_fn codes);
+		       size_t ublock, size_t row0, size_t n_rows, vec_sub_scaled_fn spread, const struct q4_search *k);
 
 /* One group of n values (a multiple of 8, at most 256) by a rule, for tools that simulate
  * other layouts in f32 (bench/fidelity --ablate): codes into q, d and m as stored (fp16

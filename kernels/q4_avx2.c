@@ -440,3 +440,28 @@ __attribute__((optimize("fp-contract=off"))) double q4_group_codes_avx2(const fl
 	_mm256_storeu_pd(e + 4, e1);
 	return ((e[0] + e[1]) + (e[2] + e[3])) + ((e[4] + e[5]) + (e[6] + e[7]));
 }
+
+/* q4_grid_sums (kernels/q4.h): one grid's codes and the weighted sums of l, l^2 and x*l,
+ * lane j holding values j, j+8, ... as the reference's lanes do, each lane the reference's
+ * operations in its order (contraction off): the same float bits. */
+__attribute__((optimize("fp-contract=off"))) void q4_grid_sums_avx2(const float *x, const float *w, size_t n,
+								      float lo, float is, float ll[8], float lll[8],
+								      float lxl[8])
+{
+	const __m256 vlo = _mm256_set1_ps(lo), vis = _mm256_set1_ps(is), half = _mm256_set1_ps(0.5f);
+	const __m256i fifteen = _mm256_set1_epi32(15);
+	__m256 sl = _mm256_setzero_ps(), sll = _mm256_setzero_ps(), sxl = _mm256_setzero_ps();
+	for (size_t i = 0; i < n; i += 8) {
+		__m256 xv = _mm256_loadu_ps(x + i), wv = _mm256_loadu_ps(w + i);
+		__m256i c = _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(xv, vlo), vis), half));
+		__m256 l = _mm256_cvtepi32_ps(_mm256_min_epi32(c, fifteen));
+		sl = _mm256_add_ps(sl, _mm256_mul_ps(l, wv));
+		sll = _mm256_add_ps(sll, _mm256_mul_ps(_mm256_mul_ps(l, l), wv));
+		sxl = _mm256_add_ps(sxl, _mm256_mul_ps(_mm256_mul_ps(xv, l), wv));
+	}
+	_mm256_storeu_ps(ll, sl);
+	_mm256_storeu_ps(lll, sll);
+	_mm256_storeu_ps(lxl, sxl);
+}
+
+const struct q4_search q4_search_avx2 = { q4_group_codes_avx2, q4_grid_sums_avx2 };

@@ -484,3 +484,7 @@ __attribute__((optimize("fp-contract=off"))) double q4_group_codes_avx512(const 
 	_mm512_storeu_pd(l, e);
 	return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
+
+/* The grid's sums are eight float lanes, one 256-bit vector: AVX2's kernel is the whole
+ * of it, so the AVX-512 table shares it. */
+const struct q4_search q4_search_avx512 = { q4_group_codes_avx512, q4_grid_sums_avx2 };

@@ -409,9 +409,9 @@ static void load_step_run(void *arg, size_t t, size_t nt)
 				q6_pack_rows_f32(lm->dst6, rows, cols, r0, n);
 			else if (lm->cov.h)
 				q4_pack_rows_gptq(q, rows, cols, lm->col_w, st->c->gptq_u, lm->cov.block, r0, n,
-						  kern_active()->sub_scaled, kern_active()->group_codes);
+						  kern_active()->sub_scaled, kern_active()->search);
 			else
-				q4_pack_rows_f32_k(q, rows, cols, lm->col_w, r0, n, kern_active()->group_codes);
+				q4_pack_rows_f32_k(q, rows, cols, lm->col_w, r0, n, kern_active()->search);
 		}
 		if (rc < 0)
 			__atomic_store_n(&st->rc, rc, __ATOMIC_RELAXED);

@@ -899,7 +899,7 @@ static void test_gptq_diagonal_covariance_gives_plain_packing(void **state)
 		gptq_plan(&b, rows, cols, lay[k].group, lay[k].kind);
 		q4_pack_rows_f32(&a, w, cols, cw, 0, rows);
 		memcpy(x, w, rows * cols * sizeof(float));
-		q4_pack_rows_gptq(&b, x, cols, cw, u, cols, 0, rows, vec_sub_scaled_ref, q4_group_codes_ref);
+		q4_pack_rows_gptq(&b, x, cols, cw, u, cols, 0, rows, vec_sub_scaled_ref, &q4_search_ref);
 		assert_memory_equal(a.data, b.data, q4_matrix_bytes(&a));
 		free(a.data);
 		free(b.data);
@@ -991,7 +991,7 @@ static void test_gptq_lowers_the_product_error(void **state)
 		for (int blocked = 0; blocked < 2; blocked++) {
 			memcpy(x, w, rows * cols * sizeof(float));
 			q4_pack_rows_gptq(&b, x, cols, cw, blocked ? f.ub : f.u, blocked ? nb : cols, 0, rows,
-					  vec_sub_scaled_ref, q4_group_codes_ref);
+					  vec_sub_scaled_ref, &q4_search_ref);
 			q4_unpack_rows(&b, 0, 32, qb, cols);
 			for (size_t i = rows * cols; i < 32 * cols; i++)
 				assert_true(qb[i] == 0.0f);
@@ -1006,9 +1006,9 @@ static void test_gptq_lowers_the_product_error(void **state)
 			struct q4_matrix c;
 			gptq_plan(&c, rows, cols, lay[k].group, lay[k].kind);
 			memcpy(x, w, rows * cols * sizeof(float));
-			q4_pack_rows_gptq(&c, x, cols, cw, f.ub, nb, 0, 1, kt->sub_scaled, kt->group_codes);
-			q4_pack_rows_gptq(&c, x + cols, cols, cw, f.ub, nb, 1, 5, kt->sub_scaled, kt->group_codes);
-			q4_pack_rows_gptq(&c, x + 6 * cols, cols, cw, f.ub, nb, 6, 18, kt->sub_scaled, kt->group_codes);
+			q4_pack_rows_gptq(&c, x, cols, cw, f.ub, nb, 0, 1, kt->sub_scaled, kt->search);
+			q4_pack_rows_gptq(&c, x + cols, cols, cw, f.ub, nb, 1, 5, kt->sub_scaled, kt->search);
+			q4_pack_rows_gptq(&c, x + 6 * cols, cols, cw, f.ub, nb, 6, 18, kt->sub_scaled, kt->search);
 			assert_memory_equal(c.data, b.data, q4_matrix_bytes(&b));
 			free(c.data);
 		}
@@ -1094,8 +1094,8 @@ static void test_q6_gptq_is_plain_on_a_diagonal_and_lowers_the_product_error(voi
 	free(qb);
 }
 
-/* The scale search's step (q4_group_codes) in every ISA: the reference's codes and error
- * bits on groups of 8 to 256 with ones and with skewed weights, against scales as the
+/* The scale search's steps in every ISA: q4_group_codes the reference's codes and error
+ * bits, q4_grid_sums its lane sums, on groups of 8 to 256 with ones and with skewed weights, against scales as the
  * search makes them (min/max, a grid, fp16-rounded) and ones whose range leaves the
  * rounding trick's (the reference's own path), or with every mantissa bit (row8's, where
  * a fused multiply-add would round differently); and whole matrices packed through each
@@ -1137,11 +1137,18 @@ static void test_q4_group_codes_every_isa_matches_reference(void **state)
 			if (!kt)
 				continue;
 			memset(qi, 0xee, sizeof qi);
-			double ei = kt->group_codes(x, wt, n, lo, hi, d, m, qi);
+			double ei = kt->search->codes(x, wt, n, lo, hi, d, m, qi);
 			assert_memory_equal(qi, qr, n);
 			if (memcmp(&ei, &er, sizeof er))
 				fail_msg("%s: group of %zu (iteration %d): error %.17g, the reference's %.17g", kt->name, n,
 					 it, ei, er);
+			/* the grid's sums at one of the search's step counts over the group's range */
+			if (hi > lo) {
+				float is = (14.0f + 0.25f * (float)(it % 8)) / (hi - lo), r[3][8], v[3][8];
+				q4_grid_sums_ref(x, wt, n, lo, is, r[0], r[1], r[2]);
+				kt->search->grid(x, wt, n, lo, is, v[0], v[1], v[2]);
+				assert_memory_equal(v, r, sizeof r);
+			}
 		}
 	}
 	const size_t rows = 19, cols = 512;
@@ -1160,7 +1167,7 @@ static void test_q4_group_codes_every_isa_matches_reference(void **state)
 					continue;
 				struct q4_matrix b;
 				gptq_plan(&b, rows, cols, lay[k].group, lay[k].kind);
-				q4_pack_rows_f32_k(&b, src, cols, weighted ? cw : NULL, 0, rows, kt->group_codes);
+				q4_pack_rows_f32_k(&b, src, cols, weighted ? cw : NULL, 0, rows, kt->search);
 				assert_memory_equal(b.data, a.data, q4_matrix_bytes(&a));
 				free(b.data);
 			}
