@@ -146,6 +146,10 @@ int imatrix_self_make(const char *model, const struct load_opts *base, const str
 int imatrix_self_plan(const char *model, const struct load_opts *base, const struct imatrix_self_opts *so,
 		      uint64_t *bytes, struct hearth_error *err);
 
+/* The name the head's input is kept under: the matrix the head reads, the embedding's when
+ * tied (the loader rounds that one for the head), else output.weight. */
+const char *imatrix_head_name(bool tied);
+
 /* The model_observe_fn behind imatrix_stats_run (arg: the stats): a "blk.*" matrix's input
  * added under its tensor name. */
 void imatrix_stats_observe(void *arg, const struct gguf_tensor *w, const float *x, size_t n_tok);

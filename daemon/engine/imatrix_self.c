@@ -81,7 +81,7 @@ static int self_size(const char *model, struct load_opts *lo, size_t len, size_t
 		memcpy(name, t->name.ptr, t->name.len);
 		name[t->name.len] = '\0';
 		bool layer = !strncmp(name, "blk.", 4) && !imatrix_cov_shared(name, NULL, 0);
-		bool head = m->hp.tied_output ? !strcmp(name, "token_embd.weight") : !strcmp(name, "output.weight");
+		bool head = !strcmp(name, imatrix_head_name(m->hp.tied_output));
 		size_t cols = (size_t)t->ne[0];
 		if (layer || head)
 			*cov_bytes += (uint64_t)cols * (block < cols ? block : cols) * sizeof(double);

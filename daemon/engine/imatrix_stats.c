@@ -277,8 +277,7 @@ static const char *const q4_mat_names[MQ4_LAYER_MATRICES] = {
 	[MQ4_GATE] = "ffn_gate", [MQ4_UP] = "ffn_up", [MQ4_DOWN] = "ffn_down",
 };
 
-/* The matrix the head reads: the embedding's when tied, the loader rounds it for the head. */
-static const char *head_name(bool tied)
+const char *imatrix_head_name(bool tied)
 {
 	return tied ? "token_embd.weight" : "output.weight";
 }
@@ -287,7 +286,7 @@ static const char *head_name(bool tied)
 static void q4_observe(void *arg, uint32_t layer, int mat, const float *x, size_t n_tok, size_t cols)
 {
 	char name[64];
-	int len = mat >= MQ4_LAYER_MATRICES ? snprintf(name, sizeof name, "%s", head_name(mat == MQ4_OBSERVE_TIED_HEAD))
+	int len = mat >= MQ4_LAYER_MATRICES ? snprintf(name, sizeof name, "%s", imatrix_head_name(mat == MQ4_OBSERVE_TIED_HEAD))
 					    : snprintf(name, sizeof name, "blk.%u.%s.weight", layer, q4_mat_names[mat]);
 	imatrix_stats_add(arg, name, (size_t)len, x, n_tok, cols);
 }
@@ -300,7 +299,7 @@ int imatrix_run_q4(void *arg, const int32_t *ids, size_t n, struct hearth_error 
 	uint32_t cached;
 	model_q4_engine(r->m, &eng);
 	float *embd = NULL;
-	const char *head = head_name(r->m->hp.tied_output);
+	const char *head = imatrix_head_name(r->m->hp.tied_output);
 	if (r->head && !(embd = malloc((size_t)r->m->step_tokens * eng.n_embd * sizeof *embd)))
 		return hearth_error_set(err, HEARTH_ENOMEM, "imatrix: out of memory for the head's inputs");
 	int rc = eng.seq_open(eng.impl, ids, (uint32_t)n, (uint32_t)n, ENGINE_SHARE_PRIVATE, &seq, &cached, err);

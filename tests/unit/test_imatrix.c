@@ -35,6 +35,15 @@ static void fixture(const char *name, char *buf, size_t cap)
 	snprintf(buf, cap, "%s/tests/fixtures/imatrix/%s", src, name);
 }
 
+/* A model in the shared fixtures folder (HEARTH_SHARED/fixtures). */
+static void shared_model(const char *name, char *buf, size_t cap)
+{
+	const char *sh = getenv("HEARTH_SHARED");
+	if (!sh)
+		fail_msg("HEARTH_SHARED is not set: run through make check");
+	snprintf(buf, cap, "%s/fixtures/%s", sh, name);
+}
+
 static void open_ok(const char *name, struct imatrix **im)
 {
 	char path[4096];
@@ -227,9 +236,7 @@ static void test_imatrix_refuses_legacy_model_and_missing_files(void **state)
 	char path[4096];
 	fixture("fx-llama.imatrix.dat", path, sizeof path);
 	expect_refused(path, HEARTH_EFORMAT, "--in-file");
-	const char *sh = getenv("HEARTH_SHARED");
-	assert_non_null(sh);
-	snprintf(path, sizeof path, "%s/fixtures/fx-llama.gguf", sh);
+	shared_model("fx-llama.gguf", path, sizeof path);
 	expect_refused(path, HEARTH_EFORMAT, "a model file, not an imatrix");
 	expect_refused("/nonexistent/hearth.imatrix.gguf", HEARTH_ENOTFOUND, "/nonexistent/hearth.imatrix.gguf");
 }
@@ -402,10 +409,7 @@ static void test_imatrix_cov_is_the_inputs_covariance(void **state)
 	(void)state;
 	char path[4096], out[4096];
 	struct hearth_error e = { 0 };
-	const char *sh = getenv("HEARTH_SHARED");
-	if (!sh)
-		fail_msg("HEARTH_SHARED must be set: run through make check");
-	snprintf(path, sizeof path, "%s/fixtures/fx-llama.gguf", sh);
+	shared_model("fx-llama.gguf", path, sizeof path);
 	snprintf(out, sizeof out, "%s/hearth-test-imatrix-cov-%d.gguf", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
 		 (int)getpid());
 	struct gguf_file *f;
@@ -570,10 +574,7 @@ static void test_imatrix_deferred_cov_is_the_direct_one(void **state)
 static void check_self_plan(const char *model_name, const char *head_cov)
 {
 	char model[4096], out[4096];
-	const char *sh = getenv("HEARTH_SHARED");
-	if (!sh)
-		fail_msg("HEARTH_SHARED is not set: run through make check");
-	snprintf(model, sizeof model, "%s/fixtures/%s", sh, model_name);
+	shared_model(model_name, model, sizeof model);
 	const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
 	snprintf(out, sizeof out, "%s/hearth-test-self-plan-%d.gguf", tmp, (int)getpid());
 	struct load_opts o;
@@ -645,10 +646,7 @@ static void write_embd_imatrix(const char *path, size_t cols)
 static void check_embd_entry(const char *model_name, bool tied)
 {
 	char model[4096], path[4096];
-	const char *sh = getenv("HEARTH_SHARED");
-	if (!sh)
-		fail_msg("HEARTH_SHARED is not set: run through make check");
-	snprintf(model, sizeof model, "%s/fixtures/%s", sh, model_name);
+	shared_model(model_name, model, sizeof model);
 	snprintf(path, sizeof path, "%s/hearth-test-embd-imatrix-%d.gguf", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
 		 (int)getpid());
 	struct hearth_error e = { 0 };
