@@ -120,9 +120,15 @@ out:
 
 int gptq_factor_blocks(const float *h, size_t d, size_t block, double add, double tokens, float *u)
 {
-	if (block == 0 || block > d)
+	return gptq_factor_blocks_part(h, d, block, add, tokens, u, 0, 1);
+}
+
+int gptq_factor_blocks_part(const float *h, size_t d, size_t block, double add, double tokens, float *u,
+			    size_t part, size_t n_parts)
+{
+	if (block == 0 || block > d || part >= n_parts)
 		return -1;
-	for (size_t b = 0; b < d; b += block) {
+	for (size_t b = part * block; b < d; b += n_parts * block) {
 		size_t n = d - b < block ? d - b : block;
 		for (size_t i = b; i < b + block && i < d; i++) /* the narrow last block's pad */
 			for (size_t j = n; j < block; j++)

@@ -47,6 +47,11 @@ int gptq_factor(const float *h, size_t ldh, size_t n, double add, double keep, f
  * keeping gptq_keep of its off-diagonal for `tokens` tokens (negative: all of it). */
 int gptq_factor_blocks(const float *h, size_t d, size_t block, double add, double tokens, float *u);
 
+/* gptq_factor_blocks for the blocks k with k % n_parts == part only: n_parts threads, one
+ * part each, make the same factor (the blocks are independent) in a share of the time. */
+int gptq_factor_blocks_part(const float *h, size_t d, size_t block, double add, double tokens, float *u,
+			    size_t part, size_t n_parts);
+
 /* cov (d x B doubles, the blocked layout; only entries at or right of the diagonal
  * accumulated) += x^T x for the n_tok rows of x (each d floats), by `row` (a kernel
  * table's cov_row): tokens GPTQ_COV_TOKENS at a time, each entry a float sum over them

@@ -725,12 +725,16 @@ static uint8_t code_nearest(float x, float d, float m)
 /* GPTQ on n_rows <= GPTQ_ROWS rows ld apart (x, modified): each group's scales are chosen,
  * as q4_pack_rows_f32 chooses them, from the group's values as the errors pushed onto them
  * so far have left them; then its columns are rounded one by one, each one's error divided
- * by U's diagonal and taken off the columns after it in proportion to U's row. The rows
- * are independent, side by side only to share U's reads. */
+ * by U's diagonal and taken off the columns after it in proportion to U's row. A column's
+ * error reaches the rest of its run (the group, or the part of it in one block of U) at
+ * once, the columns past the run in one sub_run when the run is done: the same
+ * multiply-adds in the same order, as GPTQ's lazy batch updates. The rows are independent,
+ * side by side only to share U's reads. */
 static void pack_rows_gptq(struct q4_matrix *m, size_t row0, size_t n_rows, float *x, size_t ld, const float *col_w,
-			   const float *u, size_t ublock, vec_sub_scaled_fn spread, const struct q4_search *k)
+			   const float *u, size_t ublock, const struct vec_gptq *spread, const struct q4_search *k)
 {
 	float d8[Q4_ROW8_MAX_GROUPS], mn8[Q4_ROW8_MAX_GROUPS], d[GPTQ_ROWS], mn[GPTQ_ROWS];
+	float e[GPTQ_ROWS * 256];
 	uint8_t q[GPTQ_ROWS][256];
 	size_t cols = m->cols;
 
@@ -738,9 +742,10 @@ static void pack_rows_gptq(struct q4_matrix *m, size_t row0, size_t n_rows, floa
 		row8_scales(k, m, row0 + r, x + r * ld, col_w, d8, mn8);
 	for (size_t g = 0; g < m->n_groups; g++) {
 		const float *w = group_weights(col_w, g * m->group, m->group);
+		size_t g0 = g * m->group, g1 = g0 + m->group;
 
 		for (size_t r = 0; r < n_rows; r++) {
-			float *xg = x + r * ld + g * m->group;
+			float *xg = x + r * ld + g0;
 
 			if (m->row8) {
 				qfp16 dh, mh;
@@ -752,25 +757,32 @@ static void pack_rows_gptq(struct q4_matrix *m, size_t row0, size_t n_rows, floa
 				plain_group(k, m, row0 + r, g, xg, w, q[r], &d[r], &mn[r]);
 			}
 		}
-		for (size_t c = 0; c < m->group; c++) {
-			size_t i = g * m->group + c, bs = i / ublock * ublock;
-			size_t end = bs + ublock < cols ? bs + ublock : cols;
-			const float *ui = u + i * ublock - bs; /* ui[j]: U[i][j], j in its block */
+		for (size_t a = g0, b; a < g1; a = b) { /* runs: the group's columns in one block of U */
+			size_t bs = a / ublock * ublock, end = bs + ublock < cols ? bs + ublock : cols;
 
-			for (size_t r = 0; r < n_rows; r++) {
-				float *xr = x + r * ld;
+			b = g1 < end ? g1 : end;
+			for (size_t i = a; i < b; i++) {
+				const float *ui = u + i * ublock - bs; /* ui[j]: U[i][j], j in its block */
 
-				q[r][c] = code_nearest(xr[i], d[r], mn[r]);
-				spread(xr + i + 1, ui + i + 1, (xr[i] - (d[r] * (float)q[r][c] + mn[r])) / ui[i], end - i - 1);
+				for (size_t r = 0; r < n_rows; r++) {
+					float *xr = x + r * ld;
+					uint8_t c = code_nearest(xr[i], d[r], mn[r]);
+					float ei = (xr[i] - (d[r] * (float)c + mn[r])) / ui[i];
+
+					q[r][i - g0] = c;
+					e[r * (b - a) + (i - a)] = ei;
+					spread->col(xr + i + 1, ui + i + 1, ei, b - i - 1);
+				}
 			}
+			spread->run(x + b, ld, n_rows, e, b - a, u + a * ublock - bs + b, ublock, end - b);
 		}
 		for (size_t r = 0; r < n_rows; r++)
-			put_codes(m, row0 + r, g * m->group, q[r], m->group);
+			put_codes(m, row0 + r, g0, q[r], m->group);
 	}
 }
 
 void q4_pack_rows_gptq(struct q4_matrix *m, float *src, size_t ld, const float *col_w, const float *u,
-		       size_t ublock, size_t row0, size_t n_rows, vec_sub_scaled_fn spread, const struct q4_search *k)
+		       size_t ublock, size_t row0, size_t n_rows, const struct vec_gptq *spread, const struct q4_search *k)
 {
 	for (size_t i = 0; i < n_rows; i += GPTQ_ROWS)
 		pack_rows_gptq(m, row0 + i, n_rows - i < GPTQ_ROWS ? n_rows - i : GPTQ_ROWS, src + i * ld, ld, col_w, u,

@@ -114,11 +114,12 @@ void q4_pack_rows_f32_k(struct q4_matrix *m, const float *src, size_t ld, const 
  * each group's scales searched (as above, col_w steering it) on its values as those errors
  * left them; row8's per-row scales come from the row as given. The rows at src are
  * overwritten. With a diagonal covariance nothing moves and the bytes are
- * q4_pack_rows_f32's with col_w. spread (a kernel table's sub_scaled) takes each error
- * off: the per-row work, about cols x ublock / 2 multiply-adds; k (its search) runs the
- * scale search. */
+ * q4_pack_rows_f32's with col_w. spread (a kernel table's gptq) takes the errors off:
+ * the per-row work, about cols x ublock / 2 multiply-adds, most of them batched a group at
+ * a time (GPTQ's lazy batch updates; the same floats as column by column); k (its search)
+ * runs the scale search. */
 void q4_pack_rows_gptq(struct q4_matrix *m, float *src, size_t ld, const float *col_w, const float *u,
-		       size_t ublock, size_t row0, size_t n_rows, vec_sub_scaled_fn spread, const struct q4_search *k);
+		       size_t ublock, size_t row0, size_t n_rows, const struct vec_gptq *spread, const struct q4_search *k);
 
 /* One group of n values (a multiple of 8, at most 256) by a rule, for tools that simulate
  * other layouts in f32 (bench/fidelity --ablate): codes into q, d and m as stored (fp16

@@ -203,30 +203,41 @@ void q6_pack_rows_f32(struct q6_matrix *m, const float *src, size_t ld, size_t r
 /* GPTQ on n_rows <= Q6_GPTQ_ROWS rows ld apart (x, modified): each group's d chosen by
  * q6_quantize_group_f32's rule from its values as the errors pushed onto them have left
  * them, then its columns rounded one by one (nearest, clamped), each one's error divided by
- * U's diagonal and taken off the columns after it in its block in proportion to U's row. */
+ * U's diagonal and taken off the columns after it in its block in proportion to U's row:
+ * within the run (the group, or its part in one block of U) at once, past it in one
+ * sub_run when the run is done, as q4's. */
 static void pack_rows_gptq(struct q6_matrix *m, size_t row0, size_t n_rows, float *x, size_t ld, const float *u,
-			   size_t ublock, vec_sub_scaled_fn spread)
+			   size_t ublock, const struct vec_gptq *spread)
 {
 	int8_t q[Q6_GPTQ_ROWS][Q6_GROUP];
-	float d[Q6_GPTQ_ROWS];
+	float d[Q6_GPTQ_ROWS], e[Q6_GPTQ_ROWS * Q6_GROUP];
 
 	for (size_t g = 0; g < m->n_groups; g++) {
+		size_t g0 = g * Q6_GROUP, g1 = g0 + Q6_GROUP;
+
 		for (size_t r = 0; r < n_rows; r++)
-			q6_quantize_group_f32(x + r * ld + g * Q6_GROUP, q[r], &d[r]);
-		for (size_t k = 0; k < Q6_GROUP; k++) {
-			size_t i = g * Q6_GROUP + k, bs = i / ublock * ublock;
-			size_t end = bs + ublock < m->cols ? bs + ublock : m->cols;
-			const float *ui = u + i * ublock - bs; /* ui[j]: U[i][j], j in its block */
+			q6_quantize_group_f32(x + r * ld + g0, q[r], &d[r]);
+		for (size_t a = g0, b; a < g1; a = b) {
+			size_t bs = a / ublock * ublock, end = bs + ublock < m->cols ? bs + ublock : m->cols;
 
-			for (size_t r = 0; r < n_rows; r++) {
-				float *xr = x + r * ld;
-				/* group_codes' rounding, so a diagonal covariance gives its bytes */
-				float v = d[r] != 0.0f ? nearbyintf(xr[i] * (1.0f / d[r])) : 0.0f;
+			b = g1 < end ? g1 : end;
+			for (size_t i = a; i < b; i++) {
+				const float *ui = u + i * ublock - bs; /* ui[j]: U[i][j], j in its block */
 
-				v = v > 31.0f ? 31.0f : v < -32.0f ? -32.0f : v;
-				q[r][k] = (int8_t)v;
-				spread(xr + i + 1, ui + i + 1, (xr[i] - d[r] * v) / ui[i], end - i - 1);
+				for (size_t r = 0; r < n_rows; r++) {
+					float *xr = x + r * ld;
+					/* group_codes' rounding, so a diagonal covariance gives its bytes */
+					float v = d[r] != 0.0f ? nearbyintf(xr[i] * (1.0f / d[r])) : 0.0f;
+					float ei;
+
+					v = v > 31.0f ? 31.0f : v < -32.0f ? -32.0f : v;
+					q[r][i - g0] = (int8_t)v;
+					ei = (xr[i] - d[r] * v) / ui[i];
+					e[r * (b - a) + (i - a)] = ei;
+					spread->col(xr + i + 1, ui + i + 1, ei, b - i - 1);
+				}
 			}
+			spread->run(x + b, ld, n_rows, e, b - a, u + a * ublock - bs + b, ublock, end - b);
 		}
 		for (size_t r = 0; r < n_rows; r++)
 			put_group(m, row0 + r, g, quant_f32_to_fp16(d[r]), q[r]);
@@ -234,7 +245,7 @@ static void pack_rows_gptq(struct q6_matrix *m, size_t row0, size_t n_rows, floa
 }
 
 void q6_pack_rows_gptq(struct q6_matrix *m, float *src, size_t ld, const float *u, size_t ublock, size_t row0,
-		       size_t n_rows, vec_sub_scaled_fn spread)
+		       size_t n_rows, const struct vec_gptq *spread)
 {
 	for (size_t i = 0; i < n_rows; i += Q6_GPTQ_ROWS)
 		pack_rows_gptq(m, row0 + i, n_rows - i < Q6_GPTQ_ROWS ? n_rows - i : Q6_GPTQ_ROWS, src + i * ld, ld, u,

@@ -48,10 +48,10 @@ void q6_pack_rows_f32(struct q6_matrix *m, const float *src, size_t ld, size_t r
  * the inputs' covariance in blocks of ublock columns; each group's d by the rule above on
  * its values as the errors before it left them, each code nearest (clamped), each error
  * taken off the columns still to come in its block through spread (a kernel table's
- * sub_scaled). The rows at src are overwritten. With a diagonal covariance nothing moves
+ * gptq, a group at a time past the group). The rows at src are overwritten. With a diagonal covariance nothing moves
  * and the bytes are q6_pack_rows_f32's. */
 void q6_pack_rows_gptq(struct q6_matrix *m, float *src, size_t ld, const float *u, size_t ublock, size_t row0,
-		       size_t n_rows, vec_sub_scaled_fn spread);
+		       size_t n_rows, const struct vec_gptq *spread);
 /* One group of 32 by the same rule: codes in q, d as stored (an fp16 value). */
 void q6_quantize_group_f32(const float *x, int8_t *q, float *d);
 /* dst[i*ld + k] = d*q (an embedding lookup). */

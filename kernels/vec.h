@@ -90,6 +90,24 @@ typedef void (*vec_cov_row_fn)(double *c, const float *x, size_t ld, size_t n_to
  * matrix rounded by GPTQ is the same bytes on every machine. */
 typedef void (*vec_sub_scaled_fn)(float *x, const float *u, float e, size_t n);
 
+/* GPTQ's corrections of a run of nk columns at once (its lazy batch update): for the
+ * n_rows rows of x (ld apart) and each j < n, x[r*ld + j] -= e[r*nk + k] u[k*ldu + j] for
+ * k = 0 .. nk-1 in that order, each one fused multiply-add. Those are the floats nk
+ * sub_scaled calls a row give, so nothing about the rounding changes; but x and u are read
+ * once for all the rows and the whole run instead of once a column and row, which turns
+ * a load/store-bound axpy into register-bound multiply-adds. */
+typedef void (*vec_sub_run_fn)(float *x, size_t ld, size_t n_rows, const float *e, size_t nk, const float *u,
+			       size_t ldu, size_t n);
+
+/* GPTQ's two correction kernels as the packers take them from a kernel table: col pushes
+ * one column's error onto the rest of its run, run a finished run's errors onto the
+ * columns after it. */
+struct vec_gptq {
+	vec_sub_scaled_fn col;
+	vec_sub_run_fn run;
+};
+extern const struct vec_gptq vec_gptq_ref, vec_gptq_avx2, vec_gptq_avx512;
+
 /* The K/V rows of n_heads KV heads as a paged cache holds them: row p of the sequence is in
  * page pages[p / page_rows], slot p % page_rows; head h's K row starts at base + page *
  * page_bytes + k_off + h * k_head_bytes + slot * k_stride, its V row likewise (k_off/v_off:
@@ -131,6 +149,8 @@ size_t vec_argmax_ref(const float *x, size_t n);
 uint64_t vec_sum_u64_ref(const void *p, size_t n);
 void vec_cov_row_ref(double *c, const float *x, size_t ld, size_t n_tok, size_t i, size_t j0, size_t j1);
 void vec_sub_scaled_ref(float *x, const float *u, float e, size_t n);
+void vec_sub_run_ref(float *x, size_t ld, size_t n_rows, const float *e, size_t nk, const float *u, size_t ldu,
+		     size_t n);
 void vec_attn_ref(const float *q, size_t n_rep, size_t head_dim, const struct vec_kv_span *kv,
 		  float scale, float *max, float *sum, float *acc);
 
@@ -144,6 +164,8 @@ size_t vec_argmax_avx2(const float *x, size_t n);
 uint64_t vec_sum_u64_avx2(const void *p, size_t n);
 void vec_cov_row_avx2(double *c, const float *x, size_t ld, size_t n_tok, size_t i, size_t j0, size_t j1);
 void vec_sub_scaled_avx2(float *x, const float *u, float e, size_t n);
+void vec_sub_run_avx2(float *x, size_t ld, size_t n_rows, const float *e, size_t nk, const float *u, size_t ldu,
+		      size_t n);
 void vec_attn_avx2(const float *q, size_t n_rep, size_t head_dim, const struct vec_kv_span *kv,
 		   float scale, float *max, float *sum, float *acc);
 
@@ -157,6 +179,8 @@ size_t vec_argmax_avx512(const float *x, size_t n);
 uint64_t vec_sum_u64_avx512(const void *p, size_t n);
 void vec_cov_row_avx512(double *c, const float *x, size_t ld, size_t n_tok, size_t i, size_t j0, size_t j1);
 void vec_sub_scaled_avx512(float *x, const float *u, float e, size_t n);
+void vec_sub_run_avx512(float *x, size_t ld, size_t n_rows, const float *e, size_t nk, const float *u, size_t ldu,
+			size_t n);
 void vec_attn_avx512(const float *q, size_t n_rep, size_t head_dim, const struct vec_kv_span *kv,
 		     float scale, float *max, float *sum, float *acc);
 

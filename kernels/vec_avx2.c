@@ -413,3 +413,57 @@ void vec_sub_scaled_avx2(float *x, const float *u, float e, size_t n)
 		_mm256_storeu_ps(x + j, _mm256_fnmadd_ps(ve, _mm256_loadu_ps(u + j), _mm256_loadu_ps(x + j)));
 	vec_sub_scaled_ref(x + j, u + j, e, n - j); /* the last columns, fewer than 8 */
 }
+
+/* As the AVX-512 kernel: four rows (the last repeated when fewer are left) by 16 columns,
+ * eight accumulators; the last columns, fewer than 8, by the reference. */
+void vec_sub_run_avx2(float *x, size_t ld, size_t n_rows, const float *e, size_t nk, const float *u, size_t ldu,
+		      size_t n)
+{
+	size_t n8 = n / 8 * 8;
+
+	for (size_t r0 = 0; r0 < n_rows; r0 += 4) {
+		float *x0 = x + r0 * ld, *x1 = x + (r0 + 1 < n_rows ? r0 + 1 : n_rows - 1) * ld;
+		float *x2 = x + (r0 + 2 < n_rows ? r0 + 2 : n_rows - 1) * ld;
+		float *x3 = x + (r0 + 3 < n_rows ? r0 + 3 : n_rows - 1) * ld;
+		const float *e0 = e + r0 * nk, *e1 = e + (r0 + 1 < n_rows ? r0 + 1 : n_rows - 1) * nk;
+		const float *e2 = e + (r0 + 2 < n_rows ? r0 + 2 : n_rows - 1) * nk;
+		const float *e3 = e + (r0 + 3 < n_rows ? r0 + 3 : n_rows - 1) * nk;
+
+		/* 16-column steps, the last maybe 8 (h 0: its second half repeats the first) */
+		for (size_t j = 0, h; j < n8; j += 8 + h) {
+			h = j + 16 <= n8 ? 8 : 0;
+			__m256 a0 = _mm256_loadu_ps(x0 + j), a1 = _mm256_loadu_ps(x0 + j + h);
+			__m256 a2 = _mm256_loadu_ps(x1 + j), a3 = _mm256_loadu_ps(x1 + j + h);
+			__m256 a4 = _mm256_loadu_ps(x2 + j), a5 = _mm256_loadu_ps(x2 + j + h);
+			__m256 a6 = _mm256_loadu_ps(x3 + j), a7 = _mm256_loadu_ps(x3 + j + h);
+			const float *uk = u + j;
+
+			for (size_t k = 0; k < nk; k++, uk += ldu) {
+				__m256 u0 = _mm256_loadu_ps(uk), u1 = _mm256_loadu_ps(uk + h);
+				__m256 b0 = _mm256_set1_ps(e0[k]), b1 = _mm256_set1_ps(e1[k]);
+				__m256 b2 = _mm256_set1_ps(e2[k]), b3 = _mm256_set1_ps(e3[k]);
+
+				a0 = _mm256_fnmadd_ps(b0, u0, a0);
+				a1 = _mm256_fnmadd_ps(b0, u1, a1);
+				a2 = _mm256_fnmadd_ps(b1, u0, a2);
+				a3 = _mm256_fnmadd_ps(b1, u1, a3);
+				a4 = _mm256_fnmadd_ps(b2, u0, a4);
+				a5 = _mm256_fnmadd_ps(b2, u1, a5);
+				a6 = _mm256_fnmadd_ps(b3, u0, a6);
+				a7 = _mm256_fnmadd_ps(b3, u1, a7);
+			}
+			_mm256_storeu_ps(x3 + j + h, a7);
+			_mm256_storeu_ps(x3 + j, a6);
+			_mm256_storeu_ps(x2 + j + h, a5);
+			_mm256_storeu_ps(x2 + j, a4);
+			_mm256_storeu_ps(x1 + j + h, a3);
+			_mm256_storeu_ps(x1 + j, a2);
+			_mm256_storeu_ps(x0 + j + h, a1);
+			_mm256_storeu_ps(x0 + j, a0);
+		}
+	}
+	if (n8 < n)
+		vec_sub_run_ref(x + n8, ld, n_rows, e, nk, u + n8, ldu, n - n8);
+}
+
+const struct vec_gptq vec_gptq_avx2 = { vec_sub_scaled_avx2, vec_sub_run_avx2 };

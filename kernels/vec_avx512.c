@@ -577,3 +577,58 @@ void vec_sub_scaled_avx512(float *x, const float *u, float e, size_t n)
 				      _mm512_fnmadd_ps(ve, _mm512_maskz_loadu_ps(k, u + j), _mm512_maskz_loadu_ps(k, x + j)));
 	}
 }
+
+static __mmask16 run_mask(size_t left)
+{
+	return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+}
+
+/* Four rows by 32 columns at a time, eight accumulators, each row of u read once for the
+ * four rows. Fewer than four rows left repeat the last one: the same floats computed and
+ * written twice, so no separate narrow path. */
+void vec_sub_run_avx512(float *x, size_t ld, size_t n_rows, const float *e, size_t nk, const float *u, size_t ldu,
+			size_t n)
+{
+	for (size_t r0 = 0; r0 < n_rows; r0 += 4) {
+		float *x0 = x + r0 * ld, *x1 = x + (r0 + 1 < n_rows ? r0 + 1 : n_rows - 1) * ld;
+		float *x2 = x + (r0 + 2 < n_rows ? r0 + 2 : n_rows - 1) * ld;
+		float *x3 = x + (r0 + 3 < n_rows ? r0 + 3 : n_rows - 1) * ld;
+		const float *e0 = e + r0 * nk, *e1 = e + (r0 + 1 < n_rows ? r0 + 1 : n_rows - 1) * nk;
+		const float *e2 = e + (r0 + 2 < n_rows ? r0 + 2 : n_rows - 1) * nk;
+		const float *e3 = e + (r0 + 3 < n_rows ? r0 + 3 : n_rows - 1) * nk;
+
+		for (size_t j = 0; j < n; j += 32) {
+			__mmask16 m0 = run_mask(n - j), m1 = n - j > 16 ? run_mask(n - j - 16) : 0;
+			__m512 a0 = _mm512_maskz_loadu_ps(m0, x0 + j), a1 = _mm512_maskz_loadu_ps(m1, x0 + j + 16);
+			__m512 a2 = _mm512_maskz_loadu_ps(m0, x1 + j), a3 = _mm512_maskz_loadu_ps(m1, x1 + j + 16);
+			__m512 a4 = _mm512_maskz_loadu_ps(m0, x2 + j), a5 = _mm512_maskz_loadu_ps(m1, x2 + j + 16);
+			__m512 a6 = _mm512_maskz_loadu_ps(m0, x3 + j), a7 = _mm512_maskz_loadu_ps(m1, x3 + j + 16);
+			const float *uk = u + j;
+
+			for (size_t k = 0; k < nk; k++, uk += ldu) {
+				__m512 u0 = _mm512_maskz_loadu_ps(m0, uk), u1 = _mm512_maskz_loadu_ps(m1, uk + 16);
+				__m512 b0 = _mm512_set1_ps(e0[k]), b1 = _mm512_set1_ps(e1[k]);
+				__m512 b2 = _mm512_set1_ps(e2[k]), b3 = _mm512_set1_ps(e3[k]);
+
+				a0 = _mm512_fnmadd_ps(b0, u0, a0);
+				a1 = _mm512_fnmadd_ps(b0, u1, a1);
+				a2 = _mm512_fnmadd_ps(b1, u0, a2);
+				a3 = _mm512_fnmadd_ps(b1, u1, a3);
+				a4 = _mm512_fnmadd_ps(b2, u0, a4);
+				a5 = _mm512_fnmadd_ps(b2, u1, a5);
+				a6 = _mm512_fnmadd_ps(b3, u0, a6);
+				a7 = _mm512_fnmadd_ps(b3, u1, a7);
+			}
+			_mm512_mask_storeu_ps(x3 + j, m0, a6);
+			_mm512_mask_storeu_ps(x3 + j + 16, m1, a7);
+			_mm512_mask_storeu_ps(x2 + j, m0, a4);
+			_mm512_mask_storeu_ps(x2 + j + 16, m1, a5);
+			_mm512_mask_storeu_ps(x1 + j, m0, a2);
+			_mm512_mask_storeu_ps(x1 + j + 16, m1, a3);
+			_mm512_mask_storeu_ps(x0 + j, m0, a0);
+			_mm512_mask_storeu_ps(x0 + j + 16, m1, a1);
+		}
+	}
+}
+
+const struct vec_gptq vec_gptq_avx512 = { vec_sub_scaled_avx512, vec_sub_run_avx512 };

@@ -235,3 +235,18 @@ void vec_sub_scaled_ref(float *x, const float *u, float e, size_t n)
 	for (size_t j = 0; j < n; j++)
 		x[j] = fmaf(-e, u[j], x[j]);
 }
+
+void vec_sub_run_ref(float *x, size_t ld, size_t n_rows, const float *e, size_t nk, const float *u, size_t ldu,
+		     size_t n)
+{
+	for (size_t r = 0; r < n_rows; r++)
+		for (size_t j = 0; j < n; j++) {
+			float a = x[r * ld + j];
+
+			for (size_t k = 0; k < nk; k++)
+				a = fmaf(-e[r * nk + k], u[k * ldu + j], a);
+			x[r * ld + j] = a;
+		}
+}
+
+const struct vec_gptq vec_gptq_ref = { vec_sub_scaled_ref, vec_sub_run_ref };

@@ -404,18 +404,36 @@ static void load_step_run(void *arg, size_t t, size_t nt)
 				q8_pack_rows_f32(lm->dst8, rows, cols, r0, n);
 			else if (lm->dst6 && lm->cov.h)
 				q6_pack_rows_gptq(lm->dst6, rows, cols, st->c->gptq_u, lm->cov.block, r0, n,
-						  kern_active()->sub_scaled);
+						  kern_active()->gptq);
 			else if (lm->dst6)
 				q6_pack_rows_f32(lm->dst6, rows, cols, r0, n);
 			else if (lm->cov.h)
 				q4_pack_rows_gptq(q, rows, cols, lm->col_w, st->c->gptq_u, lm->cov.block, r0, n,
-						  kern_active()->sub_scaled, kern_active()->search);
+						  kern_active()->gptq, kern_active()->search);
 			else
 				q4_pack_rows_f32_k(q, rows, cols, lm->col_w, r0, n, kern_active()->search);
 		}
 		if (rc < 0)
 			__atomic_store_n(&st->rc, rc, __ATOMIC_RELAXED);
 	}
+}
+
+/* The GPTQ factor's blocks shared among the pool's threads (single-threaded it was an
+ * eighth of a GPTQ load of the Qwen3-1.7B shape). */
+struct load_factor {
+	const struct load_mat *lm;
+	float *u;
+	double add;
+	int rc;                         /* set by a thread whose blocks failed */
+};
+
+static void load_factor_run(void *arg, size_t t, size_t nt)
+{
+	struct load_factor *f = arg;
+	const struct load_mat *lm = f->lm;
+	if (gptq_factor_blocks_part(lm->cov.h, (size_t)lm->t->ne[0], lm->cov.block, f->add, lm->cov.tokens, f->u, t,
+				    nt) < 0)
+		__atomic_store_n(&f->rc, -1, __ATOMIC_RELAXED);
 }
 
 /* The GPTQ factor of lm's input, unless the previous matrix's was the same input (q, k and
@@ -431,8 +449,12 @@ static int load_gptq_factor(struct load_ctx *c, const struct load_mat *lm, struc
 	if (!c->gptq_u)
 		return hearth_error_set(err, HEARTH_ENOMEM, "tensor '%.*s': out of memory for its GPTQ factor (%zu x %zu)",
 					(int)lm->t->name.len, lm->t->name.ptr, cols, block);
-	if (gptq_factor_blocks(lm->cov.h, cols, block, gptq_damping(lm->cov.h, cols, block, lm->cov.tokens),
-			       lm->cov.tokens, c->gptq_u) < 0)
+	struct load_factor f = { lm, c->gptq_u, gptq_damping(lm->cov.h, cols, block, lm->cov.tokens), 0 };
+	if (c->m->pool && cols > block)
+		pool_run(c->m->pool, load_factor_run, &f);
+	else
+		load_factor_run(&f, 0, 1);
+	if (f.rc < 0)
 		return hearth_error_set(err, HEARTH_EINVAL,
 					"imatrix %s: the covariance of '%.*s''s input is not positive definite (or no memory to factor it)",
 					c->opts.imatrix, (int)lm->t->name.len, lm->t->name.ptr);

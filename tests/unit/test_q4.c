@@ -834,6 +834,15 @@ static void test_gptq_factor_inverts_the_dampened_covariance(void **state)
 			for (size_t c = 0; c < nb; c++)
 				assert_true(ub[(b + i) * nb + c] == (c < n ? uf[i * nb + c] : 0.0f));
 	}
+	/* shared among 2 to 4 threads' parts (3 blocks: 4 parts leave one none), the same factor */
+	for (size_t parts = 2; parts <= 4; parts++) {
+		float *up = xalloc(d * nb * sizeof(float));
+		memset(up, 0xff, d * nb * sizeof(float));
+		for (size_t p = 0; p < parts; p++)
+			assert_int_equal(gptq_factor_blocks_part(hb, d, nb, add, -1.0, up, p, parts), 0);
+		assert_memory_equal(up, ub, d * nb * sizeof(float));
+		free(up);
+	}
 	/* not a covariance: refused */
 	h[0] = -1e6f;
 	assert_int_equal(gptq_factor_blocks(h, d, d, add, -1.0, u), -1);
@@ -899,7 +908,7 @@ static void test_gptq_diagonal_covariance_gives_plain_packing(void **state)
 		gptq_plan(&b, rows, cols, lay[k].group, lay[k].kind);
 		q4_pack_rows_f32(&a, w, cols, cw, 0, rows);
 		memcpy(x, w, rows * cols * sizeof(float));
-		q4_pack_rows_gptq(&b, x, cols, cw, u, cols, 0, rows, vec_sub_scaled_ref, &q4_search_ref);
+		q4_pack_rows_gptq(&b, x, cols, cw, u, cols, 0, rows, &vec_gptq_ref, &q4_search_ref);
 		assert_memory_equal(a.data, b.data, q4_matrix_bytes(&a));
 		free(a.data);
 		free(b.data);
@@ -991,7 +1000,7 @@ static void test_gptq_lowers_the_product_error(void **state)
 		for (int blocked = 0; blocked < 2; blocked++) {
 			memcpy(x, w, rows * cols * sizeof(float));
 			q4_pack_rows_gptq(&b, x, cols, cw, blocked ? f.ub : f.u, blocked ? nb : cols, 0, rows,
-					  vec_sub_scaled_ref, &q4_search_ref);
+					  &vec_gptq_ref, &q4_search_ref);
 			q4_unpack_rows(&b, 0, 32, qb, cols);
 			for (size_t i = rows * cols; i < 32 * cols; i++)
 				assert_true(qb[i] == 0.0f);
@@ -1006,9 +1015,9 @@ static void test_gptq_lowers_the_product_error(void **state)
 			struct q4_matrix c;
 			gptq_plan(&c, rows, cols, lay[k].group, lay[k].kind);
 			memcpy(x, w, rows * cols * sizeof(float));
-			q4_pack_rows_gptq(&c, x, cols, cw, f.ub, nb, 0, 1, kt->sub_scaled, kt->search);
-			q4_pack_rows_gptq(&c, x + cols, cols, cw, f.ub, nb, 1, 5, kt->sub_scaled, kt->search);
-			q4_pack_rows_gptq(&c, x + 6 * cols, cols, cw, f.ub, nb, 6, 18, kt->sub_scaled, kt->search);
+			q4_pack_rows_gptq(&c, x, cols, cw, f.ub, nb, 0, 1, kt->gptq, kt->search);
+			q4_pack_rows_gptq(&c, x + cols, cols, cw, f.ub, nb, 1, 5, kt->gptq, kt->search);
+			q4_pack_rows_gptq(&c, x + 6 * cols, cols, cw, f.ub, nb, 6, 18, kt->gptq, kt->search);
 			assert_memory_equal(c.data, b.data, q4_matrix_bytes(&b));
 			free(c.data);
 		}
@@ -1028,13 +1037,39 @@ static void test_gptq_lowers_the_product_error(void **state)
 
 /* The int6 head's GPTQ (q6_pack_rows_gptq) held as q4's: a covariance whose off-diagonal
  * is all noise gives q6_pack_rows_f32's bytes; on correlated inputs the product error is
- * well below the nearest codes', whole or in blocks of 48 (between the two); and calls of
+ * well below the nearest codes', whole or in blocks of 48 (between the two), in the
+ * textbook's floats (q6_gptq_textbook: column by column); and calls of
  * 1, 5 and 15 rows with every ISA's corrections give the same bytes. */
 static void q6_gptq_plan(struct q6_matrix *m, size_t rows, size_t cols)
 {
 	assert_int_equal(q6_matrix_plan(m, rows, cols), 0);
 	m->data = xalloc(q6_matrix_bytes(m));
 	memset(m->data, 0, q6_matrix_bytes(m));
+}
+
+/* GPTQ as its paper states it, one row and one column at a time, each error taken off
+ * every later column of its block at once (sub_scaled alone): rows x turned into d * q. */
+static void q6_gptq_textbook(float *x, size_t rows, size_t cols, const float *u, size_t ublock)
+{
+	int8_t q[Q6_GROUP];
+	float d;
+
+	for (size_t r = 0; r < rows; r++) {
+		float *xr = x + r * cols;
+
+		for (size_t g0 = 0; g0 < cols; g0 += Q6_GROUP) {
+			q6_quantize_group_f32(xr + g0, q, &d);
+			for (size_t i = g0; i < g0 + Q6_GROUP; i++) {
+				size_t bs = i / ublock * ublock, end = bs + ublock < cols ? bs + ublock : cols;
+				const float *ui = u + i * ublock - bs;
+				float v = d != 0.0f ? nearbyintf(xr[i] * (1.0f / d)) : 0.0f;
+
+				v = v > 31.0f ? 31.0f : v < -32.0f ? -32.0f : v;
+				vec_sub_scaled_ref(xr + i + 1, ui + i + 1, (xr[i] - d * v) / ui[i], end - i - 1);
+				xr[i] = (float)(int8_t)v * d; /* as q6_unpack_rows: a code of -0 is 0 */
+			}
+		}
+	}
 }
 
 static void test_q6_gptq_is_plain_on_a_diagonal_and_lowers_the_product_error(void **state)
@@ -1058,7 +1093,7 @@ static void test_q6_gptq_is_plain_on_a_diagonal_and_lowers_the_product_error(voi
 	q6_gptq_plan(&b, rows, cols);
 	q6_pack_rows_f32(&a, w, cols, 0, rows);
 	memcpy(x, w, rows * cols * sizeof(float));
-	q6_pack_rows_gptq(&b, x, cols, u, cols, 0, rows, vec_sub_scaled_ref);
+	q6_pack_rows_gptq(&b, x, cols, u, cols, 0, rows, &vec_gptq_ref);
 	assert_memory_equal(a.data, b.data, q6_matrix_bytes(&a));
 
 	gptq_fix_make(&f, &s, cols, n_tok, nb);
@@ -1066,9 +1101,13 @@ static void test_q6_gptq_is_plain_on_a_diagonal_and_lowers_the_product_error(voi
 	double ea = gptq_product_error(w, qa, f.tok, rows, cols, n_tok), eb[2];
 	for (int blocked = 0; blocked < 2; blocked++) {
 		memcpy(x, w, rows * cols * sizeof(float));
-		q6_pack_rows_gptq(&b, x, cols, blocked ? f.ub : f.u, blocked ? nb : cols, 0, rows, vec_sub_scaled_ref);
+		q6_pack_rows_gptq(&b, x, cols, blocked ? f.ub : f.u, blocked ? nb : cols, 0, rows, &vec_gptq_ref);
 		q6_unpack_rows(&b, 0, rows, qb, cols);
 		eb[blocked] = gptq_product_error(w, qb, f.tok, rows, cols, n_tok);
+		/* the packer's batched corrections are the textbook's column-by-column floats */
+		memcpy(x, w, rows * cols * sizeof(float));
+		q6_gptq_textbook(x, rows, cols, blocked ? f.ub : f.u, blocked ? nb : cols);
+		assert_memory_equal(x, qb, rows * cols * sizeof(float));
 	}
 	for (int isa = KERN_REF; isa <= KERN_AVX512; isa++) {
 		const struct kern_table *kt = kern_table_for((enum kern_isa)isa);
@@ -1076,9 +1115,9 @@ static void test_q6_gptq_is_plain_on_a_diagonal_and_lowers_the_product_error(voi
 			continue;
 		q6_gptq_plan(&c, rows, cols);
 		memcpy(x, w, rows * cols * sizeof(float));
-		q6_pack_rows_gptq(&c, x, cols, f.ub, nb, 0, 1, kt->sub_scaled);
-		q6_pack_rows_gptq(&c, x + cols, cols, f.ub, nb, 1, 5, kt->sub_scaled);
-		q6_pack_rows_gptq(&c, x + 6 * cols, cols, f.ub, nb, 6, 15, kt->sub_scaled);
+		q6_pack_rows_gptq(&c, x, cols, f.ub, nb, 0, 1, kt->gptq);
+		q6_pack_rows_gptq(&c, x + cols, cols, f.ub, nb, 1, 5, kt->gptq);
+		q6_pack_rows_gptq(&c, x + 6 * cols, cols, f.ub, nb, 6, 15, kt->gptq);
 		assert_memory_equal(c.data, b.data, q6_matrix_bytes(&b));
 		free(c.data);
 	}
@@ -2175,11 +2214,51 @@ static void test_vec_sub_scaled_every_isa_matches_reference(void **state)
 			if (!k)
 				continue;
 			memcpy(c, x0, (max + 8) * sizeof(float));
-			k->sub_scaled(c, u, e, n);
+			k->gptq->col(c, u, e, n);
 			assert_memory_equal(c, r, (max + 8) * sizeof(float));
 		}
 	}
 	free(u);
+	free(x0);
+	free(r);
+	free(c);
+}
+
+/* GPTQ's batched corrections: the reference equals nk sub_scaled calls a row (the same
+ * multiply-adds in the same order), and every ISA the reference, for 1 to 8 rows (the
+ * AVX kernels' four-row steps and their repeated last row), runs of 0 to 64 columns and
+ * every width up to past two steps, the floats past n and between the rows untouched. */
+static void test_vec_sub_run_every_isa_matches_reference(void **state)
+{
+	uint64_t s = 92;
+	const size_t max = 72, ld = max + 8, ldu = max + 5, nks[] = { 0, 1, 3, 32, 64 };
+	float *u = random_floats(&s, 64 * ldu, 2.0f), *e = random_floats(&s, 8 * 64, 0.5f);
+	float *x0 = random_floats(&s, 8 * ld, 3.0f);
+	float *r = xalloc(8 * ld * sizeof(float)), *c = xalloc(8 * ld * sizeof(float));
+
+	(void)state;
+	for (size_t n_rows = 1; n_rows <= 8; n_rows++)
+		for (size_t t = 0; t < sizeof nks / sizeof nks[0]; t++)
+			for (size_t n = 0; n <= max; n += n < 40 ? 1 : 7) {
+				size_t nk = nks[t];
+
+				memcpy(r, x0, 8 * ld * sizeof(float));
+				for (size_t i = 0; i < n_rows; i++)
+					for (size_t k = 0; k < nk; k++)
+						vec_sub_scaled_ref(r + i * ld, u + k * ldu, e[i * nk + k], n);
+				for (int isa = KERN_REF; isa <= KERN_AVX512; isa++) {
+					const struct kern_table *kt = kern_table_for((enum kern_isa)isa);
+					if (!kt)
+						continue;
+					memcpy(c, x0, 8 * ld * sizeof(float));
+					kt->gptq->run(c, ld, n_rows, e, nk, u, ldu, n);
+					if (memcmp(c, r, 8 * ld * sizeof(float)))
+						fail_msg("sub_run %s: %zu rows, %zu columns of run, %zu wide differ", kt->name,
+							 n_rows, nk, n);
+				}
+			}
+	free(u);
+	free(e);
 	free(x0);
 	free(r);
 	free(c);
@@ -2536,6 +2615,7 @@ int main(void)
 		cmocka_unit_test(test_vec_sum_u64_every_isa_matches_scalar),
 		cmocka_unit_test(test_vec_cov_row_every_isa_matches_reference),
 		cmocka_unit_test(test_vec_sub_scaled_every_isa_matches_reference),
+		cmocka_unit_test(test_vec_sub_run_every_isa_matches_reference),
 		cmocka_unit_test(test_vec_to_kv_q8_every_isa_matches_scalar),
 		cmocka_unit_test(test_vec_attn_every_isa_matches_double_softmax),
 		cmocka_unit_test(test_kern_select_forces_and_rejects),
