@@ -726,9 +726,9 @@ static uint8_t code_nearest(float x, float d, float m)
  * as q4_pack_rows_f32 chooses them, from the group's values as the errors pushed onto them
  * so far have left them; then its columns are rounded one by one, each one's error divided
  * by U's diagonal and taken off the columns after it in proportion to U's row. A column's
- * error reaches the rest of its run (the group, or the part of it in one block of U) at
- * once, the columns past the run in one sub_run when the run is done: the same
- * multiply-adds in the same order, as GPTQ's lazy batch updates. The rows are independent,
+ * error reaches the rest of its run (vec_gptq_run_end) at once, the columns past the run
+ * in one sub_run when the run is done: the same multiply-adds in the same order, as
+ * GPTQ's lazy batch updates. The rows are independent,
  * side by side only to share U's reads. */
 static void pack_rows_gptq(struct q4_matrix *m, size_t row0, size_t n_rows, float *x, size_t ld, const float *col_w,
 			   const float *u, size_t ublock, const struct vec_gptq *spread, const struct q4_search *k)
@@ -757,10 +757,8 @@ static void pack_rows_gptq(struct q4_matrix *m, size_t row0, size_t n_rows, floa
 				plain_group(k, m, row0 + r, g, xg, w, q[r], &d[r], &mn[r]);
 			}
 		}
-		for (size_t a = g0, b; a < g1; a = b) { /* runs: the group's columns in one block of U */
-			size_t bs = a / ublock * ublock, end = bs + ublock < cols ? bs + ublock : cols;
-
-			b = g1 < end ? g1 : end;
+		for (size_t a = g0, b, bs, end; a < g1; a = b) {
+			b = vec_gptq_run_end(a, g1, ublock, cols, &bs, &end);
 			for (size_t i = a; i < b; i++) {
 				const float *ui = u + i * ublock - bs; /* ui[j]: U[i][j], j in its block */
 

@@ -204,8 +204,8 @@ void q6_pack_rows_f32(struct q6_matrix *m, const float *src, size_t ld, size_t r
  * q6_quantize_group_f32's rule from its values as the errors pushed onto them have left
  * them, then its columns rounded one by one (nearest, clamped), each one's error divided by
  * U's diagonal and taken off the columns after it in its block in proportion to U's row:
- * within the run (the group, or its part in one block of U) at once, past it in one
- * sub_run when the run is done, as q4's. */
+ * within the run (vec_gptq_run_end) at once, past it in one sub_run when the run is done,
+ * as q4's. */
 static void pack_rows_gptq(struct q6_matrix *m, size_t row0, size_t n_rows, float *x, size_t ld, const float *u,
 			   size_t ublock, const struct vec_gptq *spread)
 {
@@ -217,10 +217,8 @@ static void pack_rows_gptq(struct q6_matrix *m, size_t row0, size_t n_rows, floa
 
 		for (size_t r = 0; r < n_rows; r++)
 			q6_quantize_group_f32(x + r * ld + g0, q[r], &d[r]);
-		for (size_t a = g0, b; a < g1; a = b) {
-			size_t bs = a / ublock * ublock, end = bs + ublock < m->cols ? bs + ublock : m->cols;
-
-			b = g1 < end ? g1 : end;
+		for (size_t a = g0, b, bs, end; a < g1; a = b) {
+			b = vec_gptq_run_end(a, g1, ublock, m->cols, &bs, &end);
 			for (size_t i = a; i < b; i++) {
 				const float *ui = u + i * ublock - bs; /* ui[j]: U[i][j], j in its block */
 
