@@ -14,7 +14,7 @@ static const struct kern_table table_ref = {
 	.rmsnorm = vec_rmsnorm_ref, .rope = vec_rope_ref, .silu_mul = vec_silu_mul_ref,
 	.gelu_mul = vec_gelu_mul_ref,
 	.attn = vec_attn_ref, .to_kv = vec_to_kv_ref, .argmax = vec_argmax_ref,
-	.sum_u64 = vec_sum_u64_ref, .cov_row = vec_cov_row_ref,
+	.sum_u64 = vec_sum_u64_ref, .cov_rows = vec_cov_rows_ref,
 	.gptq = &vec_gptq_ref, .search = &q4_search_ref,
 };
 
@@ -25,7 +25,7 @@ static const struct kern_table table_avx2 = {
 	.rmsnorm = vec_rmsnorm_avx2, .rope = vec_rope_avx2, .silu_mul = vec_silu_mul_avx2,
 	.gelu_mul = vec_gelu_mul_avx2,
 	.attn = vec_attn_avx2, .to_kv = vec_to_kv_avx2, .argmax = vec_argmax_avx2,
-	.sum_u64 = vec_sum_u64_avx2, .cov_row = vec_cov_row_avx2,
+	.sum_u64 = vec_sum_u64_avx2, .cov_rows = vec_cov_rows_avx2,
 	.gptq = &vec_gptq_avx2, .search = &q4_search_avx2,
 };
 
@@ -36,7 +36,7 @@ static const struct kern_table table_avx512 = {
 	.rmsnorm = vec_rmsnorm_avx512, .rope = vec_rope_avx512, .silu_mul = vec_silu_mul_avx512,
 	.gelu_mul = vec_gelu_mul_avx512,
 	.attn = vec_attn_avx512, .to_kv = vec_to_kv_avx512, .argmax = vec_argmax_avx512,
-	.sum_u64 = vec_sum_u64_avx512, .cov_row = vec_cov_row_avx512,
+	.sum_u64 = vec_sum_u64_avx512, .cov_rows = vec_cov_rows_avx512,
 	.gptq = &vec_gptq_avx512, .search = &q4_search_avx512,
 };
 

@@ -146,21 +146,23 @@ size_t gptq_cov_ld(size_t d)
 }
 
 void gptq_cov_add_part(double *cov, size_t d, size_t block, const float *x, size_t ld, size_t n_tok, size_t part,
-		       size_t n_parts, vec_cov_row_fn row)
+		       size_t n_parts, vec_cov_rows_fn rows)
 {
 	for (size_t t0 = 0; t0 < n_tok; t0 += GPTQ_COV_TOKENS) {
 		size_t nt = n_tok - t0 < GPTQ_COV_TOKENS ? n_tok - t0 : GPTQ_COV_TOKENS;
 
 		for (size_t c = part * GPTQ_COV_ROWS; c < d; c += n_parts * GPTQ_COV_ROWS)
-			for (size_t i = c; i < c + GPTQ_COV_ROWS && i < d; i++) {
+			for (size_t i = c, n; i < c + GPTQ_COV_ROWS && i < d; i += n) { /* the chunk's rows in one block */
 				size_t bs = i / block * block, end = bs + block < d ? bs + block : d;
+				size_t last = c + GPTQ_COV_ROWS < end ? c + GPTQ_COV_ROWS : end;
 
-				row(cov + i * block + (i - bs), x + t0 * ld, ld, nt, i, i, end);
+				n = last - i;
+				rows(cov + i * block + (i - bs), block, x + t0 * ld, ld, nt, i, n, end);
 			}
 	}
 }
 
-int gptq_cov_add(double *cov, size_t d, size_t block, const float *x, size_t n_tok, vec_cov_row_fn row)
+int gptq_cov_add(double *cov, size_t d, size_t block, const float *x, size_t n_tok, vec_cov_rows_fn rows)
 {
 	if (block == 0 || block > d)
 		return -1;
@@ -173,7 +175,7 @@ int gptq_cov_add(double *cov, size_t d, size_t block, const float *x, size_t n_t
 
 		for (size_t t = 0; t < nt; t++)
 			memcpy(xb + t * ld, x + (t0 + t) * d, d * sizeof *xb);
-		gptq_cov_add_part(cov, d, block, xb, ld, nt, 0, 1, row);
+		gptq_cov_add_part(cov, d, block, xb, ld, nt, 0, 1, rows);
 	}
 	free(xb);
 	return 0;

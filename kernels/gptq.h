@@ -53,14 +53,14 @@ int gptq_factor_blocks_part(const float *h, size_t d, size_t block, double add, 
 			    size_t part, size_t n_parts);
 
 /* cov (d x B doubles, the blocked layout; only entries at or right of the diagonal
- * accumulated) += x^T x for the n_tok rows of x (each d floats), by `row` (a kernel
- * table's cov_row): tokens GPTQ_COV_TOKENS at a time, each entry a float sum over them
+ * accumulated) += x^T x for the n_tok rows of x (each d floats), by `rows` (a kernel
+ * table's cov_rows): tokens GPTQ_COV_TOKENS at a time, each entry a float sum over them
  * added once to its double, so the doubles are read once per batch rather than once per
  * token and the float sums stay short. The batch is copied at gptq_cov_ld's stride first:
  * rows a power of two apart fall in the same L1 sets, and the kernel reads 32 of them at
  * once. 0, or -1 for a block of 0 or wider than d, or no memory for the batch. */
 #define GPTQ_COV_TOKENS 32
-int gptq_cov_add(double *cov, size_t d, size_t block, const float *x, size_t n_tok, vec_cov_row_fn row);
+int gptq_cov_add(double *cov, size_t d, size_t block, const float *x, size_t n_tok, vec_cov_rows_fn rows);
 
 /* A row stride for a batch d floats wide: a multiple of 16 floats, and 16 more. */
 size_t gptq_cov_ld(size_t d);
@@ -70,6 +70,6 @@ size_t gptq_cov_ld(size_t d);
  * one whole call, to the bit (each entry's batches are the same), in a share of the time. */
 #define GPTQ_COV_ROWS 8
 void gptq_cov_add_part(double *cov, size_t d, size_t block, const float *x, size_t ld, size_t n_tok, size_t part,
-		       size_t n_parts, vec_cov_row_fn row);
+		       size_t n_parts, vec_cov_rows_fn rows);
 
 #endif

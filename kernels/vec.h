@@ -85,6 +85,13 @@ typedef uint64_t (*vec_sum_u64_fn)(const void *p, size_t n);
 typedef void (*vec_cov_row_fn)(double *c, const float *x, size_t ld, size_t n_tok, size_t i, size_t j0,
 			       size_t j1);
 
+/* The same sums for the upper triangle of rows i .. i + n_rows - 1: row i + r's entries j
+ * in [i + r, j1) into c[r*ldc + j - i], each as cov_row makes it (cov_row on row i + r
+ * from column i + r gives the same doubles). Several rows share each load of a token's
+ * columns: one row at a time a term costs a load for its FMA. */
+typedef void (*vec_cov_rows_fn)(double *c, size_t ldc, const float *x, size_t ld, size_t n_tok, size_t i,
+				size_t n_rows, size_t j1);
+
 /* GPTQ's correction (kernels/q4.h, q4_pack_rows_gptq): x[j] -= e u[j] for j < n, each one
  * fused multiply-add (fmaf(-e, u[j], x[j])): every ISA gives the reference's floats, so a
  * matrix rounded by GPTQ is the same bytes on every machine. */
@@ -165,6 +172,8 @@ void vec_to_kv_ref(void *dst, const float *src, size_t n, enum vec_kv_type type)
 size_t vec_argmax_ref(const float *x, size_t n);
 uint64_t vec_sum_u64_ref(const void *p, size_t n);
 void vec_cov_row_ref(double *c, const float *x, size_t ld, size_t n_tok, size_t i, size_t j0, size_t j1);
+void vec_cov_rows_ref(double *c, size_t ldc, const float *x, size_t ld, size_t n_tok, size_t i, size_t n_rows,
+		      size_t j1);
 void vec_sub_scaled_ref(float *x, const float *u, float e, size_t n);
 void vec_sub_run_ref(float *x, size_t ld, size_t n_rows, const float *e, size_t nk, const float *u, size_t ldu,
 		     size_t n);
@@ -180,6 +189,8 @@ void vec_to_kv_avx2(void *dst, const float *src, size_t n, enum vec_kv_type type
 size_t vec_argmax_avx2(const float *x, size_t n);
 uint64_t vec_sum_u64_avx2(const void *p, size_t n);
 void vec_cov_row_avx2(double *c, const float *x, size_t ld, size_t n_tok, size_t i, size_t j0, size_t j1);
+void vec_cov_rows_avx2(double *c, size_t ldc, const float *x, size_t ld, size_t n_tok, size_t i, size_t n_rows,
+		       size_t j1);
 void vec_sub_scaled_avx2(float *x, const float *u, float e, size_t n);
 void vec_sub_run_avx2(float *x, size_t ld, size_t n_rows, const float *e, size_t nk, const float *u, size_t ldu,
 		      size_t n);
@@ -195,6 +206,8 @@ void vec_to_kv_avx512(void *dst, const float *src, size_t n, enum vec_kv_type ty
 size_t vec_argmax_avx512(const float *x, size_t n);
 uint64_t vec_sum_u64_avx512(const void *p, size_t n);
 void vec_cov_row_avx512(double *c, const float *x, size_t ld, size_t n_tok, size_t i, size_t j0, size_t j1);
+void vec_cov_rows_avx512(double *c, size_t ldc, const float *x, size_t ld, size_t n_tok, size_t i, size_t n_rows,
+			 size_t j1);
 void vec_sub_scaled_avx512(float *x, const float *u, float e, size_t n);
 void vec_sub_run_avx512(float *x, size_t ld, size_t n_rows, const float *e, size_t nk, const float *u, size_t ldu,
 			size_t n);

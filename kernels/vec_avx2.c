@@ -400,6 +400,14 @@ void vec_cov_row_avx2(double *c, const float *x, size_t ld, size_t n_tok, size_t
 	vec_cov_row_ref(c + j - j0, x, ld, n_tok, i, j, j1); /* the last columns, fewer than 8 */
 }
 
+/* Row by row: eight lanes leave too few registers to share loads among rows. */
+void vec_cov_rows_avx2(double *c, size_t ldc, const float *x, size_t ld, size_t n_tok, size_t i, size_t n_rows,
+		       size_t j1)
+{
+	for (size_t r = 0; r < n_rows; r++)
+		vec_cov_row_avx2(c + r * ldc + r, x, ld, n_tok, i + r, i + r, j1);
+}
+
 void vec_sub_scaled_avx2(float *x, const float *u, float e, size_t n)
 {
 	__m256 ve = _mm256_set1_ps(e);

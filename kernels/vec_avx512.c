@@ -4,6 +4,7 @@
 #include "kernels/vec.h"
 
 #include <immintrin.h>
+#include <stdbool.h>
 #include <math.h>
 #include <string.h>
 
@@ -559,6 +560,80 @@ void vec_cov_row_avx512(double *c, const float *x, size_t ld, size_t n_tok, size
 			a = _mm512_fmadd_ps(_mm512_set1_ps(x[t * ld + i]), _mm512_maskz_loadu_ps(k, x + t * ld + j), a);
 		cov_add16(c + j - j0, a, k);
 	}
+}
+
+static __mmask16 cov_mask(size_t js, size_t j1)
+{
+	return js >= j1 ? 0 : j1 - js >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (j1 - js)) - 1);
+}
+
+/* One row's four accumulators of a cov_rows step added, lanes left of the row's diagonal
+ * (its first r, in the step that starts at column i0) left out. */
+static void cov_add64(double *c, __m512 a0, __m512 a1, __m512 a2, __m512 a3, const __mmask16 *k, bool first,
+		      int r)
+{
+	cov_add16(c, a0, first ? (__mmask16)(k[0] & (0xffffu << r)) : k[0]);
+	cov_add16(c + 16, a1, k[1]);
+	cov_add16(c + 32, a2, k[2]);
+	cov_add16(c + 48, a3, k[3]);
+}
+
+/* Four rows by 64 columns a step: sixteen accumulators, each token's four loads of columns
+ * shared by the four rows (a load per four FMAs instead of one each). Every row starts at
+ * column i0, the first row's diagonal: the entries left of a row's own (its first r lanes,
+ * r < 4 < 16) are computed and not added. Rows past a multiple of four go one at a time. */
+void vec_cov_rows_avx512(double *c, size_t ldc, const float *x, size_t ld, size_t n_tok, size_t i, size_t n_rows,
+			 size_t j1)
+{
+	size_t r0 = 0;
+
+	for (; r0 + 4 <= n_rows; r0 += 4) {
+		size_t i0 = i + r0;
+
+		for (size_t j = i0; j < j1; j += 64) {
+			const __mmask16 k[4] = { cov_mask(j, j1), cov_mask(j + 16, j1), cov_mask(j + 32, j1),
+						 cov_mask(j + 48, j1) };
+			__m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
+			__m512 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+			__m512 a20 = a00, a21 = a00, a22 = a00, a23 = a00;
+			__m512 a30 = a00, a31 = a00, a32 = a00, a33 = a00;
+
+			for (size_t t = 0; t < n_tok; t++) {
+				const float *xt = x + t * ld;
+				__m512 v0 = _mm512_maskz_loadu_ps(k[0], xt + j), v1 = _mm512_maskz_loadu_ps(k[1], xt + j + 16);
+				__m512 v2 = _mm512_maskz_loadu_ps(k[2], xt + j + 32), v3 = _mm512_maskz_loadu_ps(k[3], xt + j + 48);
+				__m512 b;
+
+				b = _mm512_set1_ps(xt[i0]);
+				a00 = _mm512_fmadd_ps(b, v0, a00);
+				a01 = _mm512_fmadd_ps(b, v1, a01);
+				a02 = _mm512_fmadd_ps(b, v2, a02);
+				a03 = _mm512_fmadd_ps(b, v3, a03);
+				b = _mm512_set1_ps(xt[i0 + 1]);
+				a10 = _mm512_fmadd_ps(b, v0, a10);
+				a11 = _mm512_fmadd_ps(b, v1, a11);
+				a12 = _mm512_fmadd_ps(b, v2, a12);
+				a13 = _mm512_fmadd_ps(b, v3, a13);
+				b = _mm512_set1_ps(xt[i0 + 2]);
+				a20 = _mm512_fmadd_ps(b, v0, a20);
+				a21 = _mm512_fmadd_ps(b, v1, a21);
+				a22 = _mm512_fmadd_ps(b, v2, a22);
+				a23 = _mm512_fmadd_ps(b, v3, a23);
+				b = _mm512_set1_ps(xt[i0 + 3]);
+				a30 = _mm512_fmadd_ps(b, v0, a30);
+				a31 = _mm512_fmadd_ps(b, v1, a31);
+				a32 = _mm512_fmadd_ps(b, v2, a32);
+				a33 = _mm512_fmadd_ps(b, v3, a33);
+			}
+			double *cr = c + r0 * ldc + r0 + (j - i0);
+			cov_add64(cr, a00, a01, a02, a03, k, j == i0, 0);
+			cov_add64(cr + ldc, a10, a11, a12, a13, k, j == i0, 1);
+			cov_add64(cr + 2 * ldc, a20, a21, a22, a23, k, j == i0, 2);
+			cov_add64(cr + 3 * ldc, a30, a31, a32, a33, k, j == i0, 3);
+		}
+	}
+	for (; r0 < n_rows; r0++)
+		vec_cov_row_avx512(c + r0 * ldc + r0, x, ld, n_tok, i + r0, i + r0, j1);
 }
 
 void vec_sub_scaled_avx512(float *x, const float *u, float e, size_t n)

@@ -230,6 +230,13 @@ void vec_cov_row_ref(double *c, const float *x, size_t ld, size_t n_tok, size_t 
 	}
 }
 
+void vec_cov_rows_ref(double *c, size_t ldc, const float *x, size_t ld, size_t n_tok, size_t i, size_t n_rows,
+		      size_t j1)
+{
+	for (size_t r = 0; r < n_rows; r++)
+		vec_cov_row_ref(c + r * ldc + r, x, ld, n_tok, i + r, i + r, j1);
+}
+
 void vec_sub_scaled_ref(float *x, const float *u, float e, size_t n)
 {
 	for (size_t j = 0; j < n; j++)

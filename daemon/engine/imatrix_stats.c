@@ -135,7 +135,7 @@ static struct imatrix_entry *stats_entry(struct imatrix_stats *s, const char *na
 }
 
 /* The waiting inputs' covariance sums, rows of part `part` of n_parts (gptq_cov_add_part). */
-static void pending_add(const struct imatrix_entry *e, size_t part, size_t n_parts, vec_cov_row_fn row)
+static void pending_add(const struct imatrix_entry *e, size_t part, size_t n_parts, vec_cov_rows_fn row)
 {
 	gptq_cov_add_part(e->cov, e->cols, e->cov_block, e->pending, gptq_cov_ld(e->cols), e->n_pending, part, n_parts,
 			  row);
@@ -155,7 +155,7 @@ void imatrix_stats_add(struct imatrix_stats *s, const char *name, size_t len, co
 	e->count += n_tok;
 	if (!e->cov)
 		return;
-	vec_cov_row_fn row = kern_active()->cov_row;
+	vec_cov_rows_fn row = kern_active()->cov_rows;
 	if (!s->defer || n_tok > GPTQ_COV_TOKENS) {
 		if (gptq_cov_add(e->cov, cols, e->cov_block, x, n_tok, row) < 0)
 			stats_fail(s, name, len, HEARTH_ENOMEM, "out of memory for the covariance");
@@ -177,7 +177,7 @@ void imatrix_stats_add(struct imatrix_stats *s, const char *name, size_t len, co
 
 struct flush_job {
 	struct imatrix_stats *s;
-	vec_cov_row_fn row;
+	vec_cov_rows_fn row;
 };
 
 static void flush_part(void *arg, size_t t, size_t n_threads)
@@ -190,7 +190,7 @@ static void flush_part(void *arg, size_t t, size_t n_threads)
 
 void imatrix_stats_flush(struct imatrix_stats *s, struct pool *pool)
 {
-	struct flush_job j = { s, kern_active()->cov_row };
+	struct flush_job j = { s, kern_active()->cov_rows };
 	if (pool)
 		pool_run(pool, flush_part, &j);
 	else
@@ -330,6 +330,25 @@ struct self_progress {
 	size_t total;                  /* tokens sampled in all */
 };
 
+/* The next token of every sequence, sequences split among the pool's threads: each has its
+ * own sampler and seed, so the split changes nothing, and the softmax over the whole
+ * vocabulary a sequence costs (151,936 exps for Qwen3) no longer leaves the other threads
+ * waiting between steps. */
+struct sample_job {
+	struct sampler **smp;
+	const float *logits;
+	int32_t *next;
+	size_t n;
+	uint32_t n_vocab;
+};
+
+static void sample_part(void *arg, size_t t, size_t nt)
+{
+	const struct sample_job *j = arg;
+	for (size_t i = t; i < j->n; i += nt)
+		j->next[i] = sampler_sample(j->smp[i], j->logits + i * (size_t)j->n_vocab);
+}
+
 static int self_round(struct imatrix_stats *s, struct model_q4 *m, struct engine *eng, int32_t bos, size_t first,
 		      size_t n, size_t len, uint64_t seed, const struct self_progress *pr, struct hearth_error *err)
 {
@@ -370,8 +389,11 @@ static int self_round(struct imatrix_stats *s, struct model_q4 *m, struct engine
 		if ((rc = eng->forward(eng->impl, sp, n, err)) < 0)
 			break;
 		imatrix_stats_flush(s, m->pool); /* the step's covariance sums on every thread */
-		for (size_t i = 0; i < n; i++)
-			next[i] = sampler_sample(smp[i], logits + i * (size_t)eng->n_vocab);
+		struct sample_job job = { smp, logits, next, n, eng->n_vocab };
+		if (m->pool)
+			pool_run(m->pool, sample_part, &job);
+		else
+			sample_part(&job, 0, 1);
 		if (pr->fn && !pr->fn(pr->arg, first * (len - 1) + (pos + 1) * n, pr->total)) {
 			rc = hearth_error_set(err, HEARTH_ECANCELED, "imatrix: the sampling was stopped");
 			break;

@@ -2150,6 +2150,7 @@ static void test_vec_cov_row_every_isa_matches_reference(void **state)
 	for (size_t t = 0; t < n_tok; t++)
 		x[t * ld + 5] *= 1000.0f; /* one large column */
 	static const size_t toks[] = { 1, 3, 17, 32 };
+	static const vec_cov_row_fn row_fns[] = { vec_cov_row_ref, vec_cov_row_avx2, vec_cov_row_avx512 };
 	for (size_t a = 0; a < sizeof toks / sizeof toks[0]; a++)
 		for (size_t j0 = 0; j0 < 80; j0 += 7)
 			for (size_t j1 = j0; j1 <= ld; j1 += j1 < j0 + 140 ? 1 : 37) {
@@ -2173,8 +2174,49 @@ static void test_vec_cov_row_every_isa_matches_reference(void **state)
 						continue;
 					for (size_t j = 0; j < ld; j++)
 						c[j] = (double)j * 0.5;
-					k->cov_row(c, x, ld, toks[a], i, j0, j1);
+					row_fns[isa](c, x, ld, toks[a], i, j0, j1);
 					assert_memory_equal(c, r, ld * sizeof(double)); /* past j1 - j0 untouched too */
+				}
+			}
+	free(x);
+	free(c);
+	free(r);
+}
+
+/* The kernel table's cov_rows: the reference is cov_row row by row from each diagonal, and
+ * every ISA the reference, bit for bit, for 1 to 9 rows (the AVX-512 kernel's four-row
+ * steps and the rows left over), ends of 0 to 3 columns past the last row's diagonal and
+ * of every tail past a 64-column step, token counts 1 to 32; the entries left of each
+ * diagonal, past j1 and past the rows untouched. */
+static void test_vec_cov_rows_every_isa_matches_reference(void **state)
+{
+	uint64_t s = 78;
+	const size_t ld = 211, n_tok = 32, ldc = 240, n_c = 10 * ldc;
+	float *x = random_floats(&s, n_tok * ld, 3.0f);
+	double *c = xalloc(n_c * sizeof(double)), *r = xalloc(n_c * sizeof(double));
+	static const size_t toks[] = { 1, 17, 32 }, starts[] = { 0, 5, 130 };
+
+	(void)state;
+	for (size_t a = 0; a < sizeof toks / sizeof toks[0]; a++)
+		for (size_t b = 0; b < sizeof starts / sizeof starts[0]; b++)
+			for (size_t n_rows = 1; n_rows <= 9; n_rows++) {
+				size_t i = starts[b];
+				for (size_t j1 = i + n_rows - 1; j1 <= ld; j1 += j1 < i + 140 ? 1 : 9) {
+					for (size_t k = 0; k < n_c; k++)
+						r[k] = (double)k * 0.25;
+					for (size_t q = 0; q < n_rows; q++)
+						vec_cov_row_ref(r + q * ldc + q, x, ld, toks[a], i + q, i + q, j1 < i + q ? i + q : j1);
+					for (int isa = KERN_REF; isa <= KERN_AVX512; isa++) {
+						const struct kern_table *k = kern_table_for((enum kern_isa)isa);
+						if (!k)
+							continue;
+						for (size_t q = 0; q < n_c; q++)
+							c[q] = (double)q * 0.25;
+						k->cov_rows(c, ldc, x, ld, toks[a], i, n_rows, j1);
+						if (memcmp(c, r, n_c * sizeof(double)))
+							fail_msg("cov_rows %s: %zu tokens, rows %zu + %zu, to column %zu differ",
+								 k->name, toks[a], i, n_rows, j1);
+					}
 				}
 			}
 	free(x);
@@ -2616,6 +2658,7 @@ int main(void)
 		cmocka_unit_test(test_vec_cov_row_every_isa_matches_reference),
 		cmocka_unit_test(test_vec_sub_scaled_every_isa_matches_reference),
 		cmocka_unit_test(test_vec_sub_run_every_isa_matches_reference),
+		cmocka_unit_test(test_vec_cov_rows_every_isa_matches_reference),
 		cmocka_unit_test(test_vec_to_kv_q8_every_isa_matches_scalar),
 		cmocka_unit_test(test_vec_attn_every_isa_matches_double_softmax),
 		cmocka_unit_test(test_kern_select_forces_and_rejects),
