@@ -115,6 +115,20 @@ struct vec_gptq {
 };
 extern const struct vec_gptq vec_gptq_ref, vec_gptq_avx2, vec_gptq_avx512;
 
+/* The SIMD sub_run kernels' rows for the step at row r0: four, each x row's pointer with
+ * its e row, the last row repeated where fewer than four are left (the repeat computes
+ * and writes the same floats again). */
+static inline void vec_gptq_rows4(float *x, size_t ld, const float *e, size_t nk, size_t r0, size_t n_rows,
+				  float **xr, const float **er)
+{
+	for (size_t q = 0; q < 4; q++) {
+		size_t r = r0 + q < n_rows ? r0 + q : n_rows - 1;
+
+		xr[q] = x + r * ld;
+		er[q] = e + r * nk;
+	}
+}
+
 /* Where the run the packers batch from column a ends: at most VEC_GPTQ_RUN columns, none
  * past g1 (its group's end) or past a's block of U (ublock columns of cols, which starts
  * at *bs and ends at *end). Within a run each column's error goes onto the rest of the run

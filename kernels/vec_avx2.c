@@ -430,12 +430,12 @@ void vec_sub_run_avx2(float *x, size_t ld, size_t n_rows, const float *e, size_t
 	size_t n8 = n / 8 * 8;
 
 	for (size_t r0 = 0; r0 < n_rows; r0 += 4) {
-		float *x0 = x + r0 * ld, *x1 = x + (r0 + 1 < n_rows ? r0 + 1 : n_rows - 1) * ld;
-		float *x2 = x + (r0 + 2 < n_rows ? r0 + 2 : n_rows - 1) * ld;
-		float *x3 = x + (r0 + 3 < n_rows ? r0 + 3 : n_rows - 1) * ld;
-		const float *e0 = e + r0 * nk, *e1 = e + (r0 + 1 < n_rows ? r0 + 1 : n_rows - 1) * nk;
-		const float *e2 = e + (r0 + 2 < n_rows ? r0 + 2 : n_rows - 1) * nk;
-		const float *e3 = e + (r0 + 3 < n_rows ? r0 + 3 : n_rows - 1) * nk;
+		float *xr[4];
+		const float *er[4];
+
+		vec_gptq_rows4(x, ld, e, nk, r0, n_rows, xr, er);
+		float *x0 = xr[0], *x1 = xr[1], *x2 = xr[2], *x3 = xr[3];
+		const float *e0 = er[0], *e1 = er[1], *e2 = er[2], *e3 = er[3];
 
 		/* 16-column steps, the last maybe 8 (h 0: its second half repeats the first) */
 		for (size_t j = 0, h; j < n8; j += 8 + h) {
