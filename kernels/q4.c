@@ -728,13 +728,13 @@ static uint8_t code_nearest(float x, float d, float m)
  * by U's diagonal and taken off the columns after it in proportion to U's row. A column's
  * error reaches the rest of its run (vec_gptq_run_end) at once, the columns past the run
  * in one sub_run when the run is done: the same multiply-adds in the same order, as
- * GPTQ's lazy batch updates. The rows are independent,
- * side by side only to share U's reads. */
+ * GPTQ's lazy batch updates. The rows are independent, side by side only to share U's
+ * reads. */
 static void pack_rows_gptq(struct q4_matrix *m, size_t row0, size_t n_rows, float *x, size_t ld, const float *col_w,
 			   const float *u, size_t ublock, const struct vec_gptq *spread, const struct q4_search *k)
 {
 	float d8[Q4_ROW8_MAX_GROUPS], mn8[Q4_ROW8_MAX_GROUPS], d[GPTQ_ROWS], mn[GPTQ_ROWS];
-	float e[GPTQ_ROWS * 256];
+	float e[GPTQ_ROWS * VEC_GPTQ_RUN]; /* the run's errors, row by row */
 	uint8_t q[GPTQ_ROWS][256];
 	size_t cols = m->cols;
 

@@ -210,7 +210,7 @@ static void pack_rows_gptq(struct q6_matrix *m, size_t row0, size_t n_rows, floa
 			   size_t ublock, const struct vec_gptq *spread)
 {
 	int8_t q[Q6_GPTQ_ROWS][Q6_GROUP];
-	float d[Q6_GPTQ_ROWS], e[Q6_GPTQ_ROWS * Q6_GROUP];
+	float d[Q6_GPTQ_ROWS], e[Q6_GPTQ_ROWS * VEC_GPTQ_RUN]; /* e: the run's errors, row by row */
 
 	for (size_t g = 0; g < m->n_groups; g++) {
 		size_t g0 = g * Q6_GROUP, g1 = g0 + Q6_GROUP;

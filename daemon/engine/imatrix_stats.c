@@ -135,10 +135,10 @@ static struct imatrix_entry *stats_entry(struct imatrix_stats *s, const char *na
 }
 
 /* The waiting inputs' covariance sums, rows of part `part` of n_parts (gptq_cov_add_part). */
-static void pending_add(const struct imatrix_entry *e, size_t part, size_t n_parts, vec_cov_rows_fn row)
+static void pending_add(const struct imatrix_entry *e, size_t part, size_t n_parts, vec_cov_rows_fn rows)
 {
 	gptq_cov_add_part(e->cov, e->cols, e->cov_block, e->pending, gptq_cov_ld(e->cols), e->n_pending, part, n_parts,
-			  row);
+			  rows);
 }
 
 void imatrix_stats_add(struct imatrix_stats *s, const char *name, size_t len, const float *x, size_t n_tok,
@@ -155,15 +155,15 @@ void imatrix_stats_add(struct imatrix_stats *s, const char *name, size_t len, co
 	e->count += n_tok;
 	if (!e->cov)
 		return;
-	vec_cov_rows_fn row = kern_active()->cov_rows;
+	vec_cov_rows_fn rows = kern_active()->cov_rows;
 	if (!s->defer || n_tok > GPTQ_COV_TOKENS) {
-		if (gptq_cov_add(e->cov, cols, e->cov_block, x, n_tok, row) < 0)
+		if (gptq_cov_add(e->cov, cols, e->cov_block, x, n_tok, rows) < 0)
 			stats_fail(s, name, len, HEARTH_ENOMEM, "out of memory for the covariance");
 		return;
 	}
 	size_t ld = gptq_cov_ld(cols);
 	if (e->n_pending + n_tok > GPTQ_COV_TOKENS) { /* two adds between flushes: the first now */
-		pending_add(e, 0, 1, row);
+		pending_add(e, 0, 1, rows);
 		e->n_pending = 0;
 	}
 	if (!e->pending && !(e->pending = malloc(GPTQ_COV_TOKENS * ld * sizeof *e->pending))) {
@@ -177,7 +177,7 @@ void imatrix_stats_add(struct imatrix_stats *s, const char *name, size_t len, co
 
 struct flush_job {
 	struct imatrix_stats *s;
-	vec_cov_rows_fn row;
+	vec_cov_rows_fn rows;
 };
 
 static void flush_part(void *arg, size_t t, size_t n_threads)
@@ -185,7 +185,7 @@ static void flush_part(void *arg, size_t t, size_t n_threads)
 	const struct flush_job *j = arg;
 	for (size_t k = 0; k < j->s->n; k++)
 		if (j->s->e[k].n_pending)
-			pending_add(&j->s->e[k], t, n_threads, j->row);
+			pending_add(&j->s->e[k], t, n_threads, j->rows);
 }
 
 void imatrix_stats_flush(struct imatrix_stats *s, struct pool *pool)
