@@ -28,7 +28,7 @@ struct kern_table {
 	vec_argmax_fn argmax;
 	vec_sum_u64_fn sum_u64;         /* the streaming-read probe */
 	vec_cov_rows_fn cov_rows;       /* GPTQ's covariance sums (imatrix collection) */
-	const struct vec_gptq *gptq;   /* GPTQ's corrections (the loader's rounding) */
+	const struct vec_gptq *gptq;    /* GPTQ's corrections (the loader's rounding) */
 	const struct q4_search *search; /* the int4 scale search's steps (the loader's packing) */
 };
 
