@@ -2224,6 +2224,61 @@ static void test_vec_cov_rows_every_isa_matches_reference(void **state)
 	free(r);
 }
 
+/* gptq_cov_add: blocks of 20 of a 45-wide input (the last 5 wide: the 8-row chunks cross
+ * block edges), 70 tokens (three batches, the last short): each kept entry is the sum of
+ * x_i x_j over the tokens to within its float batches' rounding, entries left of the
+ * diagonal and past a narrow block are never written, every ISA's table gives the same
+ * doubles, and the rows shared among 2 or 3 parts (gptq_cov_add_part) add the same. */
+static void test_gptq_cov_add_in_blocks(void **state)
+{
+	uint64_t s = 79;
+	const size_t d = 45, nb = 20, n_tok = 70, ld = gptq_cov_ld(d);
+	float *x = random_floats(&s, n_tok * d, 2.0f), *xs = xalloc(n_tok * ld * sizeof(float));
+	double *r = xalloc(d * nb * sizeof(double)), *c = xalloc(d * nb * sizeof(double));
+
+	(void)state;
+	memset(r, 0, d * nb * sizeof(double));
+	assert_int_equal(gptq_cov_add(r, d, nb, x, n_tok, vec_cov_rows_ref), 0);
+	for (size_t i = 0; i < d; i++) {
+		size_t bs = i / nb * nb;
+		for (size_t jj = 0; jj < nb; jj++) {
+			size_t j = bs + jj;
+			double got = r[i * nb + jj];
+			if (j < i || j >= d) {
+				assert_true(got == 0.0);
+				continue;
+			}
+			double want = 0.0, mag = 0.0;
+			for (size_t t = 0; t < n_tok; t++) {
+				want += (double)x[t * d + i] * x[t * d + j];
+				mag += fabs((double)x[t * d + i] * x[t * d + j]);
+			}
+			if (fabs(got - want) > 34.0 * 0x1p-24 * mag)
+				fail_msg("cov[%zu][%zu] = %g, the sum is %g", i, j, got, want);
+		}
+	}
+	for (int isa = KERN_REF; isa <= KERN_AVX512; isa++) {
+		const struct kern_table *k = kern_table_for((enum kern_isa)isa);
+		if (!k)
+			continue;
+		memset(c, 0, d * nb * sizeof(double));
+		assert_int_equal(gptq_cov_add(c, d, nb, x, n_tok, k->cov_rows), 0);
+		assert_memory_equal(c, r, d * nb * sizeof(double));
+	}
+	for (size_t t = 0; t < n_tok; t++)
+		memcpy(xs + t * ld, x + t * d, d * sizeof(float));
+	for (size_t parts = 2; parts <= 3; parts++) {
+		memset(c, 0, d * nb * sizeof(double));
+		for (size_t p = 0; p < parts; p++)
+			gptq_cov_add_part(c, d, nb, xs, ld, n_tok, p, parts, kern_best()->cov_rows);
+		assert_memory_equal(c, r, d * nb * sizeof(double));
+	}
+	free(x);
+	free(xs);
+	free(r);
+	free(c);
+}
+
 /* GPTQ's corrections: every ISA gives the reference's floats (one fused multiply-add each:
  * x - e u rounded once: within half an ulp of it computed in double), at
  * every length up to past two unrolled steps, the floats past n untouched. */
@@ -2659,6 +2714,7 @@ int main(void)
 		cmocka_unit_test(test_vec_sub_scaled_every_isa_matches_reference),
 		cmocka_unit_test(test_vec_sub_run_every_isa_matches_reference),
 		cmocka_unit_test(test_vec_cov_rows_every_isa_matches_reference),
+		cmocka_unit_test(test_gptq_cov_add_in_blocks),
 		cmocka_unit_test(test_vec_to_kv_q8_every_isa_matches_scalar),
 		cmocka_unit_test(test_vec_attn_every_isa_matches_double_softmax),
 		cmocka_unit_test(test_kern_select_forces_and_rejects),
