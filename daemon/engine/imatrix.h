@@ -159,13 +159,13 @@ void imatrix_stats_observe(void *arg, const struct gguf_tensor *w, const float *
  * adds do nothing: imatrix_stats_ok says which matrix and why. */
 void imatrix_stats_add(struct imatrix_stats *s, const char *name, size_t len, const float *x, size_t n_tok,
 		       size_t cols);
-/* On: the covariance sums of adds of at most GPTQ_COV_TOKENS tokens wait in the stats
- * until imatrix_stats_flush, which spreads them over a pool's threads (the int4 engine's
- * observer runs on thread 0 inside a step while the others wait: flushed between steps,
- * the sums take every thread). Flushed after every step, the statistics are the bytes of
- * adding at once. Off: what waits is added on the calling thread first. Off before
- * imatrix_stats_write. */
-void imatrix_stats_defer(struct imatrix_stats *s, bool on);
+/* tokens > 0: the covariance sums of adds of at most that many tokens wait in the stats
+ * (tokens x cols floats for each distinct input) until imatrix_stats_flush, which spreads
+ * them over a pool's threads (the int4 engine's observer runs on thread 0 inside a step
+ * while the others wait: flushed between steps, the sums take every thread). Flushed after
+ * every step, the statistics are the bytes of adding at once. 0: off. Whatever waits is
+ * added on the calling thread first. Off before imatrix_stats_write. */
+void imatrix_stats_defer(struct imatrix_stats *s, size_t tokens);
 struct pool;
 /* Adds what waits on every thread of pool (NULL: the calling thread alone); the caller
  * runs the pool (kernels/pool.h: not inside one of its steps). */

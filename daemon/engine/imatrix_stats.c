@@ -23,9 +23,9 @@ struct imatrix_entry {
 					* NULL for inputs another entry holds */
 	size_t cov_block;
 	float *pending;                /* imatrix_stats_defer: n_pending inputs (up to
-					* GPTQ_COV_TOKENS, at gptq_cov_ld's stride) whose covariance
+					* pending_cap, at gptq_cov_ld's stride) whose covariance
 					* sums imatrix_stats_flush has still to add */
-	size_t n_pending;
+	size_t n_pending, pending_cap;
 	uint64_t count;                /* tokens (matrix input rows) behind them */
 };
 
@@ -33,7 +33,7 @@ struct imatrix_stats {
 	struct imatrix_entry *e;
 	size_t n, cap;
 	size_t cov_block;              /* imatrix_stats_keep_cov's; 0: no covariances */
-	bool defer;                    /* imatrix_stats_defer's */
+	size_t defer;                  /* imatrix_stats_defer's tokens; 0: off */
 	uint64_t cov_bytes, cov_cap;   /* what the covariances hold, and may */
 	bool failed;                   /* an add failed: code and why say how */
 	int code;
@@ -156,19 +156,24 @@ void imatrix_stats_add(struct imatrix_stats *s, const char *name, size_t len, co
 	if (!e->cov)
 		return;
 	vec_cov_rows_fn rows = kern_active()->cov_rows;
-	if (!s->defer || n_tok > GPTQ_COV_TOKENS) {
+	if (n_tok > s->defer) { /* off (0), or more than waits */
 		if (gptq_cov_add(e->cov, cols, e->cov_block, x, n_tok, rows) < 0)
 			stats_fail(s, name, len, HEARTH_ENOMEM, "out of memory for the covariance");
 		return;
 	}
 	size_t ld = gptq_cov_ld(cols);
-	if (e->n_pending + n_tok > GPTQ_COV_TOKENS) { /* two adds between flushes: the first now */
+	if (e->n_pending + n_tok > s->defer) { /* two adds between flushes: the first now */
 		pending_add(e, 0, 1, rows);
 		e->n_pending = 0;
 	}
-	if (!e->pending && !(e->pending = malloc(GPTQ_COV_TOKENS * ld * sizeof *e->pending))) {
-		stats_fail(s, name, len, HEARTH_ENOMEM, "out of memory for the covariance");
-		return;
+	if (e->pending_cap < s->defer) {
+		free(e->pending);
+		e->pending_cap = 0;
+		if (!(e->pending = malloc(s->defer * ld * sizeof *e->pending))) {
+			stats_fail(s, name, len, HEARTH_ENOMEM, "out of memory for the covariance");
+			return;
+		}
+		e->pending_cap = s->defer;
 	}
 	for (size_t t = 0; t < n_tok; t++)
 		memcpy(e->pending + (e->n_pending + t) * ld, x + t * cols, cols * sizeof *x);
@@ -199,11 +204,10 @@ void imatrix_stats_flush(struct imatrix_stats *s, struct pool *pool)
 		s->e[k].n_pending = 0;
 }
 
-void imatrix_stats_defer(struct imatrix_stats *s, bool on)
+void imatrix_stats_defer(struct imatrix_stats *s, size_t tokens)
 {
-	if (!on)
-		imatrix_stats_flush(s, NULL);
-	s->defer = on;
+	imatrix_stats_flush(s, NULL);
+	s->defer = tokens;
 }
 
 /* Layer matrices only ("blk."), as llama-imatrix collects by default: the embedding is a
@@ -291,6 +295,11 @@ static void q4_observe(void *arg, uint32_t layer, int mat, const float *x, size_
 	imatrix_stats_add(arg, name, (size_t)len, x, n_tok, cols);
 }
 
+/* imatrix_run_q4's step with covariances: a step's inputs wait, tokens x cols floats for
+ * each distinct input (about 176 MB for the Qwen3-1.7B shape at 128), and most of a
+ * prefill's speed is there by 128 tokens. */
+#define IMATRIX_TEXT_DEFER 128
+
 int imatrix_run_q4(void *arg, const int32_t *ids, size_t n, struct hearth_error *err)
 {
 	struct imatrix_q4_run *r = arg;
@@ -307,14 +316,25 @@ int imatrix_run_q4(void *arg, const int32_t *ids, size_t n, struct hearth_error 
 		free(embd);
 		return rc;
 	}
+	/* With covariances, steps of at most IMATRIX_TEXT_DEFER tokens whose sums wait for the
+	 * step's end and then run on every thread (added inside the step they took thread 0
+	 * alone while the others waited at its barrier). */
+	size_t step = r->m->step_tokens;
+	if (r->s->cov_block) {
+		step = step < IMATRIX_TEXT_DEFER ? step : IMATRIX_TEXT_DEFER;
+		imatrix_stats_defer(r->s, step);
+	}
 	model_q4_observe(r->m, q4_observe, r->s);
-	for (size_t at = 0; rc == 0 && at < n; at += r->m->step_tokens) {
-		size_t k = n - at < r->m->step_tokens ? n - at : r->m->step_tokens;
+	for (size_t at = 0; rc == 0 && at < n; at += step) {
+		size_t k = n - at < step ? n - at : step;
 		struct engine_span sp = { .seq = seq, .tokens = ids + at, .n = (uint32_t)k, .embd = embd };
 		if ((rc = eng.forward(eng.impl, &sp, 1, err)) == 0 && embd)
 			imatrix_stats_add(r->s, head, strlen(head), embd, k, eng.n_embd);
+		if (rc == 0 && r->s->defer)
+			imatrix_stats_flush(r->s, r->m->pool);
 	}
 	model_q4_observe(r->m, NULL, NULL);
+	imatrix_stats_defer(r->s, 0);
 	eng.seq_close(eng.impl, seq);
 	free(embd);
 	if (rc == 0 && !imatrix_stats_ok(r->s, err))
@@ -380,7 +400,7 @@ static int self_round(struct imatrix_stats *s, struct model_q4 *m, struct engine
 					   err);
 	}
 	model_q4_observe(m, q4_observe, s);
-	imatrix_stats_defer(s, true);
+	imatrix_stats_defer(s, GPTQ_COV_TOKENS); /* a step's sequences, at most 32 tokens */
 	/* Each step feeds every sequence its last token; the observer sees all of them. */
 	for (size_t pos = 0; rc == 0 && pos + 1 < len; pos++) {
 		for (size_t i = 0; i < n; i++)
@@ -400,7 +420,7 @@ static int self_round(struct imatrix_stats *s, struct model_q4 *m, struct engine
 		}
 	}
 	model_q4_observe(m, NULL, NULL);
-	imatrix_stats_defer(s, false);
+	imatrix_stats_defer(s, 0);
 	if (rc == 0 && !imatrix_stats_ok(s, err))
 		rc = s->code;
 out:
@@ -520,7 +540,7 @@ int imatrix_stats_write(const struct imatrix_stats *s, const char *path, const c
 	if (s->n == 0)
 		return hearth_error_set(err, HEARTH_EINVAL, "imatrix: no statistics to write (no layer matrix ran)");
 	for (size_t k = 0; k < s->n; k++)
-		hearth_assert(s->e[k].n_pending == 0); /* imatrix_stats_defer(s, false) first */
+		hearth_assert(s->e[k].n_pending == 0); /* imatrix_stats_defer(s, 0) first */
 	FILE *fp = fopen(path, "wb");
 	if (!fp)
 		return hearth_error_errno(err, HEARTH_EIO, errno, "cannot write %s", path);

@@ -523,7 +523,7 @@ static void test_imatrix_deferred_cov_is_the_direct_one(void **state)
 	assert_int_equal(pool_create(&pool, 2, NULL, 0, 0), 0);
 	imatrix_stats_keep_cov(direct, block, (uint64_t)1 << 30);
 	imatrix_stats_keep_cov(deferred, block, (uint64_t)1 << 30);
-	imatrix_stats_defer(deferred, true);
+	imatrix_stats_defer(deferred, GPTQ_COV_TOKENS);
 	float *x = malloc(40 * cols * sizeof *x);
 	assert_non_null(x);
 	uint64_t r = 12345;
@@ -537,7 +537,7 @@ static void test_imatrix_deferred_cov_is_the_direct_one(void **state)
 		if (flush_after[a])
 			imatrix_stats_flush(deferred, pool);
 	}
-	imatrix_stats_defer(deferred, false);
+	imatrix_stats_defer(deferred, 0);
 	assert_true(imatrix_stats_ok(direct, &e) && imatrix_stats_ok(deferred, &e));
 	char a_path[4096], b_path[4096];
 	const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
