@@ -162,7 +162,7 @@ void imatrix_stats_add(struct imatrix_stats *s, const char *name, size_t len, co
 		return;
 	}
 	size_t ld = gptq_cov_ld(cols);
-	if (e->n_pending + n_tok > s->defer) { /* two adds between flushes: the first now */
+	if (e->n_pending) { /* two adds between flushes: the first now, its batches its own */
 		pending_add(e, 0, 1, rows);
 		e->n_pending = 0;
 	}

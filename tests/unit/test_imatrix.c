@@ -505,16 +505,15 @@ static void test_imatrix_cov_is_the_inputs_covariance(void **state)
 	gguf_close(f);
 }
 
-/* imatrix_stats_defer: the int4 engine's sampling adds each step's inputs on thread 0 and
- * flushes their covariance sums over the pool's threads; written out, the statistics are
- * the bytes of adding them at once: flushed through a 2-thread pool after every add, with
- * two adds between flushes (the first then added alone), and an add too large to wait. */
-static void test_imatrix_deferred_cov_is_the_direct_one(void **state)
+/* imatrix_stats_defer: the int4 engine's sampling (up to 32 tokens a step) and a text run
+ * (up to 128) add each step's inputs on thread 0 and flush their covariance sums over the
+ * pool's threads; written out, the statistics are the bytes of adding them at once:
+ * flushed through a 2-thread pool after every add, with two adds between flushes (the
+ * first then added alone), and an add too large to wait. */
+static void deferred_matches_direct(size_t cap, const size_t *adds, const bool *flush_after, size_t n_adds,
+				    size_t max_add)
 {
-	(void)state;
 	const size_t cols = 200, block = 64; /* 64 + 64 + 64 + 8: a narrow last block */
-	const size_t adds[] = { 7, 32, 1, 17, 20, 40, 5 };
-	const bool flush_after[] = { true, true, true, false, true, true, true };
 	struct hearth_error e = { 0 };
 	struct imatrix_stats *direct, *deferred;
 	struct pool *pool;
@@ -523,11 +522,11 @@ static void test_imatrix_deferred_cov_is_the_direct_one(void **state)
 	assert_int_equal(pool_create(&pool, 2, NULL, 0, 0), 0);
 	imatrix_stats_keep_cov(direct, block, (uint64_t)1 << 30);
 	imatrix_stats_keep_cov(deferred, block, (uint64_t)1 << 30);
-	imatrix_stats_defer(deferred, GPTQ_COV_TOKENS);
-	float *x = malloc(40 * cols * sizeof *x);
+	imatrix_stats_defer(deferred, cap);
+	float *x = malloc(max_add * cols * sizeof *x);
 	assert_non_null(x);
 	uint64_t r = 12345;
-	for (size_t a = 0; a < sizeof adds / sizeof adds[0]; a++) {
+	for (size_t a = 0; a < n_adds; a++) {
 		for (size_t i = 0; i < adds[a] * cols; i++) {
 			r = r * 6364136223846793005ull + 1442695040888963407ull;
 			x[i] = (float)((int64_t)(r >> 33) - (1ll << 30)) / (float)(1 << 28) + (i % cols == 3 ? 40.0f : 0.0f);
@@ -565,6 +564,17 @@ static void test_imatrix_deferred_cov_is_the_direct_one(void **state)
 	pool_destroy(pool);
 	imatrix_stats_free(direct);
 	imatrix_stats_free(deferred);
+}
+
+static void test_imatrix_deferred_cov_is_the_direct_one(void **state)
+{
+	(void)state;
+	const size_t adds[] = { 7, 32, 1, 17, 20, 40, 5 };
+	const bool flush_after[] = { true, true, true, false, true, true, true };
+	deferred_matches_direct(GPTQ_COV_TOKENS, adds, flush_after, 7, 40);
+	const size_t text[] = { 128, 70, 33, 1, 40, 129, 128 };
+	const bool text_flush[] = { true, true, false, true, true, true, true };
+	deferred_matches_direct(128, text, text_flush, 7, 129);
 }
 
 /* imatrix_self_plan's covariance part is what the collector really holds: a plan with
