@@ -92,8 +92,16 @@ static void put_group(struct q6_matrix *m, size_t row, size_t g, qfp16 d, const 
 	}
 }
 
-/* Codes of x at scale d (nearest, clamped to [-32, 31]) and their squared error; *clamped
- * when some weight ends more than half a step from its value. */
+/* The code of x at inverse scale id: nearest, clamped to [-32, 31]. */
+static float code_nearest(float x, float id)
+{
+	float v = nearbyintf(x * id);
+
+	return v > 31.0f ? 31.0f : v < -32.0f ? -32.0f : v;
+}
+
+/* Codes of x at scale d (code_nearest) and their squared error; *clamped when some weight
+ * ends more than half a step from its value. */
 static double group_codes(const float *x, float d, int8_t *q, bool *clamped)
 {
 	float id = 1.0f / d;
@@ -101,10 +109,9 @@ static double group_codes(const float *x, float d, int8_t *q, bool *clamped)
 
 	*clamped = false;
 	for (size_t i = 0; i < Q6_GROUP; i++) {
-		float v = nearbyintf(x[i] * id);
+		float v = code_nearest(x[i], id);
 		double e;
 
-		v = v > 31.0f ? 31.0f : v < -32.0f ? -32.0f : v;
 		q[i] = (int8_t)v;
 		e = (double)x[i] - (double)(v * d);
 		if (fabs(e) > 0.5 * (double)d * 1.0001)
@@ -225,12 +232,10 @@ static void pack_rows_gptq(struct q6_matrix *m, size_t row0, size_t n_rows, floa
 				for (size_t r = 0; r < n_rows; r++) {
 					float *xr = x + r * ld;
 					/* group_codes' rounding, so a diagonal covariance gives its bytes */
-					float v = d[r] != 0.0f ? nearbyintf(xr[i] * (1.0f / d[r])) : 0.0f;
-					float ei;
+					float v = d[r] != 0.0f ? code_nearest(xr[i], 1.0f / d[r]) : 0.0f;
+					float ei = (xr[i] - d[r] * v) / ui[i];
 
-					v = v > 31.0f ? 31.0f : v < -32.0f ? -32.0f : v;
 					q[r][i - g0] = (int8_t)v;
-					ei = (xr[i] - d[r] * v) / ui[i];
 					e[r * (b - a) + (i - a)] = ei;
 					spread->col(xr + i + 1, ui + i + 1, ei, b - i - 1);
 				}

@@ -92,9 +92,7 @@ static int array_push(struct array *v, const void *x)
 
 /* ---- hashing ---- */
 
-#define HASH_SEED HEARTH_FNV1A_SEED
-
-/* FNV-1a, continued from h (HASH_SEED to start), then mixed by hash_end */
+/* FNV-1a, continued from h (HEARTH_FNV1A_SEED to start), then mixed by hash_end */
 static uint64_t hash_more(uint64_t h, const char *s, size_t n)
 {
 	return hearth_fnv1a(h, s, n);
@@ -107,7 +105,7 @@ static uint64_t hash_end(uint64_t h)
 
 static uint64_t hash_bytes(const char *s, size_t n)
 {
-	return hash_end(hash_more(HASH_SEED, s, n));
+	return hash_end(hash_more(HEARTH_FNV1A_SEED, s, n));
 }
 
 static size_t table_size_for(size_t n)
@@ -151,7 +149,7 @@ static int64_t merge_rank(const struct tok *t, const char *l, size_t ln, const c
 {
 	if (!t->mhash || (ln > 1 && memchr(l + 1, ' ', ln - 1)))
 		return -1;
-	uint64_t h = hash_end(hash_more(hash_more(hash_more(HASH_SEED, l, ln), " ", 1), r, rn));
+	uint64_t h = hash_end(hash_more(hash_more(hash_more(HEARTH_FNV1A_SEED, l, ln), " ", 1), r, rn));
 	uint32_t fp = (uint32_t)(h >> 32);
 	for (size_t i = h & t->mhash_mask;; i = (i + 1) & t->mhash_mask) {
 		uint64_t v = t->mhash[i];
