@@ -650,12 +650,15 @@ def imatrix_self(path):
     for r in json_lines(path):
         rows.append([f"{r['label']} (`{r['model']}`)", r["quant"], num(r["plain_s"], 1),
                      num(r["first_s"], 1), num(r["calib_s"], 1), num(r["cached_s"], 1),
-                     mib(r["file_bytes"]), mib(r["plain_hwm_kib"] * 1024),
+                     num(r["plain_kept_s"], 1), num(r["self_kept_s"], 1),
+                     mib(r["file_bytes"]), mib(r["weights_bytes"]), mib(r["plain_hwm_kib"] * 1024),
                      mib(r["first_hwm_kib"] * 1024), mib(r["cached_hwm_kib"] * 1024)])
     if not rows:
         die(f"{path}: no results")
     head = ["model", "layout with imatrix = self", "start, no imatrix (s)", "first start, self (s)",
-            "of which the calibration (s)", "later start, cached (s)", "cached file",
+            "of which the calibration (s)", "later start, self (s)",
+            "later start, no imatrix, weights kept (s)", "later start, self, weights kept (s)",
+            "imatrix file", "weights file (self)",
             "peak RSS, no imatrix", "peak RSS, first", "peak RSS, later"]
     return {"imatrix-self": table(head, rows)}
 

@@ -11,14 +11,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "daemon/engine/gguf.h"
 #include "daemon/engine/imatrix.h"
 #include "daemon/engine/ledger.h"
 #include "daemon/engine/model.h"
+#include "daemon/engine/pack_cache.h"
 #include "daemon/engine/tokenizer.h"
 #include "protocol/assert.h"
+#include "protocol/hash.h"
 #include "kernels/dispatch.h"
 #include "kernels/gptq.h"
 #include "kernels/pool.h"
@@ -172,6 +175,9 @@ struct load_ctx {
 	float *gptq_u;                  /* its GPTQ factor (cols x block): the repack's transient,
 					 * kept while consecutive matrices share the input */
 	size_t threads_max;             /* compute threads the scratch is planned for */
+	uint64_t cache_key;             /* the packed-weights file's key and payload bytes, */
+	uint64_t cache_bytes;           /* set when opts.weights_cache names one */
+	struct load_cache_report cache; /* what became of it, for opts.cache_report */
 };
 
 /* Threads the pool may have: what the caller asked for, else every CPU the machine has
@@ -462,16 +468,56 @@ static int load_gptq_factor(struct load_ctx *c, const struct load_mat *lm, struc
 	return 0;
 }
 
+/* Where lm's packed bytes go, and how many. */
+static uint8_t **load_mat_data(const struct load_mat *lm, size_t *bytes)
+{
+	if (lm->dst8) {
+		*bytes = q8_matrix_bytes(lm->dst8);
+		return &lm->dst8->data;
+	}
+	if (lm->dst6) {
+		*bytes = q6_matrix_bytes(lm->dst6);
+		return &lm->dst6->data;
+	}
+	*bytes = q4_matrix_bytes(lm->dst);
+	return &lm->dst->data;
+}
+
+/* lm's place in the arena, and its note for the model's facts. */
+static int load_mat_place(struct load_ctx *c, const struct load_mat *lm, struct hearth_error *err)
+{
+	size_t bytes;
+	uint8_t **data = load_mat_data(lm, &bytes);
+	int rc = arena_alloc(c->arena, load_region(c, lm->region).s, bytes, Q4_ALIGN, (void **)data, err);
+	if (rc < 0)
+		return rc;
+	struct model_q4 *m = c->m;
+	const struct gguf_tensor *t = lm->t;
+	/* load_model_new sized the notes for every matrix load_plan can add. */
+	hearth_assert(m->notes && m->n_notes < c->n_mats);
+	struct mq4_tensor_note *nt = &m->notes[m->n_notes++];
+	snprintf(nt->name, sizeof nt->name, "%.*s", (int)t->name.len, t->name.ptr);
+	nt->src = t->type;
+	nt->group = lm->group;
+	nt->carried = lm->carry;
+	nt->asym = lm->asym;
+	nt->bits = lm->dst8 ? 8 : lm->dst6 ? 6 : 4;
+	return 0;
+}
+
+/* One more matrix's source bytes done, for the progress callback. */
+static void load_mat_done(struct load_ctx *c, const struct load_mat *lm, const char *phase)
+{
+	c->done_bytes += lm->t->size;
+	if (c->o->progress)
+		c->o->progress(c->o->progress_ctx, phase, c->m->notes[lm - c->mats].name, c->done_bytes,
+			       c->total_bytes);
+}
+
 static int load_repack(struct load_ctx *c, struct load_mat *lm, struct hearth_error *err)
 {
-	struct load_region_name region = load_region(c, lm->region);
-	int rc = lm->dst8 ? arena_alloc(c->arena, region.s, q8_matrix_bytes(lm->dst8), Q4_ALIGN,
-					(void **)&lm->dst8->data, err)
-		 : lm->dst6 ? arena_alloc(c->arena, region.s, q6_matrix_bytes(lm->dst6), Q4_ALIGN,
-					  (void **)&lm->dst6->data, err)
-			    : arena_alloc(c->arena, region.s, q4_matrix_bytes(lm->dst), Q4_ALIGN,
-					  (void **)&lm->dst->data, err);
-	if (rc < 0 || (rc = load_gptq_factor(c, lm, err)) < 0)
+	int rc;
+	if ((rc = load_gptq_factor(c, lm, err)) < 0)
 		return rc;
 	size_t n_blocks = load_mat_blocks(lm), rows = load_mat_rows(lm);
 	const struct gguf_tensor *t = lm->t;
@@ -501,23 +547,7 @@ static int load_repack(struct load_ctx *c, struct load_mat *lm, struct hearth_er
 		}
 	}
 	load_release(c, released, src + t->size, false);
-
-	struct model_q4 *m = c->m;
-	/* load_model_new sized the notes for every matrix load_plan can add. */
-	hearth_assert(m->notes && m->n_notes < c->n_mats);
-	{
-		struct mq4_tensor_note *nt = &m->notes[m->n_notes++];
-		snprintf(nt->name, sizeof nt->name, "%.*s", (int)t->name.len, t->name.ptr);
-		nt->src = t->type;
-		nt->group = lm->group;
-		nt->carried = lm->carry;
-		nt->asym = lm->asym;
-		nt->bits = lm->dst8 ? 8 : lm->dst6 ? 6 : 4;
-	}
-	c->done_bytes += t->size;
-	if (c->o->progress)
-		c->o->progress(c->o->progress_ctx, c->phase, m->notes[m->n_notes - 1].name,
-			       c->done_bytes, c->total_bytes);
+	load_mat_done(c, lm, c->phase);
 	return 0;
 }
 
@@ -1100,6 +1130,102 @@ static int load_model_new(struct model_q4 **out, const struct model *ref, const 
 	return 0;
 }
 
+static bool load_cache_wanted(const struct load_ctx *c)
+{
+	return c->o->weights_cache && c->o->weights_cache[0];
+}
+
+/* The packed-weights file's key: what the packed bytes depend on (load.h, weights_cache),
+ * and their length. A model read from memory (no descriptor) has no identity to key. */
+static int load_cache_key(struct load_ctx *c, struct hearth_error *err)
+{
+	struct stat st, ist;
+	if (c->file->fd < 0 || fstat(c->file->fd, &st) < 0)
+		return hearth_error_set(err, HEARTH_EIO, "weights cache: the model file has no identity to key it by");
+	memset(&ist, 0, sizeof ist);
+	if (c->imat && stat(c->opts.imatrix, &ist) < 0)
+		return hearth_error_errno(err, HEARTH_EIO, errno, "weights cache: stat %s", c->opts.imatrix);
+	uint64_t files[] = { PACK_CACHE_FORMAT,
+			     st.st_dev, st.st_ino, (uint64_t)st.st_size, (uint64_t)st.st_mtim.tv_sec,
+			     (uint64_t)st.st_mtim.tv_nsec, ist.st_dev, ist.st_ino, (uint64_t)ist.st_size,
+			     (uint64_t)ist.st_mtim.tv_sec, (uint64_t)ist.st_mtim.tv_nsec };
+	uint64_t h = hearth_fnv1a(HEARTH_FNV1A_SEED, PACKAGE_VERSION, strlen(PACKAGE_VERSION));
+	h = hearth_fnv1a(h, files, sizeof files);
+	c->cache_bytes = 0;
+	for (size_t i = 0; i < c->n_mats; i++) {
+		const struct load_mat *lm = &c->mats[i];
+		const struct gguf_tensor *t = lm->t;
+		size_t n;
+		load_mat_data(lm, &n);
+		uint64_t f[] = { t->type, t->ne[0], t->ne[1], lm->group, lm->asym, lm->carry, lm->row8,
+				 lm->dst8 ? 8 : lm->dst6 ? 6 : 4, n, lm->col_w != NULL, lm->cov.h != NULL,
+				 lm->cov.block, (uint64_t)lm->cov.tokens };
+		h = hearth_fnv1a(h, t->name.ptr, t->name.len);
+		h = hearth_fnv1a(h, lm->region, strlen(lm->region) + 1);
+		h = hearth_fnv1a(h, f, sizeof f);
+		c->cache_bytes += n;
+	}
+	c->cache_key = h;
+	return 0;
+}
+
+/* The packed matrices read from opts.weights_cache instead of repacked: true when every
+ * byte came from it and its checksum agreed. A file that is missing or refused leaves the
+ * matrices zeroed for the repack, the reason in c->cache. */
+static bool load_cache_read(struct load_ctx *c)
+{
+	struct pack_cache *pc = NULL;
+	struct hearth_error e;
+	int rc = pack_cache_open(&pc, c->o->weights_cache, c->cache_key, c->cache_bytes, c->n_mats, &e);
+	if (rc == HEARTH_ENOTFOUND)
+		return false;
+	uint64_t done0 = c->done_bytes;
+	for (size_t i = 0; rc == 0 && i < c->n_mats; i++) {
+		size_t n;
+		uint8_t **data = load_mat_data(&c->mats[i], &n);
+		if ((rc = pack_cache_read(pc, *data, n, &e)) == 0)
+			load_mat_done(c, &c->mats[i], "reading packed weights");
+	}
+	if (rc == 0)
+		rc = pack_cache_verify(pc, &e);
+	pack_cache_close(pc);
+	if (rc == 0) {
+		c->cache.outcome = LOAD_CACHE_READ;
+		c->cache.bytes = c->cache_bytes;
+		return true;
+	}
+	snprintf(c->cache.refused, sizeof c->cache.refused, "%s", e.msg);
+	c->done_bytes = done0;
+	/* The packers write every byte they own, not their padding: as a fresh arena's. */
+	for (size_t i = 0; i < c->n_mats; i++) {
+		size_t n;
+		uint8_t **data = load_mat_data(&c->mats[i], &n);
+		memset(*data, 0, n);
+	}
+	return false;
+}
+
+/* The repacked matrices written to opts.weights_cache for the next load; a failure is
+ * reported, never the load's. */
+static void load_cache_write(struct load_ctx *c)
+{
+	struct pack_cache *pc = NULL;
+	struct hearth_error e;
+	int rc = pack_cache_create(&pc, c->o->weights_cache, c->cache_key, c->cache_bytes, c->n_mats, &e);
+	for (size_t i = 0; rc == 0 && i < c->n_mats; i++) {
+		size_t n;
+		uint8_t **data = load_mat_data(&c->mats[i], &n);
+		rc = pack_cache_write(pc, *data, n, &e);
+	}
+	if (rc == 0)
+		rc = pack_cache_commit(pc, &e);
+	pack_cache_close(pc);
+	c->cache.outcome = rc == 0 ? LOAD_CACHE_WRITTEN : LOAD_CACHE_UNWRITTEN;
+	c->cache.bytes = rc == 0 ? c->cache_bytes : 0;
+	if (rc < 0)
+		snprintf(c->cache.unwritten, sizeof c->cache.unwritten, "%s", e.msg);
+}
+
 /* Fills c's planned regions of the arena: vectors, then the compute threads (so the repack
  * can use them; a draft borrows its model's), the repacked matrices, RoPE tables, the KV
  * cache and the step scratch. */
@@ -1132,14 +1258,31 @@ static int load_fill(struct load_ctx *c, struct hearth_error *err)
 	/* The attention state was planned per thread for threads_max threads. */
 	hearth_assert(m->n_threads <= c->threads_max);
 	c->repack_threads = m->n_threads < LOAD_REPACK_THREADS_MAX ? m->n_threads : LOAD_REPACK_THREADS_MAX;
-	c->rows = malloc(c->repack_threads * LOAD_ROWS * c->rows_cap * sizeof(float));
-	if (!c->rows)
-		return hearth_error_set(err, HEARTH_ENOMEM, "loader: out of memory for the repack scratch");
 	for (size_t i = 0; i < c->n_mats; i++)
-		if ((rc = load_repack(c, &c->mats[i], err)) < 0)
+		if ((rc = load_mat_place(c, &c->mats[i], err)) < 0)
 			return rc;
-	free(c->rows);
-	c->rows = NULL;
+	bool keyed = false, cached = false;
+	if (load_cache_wanted(c)) {
+		struct hearth_error ke;
+		keyed = load_cache_key(c, &ke) == 0;
+		if (!keyed) {
+			c->cache.outcome = LOAD_CACHE_UNWRITTEN;
+			snprintf(c->cache.unwritten, sizeof c->cache.unwritten, "%s", ke.msg);
+		}
+		cached = keyed && load_cache_read(c);
+	}
+	if (!cached) {
+		c->rows = malloc(c->repack_threads * LOAD_ROWS * c->rows_cap * sizeof(float));
+		if (!c->rows)
+			return hearth_error_set(err, HEARTH_ENOMEM, "loader: out of memory for the repack scratch");
+		for (size_t i = 0; i < c->n_mats; i++)
+			if ((rc = load_repack(c, &c->mats[i], err)) < 0)
+				return rc;
+		free(c->rows);
+		c->rows = NULL;
+		if (keyed)
+			load_cache_write(c);
+	}
 	for (uint32_t i = 0; i < m->n_ropes; i++) {
 		struct mq4_rope *r = &m->ropes[i];
 		size_t n = align64((size_t)o->max_context * (r->n_rot / 2) * sizeof(float));
@@ -1193,6 +1336,8 @@ static void load_draft_ctx_init(struct load_ctx *c, const struct load_opts *o)
 	c->opts.placement = NULL;
 	memset(&c->opts.draft, 0, sizeof c->opts.draft);
 	c->opts.imatrix = NULL; /* statistics of the model's matrices, not the draft's */
+	c->opts.weights_cache = NULL;
+	c->opts.cache_report = NULL;
 	c->prefix = ARENA_DRAFT_PREFIX;
 	c->phase = "repacking the draft";
 }
@@ -1310,6 +1455,8 @@ int load_q4(struct model_q4 **out, struct tok **tok_out, const char *path,
 		memset(o->load_record, 0, sizeof *o->load_record);
 	if (o->placement)
 		memset(o->placement, 0, sizeof *o->placement);
+	if (o->cache_report)
+		memset(o->cache_report, 0, sizeof *o->cache_report);
 	if ((rc = load_check_opts(o, err)) < 0)
 		return rc;
 	/* The peak is what a small machine must hold to reach the settled size, so it is
@@ -1358,6 +1505,8 @@ int load_q4(struct model_q4 **out, struct tok **tok_out, const char *path,
 		if ((rc = ledger_sampler_stop(&sampler, o->load_record, err)) < 0)
 			goto fail;
 	}
+	if (o->cache_report)
+		*o->cache_report = mc.cache;
 	*out = m;
 	*tok_out = mc.tok;
 	mc.m = NULL;

@@ -43,6 +43,23 @@ struct load_draft_opts {
 	int (*vocab_check)(const struct tok *model, const struct tok *draft, struct hearth_error *err);
 };
 
+/* What became of load_opts.weights_cache. */
+enum load_cache_outcome {
+	LOAD_CACHE_NONE,        /* no weights_cache asked for */
+	LOAD_CACHE_READ,        /* the packed matrices were read from it: nothing repacked */
+	LOAD_CACHE_WRITTEN,     /* repacked, and the file written for the next load */
+	LOAD_CACHE_UNWRITTEN,   /* repacked; writing the file failed */
+};
+
+struct load_cache_report {
+	enum load_cache_outcome outcome;
+	uint64_t bytes;                  /* of packed matrices read or written */
+	/* A file that was there and not used (another model or settings, damaged): why, with
+	 * its path; "" when there was none or it was read. */
+	char refused[HEARTH_ERROR_MSG_MAX];
+	char unwritten[HEARTH_ERROR_MSG_MAX]; /* LOAD_CACHE_UNWRITTEN: the write's error */
+};
+
 struct load_opts {
 	uint32_t max_context;          /* sizes RoPE and per-sequence KV; <= the trained length */
 	uint64_t kv_budget;            /* bytes for the whole KV pool */
@@ -102,6 +119,17 @@ struct load_opts {
 	 * without it; a file that is not an imatrix, or whose row lengths disagree with the
 	 * model's, fails the load before anything is mapped. The draft does not use it. */
 	const char *imatrix;
+	/* Optional (NULL or ""): a file of packed weights (daemon/engine/pack_cache.h) kept
+	 * between loads. When it holds this model's matrices as this load would pack them (its
+	 * key: the model file's and imatrix file's identity, device, inode, size and
+	 * modification time; every matrix's layout as planned; PACK_CACHE_FORMAT and the
+	 * hearthd version) and its checksum agrees, the matrices are read from it instead of
+	 * repacked; otherwise they are repacked and the file written (through a .part renamed
+	 * into place) for the next load. The file is only ever a copy: anything wrong with it
+	 * costs a repack, never the load. The draft does not use it. */
+	const char *weights_cache;
+	/* Optional: what became of weights_cache (filled on success). */
+	struct load_cache_report *cache_report;
 	/* Called between tensors; phase is "repacking" etc., what names the tensor. */
 	void (*progress)(void *ctx, const char *phase, const char *what, uint64_t done,
 			 uint64_t total);

@@ -3,60 +3,43 @@
  * or setting finds no file and makes a new one instead of reading a stale one. */
 #include "daemon/serve/calib.h"
 
-#include <dirent.h>
 #include <errno.h>
-#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "daemon/engine/imatrix.h"
 #include "daemon/engine/load.h"
+#include "daemon/serve/cache_dir.h"
 #include "daemon/serve/config.h"
 #include "protocol/hash.h"
 
 /* Bumped when the file made for the same model and settings would differ (the sampler, the
  * collector, the file's contents): old caches then miss instead of being read. */
 #define CALIB_FORMAT 3u /* 2: the head's input too; 3: sampled on W4A8 */
+#define CALIB_SUFFIX ".imatrix.gguf"
 
 int calib_locate(struct calib *c, const struct hearth_config *cfg, const struct load_opts *o,
 		 struct hearth_error *err)
 {
-	struct stat st;
+	struct cache_dir cd;
 	memset(c, 0, sizeof *c);
-	if (stat(cfg->model, &st) < 0)
-		return hearth_error_errno(err, HEARTH_EIO, errno, "imatrix = self: cannot stat %s", cfg->model);
+	int rc = cache_dir_locate(&cd, cfg->imatrix_cache, cfg->model, "imatrix = self", err);
+	if (rc < 0)
+		return rc;
 	c->n_seqs = cfg->imatrix_samples;
 	c->len = CALIB_LEN < o->max_context ? CALIB_LEN : o->max_context;
-
-	uint64_t ident[] = { st.st_dev, st.st_ino, (uint64_t)st.st_size, (uint64_t)st.st_mtim.tv_sec,
-			     (uint64_t)st.st_mtim.tv_nsec };
 	uint64_t settings[] = { CALIB_FORMAT, c->n_seqs, c->len, CALIB_SEED, IMATRIX_COV_BLOCK_DEFAULT,
 				o->weights_group, o->head_bits, o->mix, o->mix_budget_cbpw };
-	uint64_t mh = hearth_fnv1a(HEARTH_FNV1A_SEED, ident, sizeof ident);
 	uint64_t sh = hearth_fnv1a(HEARTH_FNV1A_SEED, settings, sizeof settings);
-
-	const char *dir = cfg->imatrix_cache[0] ? cfg->imatrix_cache : getenv("CACHE_DIRECTORY");
-	/* systemd passes every CacheDirectory= colon-separated: the first is ours. */
-	size_t dn = dir ? strcspn(dir, ":") : 0;
-	const char *base = strrchr(cfg->model, '/');
-	base = base ? base + 1 : cfg->model;
-	size_t bn = strlen(base);
-	if (bn > 5 && !strcmp(base + bn - 5, ".gguf"))
-		bn -= 5;
-	if (bn > 128)
-		bn = 128;
-	snprintf(c->stem, sizeof c->stem, "%.*s-%016llx", (int)bn, base, (unsigned long long)mh);
-	if (!dn)
+	memcpy(c->stem, cd.stem, sizeof c->stem);
+	if (!cd.dir[0])
 		return calib_temporary(c, err);
-	if (dn >= sizeof c->dir)
-		return hearth_error_set(err, HEARTH_ERANGE, "imatrix_cache: path longer than %zu bytes", sizeof c->dir - 1);
-	memcpy(c->dir, dir, dn);
+	memcpy(c->dir, cd.dir, sizeof c->dir);
 	c->cached = true;
-	if (snprintf(c->path, sizeof c->path, "%s/%s-%016llx.imatrix.gguf", c->dir, c->stem, (unsigned long long)sh) >=
+	if (snprintf(c->path, sizeof c->path, "%s/%s-%016llx" CALIB_SUFFIX, c->dir, c->stem, (unsigned long long)sh) >=
 	    (int)sizeof c->path)
 		return hearth_error_set(err, HEARTH_ERANGE, "imatrix_cache: %s: path too long", c->dir);
 	return 0;
@@ -77,52 +60,6 @@ int calib_temporary(struct calib *c, struct hearth_error *err)
 bool calib_ready(const struct calib *c)
 {
 	return c->cached && access(c->path, R_OK) == 0;
-}
-
-/* Files of this model made for an earlier version of its file: same name, other hash. */
-static void drop_stale(const struct calib *c)
-{
-	DIR *d = opendir(c->dir);
-	if (!d)
-		return;
-	const char *dash = strrchr(c->stem, '-');
-	size_t keep = (size_t)(dash - c->stem) + 1; /* "<model file>-" */
-	struct dirent *e;
-	while ((e = readdir(d))) {
-		size_t n = strlen(e->d_name);
-		/* <model file>-<16 hex>-<16 hex>.imatrix.gguf, the model hash not ours */
-		if (n != keep + 16 + 1 + 16 + 13 || strncmp(e->d_name, c->stem, keep) ||
-		    strcmp(e->d_name + n - 13, ".imatrix.gguf") || !strncmp(e->d_name, c->stem, keep + 16))
-			continue;
-		char p[PATH_MAX];
-		if (snprintf(p, sizeof p, "%s/%s", c->dir, e->d_name) < (int)sizeof p)
-			unlink(p);
-	}
-	closedir(d);
-}
-
-/* c->path's parts left by a daemon that died making it (its pid gone): up to a model's
- * covariances each. */
-static void drop_parts(const struct calib *c)
-{
-	DIR *d = opendir(c->dir);
-	if (!d)
-		return;
-	const char *base = strrchr(c->path, '/') + 1;
-	size_t bn = strlen(base);
-	struct dirent *e;
-	while ((e = readdir(d))) {
-		char *end;
-		if (strncmp(e->d_name, base, bn) || e->d_name[bn] != '.')
-			continue;
-		long pid = strtol(e->d_name + bn + 1, &end, 10);
-		if (pid <= 0 || strcmp(end, ".part") || pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
-			continue;
-		char p[PATH_MAX];
-		if (snprintf(p, sizeof p, "%s/%s", c->dir, e->d_name) < (int)sizeof p)
-			unlink(p);
-	}
-	closedir(d);
 }
 
 /* What calib_make samples for c. */
@@ -149,7 +86,7 @@ int calib_make(const struct calib *c, const char *model, const struct load_opts 
 {
 	char tmp[PATH_MAX + 32];
 	if (c->cached)
-		drop_parts(c);
+		cache_dir_drop_parts(c->path);
 	snprintf(tmp, sizeof tmp, "%s.%ld.part", c->path, (long)getpid());
 	/* A cache directory that cannot be written fails now, not after the sampling. */
 	FILE *probe = fopen(tmp, "wb");
@@ -168,8 +105,13 @@ int calib_make(const struct calib *c, const char *model, const struct load_opts 
 		unlink(tmp);
 		return rc;
 	}
-	if (c->cached)
-		drop_stale(c);
+	if (c->cached) {
+		struct cache_dir cd;
+		memcpy(cd.dir, c->dir, sizeof cd.dir);
+		memcpy(cd.stem, c->stem, sizeof cd.stem);
+		/* "<model file>-<model hash>" then "-<settings hash>.imatrix.gguf" */
+		cache_dir_drop_stale(&cd, 1 + 16 + strlen(CALIB_SUFFIX), CALIB_SUFFIX);
+	}
 	return 0;
 }
 

@@ -98,6 +98,7 @@ static const struct key keys[] = {
 	{ "imatrix", &kind_path, F(imatrix), .reload = CONFIG_RELOAD_MODEL },
 	{ "imatrix_samples", &kind_uint, F(imatrix_samples), "64", 1, 4096, .reload = CONFIG_RELOAD_MODEL },
 	{ "imatrix_cache", &kind_path, F(imatrix_cache), .reload = CONFIG_RELOAD_MODEL },
+	{ "weights_cache", &kind_path, F(weights_cache), .reload = CONFIG_RELOAD_MODEL },
 	{ "threads", &kind_uint, F(threads), "auto", 0, 1024, .has_auto = true, .auto_value = 0,
 	  .reload = CONFIG_RELOAD_MODEL },
 	{ "numa_node", &kind_uint, F(numa_node), "auto", 0, 1023, .has_auto = true,

@@ -80,6 +80,7 @@ enum config_kv_type {
 };
 
 #define CONFIG_IMATRIX_SELF "self"   /* imatrix = self */
+#define CONFIG_WEIGHTS_CACHE_OFF "off" /* weights_cache = off */
 
 /* Plain values: no pointers, so a config is copied with `=` and compared field by field;
  * user and group names are resolved to ids when they are set. */
@@ -91,6 +92,8 @@ struct hearth_config {
 					* "self": made by sampling the model (daemon/serve/calib.h) */
 	char imatrix_cache[PATH_MAX];  /* where imatrix = self keeps its files; "" $CACHE_DIRECTORY */
 	uint32_t imatrix_samples;      /* imatrix = self: sequences sampled */
+	/* where the packed weights are kept between starts; "" $CACHE_DIRECTORY; "off" never */
+	char weights_cache[PATH_MAX];
 	uint64_t draft_kv_budget;      /* bytes for the draft model's KV cache */
 	uint32_t max_context;          /* tokens per sequence; sizes RoPE and per-seq KV */
 	uint64_t kv_budget;            /* bytes for the whole KV cache */

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "daemon/serve/cache_dir.h"
 #include "daemon/serve/calib.h"
 #include "daemon/serve/chat.h"
 #include "daemon/serve/config.h"
@@ -92,6 +93,7 @@ static void loader_release(void *owner)
 /* Compiled grammars kept for requests that use them again (a tool's schema, an app's JSON
  * format): each holds its per-position token sets, so a hit skips the precomputation. */
 #define LOADER_GRAMMARS_CACHED 32
+#define LOADER_WEIGHTS_SUFFIX ".weights" /* weights_cache's files: <model file>-<model hash>.weights */
 
 static void loader_chat(struct loader *ld)
 {
@@ -210,6 +212,47 @@ static int loader_calibrate(struct loader *ld, struct load_opts *o, struct calib
 	return 0;
 }
 
+/* weights_cache's file for the model, or false when there is none to keep (off, no
+ * directory): DIR/<model file>-<model hash>.weights, one per model file, its header keying
+ * the settings it was packed with. */
+static bool loader_weights_cache(struct loader *ld, struct cache_dir *cd, char *path, size_t cap)
+{
+	const struct hearth_config *cfg = &ld->cfg;
+	struct hearth_error e;
+	if (!strcmp(cfg->weights_cache, CONFIG_WEIGHTS_CACHE_OFF))
+		return false;
+	if (cache_dir_locate(cd, cfg->weights_cache, cfg->model, "weights_cache", &e) < 0) {
+		log_warning(ld->log, "%s; the packed weights are not kept", e.msg);
+		return false;
+	}
+	if (!cd->dir[0])
+		return false;
+	if (snprintf(path, cap, "%s/%s" LOADER_WEIGHTS_SUFFIX, cd->dir, cd->stem) >= (int)cap) {
+		log_warning(ld->log, "weights_cache: %s: path too long; the packed weights are not kept", cd->dir);
+		return false;
+	}
+	cache_dir_drop_parts(path);
+	return true;
+}
+
+/* What the load did with weights_cache's file, in the log; a file written replaces this
+ * model file's older versions' files. */
+static void loader_weights_cached(struct loader *ld, const struct cache_dir *cd, const char *path,
+				  const struct load_cache_report *r)
+{
+	if (r->refused[0])
+		log_notice(ld->log, "%s; repacked", r->refused);
+	if (r->outcome == LOAD_CACHE_READ)
+		log_notice(ld->log, "weights: %.1f MiB of packed matrices read from %s, nothing repacked",
+			   (double)r->bytes / (1 << 20), path);
+	else if (r->outcome == LOAD_CACHE_WRITTEN) {
+		log_info(ld->log, "weights: %.1f MiB of packed matrices kept in %s for the next start",
+			 (double)r->bytes / (1 << 20), path);
+		cache_dir_drop_stale(cd, strlen(LOADER_WEIGHTS_SUFFIX), LOADER_WEIGHTS_SUFFIX);
+	} else if (r->outcome == LOAD_CACHE_UNWRITTEN)
+		log_warning(ld->log, "%s; the packed weights are not kept", r->unwritten);
+}
+
 static void *loader_main(void *arg)
 {
 	struct loader *ld = arg;
@@ -244,6 +287,13 @@ static void *loader_main(void *arg)
 	if (o.draft.path)
 		log_info(ld->log, "with the draft model %s in the same arena (draft_kv_budget %llu bytes)",
 			 o.draft.path, (unsigned long long)o.draft.kv_budget);
+	struct cache_dir wcd;
+	char wpath[PATH_MAX];
+	struct load_cache_report wrep;
+	if (loader_weights_cache(ld, &wcd, wpath, sizeof wpath)) {
+		o.weights_cache = wpath;
+		o.cache_report = &wrep;
+	}
 	int rc = load_q4(&ld->model, &ld->tok, cfg->model, &o, &e);
 	/* A cached file the load refuses (damaged, or written by something else) is made anew
 	 * once; a file made just now that fails is the load's error. */
@@ -259,6 +309,8 @@ static void *loader_main(void *arg)
 		free(ld);
 		return NULL;
 	}
+	if (o.cache_report)
+		loader_weights_cached(ld, &wcd, wpath, &wrep);
 	struct model_q4 *m = ld->model;
 	struct model_q4_facts f;
 	model_q4_facts(m, &f);

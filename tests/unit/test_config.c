@@ -436,7 +436,8 @@ static void test_config_format_reads_back_every_key(void **state)
 		{ "max_context", "777" }, { "kv_budget", "1536KiB" },
 		{ "kv_type", "q8" }, { "weights", "w4a16" }, { "weights_group", "32" },
 		{ "head", "int8" }, { "weights_mix", "off" }, { "imatrix", "/srv/m.imatrix.gguf" },
-		{ "imatrix_samples", "9" }, { "imatrix_cache", "/var/cache/h x" }, { "threads", "3" }, { "numa_node", "1" },
+		{ "imatrix_samples", "9" }, { "imatrix_cache", "/var/cache/h x" }, { "weights_cache", "/var/cache/w x" },
+		{ "threads", "3" }, { "numa_node", "1" },
 		{ "hugepages", "none" }, { "lock_memory", "on" }, { "socket", "/tmp/x.sock" },
 		{ "socket_mode", "666" }, { "allow_users", "0,4242,nobody" },
 		{ "allow_groups", "nogroup,777" }, { "max_requests_per_client", "2" },
@@ -710,6 +711,7 @@ static void test_config_reload_difference_follows_the_column(void **state)
 		{ "imatrix", "/srv/m.imatrix.gguf", CONFIG_RELOAD_MODEL },
 		{ "imatrix_samples", "9", CONFIG_RELOAD_MODEL },
 		{ "imatrix_cache", "/var/cache/h", CONFIG_RELOAD_MODEL },
+		{ "weights_cache", "off", CONFIG_RELOAD_MODEL },
 		{ "threads", "3", CONFIG_RELOAD_MODEL },
 		{ "numa_node", "0", CONFIG_RELOAD_MODEL },
 		{ "hugepages", "thp", CONFIG_RELOAD_MODEL },
@@ -816,7 +818,8 @@ static void test_config_example_shows_the_defaults(void **state)
 			fail_msg("example line '#%s = %s': %s", key, value, err.msg);
 		checked++;
 		if (!strcmp(key, "model") || !strcmp(key, "chat_template") || !strcmp(key, "draft_model") ||
-		    !strcmp(key, "imatrix") || !strcmp(key, "imatrix_cache") || !strcmp(key, "allow_users") ||
+		    !strcmp(key, "imatrix") || !strcmp(key, "imatrix_cache") || !strcmp(key, "weights_cache") ||
+		    !strcmp(key, "allow_users") ||
 		    !strcmp(key, "allow_groups"))
 			continue;
 		char a[512], b[512];
@@ -892,7 +895,8 @@ static void test_config_man_page_and_example_match_the_table(void **state)
 			continue;
 		*eq = '\0';
 		if (!config_key_default(line + 1) && strcmp(line + 1, "model") && strcmp(line + 1, "chat_template") &&
-		    strcmp(line + 1, "draft_model") && strcmp(line + 1, "imatrix") && strcmp(line + 1, "imatrix_cache"))
+		    strcmp(line + 1, "draft_model") && strcmp(line + 1, "imatrix") && strcmp(line + 1, "imatrix_cache") &&
+		    strcmp(line + 1, "weights_cache"))
 			fail_msg("hearthd.conf.example shows '%s', which is not a key", line + 1);
 		n_example++;
 	}

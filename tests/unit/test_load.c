@@ -1152,6 +1152,170 @@ static void test_load_sizes_the_heads_activations_for_the_logit_rows(void **stat
 	model_q4_free(m);
 }
 
+/* The packed matrices of two loads are the same bytes: every weights and embed_head region
+ * the same size, with the same contents. */
+static void assert_same_weights(const struct model_q4 *a, const struct model_q4 *b)
+{
+	size_t seen = 0;
+	for (size_t i = 0; i < a->arena->n_regions; i++) {
+		const struct arena_region *ra = &a->arena->regions[i];
+		if (strncmp(ra->name, ARENA_REGION_WEIGHTS, strlen(ARENA_REGION_WEIGHTS)) &&
+		    strcmp(ra->name, ARENA_REGION_EMBED_HEAD))
+			continue;
+		const struct arena_region *rb = arena_region_find(b->arena, ra->name);
+		assert_non_null(rb);
+		assert_int_equal(ra->used, rb->used);
+		if (memcmp(ra->base, rb->base, ra->used))
+			fail_msg("region %s differs", ra->name);
+		seen += ra->used;
+	}
+	assert_true(seen > 0);
+	assert_string_equal(a->quant_name, b->quant_name);
+	assert_int_equal(a->n_notes, b->n_notes);
+	assert_int_equal(a->n_imatrix, b->n_imatrix);
+}
+
+static struct model_q4 *load_cached(const char *path, struct load_opts *o, struct load_cache_report *r)
+{
+	struct model_q4 *m;
+	struct hearth_error e;
+	o->cache_report = r;
+	if (load_path(path, o, &m, &e) < 0)
+		fail_msg("load_q4 %s: %s", path, e.msg);
+	o->cache_report = NULL;
+	return m;
+}
+
+/* weights_cache: the first load repacks and writes the file, the second reads it and gets
+ * the very bytes of a load without it (an imatrix steering the search, a tied head: fx-llama
+ * is untied, fx-qwen3 tied); the draft keeps no file of its own. */
+static void test_load_weights_cache_gives_the_repacks_bytes(void **state)
+{
+	(void)state;
+	const char *names[] = { "fx-llama.gguf", "fx-qwen3.gguf" };
+	char dir[] = "/tmp/test_load_wc.XXXXXX";
+	assert_non_null(mkdtemp(dir));
+	for (size_t k = 0; k < 2; k++) {
+		char path[4096], ipath[4096], cache[4200];
+		fixture_path(names[k], path, sizeof path);
+		imatrix_fixture("fx-llama.imatrix.gguf", ipath, sizeof ipath);
+		snprintf(cache, sizeof cache, "%s/%zu.weights", dir, k);
+		struct load_opts o;
+		small_opts(&o);
+		if (k == 0) {
+			o.imatrix = ipath;
+			o.draft = (struct load_draft_opts){ path, 1u << 20, false, NULL };
+		}
+		struct model_q4 *plain = load_fixture(names[k], &o);
+		struct load_cache_report r;
+		o.weights_cache = cache;
+		struct model_q4 *first = load_cached(path, &o, &r);
+		assert_int_equal(r.outcome, LOAD_CACHE_WRITTEN);
+		assert_string_equal(r.refused, "");
+		assert_true(r.bytes > 0);
+		assert_same_weights(plain, first);
+		struct model_q4 *second = load_cached(path, &o, &r);
+		assert_int_equal(r.outcome, LOAD_CACHE_READ);
+		assert_string_equal(r.refused, "");
+		assert_same_weights(plain, second);
+		if (k == 0) {
+			assert_non_null(second->draft);
+			assert_same_weights(plain->draft, second->draft);
+		}
+		model_q4_free(plain);
+		model_q4_free(first);
+		model_q4_free(second);
+		unlink(cache);
+	}
+	assert_int_equal(rmdir(dir), 0); /* nothing else was left there: no parts, no draft file */
+}
+
+/* A file that will not do costs a repack, never the load, and is written anew: its payload
+ * overwritten (read whole, then refused by the checksum: the matrices must come out as a
+ * fresh repack's, padding included), another layout's file, a cut one; a directory
+ * that does not exist leaves the load whole and says why nothing was written. */
+static void test_load_weights_cache_refuses_what_will_not_do(void **state)
+{
+	(void)state;
+	char path[4096], cache[4200], bad[4200];
+	fixture_path("fx-llama.gguf", path, sizeof path);
+	char dir[] = "/tmp/test_load_wc.XXXXXX";
+	assert_non_null(mkdtemp(dir));
+	snprintf(cache, sizeof cache, "%s/m.weights", dir);
+	struct load_opts o;
+	small_opts(&o);
+	struct model_q4 *plain = load_fixture("fx-llama.gguf", &o);
+	struct load_cache_report r;
+	o.weights_cache = cache;
+	model_q4_free(load_cached(path, &o, &r));
+	assert_int_equal(r.outcome, LOAD_CACHE_WRITTEN);
+
+	FILE *f = fopen(cache, "r+b");
+	assert_non_null(f);
+	assert_int_equal(fseek(f, 0, SEEK_END), 0);
+	long size = ftell(f);
+	/* every payload byte (the header's 64 bytes and the 8 of the checksum kept) */
+	assert_int_equal(fseek(f, 64, SEEK_SET), 0);
+	for (long i = 64; i < size - 8; i++)
+		fputc(0xa5, f);
+	fclose(f);
+	struct model_q4 *m = load_cached(path, &o, &r);
+	assert_int_equal(r.outcome, LOAD_CACHE_WRITTEN);
+	assert_non_null(strstr(r.refused, "its contents do not match their checksum"));
+	assert_non_null(strstr(r.refused, cache));
+	assert_same_weights(plain, m);
+	model_q4_free(m);
+	m = load_cached(path, &o, &r);
+	assert_int_equal(r.outcome, LOAD_CACHE_READ);
+	model_q4_free(m);
+
+	/* group 128: the key differs */
+	o.weights_group = LOAD_GROUP_128;
+	o.weights_cache = NULL;
+	struct model_q4 *plain128 = load_fixture("fx-llama.gguf", &o);
+	o.weights_cache = cache;
+	m = load_cached(path, &o, &r);
+	assert_int_equal(r.outcome, LOAD_CACHE_WRITTEN);
+	assert_non_null(strstr(r.refused, "made for another model file, imatrix, layout or hearthd version"));
+	assert_same_weights(plain128, m);
+	model_q4_free(m);
+	model_q4_free(plain128);
+	o.weights_group = LOAD_GROUP_64;
+	model_q4_free(load_cached(path, &o, &r));
+	assert_int_equal(r.outcome, LOAD_CACHE_WRITTEN);
+
+	/* cut by one byte */
+	assert_int_equal(truncate(cache, size - 1), 0);
+	m = load_cached(path, &o, &r);
+	assert_int_equal(r.outcome, LOAD_CACHE_WRITTEN);
+	assert_non_null(strstr(r.refused, "bytes where its header says"));
+	assert_same_weights(plain, m);
+	model_q4_free(m);
+
+	/* not a packed-weights file at all */
+	f = fopen(cache, "wb");
+	assert_non_null(f);
+	for (int i = 0; i < 4096; i++)
+		fputc(i * 7, f);
+	fclose(f);
+	m = load_cached(path, &o, &r);
+	assert_int_equal(r.outcome, LOAD_CACHE_WRITTEN);
+	assert_non_null(strstr(r.refused, "not a packed-weights file"));
+	model_q4_free(m);
+
+	snprintf(bad, sizeof bad, "%s/no/such/dir/m.weights", dir);
+	o.weights_cache = bad;
+	m = load_cached(path, &o, &r);
+	assert_int_equal(r.outcome, LOAD_CACHE_UNWRITTEN);
+	assert_string_equal(r.refused, "");
+	assert_non_null(strstr(r.unwritten, bad));
+	assert_same_weights(plain, m);
+	model_q4_free(m);
+	model_q4_free(plain);
+	unlink(cache);
+	assert_int_equal(rmdir(dir), 0);
+}
+
 int main(void)
 {
 	if (kern_select(getenv("HEARTH_KERNELS")) < 0) {
@@ -1178,6 +1342,8 @@ int main(void)
 		cmocka_unit_test(test_load_mix_rule_spends_the_budget_in_its_order),
 		cmocka_unit_test(test_load_imatrix_steers_the_scale_search),
 		cmocka_unit_test(test_load_refuses_a_bad_imatrix_before_mapping),
+		cmocka_unit_test(test_load_weights_cache_gives_the_repacks_bytes),
+		cmocka_unit_test(test_load_weights_cache_refuses_what_will_not_do),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
