@@ -116,13 +116,16 @@ static void pack_release(struct pack_cache *pc, bool all)
 	pc->released = pc->done;
 }
 
-static int pack_new(struct pack_cache **out, const char *path, struct hearth_error *err)
+static int pack_new(struct pack_cache **out, const char *path, uint64_t payload, bool writing,
+		    struct hearth_error *err)
 {
 	*out = NULL;
 	struct pack_cache *pc = calloc(1, sizeof *pc);
 	if (!pc)
 		return hearth_error_set(err, HEARTH_ENOMEM, "weights cache: out of memory");
 	pc->fd = -1;
+	pc->payload = payload;
+	pc->writing = writing;
 	if (snprintf(pc->path, sizeof pc->path, "%s", path) >= (int)sizeof pc->path) {
 		free(pc);
 		return hearth_error_set(err, HEARTH_ERANGE, "weights cache %.64s...: path too long", path);
@@ -132,16 +135,18 @@ static int pack_new(struct pack_cache **out, const char *path, struct hearth_err
 	return 0;
 }
 
-/* n bytes at off, all of them, or an error naming what came short. */
-static int pack_pread(struct pack_cache *pc, void *dst, size_t n, uint64_t off, struct hearth_error *err)
+/* n bytes at off, all of them, read or written as pc goes, or an error naming what came
+ * short. */
+static int pack_io(struct pack_cache *pc, void *buf, size_t n, uint64_t off, struct hearth_error *err)
 {
-	uint8_t *p = dst;
+	uint8_t *p = buf;
 	while (n) {
-		ssize_t r = pread(pc->fd, p, n, (off_t)off);
+		ssize_t r = pc->writing ? pwrite(pc->fd, p, n, (off_t)off) : pread(pc->fd, p, n, (off_t)off);
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r < 0)
-			return hearth_error_errno(err, HEARTH_EIO, errno, "weights cache %s: read", pc->path);
+			return hearth_error_errno(err, HEARTH_EIO, errno, "weights cache %s: %s",
+						  pc->writing ? pc->part : pc->path, pc->writing ? "write" : "read");
 		if (r == 0)
 			return hearth_error_set(err, HEARTH_EINVAL, "weights cache %s: ends early at byte %llu", pc->path,
 						(unsigned long long)off);
@@ -152,19 +157,19 @@ static int pack_pread(struct pack_cache *pc, void *dst, size_t n, uint64_t off, 
 	return 0;
 }
 
-static int pack_pwrite(struct pack_cache *pc, const void *src, size_t n, uint64_t off, struct hearth_error *err)
+/* The payload's next n bytes through buf, read or written as pc goes, into the checksum. */
+static int pack_stream(struct pack_cache *pc, void *buf, size_t n, struct hearth_error *err)
 {
-	const uint8_t *p = src;
-	while (n) {
-		ssize_t w = pwrite(pc->fd, p, n, (off_t)off);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w < 0)
-			return hearth_error_errno(err, HEARTH_EIO, errno, "weights cache %s: write", pc->part);
-		p += w;
-		n -= (size_t)w;
-		off += (uint64_t)w;
-	}
+	if (n > pc->payload - pc->done)
+		return hearth_error_set(err, HEARTH_EINVAL, "weights cache %s: a %s past its %llu bytes",
+					pc->writing ? pc->part : pc->path, pc->writing ? "write" : "read",
+					(unsigned long long)pc->payload);
+	int rc = pack_io(pc, buf, n, PACK_HEADER + pc->done, err);
+	if (rc < 0)
+		return rc;
+	pack_hash_add(&pc->h, buf, n);
+	pc->done += n;
+	pack_release(pc, !pc->writing && pc->done == pc->payload);
 	return 0;
 }
 
@@ -172,11 +177,11 @@ int pack_cache_open(struct pack_cache **out, const char *path, uint64_t key, uin
 		    uint64_t n_items, struct hearth_error *err)
 {
 	struct pack_cache *pc;
-	*out = NULL;
-	int rc = pack_new(&pc, path, err);
+	int rc = pack_new(out, path, payload, false, err);
 	if (rc < 0)
 		return rc;
-	pc->payload = payload;
+	pc = *out;
+	*out = NULL;
 	pc->fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (pc->fd < 0) {
 		int e = errno;
@@ -198,7 +203,7 @@ int pack_cache_open(struct pack_cache **out, const char *path, uint64_t key, uin
 				      (long long)st.st_size);
 		goto fail;
 	}
-	if ((rc = pack_pread(pc, &hd, sizeof hd, 0, err)) < 0)
+	if ((rc = pack_io(pc, &hd, sizeof hd, 0, err)) < 0)
 		goto fail;
 	if (memcmp(hd.magic, PACK_MAGIC, sizeof hd.magic) || hd.header_bytes != PACK_HEADER) {
 		rc = hearth_error_set(err, HEARTH_EINVAL, "weights cache %s: not a packed-weights file", path);
@@ -229,16 +234,7 @@ fail:
 
 int pack_cache_read(struct pack_cache *pc, void *dst, size_t n, struct hearth_error *err)
 {
-	if (n > pc->payload - pc->done)
-		return hearth_error_set(err, HEARTH_EINVAL, "weights cache %s: a read past its %llu bytes", pc->path,
-					(unsigned long long)pc->payload);
-	int rc = pack_pread(pc, dst, n, PACK_HEADER + pc->done, err);
-	if (rc < 0)
-		return rc;
-	pack_hash_add(&pc->h, dst, n);
-	pc->done += n;
-	pack_release(pc, pc->done == pc->payload);
-	return 0;
+	return pack_stream(pc, dst, n, err);
 }
 
 int pack_cache_verify(struct pack_cache *pc, struct hearth_error *err)
@@ -247,7 +243,7 @@ int pack_cache_verify(struct pack_cache *pc, struct hearth_error *err)
 	if (pc->done != pc->payload)
 		return hearth_error_set(err, HEARTH_EINVAL, "weights cache %s: %llu of its %llu bytes read", pc->path,
 					(unsigned long long)pc->done, (unsigned long long)pc->payload);
-	int rc = pack_pread(pc, &sum, sizeof sum, PACK_HEADER + pc->payload, err);
+	int rc = pack_io(pc, &sum, sizeof sum, PACK_HEADER + pc->payload, err);
 	if (rc < 0)
 		return rc;
 	posix_fadvise(pc->fd, 0, 0, POSIX_FADV_DONTNEED);
@@ -261,12 +257,11 @@ int pack_cache_create(struct pack_cache **out, const char *path, uint64_t key, u
 		      uint64_t n_items, struct hearth_error *err)
 {
 	struct pack_cache *pc;
-	*out = NULL;
-	int rc = pack_new(&pc, path, err);
+	int rc = pack_new(out, path, payload, true, err);
 	if (rc < 0)
 		return rc;
-	pc->writing = true;
-	pc->payload = payload;
+	pc = *out;
+	*out = NULL;
 	snprintf(pc->part, sizeof pc->part, "%s.%ld.part", path, (long)getpid());
 	pc->fd = open(pc->part, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
 	if (pc->fd < 0) {
@@ -278,7 +273,7 @@ int pack_cache_create(struct pack_cache **out, const char *path, uint64_t key, u
 	struct pack_header hd = { .format = PACK_CACHE_FORMAT, .header_bytes = PACK_HEADER, .key = key,
 				  .payload = payload, .n_items = n_items };
 	memcpy(hd.magic, PACK_MAGIC, sizeof hd.magic);
-	if ((rc = pack_pwrite(pc, &hd, sizeof hd, 0, err)) < 0) {
+	if ((rc = pack_io(pc, &hd, sizeof hd, 0, err)) < 0) {
 		pack_cache_close(pc);
 		return rc;
 	}
@@ -288,16 +283,7 @@ int pack_cache_create(struct pack_cache **out, const char *path, uint64_t key, u
 
 int pack_cache_write(struct pack_cache *pc, const void *src, size_t n, struct hearth_error *err)
 {
-	if (n > pc->payload - pc->done)
-		return hearth_error_set(err, HEARTH_EINVAL, "weights cache %s: a write past its %llu bytes", pc->part,
-					(unsigned long long)pc->payload);
-	int rc = pack_pwrite(pc, src, n, PACK_HEADER + pc->done, err);
-	if (rc < 0)
-		return rc;
-	pack_hash_add(&pc->h, src, n);
-	pc->done += n;
-	pack_release(pc, false);
-	return 0;
+	return pack_stream(pc, (void *)src, n, err);
 }
 
 int pack_cache_commit(struct pack_cache *pc, struct hearth_error *err)
@@ -306,7 +292,7 @@ int pack_cache_commit(struct pack_cache *pc, struct hearth_error *err)
 		return hearth_error_set(err, HEARTH_EINVAL, "weights cache %s: %llu of its %llu bytes written", pc->part,
 					(unsigned long long)pc->done, (unsigned long long)pc->payload);
 	uint64_t sum = pack_hash_end(&pc->h);
-	int rc = pack_pwrite(pc, &sum, sizeof sum, PACK_HEADER + pc->payload, err);
+	int rc = pack_io(pc, &sum, sizeof sum, PACK_HEADER + pc->payload, err);
 	if (rc < 0)
 		return rc;
 	if (fdatasync(pc->fd) < 0)

@@ -26,6 +26,7 @@
 #include "daemon/engine/load.h"
 #include "daemon/engine/memstat.h"
 #include "daemon/engine/model_q4.h"
+#include "daemon/engine/pack_cache.h"
 #include "daemon/engine/tokenizer.h"
 #include "kernels/dispatch.h"
 
@@ -1316,6 +1317,46 @@ static void test_load_weights_cache_refuses_what_will_not_do(void **state)
 	assert_int_equal(rmdir(dir), 0);
 }
 
+/* The packers' bytes and PACK_CACHE_FORMAT move together: a weights_cache file is keyed by
+ * the format and the hearthd version, not by the code that rounded it, so a packer that
+ * writes other bytes for the same model and options must bump the format, or a daemon built
+ * from it would serve an older build's rounding from its cache. This holds the packed bytes
+ * of two fixtures (every layout the default plan gives them: row8 group 64, group 32, int6
+ * and int8 by the mix rule, the head) to the hashes recorded with the format. */
+static void test_load_packed_bytes_move_with_the_cache_format(void **state)
+{
+	(void)state;
+	const struct {
+		unsigned format;
+		const char *fixture;
+		uint64_t hash;
+	} known[] = {
+		{ 1, "fx-llama.gguf", 0xa48652a7325ad0d8ull },
+		{ 1, "fx-qwen3.gguf", 0x70579a4a9ac6e542ull },
+	};
+	for (size_t k = 0; k < sizeof known / sizeof known[0]; k++) {
+		struct load_opts o;
+		small_opts(&o);
+		struct model_q4 *m = load_fixture(known[k].fixture, &o);
+		struct pack_hash h;
+		pack_hash_init(&h);
+		for (size_t i = 0; i < m->arena->n_regions; i++) {
+			const struct arena_region *r = &m->arena->regions[i];
+			if (!strncmp(r->name, ARENA_REGION_WEIGHTS, strlen(ARENA_REGION_WEIGHTS)) ||
+			    !strcmp(r->name, ARENA_REGION_EMBED_HEAD))
+				pack_hash_add(&h, r->base, r->used);
+		}
+		uint64_t got = pack_hash_end(&h);
+		if (known[k].format != PACK_CACHE_FORMAT || got != known[k].hash)
+			fail_msg("%s packs to %016llx under PACK_CACHE_FORMAT %u (recorded: %016llx under %u): a packer "
+				 "that changes its bytes bumps PACK_CACHE_FORMAT (daemon/engine/pack_cache.h) and records "
+				 "the new hashes here",
+				 known[k].fixture, (unsigned long long)got, PACK_CACHE_FORMAT,
+				 (unsigned long long)known[k].hash, known[k].format);
+		model_q4_free(m);
+	}
+}
+
 int main(void)
 {
 	if (kern_select(getenv("HEARTH_KERNELS")) < 0) {
@@ -1344,6 +1385,7 @@ int main(void)
 		cmocka_unit_test(test_load_refuses_a_bad_imatrix_before_mapping),
 		cmocka_unit_test(test_load_weights_cache_gives_the_repacks_bytes),
 		cmocka_unit_test(test_load_weights_cache_refuses_what_will_not_do),
+		cmocka_unit_test(test_load_packed_bytes_move_with_the_cache_format),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
