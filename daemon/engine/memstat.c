@@ -225,6 +225,24 @@ int memstat_hugepages_2m(struct memstat_hugepages *h, struct hearth_error *err)
 	return 0;
 }
 
+int memstat_mem_available(uint64_t *bytes, struct hearth_error *err)
+{
+	*bytes = 0;
+	FILE *f = fopen("/proc/meminfo", "re");
+	if (!f)
+		return hearth_error_errno(err, HEARTH_EIO, errno, "/proc/meminfo: cannot open");
+	char line[256];
+	unsigned long long kb;
+	bool found = false;
+	while (!found && fgets(line, sizeof line, f))
+		found = sscanf(line, "MemAvailable: %llu kB", &kb) == 1;
+	fclose(f);
+	if (!found)
+		return hearth_error_set(err, HEARTH_EFORMAT, "/proc/meminfo: no MemAvailable line");
+	*bytes = (uint64_t)kb * 1024;
+	return 0;
+}
+
 int memstat_thp_mode(char *buf, size_t size, struct hearth_error *err)
 {
 	FILE *f = fopen(THP_ENABLED_PATH, "re");

@@ -75,6 +75,10 @@ struct memstat_hugepages {
 
 int memstat_hugepages_2m(struct memstat_hugepages *h, struct hearth_error *err);
 
+/* The kernel's estimate of memory a new allocation can have without swapping (MemAvailable
+ * in /proc/meminfo), in bytes. */
+int memstat_mem_available(uint64_t *bytes, struct hearth_error *err);
+
 /* Transparent hugepage mode: "always", "madvise" or "never" (copied into buf). */
 int memstat_thp_mode(char *buf, size_t size, struct hearth_error *err);
 

@@ -12,6 +12,7 @@
 
 #include "daemon/engine/imatrix.h"
 #include "daemon/engine/load.h"
+#include "daemon/engine/memstat.h"
 #include "daemon/serve/cache_dir.h"
 #include "daemon/serve/config.h"
 #include "protocol/hash.h"
@@ -119,4 +120,62 @@ void calib_drop(const struct calib *c, bool even_cached)
 {
 	if (c->path[0] && (!c->cached || even_cached))
 		unlink(c->path);
+}
+
+/* What the machine must keep free beside a calibration's plan (the sampling's own
+ * bookkeeping, the tokenizer, the page cache the files pass through). */
+#define CALIB_MARGIN ((uint64_t)256 << 20)
+
+bool calib_wanted(const struct hearth_config *cfg, const struct load_opts *o, char *why, size_t cap)
+{
+	char scratch[HEARTH_ERROR_MSG_MAX];
+	if (!why) {
+		why = scratch;
+		cap = sizeof scratch;
+	}
+	why[0] = '\0';
+	if (!strcmp(cfg->imatrix, CONFIG_IMATRIX_SELF))
+		return true;
+	if (strcmp(cfg->imatrix, CONFIG_IMATRIX_AUTO))
+		return false;
+	struct hearth_error e;
+	struct cache_dir wd;
+	if (!strcmp(cfg->weights_cache, CONFIG_WEIGHTS_CACHE_OFF)) {
+		snprintf(why, cap, "weights_cache = off (every start would round the model by GPTQ again)");
+		return false;
+	}
+	if (cache_dir_locate(&wd, cfg->weights_cache, cfg->model, "weights_cache", &e) < 0) {
+		snprintf(why, cap, "%s", e.msg);
+		return false;
+	}
+	if (!wd.dir[0]) {
+		snprintf(why, cap, "no directory to keep the rounded weights in (weights_cache, $CACHE_DIRECTORY)");
+		return false;
+	}
+	struct calib c;
+	if (calib_locate(&c, cfg, o, &e) < 0) {
+		snprintf(why, cap, "%s", e.msg);
+		return false;
+	}
+	if (!c.cached) {
+		snprintf(why, cap, "no directory to keep its calibration in (imatrix_cache, $CACHE_DIRECTORY)");
+		return false;
+	}
+	if (calib_ready(&c))
+		return true;
+	if (access(c.dir, W_OK) < 0) {
+		snprintf(why, cap, "cannot write %s: %s", c.dir, strerror(errno));
+		return false;
+	}
+	uint64_t need, avail;
+	if (calib_plan(&c, cfg->model, o, &need, &e) < 0 || memstat_mem_available(&avail, &e) < 0) {
+		snprintf(why, cap, "%s", e.msg);
+		return false;
+	}
+	if (need + CALIB_MARGIN > avail) {
+		snprintf(why, cap, "its calibration plans %llu MiB and %llu MiB are available",
+			 (unsigned long long)((need + CALIB_MARGIN) >> 20), (unsigned long long)(avail >> 20));
+		return false;
+	}
+	return true;
 }

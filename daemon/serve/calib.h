@@ -49,6 +49,13 @@ int calib_make(const struct calib *c, const char *model, const struct load_opts 
  * sums: imatrix_self_plan), for a model swap's room check; the model and o as calib_make's. */
 int calib_plan(const struct calib *c, const char *model, const struct load_opts *o, uint64_t *bytes,
 	       struct hearth_error *err);
+/* Whether cfg's imatrix asks a load with o to self-calibrate: "self" always; "auto" (the
+ * default) when what it makes can be kept (a cache directory for the calibration, and
+ * weights_cache not off with a directory of its own, so only the first start pays for the
+ * sampling and for GPTQ's rounding) and either the model's calibration was made at an
+ * earlier start or its plan (calib_plan) fits in what the machine has available now; else
+ * why (cap bytes, may be NULL) says what kept it off. */
+bool calib_wanted(const struct hearth_config *cfg, const struct load_opts *o, char *why, size_t cap);
 /* Removes c->path unless it is cached: after the load, or a cached file the load refused. */
 void calib_drop(const struct calib *c, bool even_cached);
 

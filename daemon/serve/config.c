@@ -95,7 +95,7 @@ static const struct key keys[] = {
 	  .reload = CONFIG_RELOAD_MODEL },
 	{ "weights_mix", &kind_enum, F(weights_mix), "auto", .words = weights_mix_words,
 	  .reload = CONFIG_RELOAD_MODEL },
-	{ "imatrix", &kind_path, F(imatrix), .reload = CONFIG_RELOAD_MODEL },
+	{ "imatrix", &kind_path, F(imatrix), CONFIG_IMATRIX_AUTO, .reload = CONFIG_RELOAD_MODEL },
 	{ "imatrix_samples", &kind_uint, F(imatrix_samples), "64", 1, 4096, .reload = CONFIG_RELOAD_MODEL },
 	{ "imatrix_cache", &kind_path, F(imatrix_cache), .reload = CONFIG_RELOAD_MODEL },
 	{ "weights_cache", &kind_path, F(weights_cache), .reload = CONFIG_RELOAD_MODEL },
@@ -952,8 +952,12 @@ void config_load_opts(const struct hearth_config *cfg, struct load_opts *o)
 		       : cfg->head == CONFIG_HEAD_INT4 ? LOAD_HEAD_INT4
 						      : 0;
 	o->mix = cfg->weights_mix == CONFIG_MIX_OFF ? LOAD_MIX_OFF : LOAD_MIX_AUTO;
-	/* "self" is the loader thread's to make (daemon/serve/calib.h) and name here. */
-	o->imatrix = cfg->imatrix[0] && strcmp(cfg->imatrix, CONFIG_IMATRIX_SELF) ? cfg->imatrix : NULL;
+	/* "self" and "auto" are the loader thread's to resolve and make (daemon/serve/calib.h)
+	 * and name here. */
+	o->imatrix = cfg->imatrix[0] && strcmp(cfg->imatrix, CONFIG_IMATRIX_SELF) &&
+				     strcmp(cfg->imatrix, CONFIG_IMATRIX_AUTO) && strcmp(cfg->imatrix, CONFIG_IMATRIX_NONE)
+			     ? cfg->imatrix
+			     : NULL;
 	o->n_threads = cfg->threads;
 	o->arena.numa_node = cfg->numa_node;
 	o->arena.lock_memory = cfg->lock_memory;

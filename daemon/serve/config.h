@@ -80,6 +80,8 @@ enum config_kv_type {
 };
 
 #define CONFIG_IMATRIX_SELF "self"   /* imatrix = self */
+#define CONFIG_IMATRIX_AUTO "auto"   /* imatrix = auto (the default): self where it is kept */
+#define CONFIG_IMATRIX_NONE "none"   /* imatrix = none */
 #define CONFIG_WEIGHTS_CACHE_OFF "off" /* weights_cache = off */
 
 /* Plain values: no pointers, so a config is copied with `=` and compared field by field;
@@ -88,8 +90,9 @@ struct hearth_config {
 	char model[PATH_MAX];          /* GGUF file; required ("" until set) */
 	char chat_template[PATH_MAX];  /* a Jinja file for chat instead of the model's own; "" none */
 	char draft_model[PATH_MAX];    /* speculative decoding's draft model (same vocabulary); "" none */
-	char imatrix[PATH_MAX];        /* llama-imatrix statistics for the int4 scale search; "" none;
-					* "self": made by sampling the model (daemon/serve/calib.h) */
+	char imatrix[PATH_MAX];        /* llama-imatrix statistics for the int4 scale search; "none"
+					* (or ""); "self": made by sampling the model; "auto": self
+					* where it can be kept (daemon/serve/calib.h) */
 	char imatrix_cache[PATH_MAX];  /* where imatrix = self keeps its files; "" $CACHE_DIRECTORY */
 	uint32_t imatrix_samples;      /* imatrix = self: sequences sampled */
 	/* where the packed weights are kept between starts; "" $CACHE_DIRECTORY; "off" never */

@@ -276,7 +276,11 @@ static void *loader_main(void *arg)
 						 : "auto",
 		 o.mix == LOAD_MIX_OFF ? "off" : "auto");
 	struct calib cal = { 0 };
-	bool self = !strcmp(cfg->imatrix, CONFIG_IMATRIX_SELF);
+	char why[HEARTH_ERROR_MSG_MAX];
+	bool self = calib_wanted(cfg, &o, why, sizeof why);
+	if (!strcmp(cfg->imatrix, CONFIG_IMATRIX_AUTO))
+		log_info(ld->log, "imatrix = auto: %s%s", self ? "self-calibrated, kept for later starts" : "plain rounding: ",
+			 why);
 	if (self && loader_calibrate(ld, &o, &cal, false, &e) < 0) {
 		server_model_failed(ld->srv, &e);
 		free(ld);

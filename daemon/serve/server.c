@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "daemon/engine/load.h"
+#include "daemon/engine/memstat.h"
 #include "daemon/serve/calib.h"
 #include "daemon/serve/offload.h"
 #include "daemon/serve/serve.h"
@@ -465,17 +466,9 @@ static void server_begin_stop(struct server *srv, const char *why)
  * calibration when that is more, plus the rest. */
 static bool server_room_beside(uint64_t arena_bytes)
 {
-	FILE *f = fopen("/proc/meminfo", "r");
-	if (!f)
-		return false;
-	char line[256];
-	unsigned long long avail_kb = 0;
-	while (fgets(line, sizeof line, f))
-		if (sscanf(line, "MemAvailable: %llu kB", &avail_kb) == 1)
-			break;
-	fclose(f);
-	unsigned long long need = (unsigned long long)arena_bytes + SERVER_MODEL_OVERHEAD;
-	return avail_kb * 1024ull > need;
+	uint64_t avail;
+	struct hearth_error e;
+	return memstat_mem_available(&avail, &e) == 0 && avail > arena_bytes + SERVER_MODEL_OVERHEAD;
 }
 
 static void server_reload(struct server *srv)
@@ -527,11 +520,11 @@ static void server_reload(struct server *srv)
 	}
 	log_info(srv->log, "model swap: the new arena plans %zu bytes%s", arena_bytes,
 		 fresh.draft_model[0] ? " (the draft model's regions included)" : "");
-	/* imatrix = self without a file for the new model loads a calibration copy first (and
+	/* imatrix = self (or auto) without a file for the new model loads a calibration copy first (and
 	 * the covariance sums beside it), which beside the running model may be the peak. */
 	uint64_t need = arena_bytes;
 	bool room_known = true;
-	if (!strcmp(fresh.imatrix, CONFIG_IMATRIX_SELF)) {
+	if (calib_wanted(&fresh, &lo, NULL, 0)) {
 		struct calib cal;
 		uint64_t calib_bytes;
 		int rc = calib_locate(&cal, &fresh, &lo, &e);

@@ -4,7 +4,8 @@
 # --cov), GPTQ rounds the load, later starts read the file; a damaged file is made again, a
 # changed model file gets its own and the old one goes; a cache that cannot be written, or
 # none at all, still serves and leaves nothing behind; a SIGHUP onto it plans the
-# calibration's memory; a stop ends the sampling. TAP.
+# calibration's memory; a stop ends the sampling; `auto` (the default) is self where both its
+# files can be kept, plain elsewhere, and `none` plain. TAP.
 set -u
 : "${HEARTH_BUILDDIR:?HEARTH_BUILDDIR is not set (make check sets it)}"
 : "${HEARTH_SHARED:?HEARTH_SHARED is not set (make check sets it)}"
@@ -17,7 +18,7 @@ SOCK=$TMP/h.sock
 FX=$HEARTH_SHARED/fixtures
 . "$HEARTH_SRCDIR/tests/integration/spec_lib.sh"
 
-echo "1..9"
+echo "1..12"
 cached() { # the cache's imatrix files
 	ls "$TMP/cache" 2>/dev/null | grep '\.imatrix\.gguf$'
 }
@@ -97,6 +98,47 @@ gen "$TMP/out7" "hello hello" --temp 0
 	grep -q "(kept in $TMP/sd-cache)" "$TMP/sd.log"
 check $? "imatrix = self: systemd's CACHE_DIRECTORY is the cache when imatrix_cache is unset"
 stop
+# imatrix = auto, the default: self where its file and the rounded weights are kept (here
+# systemd's CACHE_DIRECTORY): the first start samples and serves what imatrix = self does,
+# the second reads both files.
+mkdir -p "$TMP/auto"
+AUTO="--model=$TMP/model.gguf --max-context=256 --kv-budget=4MiB -o imatrix_samples=8 --log-level=info"
+CACHE_DIRECTORY="$TMP/auto" start auto1.log $AUTO
+gen "$TMP/out10" "hello hello" --temp 0
+[ "$(quant)" = "q4_mixed+gptq" ] && cmp -s "$TMP/out7" "$TMP/out10" &&
+	grep -q "imatrix = auto: self-calibrated, kept for later starts" "$TMP/auto1.log" &&
+	grep -q "imatrix = self: sampling 8 sequences" "$TMP/auto1.log" &&
+	[ "$(ls "$TMP/auto" | grep -c '\.imatrix\.gguf$')" = 1 ] && [ "$(ls "$TMP/auto" | grep -c '\.weights$')" = 1 ]
+rc=$?
+stop
+CACHE_DIRECTORY="$TMP/auto" start auto2.log $AUTO
+gen "$TMP/out11" "hello hello" --temp 0
+[ $rc = 0 ] && [ "$(quant)" = "q4_mixed+gptq" ] && cmp -s "$TMP/out10" "$TMP/out11" &&
+	! grep -q "sampling" "$TMP/auto2.log" && grep -q "made at an earlier start" "$TMP/auto2.log" &&
+	grep -q "packed matrices read from" "$TMP/auto2.log"
+check $? "imatrix = auto under a cache directory: the first start self-calibrates and keeps both files, the next reads them"
+stop
+
+# auto without a cache directory, or with weights_cache = off: plain rounding, said why;
+# none: plain even with a cache directory.
+start auto3.log $AUTO
+gen "$TMP/out12" "hello hello" --temp 0
+q3=$(quant)
+stop
+CACHE_DIRECTORY="$TMP/auto" start auto4.log $AUTO -o weights_cache=off
+gen "$TMP/out13" "hello hello" --temp 0
+q4=$(quant)
+[ "$q3" = "q4_mixed" ] && [ "$q4" = "q4_mixed" ] && cmp -s "$TMP/out12" "$TMP/out13" && [ -z "$(ls "$TMP/tmpdir")" ] &&
+	grep -q 'imatrix = auto: plain rounding: no directory to keep the rounded weights in (weights_cache, $CACHE_DIRECTORY)' "$TMP/auto3.log" &&
+	grep -q "imatrix = auto: plain rounding: weights_cache = off" "$TMP/auto4.log"
+check $? "imatrix = auto without a directory to keep its files, or with weights_cache = off: plain rounding, the log says why"
+stop
+CACHE_DIRECTORY="$TMP/auto" start none.log $AUTO -o imatrix=none
+gen "$TMP/out14" "hello hello" --temp 0
+[ "$(quant)" = "q4_mixed" ] && cmp -s "$TMP/out12" "$TMP/out14" && ! grep -q "imatrix = \|steered" "$TMP/none.log"
+check $? "imatrix = none: plain rounding even with a cache directory"
+stop
+
 # A SIGHUP onto imatrix = self (model_swap = auto): the room check plans the calibration's
 # own load and covariances besides the new arena, the model is sampled beside the running
 # one, rounded and served (the first start's model); a later swap whose file is made

@@ -533,7 +533,7 @@ static void test_config_defaults_come_from_the_table(void **state)
 			fail_msg("%s prints as '%s' but its default is '%s'", key, text, def);
 		n_with_default++;
 	}
-	assert_int_equal(n_with_default, 28);
+	assert_int_equal(n_with_default, 29);
 	assert_null(config_key_default("model"));
 	assert_null(config_key_default("no_such_key"));
 	assert_string_equal(config_key_default("kv_budget"), "256MiB");
