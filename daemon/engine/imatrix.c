@@ -51,7 +51,7 @@ static bool entry_name(char *buf, const char *name, size_t len, const char *suff
 }
 
 /* NAME.in_sum2 and its NAME.counts: F32, counts one value per expert, in_sum2 that many rows. */
-static int check_entry(const struct gguf_file *f, const struct gguf_tensor *sum2, struct hearth_error *err)
+static int check_entry(const struct gguf_file *f, const struct gguf_tensor *sum2, bool values, struct hearth_error *err)
 {
 	char name[IMATRIX_NAME_MAX];
 	size_t base = (size_t)(sum2->name.len - strlen(IMATRIX_SUM2));
@@ -68,6 +68,8 @@ static int check_entry(const struct gguf_file *f, const struct gguf_tensor *sum2
 					"imatrix %s: %.*s holds %llu values for %llu experts (one per expert)", f->path,
 					(int)counts->name.len, counts->name.ptr, (unsigned long long)counts->n_elems,
 					(unsigned long long)sum2->ne[1]);
+	if (!values)
+		return 0;
 	int rc = check_values(f, sum2, err);
 	return rc < 0 ? rc : check_values(f, counts, err);
 }
@@ -76,7 +78,7 @@ static int check_entry(const struct gguf_file *f, const struct gguf_tensor *sum2
  * columns, 1 <= B <= d), beside a NAME.in_sum2 of width d; every entry finite, each block
  * symmetric, the entries past d zero, the diagonal in_sum2's values (to float rounding): a
  * covariance GPTQ can trust. */
-static int check_cov(const struct gguf_file *f, const struct gguf_tensor *t, struct hearth_error *err)
+static int check_cov(const struct gguf_file *f, const struct gguf_tensor *t, bool values, struct hearth_error *err)
 {
 	char name[IMATRIX_NAME_MAX];
 	size_t base = (size_t)(t->name.len - strlen(IMATRIX_COV));
@@ -92,6 +94,8 @@ static int check_cov(const struct gguf_file *f, const struct gguf_tensor *t, str
 	if (nb == 0 || nb > d)
 		return hearth_error_set(err, HEARTH_EFORMAT, "imatrix %s: %.*s has blocks of %zu columns for %zu (1 to %zu)",
 					f->path, (int)t->name.len, t->name.ptr, nb, d, d);
+	if (!values)
+		return 0;
 	const float *h = t->data, *diag = sum2->data;
 	for (size_t i = 0; i < d; i++) {
 		size_t bs = i / nb * nb;
@@ -127,7 +131,37 @@ static bool is_gguf(const char *path)
 	return n != (ssize_t)sizeof magic || memcmp(magic, "GGUF", 4) == 0;
 }
 
-int imatrix_open(struct imatrix **out, const char *path, struct hearth_error *err)
+/* Every tensor's structure, and with values its values. */
+static int imatrix_scan(struct imatrix *im, bool values, struct hearth_error *err)
+{
+	const struct gguf_file *f = im->file;
+	int rc;
+	im->n_entries = im->n_covs = 0;
+	for (uint64_t i = 0; i < f->n_tensors; i++) {
+		const struct gguf_tensor *t = &f->tensors[i];
+		if (str_ends(&t->name, IMATRIX_SUM2)) {
+			if ((rc = check_entry(f, t, values, err)) < 0)
+				return rc;
+			im->n_entries++;
+		} else if (str_ends(&t->name, IMATRIX_COV)) {
+			if ((rc = check_cov(f, t, values, err)) < 0)
+				return rc;
+			im->n_covs++;
+		} else if (!str_ends(&t->name, IMATRIX_COUNTS)) {
+			return hearth_error_set(err, HEARTH_EFORMAT, "imatrix %s: tensor %.*s is neither NAME%s, NAME%s nor NAME%s",
+						f->path, (int)t->name.len, t->name.ptr, IMATRIX_SUM2, IMATRIX_COUNTS,
+						IMATRIX_COV);
+		}
+	}
+	return 0;
+}
+
+int imatrix_check(struct imatrix *im, struct hearth_error *err)
+{
+	return imatrix_scan(im, true, err);
+}
+
+static int imatrix_open_as(struct imatrix **out, const char *path, bool values, struct hearth_error *err)
 {
 	*out = NULL;
 	if (!is_gguf(path))
@@ -153,22 +187,8 @@ int imatrix_open(struct imatrix **out, const char *path, struct hearth_error *er
 		rc = hearth_error_set(err, HEARTH_EFORMAT, "imatrix %s: a model file, not an imatrix", path);
 		goto fail;
 	}
-	for (uint64_t i = 0; i < f->n_tensors; i++) {
-		const struct gguf_tensor *t = &f->tensors[i];
-		if (str_ends(&t->name, IMATRIX_SUM2)) {
-			if ((rc = check_entry(f, t, err)) < 0)
-				goto fail;
-			im->n_entries++;
-		} else if (str_ends(&t->name, IMATRIX_COV)) {
-			if ((rc = check_cov(f, t, err)) < 0)
-				goto fail;
-			im->n_covs++;
-		} else if (!str_ends(&t->name, IMATRIX_COUNTS)) {
-			rc = hearth_error_set(err, HEARTH_EFORMAT, "imatrix %s: tensor %.*s is neither NAME%s, NAME%s nor NAME%s",
-					      path, (int)t->name.len, t->name.ptr, IMATRIX_SUM2, IMATRIX_COUNTS, IMATRIX_COV);
-			goto fail;
-		}
-	}
+	if ((rc = imatrix_scan(im, values, err)) < 0)
+		goto fail;
 	if (im->n_entries == 0) {
 		rc = hearth_error_set(err, HEARTH_EFORMAT, "imatrix %s: holds no statistics (no NAME%s tensor)", path,
 				      IMATRIX_SUM2);
@@ -179,6 +199,16 @@ int imatrix_open(struct imatrix **out, const char *path, struct hearth_error *er
 fail:
 	imatrix_close(im);
 	return rc;
+}
+
+int imatrix_open(struct imatrix **out, const char *path, struct hearth_error *err)
+{
+	return imatrix_open_as(out, path, true, err);
+}
+
+int imatrix_open_shapes(struct imatrix **out, const char *path, struct hearth_error *err)
+{
+	return imatrix_open_as(out, path, false, err);
 }
 
 void imatrix_close(struct imatrix *im)

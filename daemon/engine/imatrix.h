@@ -18,6 +18,14 @@ struct imatrix;
  * value finite and >= 0. Anything else fails naming the file and what is wrong (a legacy
  * .dat imatrix gets the command that converts it). */
 int imatrix_open(struct imatrix **out, const char *path, struct hearth_error *err);
+/* imatrix_open's checks of the file's structure alone (names, types, shapes, pairs), no
+ * value read: for a load that may not need the values (its packed weights kept from an
+ * earlier start), which calls imatrix_check before it uses one. */
+int imatrix_open_shapes(struct imatrix **out, const char *path, struct hearth_error *err);
+/* The values imatrix_open_shapes left unread: every statistic finite and >= 0, every
+ * covariance finite, symmetric and on its in_sum2's diagonal; an error names the first that
+ * is not. */
+int imatrix_check(struct imatrix *im, struct hearth_error *err);
 void imatrix_close(struct imatrix *im);
 
 /* The column weights of matrix `name` (name_len bytes) with cols columns: *w points at cols

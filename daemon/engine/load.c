@@ -176,8 +176,11 @@ struct load_ctx {
 					 * kept while consecutive matrices share the input */
 	size_t threads_max;             /* compute threads the scratch is planned for */
 	uint64_t cache_key;             /* the packed-weights file's key and payload bytes, */
-	uint64_t cache_bytes;           /* set when opts.weights_cache names one */
+	uint64_t cache_bytes;           /* set (cache_keyed) when opts.weights_cache names one */
+	bool cache_keyed;
+	struct pack_cache *cache_in;    /* that file, open when its header matched the plan */
 	struct load_cache_report cache; /* what became of it, for opts.cache_report */
+	bool imat_checked;              /* imat's values checked (imatrix_check) */
 };
 
 /* Threads the pool may have: what the caller asked for, else every CPU the machine has
@@ -1169,26 +1172,56 @@ static int load_cache_key(struct load_ctx *c, struct hearth_error *err)
 	return 0;
 }
 
-/* The packed matrices read from opts.weights_cache instead of repacked: true when every
- * byte came from it and its checksum agreed. A file that is missing or refused leaves the
- * matrices zeroed for the repack, the reason in c->cache. */
+/* The imatrix's values, checked before the first is used (opened for its shapes alone when
+ * the packed weights may come from the cache). */
+static int load_check_imatrix(struct load_ctx *c, struct hearth_error *err)
+{
+	if (!c->imat || c->imat_checked)
+		return 0;
+	int rc = imatrix_check(c->imat, err);
+	c->imat_checked = rc == 0;
+	return rc;
+}
+
+/* Before the arena is mapped: whether opts.weights_cache holds this plan's matrices (its
+ * header and size; the checksum waits for the read). When it does not, an imatrix opened
+ * for its shapes has its values checked now, so a bad one still fails the load before
+ * anything is mapped; when it does, they are never read. */
+static int load_cache_probe(struct load_ctx *c, struct hearth_error *err)
+{
+	if (!load_cache_wanted(c))
+		return 0;
+	struct hearth_error e;
+	c->cache_keyed = load_cache_key(c, &e) == 0;
+	if (!c->cache_keyed) {
+		c->cache.outcome = LOAD_CACHE_UNWRITTEN;
+		snprintf(c->cache.unwritten, sizeof c->cache.unwritten, "%s", e.msg);
+	} else {
+		int rc = pack_cache_open(&c->cache_in, c->o->weights_cache, c->cache_key, c->cache_bytes, c->n_mats, &e);
+		if (rc < 0 && rc != HEARTH_ENOTFOUND)
+			snprintf(c->cache.refused, sizeof c->cache.refused, "%s", e.msg);
+	}
+	return c->cache_in ? 0 : load_check_imatrix(c, err);
+}
+
+/* The packed matrices read from the file load_cache_probe opened instead of repacked: true
+ * when every byte came from it and its checksum agreed. A file refused leaves the matrices
+ * zeroed for the repack, the reason in c->cache. */
 static bool load_cache_read(struct load_ctx *c)
 {
-	struct pack_cache *pc = NULL;
 	struct hearth_error e;
-	int rc = pack_cache_open(&pc, c->o->weights_cache, c->cache_key, c->cache_bytes, c->n_mats, &e);
-	if (rc == HEARTH_ENOTFOUND)
-		return false;
+	int rc = 0;
 	uint64_t done0 = c->done_bytes;
 	for (size_t i = 0; rc == 0 && i < c->n_mats; i++) {
 		size_t n;
 		uint8_t **data = load_mat_data(&c->mats[i], &n);
-		if ((rc = pack_cache_read(pc, *data, n, &e)) == 0)
+		if ((rc = pack_cache_read(c->cache_in, *data, n, &e)) == 0)
 			load_mat_done(c, &c->mats[i], "reading packed weights");
 	}
 	if (rc == 0)
-		rc = pack_cache_verify(pc, &e);
-	pack_cache_close(pc);
+		rc = pack_cache_verify(c->cache_in, &e);
+	pack_cache_close(c->cache_in);
+	c->cache_in = NULL;
 	if (rc == 0) {
 		c->cache.outcome = LOAD_CACHE_READ;
 		c->cache.bytes = c->cache_bytes;
@@ -1261,17 +1294,9 @@ static int load_fill(struct load_ctx *c, struct hearth_error *err)
 	for (size_t i = 0; i < c->n_mats; i++)
 		if ((rc = load_mat_place(c, &c->mats[i], err)) < 0)
 			return rc;
-	bool keyed = false, cached = false;
-	if (load_cache_wanted(c)) {
-		struct hearth_error ke;
-		keyed = load_cache_key(c, &ke) == 0;
-		if (!keyed) {
-			c->cache.outcome = LOAD_CACHE_UNWRITTEN;
-			snprintf(c->cache.unwritten, sizeof c->cache.unwritten, "%s", ke.msg);
-		}
-		cached = keyed && load_cache_read(c);
-	}
-	if (!cached) {
+	if (!c->cache_in || !load_cache_read(c)) {
+		if ((rc = load_check_imatrix(c, err)) < 0)
+			return rc;
 		c->rows = malloc(c->repack_threads * LOAD_ROWS * c->rows_cap * sizeof(float));
 		if (!c->rows)
 			return hearth_error_set(err, HEARTH_ENOMEM, "loader: out of memory for the repack scratch");
@@ -1280,7 +1305,7 @@ static int load_fill(struct load_ctx *c, struct hearth_error *err)
 				return rc;
 		free(c->rows);
 		c->rows = NULL;
-		if (keyed)
+		if (c->cache_keyed)
 			load_cache_write(c);
 	}
 	for (uint32_t i = 0; i < m->n_ropes; i++) {
@@ -1350,6 +1375,7 @@ static void load_ctx_close(struct load_ctx *c)
 	free(c->mix8);
 	free(c->gptq_u);
 	imatrix_close(c->imat);
+	pack_cache_close(c->cache_in);
 	free((void *)c->kvc.layer_shapes);
 	model_q4_free(c->m);
 	tok_free(c->tok);
@@ -1400,8 +1426,14 @@ static int load_open(struct load_ctx *c, const char *path, bool draft, struct he
 	}
 	if ((rc = tok_load(&c->tok, c->file, err)) < 0)
 		return rc;
-	if (c->opts.imatrix && c->opts.imatrix[0] && (rc = imatrix_open(&c->imat, c->opts.imatrix, err)) < 0)
+	/* With a weights cache the values wait for load_cache_probe: a start that reads the
+	 * packed weights never needs them (a GPTQ file's covariances are most of a model's
+	 * size). */
+	if (c->opts.imatrix && c->opts.imatrix[0] &&
+	    (rc = load_cache_wanted(c) ? imatrix_open_shapes(&c->imat, c->opts.imatrix, err)
+				       : imatrix_open(&c->imat, c->opts.imatrix, err)) < 0)
 		return rc;
+	c->imat_checked = !load_cache_wanted(c);
 	return load_model_new(&c->m, c->ref, c->file, c->o, err);
 }
 
@@ -1413,7 +1445,8 @@ static int load_prepare(struct load_ctx *mc, struct load_ctx *dc, const char *pa
 {
 	int rc;
 	arena_plan_init(plan);
-	if ((rc = load_open(mc, path, false, err)) < 0 || (rc = load_plan(mc, plan, err)) < 0)
+	if ((rc = load_open(mc, path, false, err)) < 0 || (rc = load_plan(mc, plan, err)) < 0 ||
+	    (rc = load_cache_probe(mc, err)) < 0)
 		return rc;
 	if (!dc)
 		return 0;

@@ -12,6 +12,9 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <fcntl.h>
+#include <math.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1317,6 +1320,72 @@ static void test_load_weights_cache_refuses_what_will_not_do(void **state)
 	assert_int_equal(rmdir(dir), 0);
 }
 
+/* With weights_cache the imatrix's values wait until the packed weights are known not to
+ * come from the file: a start that reads them never reads the values (here one is made NaN
+ * in place, the file's identity kept), and one that must repack checks them before
+ * anything is mapped, as without the cache. */
+static void test_load_weights_cache_defers_the_imatrix_values(void **state)
+{
+	(void)state;
+	char path[4096], src[4096], dir[] = "/tmp/test_load_wc.XXXXXX", ipath[4200], cache[4200];
+	fixture_path("fx-llama.gguf", path, sizeof path);
+	imatrix_fixture("fx-llama.imatrix.gguf", src, sizeof src);
+	assert_non_null(mkdtemp(dir));
+	snprintf(ipath, sizeof ipath, "%s/m.imatrix.gguf", dir);
+	snprintf(cache, sizeof cache, "%s/m.weights", dir);
+	char cmd[9000];
+	snprintf(cmd, sizeof cmd, "cp '%s' '%s'", src, ipath);
+	assert_int_equal(system(cmd), 0);
+	struct load_opts o;
+	small_opts(&o);
+	o.arena.pages = ARENA_PAGES_NONE;
+	o.imatrix = ipath;
+	o.weights_cache = cache;
+	struct load_cache_report r;
+	struct model_q4 *good = load_cached(path, &o, &r);
+	assert_int_equal(r.outcome, LOAD_CACHE_WRITTEN);
+
+	/* a NaN in the first statistic, the modification time put back */
+	struct stat st;
+	assert_int_equal(stat(ipath, &st), 0);
+	struct gguf_file *f;
+	struct hearth_error e;
+	assert_int_equal(gguf_open(&f, ipath, &e), 0);
+	const struct gguf_tensor *t = NULL;
+	for (uint64_t i = 0; i < f->n_tensors && !t; i++)
+		if (strstr(f->tensors[i].name.ptr, ".in_sum2"))
+			t = &f->tensors[i];
+	assert_non_null(t);
+	long off = (long)((const uint8_t *)t->data - f->map);
+	gguf_close(f);
+	FILE *fp = fopen(ipath, "r+b");
+	assert_non_null(fp);
+	float nan = NAN;
+	assert_int_equal(fseek(fp, off, SEEK_SET), 0);
+	assert_int_equal(fwrite(&nan, sizeof nan, 1, fp), 1);
+	fclose(fp);
+	struct timespec times[2] = { st.st_atim, st.st_mtim };
+	assert_int_equal(utimensat(AT_FDCWD, ipath, times, 0), 0);
+
+	struct model_q4 *m = load_cached(path, &o, &r);
+	assert_int_equal(r.outcome, LOAD_CACHE_READ);
+	assert_same_weights(good, m);
+	model_q4_free(m);
+
+	int before = arena_mappings();
+	unlink(cache);
+	load_refused(path, &o, HEARTH_EFORMAT, before, &e);
+	assert_non_null(strstr(e.msg, "in_sum2[0] is nan"));
+	assert_non_null(strstr(e.msg, ipath));
+	assert_true(access(cache, F_OK) < 0);
+	/* refused by the plan, which maps nothing: before the arena */
+	plan_refused(path, &o, HEARTH_EFORMAT, &e);
+	assert_non_null(strstr(e.msg, "in_sum2[0] is nan"));
+	model_q4_free(good);
+	unlink(ipath);
+	assert_int_equal(rmdir(dir), 0);
+}
+
 /* The packers' bytes and PACK_CACHE_FORMAT move together: a weights_cache file is keyed by
  * the format and the hearthd version, not by the code that rounded it, so a packer that
  * writes other bytes for the same model and options must bump the format, or a daemon built
@@ -1385,6 +1454,7 @@ int main(void)
 		cmocka_unit_test(test_load_refuses_a_bad_imatrix_before_mapping),
 		cmocka_unit_test(test_load_weights_cache_gives_the_repacks_bytes),
 		cmocka_unit_test(test_load_weights_cache_refuses_what_will_not_do),
+		cmocka_unit_test(test_load_weights_cache_defers_the_imatrix_values),
 		cmocka_unit_test(test_load_packed_bytes_move_with_the_cache_format),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
