@@ -218,6 +218,23 @@ else
 	row "Restart=on-failure after a crash (SIGSEGV)" FAIL "pid $pid -> $(show hearthd.service MainPID)"
 fi
 
+# ---- CacheDirectory= keeps what the first start made (imatrix = auto, weights_cache) ----
+# The first start self-calibrated and kept the calibration and the rounded weights in
+# /var/cache/hearth; the restarts above read both instead of sampling and rounding again.
+journal=$(ct journalctl -u hearthd --no-pager 2>/dev/null)
+files=$(ct ls -l /var/cache/hearth 2>&1 | awk 'NR > 1 { print $3 ":" $9 }' | tr '\n' ' ')
+made=$(echo "$journal" | grep -c "imatrix = self: /var/cache/hearth/.*\.imatrix\.gguf made in")
+kept=$(echo "$journal" | grep -c "packed matrices kept in /var/cache/hearth/qwen3-")
+read=$(echo "$journal" | grep -c "packed matrices read from /var/cache/hearth/qwen3-")
+again=$(echo "$journal" | grep -c "made at an earlier start")
+if echo "$journal" | grep -q "imatrix = auto: self-calibrated" && [ "$made" = 1 ] && [ "$kept" = 1 ] &&
+	[ "$read" -ge 2 ] && [ "$again" -ge 2 ] &&
+	echo "$files" | grep -q "hearth:qwen3-[0-9a-f]*\.weights" && echo "$files" | grep -q "hearth:qwen3-.*\.imatrix\.gguf"; then
+	row "CacheDirectory= keeps the calibration and the rounded weights" ok "imatrix = auto self-calibrated once ($made file made, $kept weights file kept), the $read restarts read both; /var/cache/hearth: $files"
+else
+	row "CacheDirectory= keeps the calibration and the rounded weights" FAIL "made $made, kept $kept, read $read, earlier $again; /var/cache/hearth: $files"
+fi
+
 # ---- systemctl reload swaps the model ----
 conf llama
 ct systemctl reload hearthd.service
