@@ -145,21 +145,24 @@ size_t gptq_cov_ld(size_t d)
 	return (d + 15) / 16 * 16 + 16;
 }
 
-void gptq_cov_add_part(double *cov, size_t d, size_t block, const float *x, size_t ld, size_t n_tok, size_t part,
-		       size_t n_parts, vec_cov_rows_fn rows)
+void gptq_cov_add_part(double *cov, size_t d, size_t block, const float *x, size_t ld, size_t n_tok, size_t batch,
+		       size_t part, size_t n_parts, vec_cov_rows_fn rows)
 {
-	for (size_t t0 = 0; t0 < n_tok; t0 += GPTQ_COV_TOKENS) {
-		size_t nt = n_tok - t0 < GPTQ_COV_TOKENS ? n_tok - t0 : GPTQ_COV_TOKENS;
+	/* Rows outside, batches inside: a chunk's doubles stay in cache while every batch is
+	 * added to them in order (each entry's sums and their order are the batches', as
+	 * batches outside would add them), so the doubles cross memory once per call rather
+	 * than once per batch. */
+	for (size_t c = part * GPTQ_COV_ROWS; c < d; c += n_parts * GPTQ_COV_ROWS)
+		for (size_t i = c, n; i < c + GPTQ_COV_ROWS && i < d; i += n) { /* the chunk's rows in one block */
+			size_t bs = i / block * block, end = bs + block < d ? bs + block : d;
+			size_t last = c + GPTQ_COV_ROWS < end ? c + GPTQ_COV_ROWS : end;
 
-		for (size_t c = part * GPTQ_COV_ROWS; c < d; c += n_parts * GPTQ_COV_ROWS)
-			for (size_t i = c, n; i < c + GPTQ_COV_ROWS && i < d; i += n) { /* the chunk's rows in one block */
-				size_t bs = i / block * block, end = bs + block < d ? bs + block : d;
-				size_t last = c + GPTQ_COV_ROWS < end ? c + GPTQ_COV_ROWS : end;
-
-				n = last - i;
+			n = last - i;
+			for (size_t t0 = 0; t0 < n_tok; t0 += batch) {
+				size_t nt = n_tok - t0 < batch ? n_tok - t0 : batch;
 				rows(cov + i * block + (i - bs), block, x + t0 * ld, ld, nt, i, n, end);
 			}
-	}
+		}
 }
 
 int gptq_cov_add(double *cov, size_t d, size_t block, const float *x, size_t n_tok, vec_cov_rows_fn rows)
@@ -175,7 +178,7 @@ int gptq_cov_add(double *cov, size_t d, size_t block, const float *x, size_t n_t
 
 		for (size_t t = 0; t < nt; t++)
 			memcpy(xb + t * ld, x + (t0 + t) * d, d * sizeof *xb);
-		gptq_cov_add_part(cov, d, block, xb, ld, nt, 0, 1, rows);
+		gptq_cov_add_part(cov, d, block, xb, ld, nt, GPTQ_COV_TOKENS, 0, 1, rows);
 	}
 	free(xb);
 	return 0;

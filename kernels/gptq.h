@@ -65,11 +65,14 @@ int gptq_cov_add(double *cov, size_t d, size_t block, const float *x, size_t n_t
 /* A row stride for a batch d floats wide: a multiple of 16 floats, and 16 more. */
 size_t gptq_cov_ld(size_t d);
 
-/* gptq_cov_add's sums for rows x already at stride ld, and only cov's rows i with
- * (i / GPTQ_COV_ROWS) % n_parts == part: n_parts threads, one part each, add the same as
- * one whole call, to the bit (each entry's batches are the same), in a share of the time. */
+/* gptq_cov_add's sums for rows x already at stride ld, in batches of `batch` tokens (1 to
+ * GPTQ_COV_TOKENS; gptq_cov_add's are GPTQ_COV_TOKENS) from x's first row, and only cov's
+ * rows i with (i / GPTQ_COV_ROWS) % n_parts == part: n_parts threads, one part each, add
+ * the same as one whole call, to the bit (each entry's batches are the same), in a share of
+ * the time. One call over many batches adds what a call a batch adds, to the bit, and reads
+ * the doubles once. */
 #define GPTQ_COV_ROWS 8
-void gptq_cov_add_part(double *cov, size_t d, size_t block, const float *x, size_t ld, size_t n_tok, size_t part,
-		       size_t n_parts, vec_cov_rows_fn rows);
+void gptq_cov_add_part(double *cov, size_t d, size_t block, const float *x, size_t ld, size_t n_tok, size_t batch,
+		       size_t part, size_t n_parts, vec_cov_rows_fn rows);
 
 #endif

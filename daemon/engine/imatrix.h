@@ -170,10 +170,18 @@ void imatrix_stats_add(struct imatrix_stats *s, const char *name, size_t len, co
 /* tokens > 0: the covariance sums of adds of at most that many tokens wait in the stats
  * (tokens x cols floats for each distinct input) until imatrix_stats_flush, which spreads
  * them over a pool's threads (the int4 engine's observer runs on thread 0 inside a step
- * while the others wait: flushed between steps, the sums take every thread). Flushed after
- * every step, the statistics are the bytes of adding at once. 0: off. Whatever waits is
- * added on the calling thread first. Off before imatrix_stats_write. */
-void imatrix_stats_defer(struct imatrix_stats *s, size_t tokens);
+ * while the others wait: flushed between steps, the sums take every thread) and reads the
+ * doubles once for all that waits. batch (1 to GPTQ_COV_TOKENS; 0 reads as that) is the
+ * batch of tokens whose float sums go into the doubles (kernels/gptq.h): several adds of
+ * `batch` tokens each wait together, each its own batch; an add that waiting would batch
+ * otherwise than adding it at once (longer than a batch shorter than GPTQ_COV_TOKENS), or
+ * that does not fit, is not made to: the statistics are always the bytes of adding each
+ * add at once. 0 tokens: off. Whatever waits is added on the calling thread first. Off
+ * before imatrix_stats_write. */
+void imatrix_stats_defer(struct imatrix_stats *s, size_t tokens, size_t batch);
+/* Tokens whose covariance sums the self-sampling lets wait between flushes: a few steps of
+ * its sequences (on the Qwen3-1.7B shape 1.4 MB of inputs a token, 177 MB in all). */
+#define IMATRIX_SELF_DEFER 128
 struct pool;
 /* Adds what waits on every thread of pool (NULL: the calling thread alone); the caller
  * runs the pool (kernels/pool.h: not inside one of its steps). */

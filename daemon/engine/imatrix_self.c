@@ -13,6 +13,7 @@
 #include "daemon/engine/model.h"
 #include "daemon/engine/model_q4.h"
 #include "daemon/engine/tokenizer.h"
+#include "kernels/gptq.h"
 #include "protocol/error.h"
 
 #define IMATRIX_STEP_TOKENS 512u        /* tokens per int4 step: a chunk runs in steps of it */
@@ -83,8 +84,9 @@ static int self_size(const char *model, struct load_opts *lo, size_t len, size_t
 		bool layer = !strncmp(name, "blk.", 4) && !imatrix_cov_shared(name, NULL, 0);
 		bool head = !strcmp(name, imatrix_head_name(m->hp.tied_output));
 		size_t cols = (size_t)t->ne[0];
-		if (layer || head)
-			*cov_bytes += (uint64_t)cols * (block < cols ? block : cols) * sizeof(double);
+		if (layer || head) /* its sums, and its inputs waiting to be added */
+			*cov_bytes += (uint64_t)cols * (block < cols ? block : cols) * sizeof(double) +
+				      (uint64_t)IMATRIX_SELF_DEFER * gptq_cov_ld(cols) * sizeof(float);
 	}
 	model_free(m);
 	gguf_close(f);

@@ -34,6 +34,7 @@ struct imatrix_stats {
 	size_t n, cap;
 	size_t cov_block;              /* imatrix_stats_keep_cov's; 0: no covariances */
 	size_t defer;                  /* imatrix_stats_defer's tokens; 0: off */
+	size_t batch;                  /* and its batches (gptq_cov_add_part) */
 	uint64_t cov_bytes, cov_cap;   /* what the covariances hold, and may */
 	bool failed;                   /* an add failed: code and why say how */
 	int code;
@@ -135,10 +136,10 @@ static struct imatrix_entry *stats_entry(struct imatrix_stats *s, const char *na
 }
 
 /* The waiting inputs' covariance sums, rows of part `part` of n_parts (gptq_cov_add_part). */
-static void pending_add(const struct imatrix_entry *e, size_t part, size_t n_parts, vec_cov_rows_fn rows)
+static void pending_add(const struct imatrix_entry *e, size_t batch, size_t part, size_t n_parts, vec_cov_rows_fn rows)
 {
-	gptq_cov_add_part(e->cov, e->cols, e->cov_block, e->pending, gptq_cov_ld(e->cols), e->n_pending, part, n_parts,
-			  rows);
+	gptq_cov_add_part(e->cov, e->cols, e->cov_block, e->pending, gptq_cov_ld(e->cols), e->n_pending, batch, part,
+			  n_parts, rows);
 }
 
 void imatrix_stats_add(struct imatrix_stats *s, const char *name, size_t len, const float *x, size_t n_tok,
@@ -156,14 +157,22 @@ void imatrix_stats_add(struct imatrix_stats *s, const char *name, size_t len, co
 	if (!e->cov)
 		return;
 	vec_cov_rows_fn rows = kern_active()->cov_rows;
-	if (n_tok > s->defer) { /* off (0), or more than waits */
+	/* Off (0), more than waits, or an add that waiting would batch otherwise than adding
+	 * it at once does (gptq_cov_add's batches are GPTQ_COV_TOKENS long). */
+	if (n_tok > s->defer || (n_tok > s->batch && s->batch != GPTQ_COV_TOKENS)) {
+		if (e->n_pending) { /* what waits came first */
+			pending_add(e, s->batch, 0, 1, rows);
+			e->n_pending = 0;
+		}
 		if (gptq_cov_add(e->cov, cols, e->cov_block, x, n_tok, rows) < 0)
 			stats_fail(s, name, len, HEARTH_ENOMEM, "out of memory for the covariance");
 		return;
 	}
 	size_t ld = gptq_cov_ld(cols);
-	if (e->n_pending) { /* two adds between flushes: the first now, its batches its own */
-		pending_add(e, 0, 1, rows);
+	/* An add joins what waits where its batches come out as its own would: what waits is
+	 * whole batches and it fits; else what waits is added now, alone. */
+	if (e->n_pending && (e->n_pending % s->batch || e->n_pending + n_tok > s->defer)) {
+		pending_add(e, s->batch, 0, 1, rows);
 		e->n_pending = 0;
 	}
 	if (e->pending_cap < s->defer) {
@@ -190,7 +199,7 @@ static void flush_part(void *arg, size_t t, size_t n_threads)
 	const struct flush_job *j = arg;
 	for (size_t k = 0; k < j->s->n; k++)
 		if (j->s->e[k].n_pending)
-			pending_add(&j->s->e[k], t, n_threads, j->rows);
+			pending_add(&j->s->e[k], j->s->batch, t, n_threads, j->rows);
 }
 
 void imatrix_stats_flush(struct imatrix_stats *s, struct pool *pool)
@@ -204,10 +213,11 @@ void imatrix_stats_flush(struct imatrix_stats *s, struct pool *pool)
 		s->e[k].n_pending = 0;
 }
 
-void imatrix_stats_defer(struct imatrix_stats *s, size_t tokens)
+void imatrix_stats_defer(struct imatrix_stats *s, size_t tokens, size_t batch)
 {
 	imatrix_stats_flush(s, NULL);
 	s->defer = tokens;
+	s->batch = batch == 0 || batch > GPTQ_COV_TOKENS ? GPTQ_COV_TOKENS : batch;
 }
 
 /* Layer matrices only ("blk."), as llama-imatrix collects by default: the embedding is a
@@ -322,7 +332,7 @@ int imatrix_run_q4(void *arg, const int32_t *ids, size_t n, struct hearth_error 
 	size_t step = r->m->step_tokens;
 	if (r->s->cov_block) {
 		step = step < IMATRIX_TEXT_DEFER ? step : IMATRIX_TEXT_DEFER;
-		imatrix_stats_defer(r->s, step);
+		imatrix_stats_defer(r->s, step, GPTQ_COV_TOKENS);
 	}
 	model_q4_observe(r->m, q4_observe, r->s);
 	for (size_t at = 0; rc == 0 && at < n; at += step) {
@@ -334,7 +344,7 @@ int imatrix_run_q4(void *arg, const int32_t *ids, size_t n, struct hearth_error 
 			imatrix_stats_flush(r->s, r->m->pool);
 	}
 	model_q4_observe(r->m, NULL, NULL);
-	imatrix_stats_defer(r->s, 0);
+	imatrix_stats_defer(r->s, 0, 0);
 	eng.seq_close(eng.impl, seq);
 	free(embd);
 	if (rc == 0 && !imatrix_stats_ok(r->s, err))
@@ -400,7 +410,11 @@ static int self_round(struct imatrix_stats *s, struct model_q4 *m, struct engine
 					   err);
 	}
 	model_q4_observe(m, q4_observe, s);
-	imatrix_stats_defer(s, GPTQ_COV_TOKENS); /* a step's sequences, at most 32 tokens */
+	/* A step adds its n sequences' tokens, a batch of n: the sums of several steps wait
+	 * together and are added on every thread (gptq_cov_add_part reads the doubles once for
+	 * all of them: a flush a step read them once a step), the same batches, the same bytes. */
+	size_t steps = IMATRIX_SELF_DEFER / n ? IMATRIX_SELF_DEFER / n : 1;
+	imatrix_stats_defer(s, steps * n, n);
 	/* Each step feeds every sequence its last token; the observer sees all of them. */
 	for (size_t pos = 0; rc == 0 && pos + 1 < len; pos++) {
 		for (size_t i = 0; i < n; i++)
@@ -408,7 +422,8 @@ static int self_round(struct imatrix_stats *s, struct model_q4 *m, struct engine
 						      .logits = logits + i * (size_t)eng->n_vocab };
 		if ((rc = eng->forward(eng->impl, sp, n, err)) < 0)
 			break;
-		imatrix_stats_flush(s, m->pool); /* the step's covariance sums on every thread */
+		if ((pos + 1) % steps == 0 || pos + 2 == len)
+			imatrix_stats_flush(s, m->pool);
 		struct sample_job job = { smp, logits, next, n, eng->n_vocab };
 		if (m->pool)
 			pool_run(m->pool, sample_part, &job);
@@ -420,7 +435,7 @@ static int self_round(struct imatrix_stats *s, struct model_q4 *m, struct engine
 		}
 	}
 	model_q4_observe(m, NULL, NULL);
-	imatrix_stats_defer(s, 0);
+	imatrix_stats_defer(s, 0, 0);
 	if (rc == 0 && !imatrix_stats_ok(s, err))
 		rc = s->code;
 out:

@@ -509,9 +509,11 @@ static void test_imatrix_cov_is_the_inputs_covariance(void **state)
  * (up to 128) add each step's inputs on thread 0 and flush their covariance sums over the
  * pool's threads; written out, the statistics are the bytes of adding them at once:
  * flushed through a 2-thread pool after every add, with two adds between flushes (the
- * first then added alone), and an add too large to wait. */
-static void deferred_matches_direct(size_t cap, const size_t *adds, const bool *flush_after, size_t n_adds,
-				    size_t max_add)
+ * first then added alone), and an add too large to wait; and the sampling's several steps
+ * (batches of their sequences) waiting together, each step its own batch, an add that does
+ * not fit or would batch otherwise added apart. */
+static void deferred_matches_direct(size_t cap, size_t batch, const size_t *adds, const bool *flush_after,
+				    size_t n_adds, size_t max_add)
 {
 	const size_t cols = 200, block = 64; /* 64 + 64 + 64 + 8: a narrow last block */
 	struct hearth_error e = { 0 };
@@ -522,7 +524,7 @@ static void deferred_matches_direct(size_t cap, const size_t *adds, const bool *
 	assert_int_equal(pool_create(&pool, 2, NULL, 0, 0), 0);
 	imatrix_stats_keep_cov(direct, block, (uint64_t)1 << 30);
 	imatrix_stats_keep_cov(deferred, block, (uint64_t)1 << 30);
-	imatrix_stats_defer(deferred, cap);
+	imatrix_stats_defer(deferred, cap, batch);
 	float *x = malloc(max_add * cols * sizeof *x);
 	assert_non_null(x);
 	uint64_t r = 12345;
@@ -536,7 +538,7 @@ static void deferred_matches_direct(size_t cap, const size_t *adds, const bool *
 		if (flush_after[a])
 			imatrix_stats_flush(deferred, pool);
 	}
-	imatrix_stats_defer(deferred, 0);
+	imatrix_stats_defer(deferred, 0, 0);
 	assert_true(imatrix_stats_ok(direct, &e) && imatrix_stats_ok(deferred, &e));
 	char a_path[4096], b_path[4096];
 	const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
@@ -571,15 +573,24 @@ static void test_imatrix_deferred_cov_is_the_direct_one(void **state)
 	(void)state;
 	const size_t adds[] = { 7, 32, 1, 17, 20, 40, 5 };
 	const bool flush_after[] = { true, true, true, false, true, true, true };
-	deferred_matches_direct(GPTQ_COV_TOKENS, adds, flush_after, 7, 40);
+	deferred_matches_direct(GPTQ_COV_TOKENS, 0, adds, flush_after, 7, 40);
 	const size_t text[] = { 128, 70, 33, 1, 40, 129, 128 };
 	const bool text_flush[] = { true, true, false, true, true, true, true };
-	deferred_matches_direct(128, text, text_flush, 7, 129);
+	deferred_matches_direct(128, 0, text, text_flush, 7, 129);
+	/* the sampling's: steps of 8 sequences, 4 steps waiting together; a short step, a
+	 * longer one (added at once) and one that does not fit between */
+	const size_t steps[] = { 8, 8, 8, 8, 8, 8, 3, 8, 8, 12, 8, 8, 8, 8, 8 };
+	const bool step_flush[] = { false, false, false, true, false, false, false, false, false, false, false, false,
+				    true, false, true };
+	deferred_matches_direct(32, 8, steps, step_flush, 15, 12);
+	const size_t many[] = { 32, 32, 32, 32, 32, 7, 32, 32 };
+	const bool many_flush[] = { false, false, false, true, false, false, false, true };
+	deferred_matches_direct(128, 32, many, many_flush, 8, 32);
 }
 
 /* imatrix_self_plan's covariance part is what the collector really holds: a plan with
  * blocks less one without is twice the covariance floats imatrix_self_make writes (doubles
- * while collecting), with an untied head (fx-llama) and a tied one (fx-qwen3), whose
+ * while collecting) and the inputs that wait to be added (IMATRIX_SELF_DEFER tokens each), with an untied head (fx-llama) and a tied one (fx-qwen3), whose
  * sampled inputs include the head's under the matrix it reads. */
 static void check_self_plan(const char *model_name, const char *head_cov)
 {
@@ -602,15 +613,18 @@ static void check_self_plan(const char *model_name, const char *head_cov)
 		fail_msg("imatrix_self_make %s: %s", model_name, e.msg);
 	struct gguf_file *f;
 	assert_int_equal(gguf_open(&f, out, &e), 0);
-	uint64_t cov_floats = 0;
+	uint64_t cov_floats = 0, waiting = 0;
 	for (uint64_t i = 0; i < f->n_tensors; i++) {
 		const struct gguf_tensor *t = &f->tensors[i];
-		if (t->name.len > 7 && !memcmp(t->name.ptr + t->name.len - 7, ".in_cov", 7))
+		if (t->name.len > 7 && !memcmp(t->name.ptr + t->name.len - 7, ".in_cov", 7)) {
 			cov_floats += t->ne[0] * t->ne[1];
+			waiting += (uint64_t)IMATRIX_SELF_DEFER * gptq_cov_ld((size_t)t->ne[1]) * sizeof(float);
+		}
 	}
 	assert_non_null(gguf_tensor_find(f, head_cov));
 	assert_true(cov_floats > 0 && without > 0);
-	assert_int_equal(with - without, cov_floats * sizeof(double));
+	/* the sums in doubles, and each input's tokens that wait to be added */
+	assert_int_equal(with - without, cov_floats * sizeof(double) + waiting);
 	gguf_close(f);
 	remove(out);
 }

@@ -2228,7 +2228,8 @@ static void test_vec_cov_rows_every_isa_matches_reference(void **state)
  * block edges), 70 tokens (three batches, the last short): each kept entry is the sum of
  * x_i x_j over the tokens to within its float batches' rounding, entries left of the
  * diagonal and past a narrow block are never written, every ISA's table gives the same
- * doubles, and the rows shared among 2 or 3 parts (gptq_cov_add_part) add the same. */
+ * doubles, the rows shared among 2 or 3 parts (gptq_cov_add_part) add the same, and one
+ * call over many batches the same as a call a batch. */
 static void test_gptq_cov_add_in_blocks(void **state)
 {
 	uint64_t s = 79;
@@ -2270,8 +2271,26 @@ static void test_gptq_cov_add_in_blocks(void **state)
 	for (size_t parts = 2; parts <= 3; parts++) {
 		memset(c, 0, d * nb * sizeof(double));
 		for (size_t p = 0; p < parts; p++)
-			gptq_cov_add_part(c, d, nb, xs, ld, n_tok, p, parts, kern_best()->cov_rows);
+			gptq_cov_add_part(c, d, nb, xs, ld, n_tok, GPTQ_COV_TOKENS, p, parts, kern_best()->cov_rows);
 		assert_memory_equal(c, r, d * nb * sizeof(double));
+	}
+	/* One call over every batch of `batch` tokens adds what one call a batch adds, to the
+	 * bit, on every ISA (the rows are outside the batches, the order per entry the same). */
+	for (int isa = KERN_REF; isa <= KERN_AVX512; isa++) {
+		const struct kern_table *k = kern_table_for((enum kern_isa)isa);
+		if (!k)
+			continue;
+		const size_t batches[] = { 1, 7, 8, GPTQ_COV_TOKENS };
+		for (size_t b = 0; b < sizeof batches / sizeof batches[0]; b++) {
+			size_t batch = batches[b];
+			memset(r, 0, d * nb * sizeof(double));
+			for (size_t t0 = 0; t0 < n_tok; t0 += batch)
+				gptq_cov_add_part(r, d, nb, xs + t0 * ld, ld, n_tok - t0 < batch ? n_tok - t0 : batch, batch, 0,
+						  1, k->cov_rows);
+			memset(c, 0, d * nb * sizeof(double));
+			gptq_cov_add_part(c, d, nb, xs, ld, n_tok, batch, 0, 1, k->cov_rows);
+			assert_memory_equal(c, r, d * nb * sizeof(double));
+		}
 	}
 	free(x);
 	free(xs);
