@@ -18,7 +18,7 @@ SOCK=$TMP/h.sock
 FX=$HEARTH_SHARED/fixtures
 . "$HEARTH_SRCDIR/tests/integration/spec_lib.sh"
 
-echo "1..12"
+echo "1..13"
 cached() { # the cache's imatrix files
 	ls "$TMP/cache" 2>/dev/null | grep '\.imatrix\.gguf$'
 }
@@ -133,6 +133,26 @@ q4=$(quant)
 	grep -q "imatrix = auto: plain rounding: weights_cache = off" "$TMP/auto4.log"
 check $? "imatrix = auto without a directory to keep its files, or with weights_cache = off: plain rounding, the log says why"
 stop
+# auto where the calibration's plan does not fit what the machine has available (a KV
+# budget of twice its memory: the calibration's copy plans at least that): plain rounding,
+# the log gives both figures, nothing sampled. The load itself then fails on that budget
+# or serves from untouched pages; either way it never samples.
+total_kb=$(awk '/^MemTotal:/ { print $2 }' /proc/meminfo)
+mkdir -p "$TMP/auto-big"
+CACHE_DIRECTORY="$TMP/auto-big" "$B/hearthd" --socket="$SOCK" --threads=2 --model="$TMP/model.gguf" --max-context=256 \
+	--kv-budget=$((total_kb * 2))KiB -o imatrix_samples=8 --log-level=info >"$TMP/big.log" 2>&1 &
+HPID=$!
+for _ in $(seq 100); do grep -q "imatrix = auto" "$TMP/big.log" && break; sleep 0.1; done
+kill $HPID 2>/dev/null
+wait $HPID 2>/dev/null
+HPID=
+rm -f "$SOCK"
+grep -Eq "imatrix = auto: plain rounding: its calibration plans [0-9]+ MiB and [0-9]+ MiB are available" "$TMP/big.log" &&
+	! grep -q "sampling" "$TMP/big.log" && [ -z "$(ls "$TMP/auto-big" | grep imatrix)" ]
+rc=$?
+[ $rc = 0 ] || sed 's/^/# /' "$TMP/big.log"
+check $rc "imatrix = auto where the calibration would not fit the memory available: plain rounding, both figures in the log"
+
 CACHE_DIRECTORY="$TMP/auto" start none.log $AUTO -o imatrix=none
 gen "$TMP/out14" "hello hello" --temp 0
 [ "$(quant)" = "q4_mixed" ] && cmp -s "$TMP/out12" "$TMP/out14" && ! grep -q "imatrix = \|steered" "$TMP/none.log"
