@@ -263,7 +263,7 @@ int pack_cache_create(struct pack_cache **out, const char *path, uint64_t key, u
 	pc = *out;
 	*out = NULL;
 	snprintf(pc->part, sizeof pc->part, "%s.%ld.part", path, (long)getpid());
-	pc->fd = open(pc->part, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+	pc->fd = open(pc->part, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
 	if (pc->fd < 0) {
 		rc = hearth_error_errno(err, HEARTH_EIO, errno, "weights cache %s", pc->part);
 		pc->part[0] = '\0'; /* nothing of ours to remove */
