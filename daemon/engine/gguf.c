@@ -685,6 +685,21 @@ fail:
 	return rc;
 }
 
+void gguf_release(const struct gguf_file *f, const void *from, const void *to, bool inward)
+{
+	uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+	uintptr_t a = inward ? ((uintptr_t)from + pg - 1) & ~(pg - 1) : (uintptr_t)from & ~(pg - 1);
+	uintptr_t b = inward ? (uintptr_t)to & ~(pg - 1) : ((uintptr_t)to + pg - 1) & ~(pg - 1);
+	uintptr_t lo = (uintptr_t)f->map, hi = lo + f->map_size;
+	a = a < lo ? lo : a;
+	b = b > hi ? hi : b;
+	if (b <= a)
+		return;
+	madvise((void *)a, b - a, MADV_DONTNEED);
+	if (f->fd >= 0)
+		posix_fadvise(f->fd, (off_t)(a - lo), (off_t)(b - a), POSIX_FADV_DONTNEED);
+}
+
 void gguf_close(struct gguf_file *f)
 {
 	if (!f)

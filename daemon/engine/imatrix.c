@@ -146,6 +146,9 @@ static int imatrix_scan(struct imatrix *im, bool values, struct hearth_error *er
 		} else if (str_ends(&t->name, IMATRIX_COV)) {
 			if ((rc = check_cov(f, t, values, err)) < 0)
 				return rc;
+			/* Checked now, used by one factoring later: not resident in between. */
+			if (values)
+				gguf_release(f, t->data, (const uint8_t *)t->data + t->size, false);
 			im->n_covs++;
 		} else if (!str_ends(&t->name, IMATRIX_COUNTS)) {
 			return hearth_error_set(err, HEARTH_EFORMAT, "imatrix %s: tensor %.*s is neither NAME%s, NAME%s nor NAME%s",
@@ -298,4 +301,10 @@ int imatrix_cov(const struct imatrix *im, const char *name, size_t name_len, siz
 	out->block = (size_t)t->ne[0];
 	out->tokens = counts ? (double)((const float *)counts->data)[0] : 0.0;
 	return 0;
+}
+
+void imatrix_release(const struct imatrix *im, const struct imatrix_cov *cov, size_t cols)
+{
+	if (cov->h)
+		gguf_release(im->file, cov->h, cov->h + cols * cov->block, false);
 }

@@ -61,6 +61,9 @@ struct imatrix_cov {
 };
 int imatrix_cov(const struct imatrix *im, const char *name, size_t name_len, size_t cols, struct imatrix_cov *out,
 		struct hearth_error *err);
+/* Gives back the pages of cov (cols columns) once its user is done with it (GPTQ needs a
+ * covariance only while it factors it): a covariance file is most of a model's size. */
+void imatrix_release(const struct imatrix *im, const struct imatrix_cov *cov, size_t cols);
 /* How many covariances the file holds. */
 size_t imatrix_covs(const struct imatrix *im);
 

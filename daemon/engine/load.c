@@ -332,24 +332,10 @@ static struct load_region_name load_region(const struct load_ctx *c, const char 
 	return n;
 }
 
-/* Gives back the file's pages of [from, to) (a stretch already consumed): out of this
- * process (MADV_DONTNEED) and out of the page cache (POSIX_FADV_DONTNEED). inward: only the
- * pages wholly inside; else every page the stretch touches. A page still to be read that
- * goes too is faulted back in from the file: this costs no correctness, only time. */
+/* The file's pages of [from, to), a stretch already consumed (gguf_release). */
 static void load_release(const struct load_ctx *c, const void *from, const void *to, bool inward)
 {
-	uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
-	uintptr_t a = inward ? ((uintptr_t)from + pg - 1) & ~(pg - 1) : (uintptr_t)from & ~(pg - 1);
-	uintptr_t b = inward ? (uintptr_t)to & ~(pg - 1) : ((uintptr_t)to + pg - 1) & ~(pg - 1);
-	uintptr_t lo = (uintptr_t)c->file->map, hi = lo + c->file->map_size;
-	a = a < lo ? lo : a;
-	b = b > hi ? hi : b;
-	if (b <= a)
-		return;
-	madvise((void *)a, b - a, MADV_DONTNEED);
-	if (c->file->fd >= 0)
-		posix_fadvise(c->file->fd, (off_t)(a - (uintptr_t)c->file->map), (off_t)(b - a),
-			      POSIX_FADV_DONTNEED);
+	gguf_release(c->file, from, to, inward);
 }
 
 /* A small f32 vector (norm weight, bias) copied into the arena's norms region. */
@@ -468,6 +454,8 @@ static int load_gptq_factor(struct load_ctx *c, const struct load_mat *lm, struc
 					"imatrix %s: the covariance of '%.*s''s input is not positive definite (or no memory to factor it)",
 					c->opts.imatrix, (int)lm->t->name.len, lm->t->name.ptr);
 	c->gptq_of = lm->cov.h;
+	/* The factor is all the packing reads of it. */
+	imatrix_release(c->imat, &lm->cov, cols);
 	return 0;
 }
 
