@@ -685,7 +685,7 @@ fail:
 	return rc;
 }
 
-void gguf_release(const struct gguf_file *f, const void *from, const void *to, bool inward)
+void gguf_release(const struct gguf_file *f, const void *from, const void *to, bool inward, bool keep_cached)
 {
 	uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
 	uintptr_t a = inward ? ((uintptr_t)from + pg - 1) & ~(pg - 1) : (uintptr_t)from & ~(pg - 1);
@@ -696,7 +696,7 @@ void gguf_release(const struct gguf_file *f, const void *from, const void *to, b
 	if (b <= a)
 		return;
 	madvise((void *)a, b - a, MADV_DONTNEED);
-	if (f->fd >= 0)
+	if (f->fd >= 0 && !keep_cached)
 		posix_fadvise(f->fd, (off_t)(a - lo), (off_t)(b - a), POSIX_FADV_DONTNEED);
 }
 

@@ -85,10 +85,11 @@ struct gguf_file {
  * offset and what is wrong. */
 int gguf_open(struct gguf_file **out, const char *path, struct hearth_error *err);
 /* Gives back f's pages of [from, to) (a stretch already read): out of this process
- * (MADV_DONTNEED) and out of the page cache (POSIX_FADV_DONTNEED). inward: only the pages
- * wholly inside; else every page the stretch touches. A page read again later is faulted
- * back in from the file: this costs no correctness, only time. */
-void gguf_release(const struct gguf_file *f, const void *from, const void *to, bool inward);
+ * (MADV_DONTNEED) and, unless keep_cached, out of the page cache (POSIX_FADV_DONTNEED).
+ * inward: only the pages wholly inside; else every page the stretch touches. A page read
+ * again later is faulted back in, from the page cache if it was kept, else from the file:
+ * this costs no correctness, only time. */
+void gguf_release(const struct gguf_file *f, const void *from, const void *to, bool inward, bool keep_cached);
 
 /* Unmaps, drops the file's pages from the page cache (POSIX_FADV_DONTNEED) and frees
  * everything the reader allocated. NULL is fine. */

@@ -146,9 +146,10 @@ static int imatrix_scan(struct imatrix *im, bool values, struct hearth_error *er
 		} else if (str_ends(&t->name, IMATRIX_COV)) {
 			if ((rc = check_cov(f, t, values, err)) < 0)
 				return rc;
-			/* Checked now, used by one factoring later: not resident in between. */
+			/* Checked now, factored later: not in this process in between (the page
+			 * cache keeps them for the factoring, or gives them up under pressure). */
 			if (values)
-				gguf_release(f, t->data, (const uint8_t *)t->data + t->size, false);
+				gguf_release(f, t->data, (const uint8_t *)t->data + t->size, false, true);
 			im->n_covs++;
 		} else if (!str_ends(&t->name, IMATRIX_COUNTS)) {
 			return hearth_error_set(err, HEARTH_EFORMAT, "imatrix %s: tensor %.*s is neither NAME%s, NAME%s nor NAME%s",
@@ -306,5 +307,5 @@ int imatrix_cov(const struct imatrix *im, const char *name, size_t name_len, siz
 void imatrix_release(const struct imatrix *im, const struct imatrix_cov *cov, size_t cols)
 {
 	if (cov->h)
-		gguf_release(im->file, cov->h, cov->h + cols * cov->block, false);
+		gguf_release(im->file, cov->h, cov->h + cols * cov->block, false, false);
 }

@@ -335,7 +335,7 @@ static struct load_region_name load_region(const struct load_ctx *c, const char 
 /* The file's pages of [from, to), a stretch already consumed (gguf_release). */
 static void load_release(const struct load_ctx *c, const void *from, const void *to, bool inward)
 {
-	gguf_release(c->file, from, to, inward);
+	gguf_release(c->file, from, to, inward, false);
 }
 
 /* A small f32 vector (norm weight, bias) copied into the arena's norms region. */

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "daemon/serve/config.h"
 #include "protocol/hash.h"
 
 #define CACHE_HASH_DIGITS 16
@@ -43,6 +44,26 @@ int cache_dir_locate(struct cache_dir *cd, const char *configured, const char *m
 	memcpy(cd->dir, dir, dn);
 	cd->dir[dn] = '\0';
 	return 0;
+}
+
+int cache_dir_weights(struct cache_dir *cd, const char *configured, const char *model, char *why, size_t cap)
+{
+	struct hearth_error e;
+	if (!strcmp(configured, CONFIG_WEIGHTS_CACHE_OFF)) {
+		memset(cd, 0, sizeof *cd);
+		snprintf(why, cap, "weights_cache = off");
+		return 0;
+	}
+	int rc = cache_dir_locate(cd, configured, model, "weights_cache", &e);
+	if (rc < 0) {
+		snprintf(why, cap, "%s", e.msg);
+		return rc;
+	}
+	if (!cd->dir[0]) {
+		snprintf(why, cap, "no directory to keep the rounded weights in (weights_cache, $CACHE_DIRECTORY)");
+		return 0;
+	}
+	return 1;
 }
 
 void cache_dir_drop_stale(const struct cache_dir *cd, size_t rest_len, const char *suffix)

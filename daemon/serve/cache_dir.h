@@ -20,6 +20,11 @@ struct cache_dir {
  * hash of its device, inode, size and modification time. what names the key in errors. */
 int cache_dir_locate(struct cache_dir *cd, const char *configured, const char *model, const char *what,
 		     struct hearth_error *err);
+/* Where weights_cache (configured: a directory, "off", or "" for $CACHE_DIRECTORY) keeps
+ * model's packed weights: 1 with cd filled; 0 when they are not kept (off, no directory),
+ * why (cap bytes) saying so; a negative code when the model file cannot be located, why
+ * the error. */
+int cache_dir_weights(struct cache_dir *cd, const char *configured, const char *model, char *why, size_t cap);
 /* Removes this model file's earlier versions' files of one kind: in cd->dir, names of
  * "<model file>-<16 hex digits>" and then rest_len bytes ending in suffix, whose hash is not
  * cd->stem's. */

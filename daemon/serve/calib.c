@@ -140,18 +140,8 @@ bool calib_wanted(const struct hearth_config *cfg, const struct load_opts *o, ch
 		return false;
 	struct hearth_error e;
 	struct cache_dir wd;
-	if (!strcmp(cfg->weights_cache, CONFIG_WEIGHTS_CACHE_OFF)) {
-		snprintf(why, cap, "weights_cache = off (every start would round the model by GPTQ again)");
-		return false;
-	}
-	if (cache_dir_locate(&wd, cfg->weights_cache, cfg->model, "weights_cache", &e) < 0) {
-		snprintf(why, cap, "%s", e.msg);
-		return false;
-	}
-	if (!wd.dir[0]) {
-		snprintf(why, cap, "no directory to keep the rounded weights in (weights_cache, $CACHE_DIRECTORY)");
-		return false;
-	}
+	if (cache_dir_weights(&wd, cfg->weights_cache, cfg->model, why, cap) <= 0)
+		return false; /* every start would round the model by GPTQ again */
 	struct calib c;
 	if (calib_locate(&c, cfg, o, &e) < 0) {
 		snprintf(why, cap, "%s", e.msg);

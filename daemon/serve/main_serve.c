@@ -218,14 +218,11 @@ static int loader_calibrate(struct loader *ld, struct load_opts *o, struct calib
 static bool loader_weights_cache(struct loader *ld, struct cache_dir *cd, char *path, size_t cap)
 {
 	const struct hearth_config *cfg = &ld->cfg;
-	struct hearth_error e;
-	if (!strcmp(cfg->weights_cache, CONFIG_WEIGHTS_CACHE_OFF))
-		return false;
-	if (cache_dir_locate(cd, cfg->weights_cache, cfg->model, "weights_cache", &e) < 0) {
-		log_warning(ld->log, "%s; the packed weights are not kept", e.msg);
-		return false;
-	}
-	if (!cd->dir[0])
+	char why[HEARTH_ERROR_MSG_MAX];
+	int rc = cache_dir_weights(cd, cfg->weights_cache, cfg->model, why, sizeof why);
+	if (rc < 0)
+		log_warning(ld->log, "%s; the packed weights are not kept", why);
+	if (rc <= 0)
 		return false;
 	if (snprintf(path, cap, "%s/%s" LOADER_WEIGHTS_SUFFIX, cd->dir, cd->stem) >= (int)cap) {
 		log_warning(ld->log, "weights_cache: %s: path too long; the packed weights are not kept", cd->dir);
