@@ -1248,7 +1248,8 @@ static void load_cache_write(struct load_ctx *c)
 }
 
 /* Fills c's planned regions of the arena: vectors, then the compute threads (so the repack
- * can use them; a draft borrows its model's), the repacked matrices, RoPE tables, the KV
+ * can use them; a draft borrows its model's), the matrices (read from the weights cache
+ * load_cache_probe opened, else repacked and then written to it), RoPE tables, the KV
  * cache and the step scratch. */
 static int load_fill(struct load_ctx *c, struct hearth_error *err)
 {
