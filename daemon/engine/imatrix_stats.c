@@ -136,7 +136,8 @@ static struct imatrix_entry *stats_entry(struct imatrix_stats *s, const char *na
 }
 
 /* The waiting inputs' covariance sums, rows of part `part` of n_parts (gptq_cov_add_part). */
-static void pending_add(const struct imatrix_entry *e, size_t batch, size_t part, size_t n_parts, vec_cov_rows_fn rows)
+static void pending_add(const struct imatrix_entry *e, size_t batch, size_t part, size_t n_parts,
+			vec_cov_rows_fn rows)
 {
 	gptq_cov_add_part(e->cov, e->cols, e->cov_block, e->pending, gptq_cov_ld(e->cols), e->n_pending, batch, part,
 			  n_parts, rows);
@@ -157,24 +158,22 @@ void imatrix_stats_add(struct imatrix_stats *s, const char *name, size_t len, co
 	if (!e->cov)
 		return;
 	vec_cov_rows_fn rows = kern_active()->cov_rows;
-	/* Off (0), more than waits, or an add that waiting would batch otherwise than adding
-	 * it at once does (gptq_cov_add's batches are GPTQ_COV_TOKENS long). */
-	if (n_tok > s->defer || (n_tok > s->batch && s->batch != GPTQ_COV_TOKENS)) {
-		if (e->n_pending) { /* what waits came first */
-			pending_add(e, s->batch, 0, 1, rows);
-			e->n_pending = 0;
-		}
+	/* Added at once: off (0), more than waits, or an add that waiting would batch otherwise
+	 * than adding it at once does (gptq_cov_add's batches are GPTQ_COV_TOKENS long). */
+	bool direct = n_tok > s->defer || (n_tok > s->batch && s->batch != GPTQ_COV_TOKENS);
+	/* What waits came first: it is added now, alone, unless this add joins it, which it
+	 * does where its batches come out as its own would (what waits is whole batches and
+	 * it fits). */
+	if (e->n_pending && (direct || e->n_pending % s->batch || e->n_pending + n_tok > s->defer)) {
+		pending_add(e, s->batch, 0, 1, rows);
+		e->n_pending = 0;
+	}
+	if (direct) {
 		if (gptq_cov_add(e->cov, cols, e->cov_block, x, n_tok, rows) < 0)
 			stats_fail(s, name, len, HEARTH_ENOMEM, "out of memory for the covariance");
 		return;
 	}
 	size_t ld = gptq_cov_ld(cols);
-	/* An add joins what waits where its batches come out as its own would: what waits is
-	 * whole batches and it fits; else what waits is added now, alone. */
-	if (e->n_pending && (e->n_pending % s->batch || e->n_pending + n_tok > s->defer)) {
-		pending_add(e, s->batch, 0, 1, rows);
-		e->n_pending = 0;
-	}
 	if (e->pending_cap < s->defer) {
 		free(e->pending);
 		e->pending_cap = 0;

@@ -119,7 +119,6 @@ static void pack_release(struct pack_cache *pc, bool all)
 static int pack_new(struct pack_cache **out, const char *path, uint64_t payload, bool writing,
 		    struct hearth_error *err)
 {
-	*out = NULL;
 	struct pack_cache *pc = calloc(1, sizeof *pc);
 	if (!pc)
 		return hearth_error_set(err, HEARTH_ENOMEM, "weights cache: out of memory");
@@ -177,11 +176,10 @@ int pack_cache_open(struct pack_cache **out, const char *path, uint64_t key, uin
 		    uint64_t n_items, struct hearth_error *err)
 {
 	struct pack_cache *pc;
-	int rc = pack_new(out, path, payload, false, err);
+	*out = NULL;
+	int rc = pack_new(&pc, path, payload, false, err);
 	if (rc < 0)
 		return rc;
-	pc = *out;
-	*out = NULL;
 	pc->fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (pc->fd < 0) {
 		int e = errno;
@@ -257,11 +255,10 @@ int pack_cache_create(struct pack_cache **out, const char *path, uint64_t key, u
 		      uint64_t n_items, struct hearth_error *err)
 {
 	struct pack_cache *pc;
-	int rc = pack_new(out, path, payload, true, err);
+	*out = NULL;
+	int rc = pack_new(&pc, path, payload, true, err);
 	if (rc < 0)
 		return rc;
-	pc = *out;
-	*out = NULL;
 	snprintf(pc->part, sizeof pc->part, "%s.%ld.part", path, (long)getpid());
 	pc->fd = open(pc->part, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
 	if (pc->fd < 0) {

@@ -25,9 +25,8 @@
 int calib_locate(struct calib *c, const struct hearth_config *cfg, const struct load_opts *o,
 		 struct hearth_error *err)
 {
-	struct cache_dir cd;
 	memset(c, 0, sizeof *c);
-	int rc = cache_dir_locate(&cd, cfg->imatrix_cache, cfg->model, "imatrix = self", err);
+	int rc = cache_dir_locate(&c->where, cfg->imatrix_cache, cfg->model, "imatrix = self", err);
 	if (rc < 0)
 		return rc;
 	c->n_seqs = cfg->imatrix_samples;
@@ -35,14 +34,12 @@ int calib_locate(struct calib *c, const struct hearth_config *cfg, const struct 
 	uint64_t settings[] = { CALIB_FORMAT, c->n_seqs, c->len, CALIB_SEED, IMATRIX_COV_BLOCK_DEFAULT,
 				o->weights_group, o->head_bits, o->mix, o->mix_budget_cbpw };
 	uint64_t sh = hearth_fnv1a(HEARTH_FNV1A_SEED, settings, sizeof settings);
-	memcpy(c->stem, cd.stem, sizeof c->stem);
-	if (!cd.dir[0])
+	if (!c->where.dir[0])
 		return calib_temporary(c, err);
-	memcpy(c->dir, cd.dir, sizeof c->dir);
 	c->cached = true;
-	if (snprintf(c->path, sizeof c->path, "%s/%s-%016llx" CALIB_SUFFIX, c->dir, c->stem, (unsigned long long)sh) >=
-	    (int)sizeof c->path)
-		return hearth_error_set(err, HEARTH_ERANGE, "imatrix_cache: %s: path too long", c->dir);
+	if (snprintf(c->path, sizeof c->path, "%s/%s-%016llx" CALIB_SUFFIX, c->where.dir, c->where.stem,
+		     (unsigned long long)sh) >= (int)sizeof c->path)
+		return hearth_error_set(err, HEARTH_ERANGE, "imatrix_cache: %s: path too long", c->where.dir);
 	return 0;
 }
 
@@ -52,7 +49,7 @@ int calib_temporary(struct calib *c, struct hearth_error *err)
 	if (!tmp || !tmp[0])
 		tmp = "/var/tmp";
 	c->cached = false;
-	if (snprintf(c->path, sizeof c->path, "%s/hearth-%s-%ld.imatrix.gguf", tmp, c->stem, (long)getpid()) >=
+	if (snprintf(c->path, sizeof c->path, "%s/hearth-%s-%ld.imatrix.gguf", tmp, c->where.stem, (long)getpid()) >=
 	    (int)sizeof c->path)
 		return hearth_error_set(err, HEARTH_ERANGE, "imatrix = self: TMPDIR %s: path too long", tmp);
 	return 0;
@@ -106,13 +103,8 @@ int calib_make(const struct calib *c, const char *model, const struct load_opts 
 		unlink(tmp);
 		return rc;
 	}
-	if (c->cached) {
-		struct cache_dir cd;
-		memcpy(cd.dir, c->dir, sizeof cd.dir);
-		memcpy(cd.stem, c->stem, sizeof cd.stem);
-		/* "<model file>-<model hash>" then "-<settings hash>.imatrix.gguf" */
-		cache_dir_drop_stale(&cd, 1 + 16 + strlen(CALIB_SUFFIX), CALIB_SUFFIX);
-	}
+	if (c->cached) /* "<model file>-<model hash>" then "-<settings hash>.imatrix.gguf" */
+		cache_dir_drop_stale(&c->where, 1 + 16 + strlen(CALIB_SUFFIX), CALIB_SUFFIX);
 	return 0;
 }
 
@@ -153,8 +145,8 @@ bool calib_wanted(const struct hearth_config *cfg, const struct load_opts *o, ch
 	}
 	if (calib_ready(&c))
 		return true;
-	if (access(c.dir, W_OK) < 0) {
-		snprintf(why, cap, "cannot write %s: %s", c.dir, strerror(errno));
+	if (access(c.where.dir, W_OK) < 0) {
+		snprintf(why, cap, "cannot write %s: %s", c.where.dir, strerror(errno));
 		return false;
 	}
 	uint64_t need, avail;

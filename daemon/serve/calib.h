@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "daemon/serve/cache_dir.h"
 #include "protocol/error.h"
 
 struct hearth_config;
@@ -19,8 +20,8 @@ struct load_opts;
 
 struct calib {
 	char path[PATH_MAX];       /* the imatrix file the load reads */
-	char dir[PATH_MAX];        /* the cache directory, "" when there is none */
-	char stem[PATH_MAX];       /* "<model file>-<model hash>": the prefix of this model's files */
+	struct cache_dir where;    /* the cache directory ("" when there is none) and this model's
+				    * files' prefix, "<model file>-<model hash>" */
 	bool cached;               /* path is in the cache (kept), else a temporary file */
 	bool made;                 /* made by this start: a load that refuses it is not retried */
 	size_t n_seqs, len;        /* what calib_make samples */

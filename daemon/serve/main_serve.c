@@ -193,7 +193,7 @@ static int loader_calibrate(struct loader *ld, struct load_opts *o, struct calib
 	}
 	log_notice(ld->log, "imatrix = self: sampling %zu sequences of %zu tokens from %s for GPTQ's statistics (%s%s)",
 		   cal->n_seqs, cal->len, cfg->model, cal->cached ? "kept in " : "no cache directory: made at every start",
-		   cal->cached ? cal->dir : "");
+		   cal->cached ? cal->where.dir : "");
 	uint64_t t0 = hearth_now_ns();
 	rc = calib_make(cal, cfg->model, o, loader_calib_progress, ld, err);
 	if (rc < 0 && rc != HEARTH_ECANCELED && cal->cached) {

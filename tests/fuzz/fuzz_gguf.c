@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include "daemon/engine/gguf.h"
@@ -15,6 +14,7 @@
 #include "daemon/engine/load.h"
 #include "daemon/engine/tokenizer.h"
 #include "tests/fuzz/fuzz.h"
+#include "tests/fuzz/fuzz_file.h"
 #include "tests/support/gguf_build.h"
 
 void fuzz_fail(const char *file, int line, const char *what)
@@ -23,32 +23,17 @@ void fuzz_fail(const char *file, int line, const char *what)
 	abort();
 }
 
-/* A failure's message names the file, as every load error a user sees does. */
-static void check_named(int rc, const struct hearth_error *err, const char *path)
-{
-	FUZZ_CHECK(rc < 0);
-	FUZZ_CHECK(err->msg[0] != '\0');
-	FUZZ_CHECK(strstr(err->msg, path) != NULL);
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	int fd = memfd_create("fuzz.gguf", MFD_CLOEXEC);
-	FUZZ_CHECK(fd >= 0);
-	for (size_t at = 0; at < size;) {
-		ssize_t k = write(fd, data + at, size - at);
-		FUZZ_CHECK(k > 0);
-		at += (size_t)k;
-	}
 	char path[64];
-	snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+	int fd = fuzz_file(data, size, path, sizeof path);
 
 	struct gguf_file *f = NULL;
 	struct hearth_error err = { 0 };
 	int rc = gguf_open(&f, path, &err);
 	if (rc < 0) {
 		FUZZ_CHECK(f == NULL);
-		check_named(rc, &err, path);
+		fuzz_check_named(rc, &err, path);
 	} else {
 		/* Everything the reader hands out lies inside the mapping. */
 		for (uint64_t i = 0; i < f->n_tensors; i++) {
@@ -87,7 +72,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	rc = imatrix_open(&im, path, &err);
 	if (rc < 0) {
 		FUZZ_CHECK(im == NULL);
-		check_named(rc, &err, path);
+		fuzz_check_named(rc, &err, path);
 	} else {
 		imatrix_close(im);
 	}

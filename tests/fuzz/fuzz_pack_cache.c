@@ -7,11 +7,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include "daemon/engine/pack_cache.h"
 #include "tests/fuzz/fuzz.h"
+#include "tests/fuzz/fuzz_file.h"
 
 #define PACK_HEADER 64u
 
@@ -19,13 +19,6 @@ void fuzz_fail(const char *file, int line, const char *what)
 {
 	fprintf(stderr, "%s:%d: invariant broken: %s\n", file, line, what);
 	abort();
-}
-
-static void check_named(int rc, const struct hearth_error *err, const char *path)
-{
-	FUZZ_CHECK(rc < 0);
-	FUZZ_CHECK(err->msg[0] != '\0');
-	FUZZ_CHECK(strstr(err->msg, path) != NULL);
 }
 
 static uint64_t le64(const uint8_t *p)
@@ -37,15 +30,8 @@ static uint64_t le64(const uint8_t *p)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	int fd = memfd_create("fuzz.weights", MFD_CLOEXEC);
-	FUZZ_CHECK(fd >= 0);
-	for (size_t at = 0; at < size;) {
-		ssize_t k = write(fd, data + at, size - at);
-		FUZZ_CHECK(k > 0);
-		at += (size_t)k;
-	}
 	char path[64];
-	snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+	int fd = fuzz_file(data, size, path, sizeof path);
 	/* The key, payload and pieces the header claims (zeros for a short input). */
 	uint64_t key = size >= PACK_HEADER ? le64(data + 16) : 0;
 	uint64_t payload = size >= PACK_HEADER ? le64(data + 24) : 0;
@@ -57,13 +43,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (rc == 0) /* a key that differs never opens */
 		pack_cache_close(pc);
 	FUZZ_CHECK(rc < 0 && pc == NULL);
-	check_named(rc, &err, path);
+	fuzz_check_named(rc, &err, path);
 
 	memset(&err, 0, sizeof err);
 	rc = pack_cache_open(&pc, path, key, payload, items, &err);
 	if (rc < 0) {
 		FUZZ_CHECK(pc == NULL);
-		check_named(rc, &err, path);
+		fuzz_check_named(rc, &err, path);
 		close(fd);
 		return 0;
 	}
@@ -89,7 +75,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	rc = pack_cache_verify(pc, &err);
 	FUZZ_CHECK((rc == 0) == sum_ok);
 	if (rc < 0)
-		check_named(rc, &err, path);
+		fuzz_check_named(rc, &err, path);
 	pack_cache_close(pc);
 	free(buf);
 	close(fd);
